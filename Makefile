@@ -1,0 +1,37 @@
+# zcnet build. Every target installs what it needs (apt-get / go install); nothing relies on a
+# hand-installed tool. Package fragments (kmod/kmod.mk, bpf/bpf.mk, bench/bench.mk) add targets
+# and append to TEST_EXTRA.
+SHELL := /bin/bash
+GO ?= go
+GOFLAGS ?=
+export GOFLAGS
+TEST_EXTRA :=
+BUILD := $(CURDIR)/build
+
+.PHONY: all build test gotest vet lint bench deps-apt
+all: build
+
+build:
+	$(GO) build ./...
+
+vet:
+	$(GO) vet ./...
+
+# go test -race needs cgo (gcc is on this kind of machine).
+gotest:
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./... || echo "staticcheck unavailable or failed (see above)"
+
+# apt-get helper used by fragments: $(call apt_need,cmd,package)
+define apt_need
+	@command -v $(1) >/dev/null 2>&1 || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); }
+endef
+
+-include kmod/kmod.mk
+-include bpf/bpf.mk
+-include bench/bench.mk
+
+test: vet gotest $(TEST_EXTRA)
