@@ -1,0 +1,135 @@
+package uring
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func countFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
+}
+
+func TestMain(m *testing.M) {
+	// Let the runtime create its netpoller fds first, so they are not counted as leaks.
+	if r, w, err := os.Pipe(); err == nil {
+		r.Close()
+		w.Close()
+	}
+	before := countFDs()
+	code := m.Run()
+	if code == 0 {
+		if n := OpenRings(); n != 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d rings still open\n", n)
+			code = 1
+		}
+		if n := OpenBufRings(); n != 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d buffer rings still registered\n", n)
+			code = 1
+		}
+		if after := countFDs(); after > before {
+			fmt.Fprintf(os.Stderr, "leak: %d fds before tests, %d after\n", before, after)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// mmapBuf returns anonymous mapped memory (never Go heap) released at test end.
+func mmapBuf(t testing.TB, n int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+func newRing(t testing.TB, entries uint32, opt *Options) *Ring {
+	t.Helper()
+	r, err := New(entries, opt)
+	if err != nil {
+		t.Fatalf("New(%d, %+v): %v", entries, opt, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func closeFD(t testing.TB, fd int) { t.Cleanup(func() { unix.Close(fd) }) }
+
+func socketpair(t testing.TB) (int, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFD(t, fds[0])
+	closeFD(t, fds[1])
+	return fds[0], fds[1]
+}
+
+// tcpListener returns a plain IPPROTO_TCP listener on 127.0.0.1 and its port.
+func tcpListener(t testing.TB) (int, int) {
+	t.Helper()
+	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFD(t, lfd)
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(lfd, 128); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(lfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lfd, sa.(*unix.SockaddrInet4).Port
+}
+
+// tcpPair returns a connected loopback TCP pair (client, server).
+func tcpPair(t testing.TB) (int, int) {
+	t.Helper()
+	lfd, port := tcpListener(t)
+	cfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFD(t, cfd)
+	if err := unix.Connect(cfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	sfd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeFD(t, sfd)
+	return cfd, sfd
+}
+
+// fill writes a deterministic pattern derived from seed.
+func fill(b []byte, seed uint64) {
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+}
+
+func mustSubmit(t testing.TB, r *Ring) {
+	t.Helper()
+	if _, err := r.Submit(); err != nil {
+		t.Fatal(err)
+	}
+}
