@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
+//go:build ignore
+
 /*
+ * (The go:build line above keeps the Go toolchain from treating this file,
+ * which shares its directory with package kmod, as cgo source.)
+ *
  * zcshim - zcnet's kernel-queue shim: io_uring-like submission/completion
  * rings over /dev/zcshim, memory regions pinned once, zero-copy TCP sends
  * whose notification is posted when the stack releases the pages.
