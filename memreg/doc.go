@@ -1,0 +1,24 @@
+// Package memreg owns the memory zcnet hands to the kernel: regions of mmap'd anonymous memory
+// (never Go heap), split into fixed-size buffers, registered once with io_uring rings as fixed
+// buffers, and the lifetime of every buffer.
+//
+// # Ownership
+//
+// Every buffer is in exactly one state:
+//
+//	Free    in the region's free list
+//	Held    handed to the application (Region.Get, or a received buffer it borrowed)
+//	Kernel  lent to the kernel: a send in flight, or a receive buffer in a provided-buffer ring
+//
+// A Buf is a handle: region, index and a generation. The generation changes every time the
+// buffer leaves the application's hands, so a handle kept after Release, or after the buffer was
+// lent to the kernel, is stale: its Bytes returns nil and every operation returns ErrStale.
+// A buffer lent for a zero-copy send comes back (Region.Return) only when the kernel's
+// notification arrived, not when the send completed; only then can Get hand it out again.
+//
+// # Errors
+//
+// ErrStale, ErrExhausted, ErrBusy and ErrNotSupported are matched with errors.Is. A
+// registration refused for lack of locked memory returns *MemlockError, which names the
+// current RLIMIT_MEMLOCK and how to raise it (RaiseMemlock).
+package memreg

@@ -1,0 +1,437 @@
+package memreg
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/uring"
+)
+
+var (
+	// ErrStale: the handle no longer owns its buffer (released, or lent to the kernel).
+	ErrStale = errors.New("memreg: stale buffer handle")
+	// ErrExhausted: every buffer of the region is in use.
+	ErrExhausted = errors.New("memreg: no free buffer in region")
+	// ErrBusy: the region still has buffers lent to the kernel or registrations.
+	ErrBusy = errors.New("memreg: region busy")
+	// ErrNotSupported: hugepages were required but are not available.
+	ErrNotSupported = errors.New("memreg: not supported")
+	// ErrClosed: the region was closed.
+	ErrClosed = fmt.Errorf("memreg: region closed: %w", os.ErrClosed)
+)
+
+// State is a buffer's owner.
+type State uint8
+
+const (
+	Free State = iota
+	Held
+	Kernel
+)
+
+func (s State) String() string {
+	switch s {
+	case Free:
+		return "free"
+	case Held:
+		return "held"
+	case Kernel:
+		return "kernel"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Options describe a region.
+type Options struct {
+	BufSize int // bytes per buffer (> 0)
+	Count   int // number of buffers (> 0)
+	// HugePages asks for MAP_HUGETLB 2 MiB pages. When none are available the region falls back
+	// to normal pages with MADV_HUGEPAGE (transparent hugepages), visible in Info, unless
+	// RequireHugePages is set, in which case New fails with ErrNotSupported.
+	HugePages        bool
+	RequireHugePages bool
+}
+
+// Info describes what a region actually got.
+type Info struct {
+	Size     int    // mapped bytes
+	HugeTLB  bool   // backed by MAP_HUGETLB pages
+	Fallback string // why hugepages were not used, when they were asked for
+}
+
+// Region is mmap'd memory split into Count buffers of BufSize bytes.
+type Region struct {
+	mem     []byte
+	base    uintptr
+	bufSize int
+	count   int
+	info    Info
+
+	mu     sync.Mutex
+	state  []State
+	gen    []uint32
+	free   []int32
+	lent   int
+	closed bool
+	regs   map[*uring.Ring]uint32 // ring -> first fixed-buffer slot
+
+	// recycle, when set, takes buffers the application releases instead of the free list
+	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
+	recycle func(idx int)
+}
+
+var openRegions atomic.Int64
+
+// OpenRegions returns how many regions are mapped; tests use it to find leaks.
+func OpenRegions() int64 { return openRegions.Load() }
+
+const hugePage = 2 << 20
+
+// New maps a region.
+func New(opt Options) (*Region, error) {
+	if opt.BufSize <= 0 || opt.Count <= 0 {
+		return nil, fmt.Errorf("memreg: buffer size %d, count %d: both must be > 0: %w", opt.BufSize, opt.Count, unix.EINVAL)
+	}
+	if opt.Count > 1<<24 || opt.BufSize > 1<<30 || opt.BufSize*opt.Count/opt.Count != opt.BufSize {
+		return nil, fmt.Errorf("memreg: %d buffers of %d bytes is too large: %w", opt.Count, opt.BufSize, unix.EINVAL)
+	}
+	want := opt.BufSize * opt.Count
+	page := os.Getpagesize()
+	size := (want + page - 1) &^ (page - 1)
+	var mem []byte
+	var err error
+	info := Info{}
+	if opt.HugePages || opt.RequireHugePages {
+		hsize := (want + hugePage - 1) &^ (hugePage - 1)
+		mem, err = unix.Mmap(-1, 0, hsize, unix.PROT_READ|unix.PROT_WRITE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB|unix.MAP_POPULATE)
+		if err == nil {
+			info.HugeTLB = true
+			size = hsize
+		} else {
+			if opt.RequireHugePages {
+				return nil, fmt.Errorf("memreg: MAP_HUGETLB of %d bytes: %v (reserve pages via /proc/sys/vm/nr_hugepages): %w", hsize, err, ErrNotSupported)
+			}
+			info.Fallback = fmt.Sprintf("MAP_HUGETLB failed (%v); using normal pages with MADV_HUGEPAGE", err)
+			mem = nil
+		}
+	}
+	if mem == nil {
+		mem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return nil, fmt.Errorf("memreg: mmap %d bytes: %w", size, os.NewSyscallError("mmap", err))
+		}
+		if opt.HugePages {
+			unix.Madvise(mem, unix.MADV_HUGEPAGE) // advisory: THP may be off
+		}
+		// Fault the pages in now, so registration and first use do not pay for it.
+		for i := 0; i < len(mem); i += page {
+			mem[i] = 0
+		}
+	}
+	info.Size = size
+	r := &Region{
+		mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), bufSize: opt.BufSize, count: opt.Count, info: info,
+		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), free: make([]int32, opt.Count),
+		regs: map[*uring.Ring]uint32{},
+	}
+	for i := range r.free {
+		r.free[i] = int32(opt.Count - 1 - i) // pop from the end: buffer 0 first
+	}
+	openRegions.Add(1)
+	return r, nil
+}
+
+// Info reports how the region is backed.
+func (r *Region) Info() Info { return r.info }
+
+// BufSize returns the size of each buffer.
+func (r *Region) BufSize() int { return r.bufSize }
+
+// Count returns the number of buffers.
+func (r *Region) Count() int { return r.count }
+
+// Base returns the address of buffer 0.
+func (r *Region) Base() uintptr { return r.base }
+
+// Addr returns the address of buffer idx.
+func (r *Region) Addr(idx int) uintptr { return r.base + uintptr(idx)*uintptr(r.bufSize) }
+
+// Contains reports whether [addr, addr+n) lies inside the region.
+func (r *Region) Contains(addr uintptr, n int) bool {
+	return addr >= r.base && n >= 0 && addr-r.base <= uintptr(len(r.mem)) && uintptr(n) <= uintptr(len(r.mem))-(addr-r.base)
+}
+
+// slice returns buffer idx's bytes.
+func (r *Region) slice(idx int) []byte {
+	o := idx * r.bufSize
+	return r.mem[o : o+r.bufSize : o+r.bufSize]
+}
+
+// Buf is a handle on one buffer. The zero Buf is invalid.
+type Buf struct {
+	r   *Region
+	idx int32
+	gen uint32
+}
+
+// Get hands a free buffer to the application.
+func (r *Region) Get() (Buf, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return Buf{}, ErrClosed
+	}
+	n := len(r.free)
+	if n == 0 {
+		return Buf{}, ErrExhausted
+	}
+	idx := r.free[n-1]
+	r.free = r.free[:n-1]
+	r.state[idx] = Held
+	return Buf{r: r, idx: idx, gen: r.gen[idx]}, nil
+}
+
+// Free returns how many buffers are free.
+func (r *Region) Free() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.free)
+}
+
+// Lent returns how many buffers are lent to the kernel.
+func (r *Region) Lent() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lent
+}
+
+func (b Buf) check() error {
+	if b.r == nil {
+		return ErrStale
+	}
+	if b.r.closed {
+		return ErrClosed
+	}
+	if b.r.state[b.idx] != Held || b.r.gen[b.idx] != b.gen {
+		return ErrStale
+	}
+	return nil
+}
+
+// Valid reports whether the handle still owns its buffer.
+func (b Buf) Valid() bool {
+	if b.r == nil {
+		return false
+	}
+	b.r.mu.Lock()
+	defer b.r.mu.Unlock()
+	return b.check() == nil
+}
+
+// Bytes returns the buffer's memory, or nil when the handle is stale. The slice must not be
+// used after Release or after the buffer was passed to a send.
+func (b Buf) Bytes() []byte {
+	if !b.Valid() {
+		return nil
+	}
+	return b.r.slice(int(b.idx))
+}
+
+// Index returns the buffer's index in its region.
+func (b Buf) Index() int { return int(b.idx) }
+
+// Region returns the region the buffer belongs to.
+func (b Buf) Region() *Region { return b.r }
+
+// Addr returns the buffer's address.
+func (b Buf) Addr() uintptr {
+	if b.r == nil {
+		return 0
+	}
+	return b.r.Addr(int(b.idx))
+}
+
+// Release gives the buffer back. Afterwards the handle is stale.
+func (b Buf) Release() error {
+	if b.r == nil {
+		return ErrStale
+	}
+	r := b.r
+	r.mu.Lock()
+	if err := b.check(); err != nil {
+		r.mu.Unlock()
+		return err
+	}
+	r.gen[b.idx]++
+	if r.recycle != nil {
+		r.state[b.idx] = Kernel
+		r.lent++
+		r.mu.Unlock()
+		r.recycle(int(b.idx))
+		return nil
+	}
+	r.state[b.idx] = Free
+	r.free = append(r.free, b.idx)
+	r.mu.Unlock()
+	return nil
+}
+
+// Lend moves the buffer from the application to the kernel (a send is about to be submitted).
+// The handle becomes stale; the returned Loan is what comes back with Return.
+func (b Buf) Lend() (Loan, error) {
+	if b.r == nil {
+		return Loan{}, ErrStale
+	}
+	r := b.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := b.check(); err != nil {
+		return Loan{}, err
+	}
+	r.gen[b.idx]++
+	r.state[b.idx] = Kernel
+	r.lent++
+	return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
+}
+
+// Loan is a buffer in the kernel's hands.
+type Loan struct {
+	r   *Region
+	idx int32
+	gen uint32
+}
+
+// Index returns the lent buffer's index.
+func (l Loan) Index() int { return int(l.idx) }
+
+// Addr returns the lent buffer's address.
+func (l Loan) Addr() uintptr { return l.r.Addr(int(l.idx)) }
+
+// Region returns the loan's region.
+func (l Loan) Region() *Region { return l.r }
+
+func (l Loan) settle(to State) (Buf, error) {
+	if l.r == nil {
+		return Buf{}, ErrStale
+	}
+	r := l.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state[l.idx] != Kernel || r.gen[l.idx] != l.gen {
+		return Buf{}, ErrStale
+	}
+	r.gen[l.idx]++
+	r.lent--
+	r.state[l.idx] = to
+	if to == Free {
+		r.free = append(r.free, l.idx)
+		return Buf{}, nil
+	}
+	return Buf{r: r, idx: l.idx, gen: r.gen[l.idx]}, nil
+}
+
+// Return is called when the kernel released the buffer (for a zero-copy send: its
+// notification). The buffer goes back to the free list.
+func (l Loan) Return() error {
+	_, err := l.settle(Free)
+	return err
+}
+
+// Reclaim is like Return but hands the buffer straight back to the application (a copying send
+// completed and the caller wants to reuse the same buffer).
+func (l Loan) Reclaim() (Buf, error) { return l.settle(Held) }
+
+// Provide lends free buffers to the kernel for receiving: up to n buffers are taken from the
+// free list and passed to fn with their loans (fn adds them to a provided-buffer ring). It
+// returns how many were provided.
+func (r *Region) Provide(n int, fn func(l Loan)) int {
+	r.mu.Lock()
+	var loans []Loan
+	for len(loans) < n && len(r.free) > 0 && !r.closed {
+		k := len(r.free) - 1
+		idx := r.free[k]
+		r.free = r.free[:k]
+		r.gen[idx]++
+		r.state[idx] = Kernel
+		r.lent++
+		loans = append(loans, Loan{r: r, idx: idx, gen: r.gen[idx]})
+	}
+	r.mu.Unlock()
+	for _, l := range loans {
+		fn(l)
+	}
+	return len(loans)
+}
+
+// Received turns a buffer the kernel filled (provided-buffer ring id idx) into a handle the
+// application borrows; its Release goes to the recycler set with SetRecycler.
+func (r *Region) Received(idx int) (Buf, error) {
+	if idx < 0 || idx >= r.count {
+		return Buf{}, fmt.Errorf("memreg: buffer id %d outside region of %d: %w", idx, r.count, ErrStale)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state[idx] != Kernel {
+		return Buf{}, fmt.Errorf("memreg: buffer %d is %v, not in the kernel: %w", idx, r.state[idx], ErrStale)
+	}
+	r.gen[idx]++
+	r.lent--
+	r.state[idx] = Held
+	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
+}
+
+// SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)
+// instead of the free list. Used for receive regions feeding a provided-buffer ring.
+func (r *Region) SetRecycler(fn func(idx int)) { r.recycle = fn }
+
+// StateOf returns buffer idx's state (for tests and diagnostics).
+func (r *Region) StateOf(idx int) State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state[idx]
+}
+
+// Close unmaps the region. It refuses with ErrBusy while buffers are lent to the kernel or the
+// region is registered with a ring (unregister first, or close the ring: use Reset for a ring
+// that is gone). A second Close returns ErrClosed.
+func (r *Region) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.lent > 0 {
+		return fmt.Errorf("memreg: close with %d buffers lent to the kernel: %w", r.lent, ErrBusy)
+	}
+	if len(r.regs) > 0 {
+		return fmt.Errorf("memreg: close while registered with %d rings: %w", len(r.regs), ErrBusy)
+	}
+	r.closed = true
+	unix.Munmap(r.mem)
+	r.mem = nil
+	openRegions.Add(-1)
+	return nil
+}
+
+// Abandon forgets every loan and registration: call it only after the rings that held them are
+// closed (the kernel has dropped its references). Close may follow.
+func (r *Region) Abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, s := range r.state {
+		if s == Kernel {
+			r.gen[i]++
+			r.state[i] = Free
+			r.free = append(r.free, int32(i))
+		}
+	}
+	r.lent = 0
+	clear(r.regs)
+}
