@@ -13,7 +13,7 @@ import (
 )
 
 type abiCheck struct {
-	c  string // C expression evaluated against <linux/io_uring.h>
+	c   string // C expression evaluated against <linux/io_uring.h>
 	goV uint64
 }
 
