@@ -1,0 +1,298 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// ourProgs are the names of the programs this package loads; the leak check
+// looks for them (other engineers may run their own BPF on this machine).
+var ourProgs = map[string]bool{
+	"zc_reuseport": true, "zc_sockops": true, "zc_xdp": true, "zc_cpumap": true,
+	"zc_tc_egress": true, "zc_fault": true,
+}
+
+// ourMaps are this package's map names as the kernel stores them.
+var ourMaps = map[string]bool{
+	"flows": true, "conns": true, "settings": true, "cpu_queue": true, "dscp_queue": true,
+	"queue_cpu": true, "sockets": true, "cpus": true, "cc_policies": true, "flowstats": true,
+	"queuestats": true, "stats": true, "fault_settings": true, "fault_stats": true,
+}
+
+// liveObjects lists loaded programs, maps and links that belong to us.
+func liveObjects() ([]string, error) {
+	var out []string
+	ourProgIDs := map[ebpf.ProgramID]bool{}
+	for id := ebpf.ProgramID(0); ; {
+		next, err := ebpf.ProgramGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		} else if err != nil {
+			return nil, err
+		}
+		id = next
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, err := p.Info()
+		p.Close()
+		if err == nil && ourProgs[info.Name] {
+			ourProgIDs[id] = true
+			out = append(out, fmt.Sprintf("program %d %s", id, info.Name))
+		}
+	}
+	for id := ebpf.MapID(0); ; {
+		next, err := ebpf.MapGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		} else if err != nil {
+			return nil, err
+		}
+		id = next
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		info, err := m.Info()
+		m.Close()
+		if err == nil && ourMaps[info.Name] {
+			out = append(out, fmt.Sprintf("map %d %s", id, info.Name))
+		}
+	}
+	it := new(link.Iterator)
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err == nil && ourProgIDs[info.Program] {
+			out = append(out, fmt.Sprintf("link %d type %d", info.ID, info.Type))
+		}
+	}
+	return out, it.Err()
+}
+
+func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		os.Exit(runHelper(h))
+	}
+	before, err := liveObjects()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "leak check unavailable:", err)
+	}
+	code := m.Run()
+	if err == nil && len(before) == 0 {
+		// Objects are freed synchronously when their last fd closes, but a
+		// reuseport group drops its program after an RCU grace period.
+		var after []string
+		for i := 0; i < 50; i++ {
+			after, err = liveObjects()
+			if err != nil || len(after) == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if len(after) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: BPF objects left behind after tests:\n  %s\n", strings.Join(after, "\n  "))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// requireRoot skips tests that need root when not root; as root, a missing
+// feature fails the test (the kernel on this machine has all of them).
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN)")
+	}
+}
+
+// tcpSocket makes a plain IPPROTO_TCP socket (never MPTCP).
+func tcpSocket(addr netip.Addr) (int, error) {
+	fam := unix.AF_INET
+	if !addr.Unmap().Is4() {
+		fam = unix.AF_INET6
+	}
+	return unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+}
+
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return &unix.SockaddrInet4{Addr: a.As4(), Port: int(ap.Port())}
+	}
+	return &unix.SockaddrInet6{Addr: a.As16(), Port: int(ap.Port())}
+}
+
+func localPort(fd int) int {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return 0
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return a.Port
+	case *unix.SockaddrInet6:
+		return a.Port
+	}
+	return 0
+}
+
+// reuseportListeners makes n listening sockets in one SO_REUSEPORT group on
+// addr (port 0 = pick one). Call in the wanted network namespace.
+func reuseportListeners(n int, addr netip.Addr, port int) (fds []int, _ int, err error) {
+	defer func() {
+		if err != nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			fds = nil
+		}
+	}()
+	for i := 0; i < n; i++ {
+		fd, err := tcpSocket(addr)
+		if err != nil {
+			return fds, 0, err
+		}
+		fds = append(fds, fd)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			return fds, 0, err
+		}
+		if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(addr, uint16(port)))); err != nil {
+			return fds, 0, err
+		}
+		if err := unix.Listen(fd, 1024); err != nil {
+			return fds, 0, err
+		}
+		port = localPort(fd)
+	}
+	return fds, port, nil
+}
+
+// boundClient makes a TCP socket bound to addr with an ephemeral port, so
+// the 4-tuple is known before connect.
+func boundClient(addr netip.Addr) (fd int, port int, err error) {
+	fd, err = tcpSocket(addr)
+	if err != nil {
+		return -1, 0, err
+	}
+	if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(addr, 0))); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, localPort(fd), nil
+}
+
+// connectFD connects a socket made by boundClient and hands it to a
+// net.Conn; fd is consumed (net.FileConn keeps a duplicate).
+func connectFD(fd int, to netip.AddrPort) (net.Conn, error) {
+	if err := unix.Connect(fd, sockaddr(to)); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "client")
+	c, err := net.FileConn(f)
+	f.Close()
+	return c, err
+}
+
+// accepted is a connection one of the queue listeners accepted.
+type accepted struct {
+	queue int
+	conn  net.Conn
+}
+
+// acceptAll accepts on every listener fd (dup'd into net.Listeners) and
+// sends what arrives on the returned channel until stop is called.
+func acceptAll(t *testing.T, fds []int) (<-chan accepted, func()) {
+	t.Helper()
+	ch := make(chan accepted, 1024)
+	var lns []net.Listener
+	for _, fd := range fds {
+		d, err := unix.Dup(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(d), "listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+	}
+	for q, ln := range lns {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				ch <- accepted{queue: q, conn: c}
+			}
+		}()
+	}
+	return ch, func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}
+}
+
+// waitAccepted waits for the accepted connection whose peer port is port;
+// other arrivals are returned in the map for later lookups.
+func waitAccepted(ch <-chan accepted, pending map[int]accepted, port int, timeout time.Duration) (accepted, bool) {
+	if a, ok := pending[port]; ok {
+		delete(pending, port)
+		return a, true
+	}
+	tm := time.NewTimer(timeout)
+	defer tm.Stop()
+	for {
+		select {
+		case a := <-ch:
+			p := a.conn.RemoteAddr().(*net.TCPAddr).Port
+			if p == port {
+				return a, true
+			}
+			pending[p] = a
+		case <-tm.C:
+			return accepted{}, false
+		}
+	}
+}
+
+// inNetns runs fn on an OS thread switched into the network namespace at
+// path; the thread is discarded afterwards. Sockets fn creates stay in that
+// namespace and can be used from any goroutine.
+func inNetns(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with us
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		err = unix.Setns(fd, unix.CLONE_NEWNET)
+		unix.Close(fd)
+		if err != nil {
+			errc <- fmt.Errorf("setns %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
