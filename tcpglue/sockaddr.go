@@ -70,6 +70,19 @@ func zoneName(id uint32) string {
 	return strconv.FormatUint(uint64(id), 10)
 }
 
+// AddrFamily returns the socket family to use for ap: unix.AF_INET for IPv4
+// and IPv4-mapped IPv6 addresses, unix.AF_INET6 otherwise (0 for the zero
+// AddrPort).
+func AddrFamily(ap netip.AddrPort) int {
+	switch a := ap.Addr(); {
+	case !a.IsValid():
+		return 0
+	case a.Unmap().Is4():
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
 // AddrPortFromSockaddr converts an AF_INET or AF_INET6 unix.Sockaddr.
 // IPv4-mapped IPv6 addresses are returned unmapped (as IPv4).
 func AddrPortFromSockaddr(sa unix.Sockaddr) (netip.AddrPort, error) {

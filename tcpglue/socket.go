@@ -104,6 +104,21 @@ func FromFD(fd int) (*Socket, error) {
 	return newSocket(fd, dom, fl&unix.O_NONBLOCK != 0), nil
 }
 
+// FromAcceptedFD takes ownership of fd, a connection accepted (for example
+// by io_uring ACCEPT) from a tcpglue listener of the given family, without
+// the checking system calls FromFD makes. nonblock must say whether the
+// descriptor is in non-blocking mode (SOCK_NONBLOCK in the accept flags).
+// On error the caller keeps ownership of fd.
+func FromAcceptedFD(fd, family int, nonblock bool) (*Socket, error) {
+	if fd < 0 {
+		return nil, opErr("fromfd", fd, nil, &ValueError{Name: "fd", Value: fd, Reason: "negative"})
+	}
+	if family != unix.AF_INET && family != unix.AF_INET6 {
+		return nil, opErr("fromfd", fd, nil, &ValueError{Name: "family", Value: family, Reason: "want unix.AF_INET or unix.AF_INET6"})
+	}
+	return newSocket(fd, family, nonblock), nil
+}
+
 // incref takes a reference on the descriptor for one operation.
 func (s *Socket) incref(op string) (int, error) {
 	if s == nil {
