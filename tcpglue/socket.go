@@ -428,6 +428,10 @@ func (s *Socket) Recv(p []byte, flags int) (int, error) {
 		n, _, err := unix.Recvfrom(fd, p, flags)
 		if err == nil {
 			if n == 0 && len(p) > 0 {
+				if s.isClosing() {
+					// Woken by Close's shutdown, not by the peer.
+					return 0, opErr("read", fd, nil, net.ErrClosed)
+				}
 				return 0, io.EOF
 			}
 			return n, nil

@@ -443,3 +443,25 @@ func TestNonblockingAccept(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestCloseUnblocksRead(t *testing.T) {
+	_, s := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Read(make([]byte, 16))
+		done <- err
+	}()
+	for {
+		s.mu.Lock()
+		r := s.refs
+		s.mu.Unlock()
+		if r > 0 {
+			break
+		}
+		runtime.Gosched()
+	}
+	s.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("blocked Read after Close: %v, want net.ErrClosed", err)
+	}
+}
