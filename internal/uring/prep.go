@@ -131,3 +131,19 @@ func (s *SQE) PrepWriteFixed(fd int32, addr uintptr, n uint32, off uint64, bufIn
 
 // SetFixedFile makes Fd an index into the registered file table.
 func (s *SQE) SetFixedFile() { s.Flags |= SQEFixedFile }
+
+// PrepRead prepares read(2) of n bytes into addr at the file position.
+func (s *SQE) PrepRead(fd int32, addr uintptr, n uint32) {
+	s.prepRW(OpRead, fd, addr, n, ^uint64(0))
+}
+
+// PrepPollAdd prepares a poll for events (POLLIN, ...); multishot keeps it armed.
+func (s *SQE) PrepPollAdd(fd int32, events uint32, multishot bool) {
+	s.prepRW(OpPollAdd, fd, 0, 0, 0)
+	s.OpFlags = events
+	if multishot {
+		s.Len = pollAddMulti
+	}
+}
+
+const pollAddMulti = 1 << 0
