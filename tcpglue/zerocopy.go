@@ -142,6 +142,21 @@ func (w *RecvWindow) Recv(copyBuf []byte) (RecvResult, error) {
 		if err != nil || res.Len() > 0 {
 			return res, err
 		}
+		// Nothing was queued. Peek (consuming nothing, so the stream stays
+		// page-aligned) to tell end of stream from "not yet".
+		var one [1]byte
+		n, perr := recvFlags(fd, one[:], unix.MSG_DONTWAIT|unix.MSG_PEEK)
+		switch {
+		case perr == nil && n > 0:
+			continue // data arrived in between
+		case perr == nil:
+			if w.s.isClosing() {
+				return res, opErr(op, fd, nil, net.ErrClosed)
+			}
+			return res, io.EOF
+		case !errors.Is(perr, unix.EAGAIN):
+			return res, opErr(op, fd, nil, w.s.closedOr(sysErr("recvfrom", perr)))
+		}
 		if w.s.Nonblocking() {
 			return res, opErr(op, fd, nil, sysErr("recv", unix.EAGAIN))
 		}
@@ -219,17 +234,14 @@ func (w *RecvWindow) once(fd int, copyBuf []byte) (RecvResult, error) {
 		}
 		rerr = opErr(op, fd, nil, sysErr("recv", unix.Errno(e)))
 	}
-	if rerr == nil && (zc.RecvSkipHint > 0 || (mapped == 0 && res.Copied == 0)) && res.Copied < len(copyBuf) {
-		// Bytes the kernel could not map (or nothing at all was offered,
-		// which may be end of stream): copy them with recv(2).
-		n, err := recvDontwait(fd, copyBuf[res.Copied:])
+	if skip := int(zc.RecvSkipHint); rerr == nil && skip > 0 && res.Copied < len(copyBuf) {
+		// Bytes the kernel could not map. Copy exactly those (or what fits)
+		// with recv(2): reading further would start the next call in the
+		// middle of a page and nothing could be mapped any more.
+		n, err := recvFlags(fd, copyBuf[res.Copied:res.Copied+min(skip, len(copyBuf)-res.Copied)], unix.MSG_DONTWAIT)
 		switch {
-		case err == nil && n > 0:
+		case err == nil:
 			res.Copied += n
-		case err == nil && n == 0:
-			if res.Len() == 0 {
-				return res, io.EOF
-			}
 		case errors.Is(err, unix.EAGAIN):
 		default:
 			rerr = opErr(op, fd, nil, sysErr("recvfrom", err))
@@ -240,9 +252,9 @@ func (w *RecvWindow) once(fd int, copyBuf []byte) (RecvResult, error) {
 	return res, rerr
 }
 
-func recvDontwait(fd int, p []byte) (int, error) {
+func recvFlags(fd int, p []byte, flags int) (int, error) {
 	for {
-		n, _, err := unix.Recvfrom(fd, p, unix.MSG_DONTWAIT)
+		n, _, err := unix.Recvfrom(fd, p, flags)
 		if !errors.Is(err, unix.EINTR) {
 			return n, err
 		}

@@ -129,6 +129,20 @@ func pageBuf(t *testing.T, n int, seed uint64) []byte {
 	return b
 }
 
+// residentPages counts the window pages present in the page tables.
+func residentPages(w *RecvWindow) (int, error) {
+	vec := make([]byte, len(w.mem)/w.page)
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&w.mem[0])), uintptr(len(w.mem)), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		return 0, e
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n, nil
+}
+
 type zcResult struct {
 	sum    [32]byte
 	stats  RecvStats
@@ -145,12 +159,25 @@ func receiveAll(s *Socket, window, copyLen int) zcResult {
 	defer w.Close()
 	h := sha256.New()
 	copyBuf := make([]byte, copyLen)
-	total := 0
+	total, calls := 0, 0
 	for {
 		res, err := w.Recv(copyBuf)
 		h.Write(res.Mapped)
 		h.Write(copyBuf[:res.Copied])
 		total += res.Len()
+		// Exactly the pages of this call are mapped: stale ones from earlier
+		// calls were released.
+		if n, merr := residentPages(w); merr != nil || n != len(res.Mapped)/w.page {
+			return zcResult{err: fmt.Errorf("after Recv mapping %d bytes, %d pages resident (%v)", len(res.Mapped), n, merr)}
+		}
+		if calls++; calls%5 == 0 && len(res.Mapped) > 0 {
+			if err := w.Release(); err != nil {
+				return zcResult{err: err}
+			}
+			if n, _ := residentPages(w); n != 0 {
+				return zcResult{err: fmt.Errorf("%d pages resident after Release", n)}
+			}
+		}
 		if err == io.EOF {
 			break
 		}
@@ -450,5 +477,70 @@ func TestZeroCopyReceiveLayoutC(t *testing.T) {
 	fmt.Sscan(lines[len(fields)], &size, &flag)
 	if size != unsafe.Sizeof(zcReceive{}) || flag != tcpReceiveZerocopyFlagTLBCleanHint {
 		t.Errorf("C size %d flag %d, Go size %d flag %d", size, flag, unsafe.Sizeof(zcReceive{}), tcpReceiveZerocopyFlagTLBCleanHint)
+	}
+}
+
+// TestRecvWindowRealigns queues an unaligned plain write in front of
+// page-aligned zero-copy data: Recv must copy exactly the unmappable bytes
+// and then map the rest (copying more would misalign the stream for good).
+func TestRecvWindowRealigns(t *testing.T) {
+	c, s := mssPair(t, 4108)
+	if err := c.SetZeroCopy(true); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 5000)
+	for i := range head {
+		head[i] = byte(i * 7)
+	}
+	bulk := pageBuf(t, 64<<10, 3) // fits the initial receive window
+	if _, err := c.Write(head); err != nil {
+		t.Fatal(err)
+	}
+	z := &zcSender{s: c}
+	if err := z.send(bulk); err != nil {
+		t.Fatal(err)
+	}
+	want := len(head) + len(bulk)
+	for i := 0; ; i++ {
+		n, err := s.InQueue()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			break
+		}
+		if i > 10000 {
+			t.Fatalf("only %d of %d bytes queued", n, want)
+		}
+		runtime.Gosched()
+		if i%100 == 99 {
+			z.waitErr()
+		}
+	}
+	w, err := NewRecvWindow(s, 2<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	copyBuf := make([]byte, 256<<10)
+	var got []byte
+	for len(got) < want {
+		res, err := w.Recv(copyBuf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, res.Mapped...)
+		got = append(got, copyBuf[:res.Copied]...)
+	}
+	if string(got[:len(head)]) != string(head) || string(got[len(head):]) != string(bulk) {
+		t.Fatal("data mismatch")
+	}
+	st := w.Stats()
+	t.Logf("unaligned head + zero-copy bulk: %s", ratio(st))
+	if st.MappedBytes < uint64(len(bulk))/2 {
+		t.Errorf("after a %d-byte unaligned head only %s", len(head), ratio(st))
+	}
+	if err := z.wait(); err != nil {
+		t.Error(err)
 	}
 }
