@@ -6,6 +6,9 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"runtime"
 	"sync"
 	"testing"
@@ -463,5 +466,94 @@ func TestCloseUnblocksRead(t *testing.T) {
 	s.Close()
 	if err := <-done; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("blocked Read after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+func TestErrorMessages(t *testing.T) {
+	ln, err := Listen("tcp4", "127.0.0.1:0", ListenOptions{NoReuseAddr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	la, _ := ln.LocalAddr()
+	_, err = ListenAddrPort("tcp4", la, ListenOptions{})
+	if !errors.Is(err, unix.EADDRINUSE) {
+		t.Fatalf("second listener: %v", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"tcpglue: bind", la.String(), "address already in use", "SO_REUSEPORT"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	var oe *OpError
+	if !errors.As(err, &oe) || oe.Op != "bind" || oe.Fd < 0 || oe.Addr == nil || oe.Timeout() || oe.Temporary() {
+		t.Errorf("OpError fields %+v", oe)
+	}
+	var se *os.SyscallError
+	if !errors.As(err, &se) {
+		t.Error("errno not in *os.SyscallError")
+	}
+	if _, err := ListenAddrPort("tcp4", netip.MustParseAddrPort("[::1]:0"), ListenOptions{}); !errors.As(err, new(*AddrError)) {
+		t.Errorf("IPv6 AddrPort for tcp4: %v", err)
+	}
+	if _, err := ListenAddrPort("sctp", la, ListenOptions{}); !errors.As(err, new(*AddrError)) {
+		t.Errorf("sctp: %v", err)
+	}
+	ve := &ValueError{Name: "IP_TOS", Value: 300, Reason: "want 0..255"}
+	if got := ve.Error(); got != "invalid IP_TOS 300: want 0..255" {
+		t.Errorf("ValueError message %q", got)
+	}
+	ce := &CongestionError{Name: "x", Available: []string{"reno", "cubic"}, Err: unix.EPERM}
+	if m := ce.Error(); !strings.Contains(m, "reno cubic") || !strings.Contains(m, "tcp_allowed_congestion_control") {
+		t.Errorf("CongestionError message %q", m)
+	}
+	if (*OpError)(nil).Error() != "<nil>" {
+		t.Error("nil OpError")
+	}
+	if TCPState(99).String() != "TCPState(99)" || CAState(9).String() != "CAState(9)" || CALoss.String() != "Loss" {
+		t.Error("state names")
+	}
+	// A failing Control hook closes the socket and reports the hook's error.
+	boom := errors.New("boom")
+	if _, err := Listen("tcp4", "127.0.0.1:0", ListenOptions{Control: func(*Socket) error { return boom }}); !errors.Is(err, boom) {
+		t.Errorf("Control error: %v", err)
+	}
+	if _, err := Dial("tcp", la.String(), DialOptions{Control: func(*Socket) error { return boom }}); !errors.Is(err, boom) {
+		t.Errorf("dial Control error: %v", err)
+	}
+}
+
+func TestDial(t *testing.T) {
+	ln, err := Listen("tcp", ":0", ListenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	la, _ := ln.LocalAddr()
+	port := strconv.Itoa(int(la.Port()))
+	for _, addr := range []string{"localhost:" + port, ":" + port, "[::1]:" + port} {
+		c, err := Dial("tcp", addr, DialOptions{Nonblock: true, LocalAddr: netip.MustParseAddrPort("[::]:0")})
+		if addr == "localhost:"+port {
+			// localhost prefers 127.0.0.1, and an IPv6 local address
+			// cannot be bound for an IPv4 connection.
+			if err == nil {
+				c.Close()
+				t.Errorf("Dial(%s) with an IPv6 local address succeeded", addr)
+			}
+			c, err = Dial("tcp", addr, DialOptions{Nonblock: true})
+		}
+		if err != nil {
+			t.Fatalf("Dial(%s): %v", addr, err)
+		}
+		if !c.Nonblocking() {
+			t.Errorf("Dial(%s): not non-blocking", addr)
+		}
+		s, _, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		c.Close()
 	}
 }
