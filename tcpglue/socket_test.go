@@ -7,9 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
-	"runtime"
 	"sync"
 	"testing"
 
