@@ -261,15 +261,19 @@ func (s *Socket) UserTimeout() (time.Duration, error) {
 }
 
 // SetTOS sets the traffic class byte of outgoing packets (DSCP << 2 | ECN):
-// IP_TOS on an AF_INET socket, IPV6_TCLASS on an AF_INET6 socket. tos must be
-// 0..255.
+// IP_TOS on an AF_INET socket, IPV6_TCLASS on an AF_INET6 socket — and IP_TOS
+// as well there, because an AF_INET6 socket carrying IPv4 traffic (v4-mapped
+// peers of a dual-stack listener) uses IP_TOS for it. tos must be 0..255.
 func (s *Socket) SetTOS(tos int) error {
 	if s.Family() == unix.AF_INET6 {
 		const op = "setsockopt IPV6_TCLASS"
 		if tos < 0 || tos > 255 {
 			return invalid(op, "IPV6_TCLASS", tos, "want 0..255 (DSCP<<2 | ECN)")
 		}
-		return s.setInt(op, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, tos)
+		if err := s.setInt(op, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, tos); err != nil {
+			return err
+		}
+		return s.setInt("setsockopt IP_TOS", unix.IPPROTO_IP, unix.IP_TOS, tos)
 	}
 	const op = "setsockopt IP_TOS"
 	if tos < 0 || tos > 255 {

@@ -2,6 +2,7 @@ package tcpglue
 
 import (
 	"errors"
+	"net/netip"
 	"os"
 	"slices"
 	"testing"
@@ -161,6 +162,37 @@ func TestTOSByFamily(t *testing.T) {
 			}
 		}
 	}
+	// A dual-stack listener's IPv4 peer arrives on an AF_INET6 socket: the
+	// IPv4 packets use IP_TOS, which SetTOS sets too.
+	ds, err := Listen("tcp", ":0", ListenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	dla, _ := ds.LocalAddr()
+	c4, err := DialAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), dla.Port()), DialOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c4.Close()
+	s6, _, err := ds.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s6.Close()
+	if s6.Family() != unix.AF_INET6 {
+		t.Fatalf("dual-stack accept family %d", s6.Family())
+	}
+	if err := s6.SetTOS(0x28); err != nil {
+		t.Fatal(err)
+	}
+	s6.Control(func(fd int) error {
+		v, err := unix.GetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_TOS)
+		if err != nil || v != 0x28 {
+			t.Errorf("IP_TOS on v4-mapped AF_INET6 socket = %#x, %v", v, err)
+		}
+		return nil
+	})
 	// The option used follows the family.
 	c6, _ := pair(t, "tcp6", "[::1]:0", ListenOptions{}, DialOptions{})
 	c6.SetTOS(0x20)
