@@ -17,7 +17,10 @@ func openFds() map[string]string {
 	}
 	m := make(map[string]string, len(ents))
 	for _, e := range ents {
-		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil {
+			continue // the directory's own descriptor, closed by now
+		}
 		m[e.Name()] = target
 	}
 	return m

@@ -82,7 +82,8 @@ type RecvWindow struct {
 }
 
 // NewRecvWindow maps a receive window of size bytes (rounded up to whole
-// pages) on a connected socket.
+// pages) on a socket; Recv needs it connected. Kernels without TCP mmap
+// support (before 4.18) give an error matching ErrNotSupported.
 func NewRecvWindow(s *Socket, size int) (*RecvWindow, error) {
 	const op = "recv window"
 	page := unix.Getpagesize()
@@ -104,6 +105,36 @@ func NewRecvWindow(s *Socket, size int) (*RecvWindow, error) {
 		return nil, opErr(op, fd, nil, sysErr("mmap", err))
 	}
 	return &RecvWindow{s: s, mem: mem, page: page}, nil
+}
+
+// ProbeZeroCopyReceive reports whether this kernel supports
+// TCP_ZEROCOPY_RECEIVE: nil if it does, an error matching ErrNotSupported if
+// it does not (mmap of TCP sockets needs Linux 4.18), or another error if the
+// probe itself failed. It maps one page of an unconnected socket.
+func ProbeZeroCopyReceive() error {
+	const op = "probe zerocopy receive"
+	s, err := NewSocket(unix.AF_INET, true)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	w, err := NewRecvWindow(s, 1)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	zc := zcReceive{Address: uint64(uintptr(unsafe.Pointer(&w.mem[0]))), Length: uint32(len(w.mem))}
+	l := uint32(unsafe.Sizeof(zc))
+	err = s.Control(func(fd int) error {
+		return getsockopt(fd, unix.IPPROTO_TCP, unix.TCP_ZEROCOPY_RECEIVE, unsafe.Pointer(&zc), &l)
+	})
+	switch {
+	case err == nil, errors.Is(err, unix.EIO), errors.Is(err, unix.ENOTCONN):
+		return nil
+	case errors.Is(err, unix.ENOPROTOOPT), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EINVAL):
+		return opErr(op, -1, nil, errors.Join(sysErr("getsockopt TCP_ZEROCOPY_RECEIVE", err), ErrNotSupported))
+	}
+	return opErr(op, -1, nil, sysErr("getsockopt TCP_ZEROCOPY_RECEIVE", err))
 }
 
 // Size returns the window size in bytes.
@@ -209,6 +240,17 @@ func (w *RecvWindow) once(fd int, copyBuf []byte) (RecvResult, error) {
 			return RecvResult{}, opErr(op, fd, nil, errors.Join(sysErr("getsockopt TCP_ZEROCOPY_RECEIVE", err), ErrNotSupported))
 		}
 		return RecvResult{}, opErr(op, fd, nil, sysErr("getsockopt TCP_ZEROCOPY_RECEIVE", err))
+	}
+	// Older kernels know a shorter struct and say so in l: fields beyond
+	// it were not written back and still hold our inputs.
+	if l < uint32(unsafe.Offsetof(zc.CopybufLen)+4) {
+		zc.CopybufLen = 0 // no copybuf before Linux 5.11
+	}
+	if l < uint32(unsafe.Offsetof(zc.Err)+4) {
+		zc.Err = 0
+	}
+	if l < uint32(unsafe.Offsetof(zc.Inq)+4) {
+		zc.Inq = 0
 	}
 	mapped := int(zc.Length)
 	if mapped > len(w.mem) || mapped%w.page != 0 {

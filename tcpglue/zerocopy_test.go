@@ -544,3 +544,19 @@ func TestRecvWindowRealigns(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestProbeZeroCopyReceive(t *testing.T) {
+	err := ProbeZeroCopyReceive()
+	if err == nil {
+		return
+	}
+	// Missing is acceptable only on kernels older than 4.18.
+	var u unix.Utsname
+	unix.Uname(&u)
+	var major, minor int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
+	if errors.Is(err, ErrNotSupported) && (major < 4 || major == 4 && minor < 18) {
+		t.Skipf("kernel %d.%d: %v", major, minor, err)
+	}
+	t.Fatalf("kernel %d.%d: %v", major, minor, err)
+}
