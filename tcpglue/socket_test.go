@@ -17,7 +17,7 @@ import (
 )
 
 // pair returns a connected (client, server) pair over loopback on network.
-func pair(t *testing.T, network, addr string, lopts ListenOptions, dopts DialOptions) (*Socket, *Socket) {
+func pair(t testing.TB, network, addr string, lopts ListenOptions, dopts DialOptions) (*Socket, *Socket) {
 	t.Helper()
 	ln, err := Listen(network, addr, lopts)
 	if err != nil {

@@ -192,7 +192,7 @@ func receiveAll(s *Socket, window, copyLen int) zcResult {
 	return r
 }
 
-func mssPair(t *testing.T, mss int) (*Socket, *Socket) {
+func mssPair(t testing.TB, mss int) (*Socket, *Socket) {
 	t.Helper()
 	ctl := func(s *Socket) error {
 		if mss == 0 {
