@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -238,4 +239,61 @@ func ExampleParseTCPInfo() {
 	fmt.Println(info.State, info.RTT, info.Valid("RTT"), info.Valid("BytesRetrans"))
 	// Output:
 	// ESTABLISHED 100µs true false
+}
+
+func ExampleListenGroup() {
+	// One listener per queue in a SO_REUSEPORT group, non-blocking for
+	// io_uring ACCEPT; each zc queue owns group[i].
+	group, err := ListenGroup("tcp", "127.0.0.1:0", 2, ListenOptions{Nonblock: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() {
+		for _, s := range group {
+			s.Close()
+		}
+	}()
+	a0, _ := group[0].LocalAddr()
+	a1, _ := group[1].LocalAddr()
+	fmt.Println(len(group), a0 == a1)
+	// Output:
+	// 2 true
+}
+
+func ExampleRecvWindow() {
+	ln, _ := Listen("tcp4", "127.0.0.1:0", ListenOptions{Control: func(s *Socket) error { return s.SetMaxSeg(4108) }})
+	defer ln.Close()
+	la, _ := ln.LocalAddr()
+	c, _ := DialAddrPort(la, DialOptions{})
+	defer c.Close()
+	s, _, _ := ln.Accept()
+	defer s.Close()
+	c.Write([]byte("hello, window"))
+	c.Shutdown(unix.SHUT_WR)
+
+	w, err := NewRecvWindow(s, 1<<20)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Close()
+	copyBuf := make([]byte, 64<<10)
+	var got []byte
+	for {
+		res, err := w.Recv(copyBuf)
+		got = append(got, res.Mapped...) // valid until the next Recv
+		got = append(got, copyBuf[:res.Copied]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	st := w.Stats()
+	fmt.Printf("%s (mapped %d, copied %d)\n", got, st.MappedBytes, st.CopiedBytes)
+	// Output:
+	// hello, window (mapped 0, copied 13)
 }

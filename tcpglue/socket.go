@@ -424,23 +424,18 @@ func (s *Socket) Recv(p []byte, flags int) (int, error) {
 		return 0, err
 	}
 	defer s.decref()
-	for {
-		n, _, err := unix.Recvfrom(fd, p, flags)
-		if err == nil {
-			if n == 0 && len(p) > 0 {
-				if s.isClosing() {
-					// Woken by Close's shutdown, not by the peer.
-					return 0, opErr("read", fd, nil, net.ErrClosed)
-				}
-				return 0, io.EOF
-			}
-			return n, nil
-		}
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
+	n, err := recvFlags(fd, p, flags)
+	if err != nil {
 		return 0, opErr("read", fd, nil, s.closedOr(sysErr("recvfrom", err)))
 	}
+	if n == 0 && len(p) > 0 {
+		if s.isClosing() {
+			// Woken by Close's shutdown, not by the peer.
+			return 0, opErr("read", fd, nil, net.ErrClosed)
+		}
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // Write writes all of p with write(2) on a blocking socket; on a non-blocking

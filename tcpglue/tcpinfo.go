@@ -14,19 +14,19 @@ type TCPState uint8
 
 // TCP states, as in the kernel's include/net/tcp_states.h.
 const (
-	StateEstablished  TCPState = 1
-	StateSynSent      TCPState = 2
-	StateSynRecv      TCPState = 3
-	StateFinWait1     TCPState = 4
-	StateFinWait2     TCPState = 5
-	StateTimeWait     TCPState = 6
-	StateClose        TCPState = 7
-	StateCloseWait    TCPState = 8
-	StateLastAck      TCPState = 9
-	StateListen       TCPState = 10
-	StateClosing      TCPState = 11
-	StateNewSynRecv   TCPState = 12
-	StateBoundInactiv TCPState = 13
+	StateEstablished   TCPState = 1
+	StateSynSent       TCPState = 2
+	StateSynRecv       TCPState = 3
+	StateFinWait1      TCPState = 4
+	StateFinWait2      TCPState = 5
+	StateTimeWait      TCPState = 6
+	StateClose         TCPState = 7
+	StateCloseWait     TCPState = 8
+	StateLastAck       TCPState = 9
+	StateListen        TCPState = 10
+	StateClosing       TCPState = 11
+	StateNewSynRecv    TCPState = 12
+	StateBoundInactive TCPState = 13
 )
 
 var stateNames = [...]string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",

@@ -294,6 +294,7 @@ func (w *RecvWindow) once(fd int, copyBuf []byte) (RecvResult, error) {
 	return res, rerr
 }
 
+// recvFlags is the one recv(2) wrapper: it retries EINTR.
 func recvFlags(fd int, p []byte, flags int) (int, error) {
 	for {
 		n, _, err := unix.Recvfrom(fd, p, flags)
