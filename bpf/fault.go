@@ -25,8 +25,8 @@ type Fault struct {
 // interface index is resolved in the calling thread's network namespace.
 func NewFault(ifindex int, ingress bool) (*Fault, error) {
 	op := fmt.Sprintf("attach fault injector to ifindex %d", ifindex)
-	if ifindex <= 0 {
-		return nil, invalid(op, "bad interface index")
+	if _, err := ifName(ifindex); err != nil {
+		return nil, opErr(op, err)
 	}
 	f := &Fault{}
 	if err := loadFaultObjects(&f.objs, nil); err != nil {

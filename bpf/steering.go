@@ -62,15 +62,17 @@ type Options struct {
 // on interfaces and tc egress on interfaces. All methods are safe for
 // concurrent use; after Close they return an error matching ErrClosed.
 type Steering struct {
-	mu      sync.Mutex
-	closed  bool
-	objs    steerObjects
-	fds     []int // our dups of the listener fds, index = queue
-	nqueues int
-	cfg     steerConfig
-	links   []attachment
-	opts    Options
-	pins    []string
+	mu     sync.Mutex
+	closed bool
+	objs   steerObjects
+	fds    []int // our dups of the listener fds, index = queue
+	// attached: our sk_reuseport program is attached to the fds' group.
+	attached bool
+	nqueues  int
+	cfg      steerConfig
+	links    []attachment
+	opts     Options
+	pins     []string
 }
 
 type attachment struct {
@@ -145,8 +147,11 @@ func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 	}
 	for q, fd := range s.fds {
 		if err := s.objs.Sockets.Update(uint32(q), uint64(fd), ebpf.UpdateAny); err != nil {
-			if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.Errno(524)) {
+			switch {
+			case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.Errno(524)):
 				err = fmt.Errorf("%w: %w (an MPTCP socket? create listeners with IPPROTO_TCP)", ErrInvalid, err)
+			case errors.Is(err, unix.EBUSY):
+				err = fmt.Errorf("%w: %w (the socket belongs to another live Steering)", ErrInvalid, err)
 			}
 			return nil, opErr(fmt.Sprintf("add listener %d to socket array", q), err)
 		}
@@ -156,6 +161,7 @@ func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 		if err != nil {
 			return nil, opErr("attach sk_reuseport", os.NewSyscallError("setsockopt SO_ATTACH_REUSEPORT_EBPF", err))
 		}
+		s.attached = true
 	}
 	ok = true
 	return s, nil
@@ -268,11 +274,20 @@ func (s *Steering) release() error {
 		}
 	}
 	s.links = nil
-	if len(s.fds) > 0 && s.objs.ZcReuseport != nil {
-		// ENOENT: no program attached (constructor failed before attach).
+	if s.attached {
+		s.attached = false
+		// ENOENT: someone else detached it already.
 		err := unix.SetsockoptInt(s.fds[0], unix.SOL_SOCKET, unix.SO_DETACH_REUSEPORT_BPF, 0)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, os.NewSyscallError("setsockopt SO_DETACH_REUSEPORT_BPF", err))
+		}
+	}
+	// Empty the socket array before closing it: the kernel frees a map
+	// after a delay, and until then its sockets could not join another
+	// array (EBUSY).
+	if s.objs.Sockets != nil {
+		for q := range s.fds {
+			s.objs.Sockets.Delete(uint32(q))
 		}
 	}
 	for _, fd := range s.fds {
@@ -683,8 +698,8 @@ func (s *Steering) AttachXDP(ifindex int, mode XDPMode) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	if ifindex <= 0 {
-		return invalid(op, "bad interface index")
+	if _, err := ifName(ifindex); err != nil {
+		return opErr(op, err)
 	}
 	var flags link.XDPAttachFlags
 	switch mode {
@@ -719,8 +734,9 @@ func (s *Steering) AttachTCEgress(ifindex int) (xps bool, err error) {
 		return false, err
 	}
 	defer s.mu.Unlock()
-	if ifindex <= 0 {
-		return false, invalid(op, "bad interface index")
+	name, err := ifName(ifindex)
+	if err != nil {
+		return false, opErr(op, err)
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: s.objs.ZcTcEgress, Attach: ebpf.AttachTCXEgress})
 	if err != nil {
@@ -730,26 +746,38 @@ func (s *Steering) AttachTCEgress(ifindex int) (xps bool, err error) {
 		return false, opErr(op, err)
 	}
 	s.links = append(s.links, attachment{what: fmt.Sprintf("tc egress %d", ifindex), l: l})
-	return xpsConfigured(ifindex), nil
+	return xpsConfigured(name), nil
 }
 
-// xpsConfigured reports whether any TX queue of the interface has a
-// non-empty xps_cpus or xps_rxqs mask.
-func xpsConfigured(ifindex int) bool {
+// ifName returns the name of the interface with this index in the calling
+// thread's network namespace; an error matching ErrInvalid if none.
+func ifName(ifindex int) (string, error) {
+	if ifindex <= 0 {
+		return "", fmt.Errorf("%w: bad interface index %d", ErrInvalid, ifindex)
+	}
 	ifr, err := unix.NewIfreq("")
 	if err != nil {
-		return false
+		return "", err
 	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return false
+		return "", os.NewSyscallError("socket", err)
 	}
 	defer unix.Close(fd)
 	ifr.SetUint32(uint32(ifindex))
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr); err != nil {
-		return false
+		if errors.Is(err, unix.ENODEV) {
+			return "", fmt.Errorf("%w: no interface with index %d in this network namespace", ErrInvalid, ifindex)
+		}
+		return "", os.NewSyscallError("ioctl SIOCGIFNAME", err)
 	}
-	dirs, _ := filepath.Glob(filepath.Join("/sys/class/net", ifr.Name(), "queues", "tx-*"))
+	return ifr.Name(), nil
+}
+
+// xpsConfigured reports whether any TX queue of the interface has a
+// non-empty xps_cpus or xps_rxqs mask.
+func xpsConfigured(name string) bool {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/class/net", name, "queues", "tx-*"))
 	for _, d := range dirs {
 		for _, f := range []string{"xps_cpus", "xps_rxqs"} {
 			b, err := os.ReadFile(filepath.Join(d, f))

@@ -1,0 +1,32 @@
+# bpf/bpf.mk - included by the top-level Makefile.
+#
+#   make bpf        recompile bpf/c/*.bpf.c and regenerate the Go bindings
+#                   (installs clang, llvm and libbpf-dev from Debian if missing)
+#   make bpf-check  regenerate into a temporary directory and fail if the
+#                   result differs from what is committed (part of make test)
+#
+# The compiled objects are committed, so go build / go test need no clang.
+# Objects are byte-for-byte reproducible with the same clang (Debian 12:
+# clang 14); a different clang version makes bpf-check fail with a diff.
+
+BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o sources.sha256
+
+.PHONY: bpf bpf-check bpf-deps
+
+bpf-deps:
+	$(call apt_need,clang,clang)
+	$(call apt_need,llvm-strip,llvm)
+	@test -f /usr/include/bpf/bpf_helpers.h || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libbpf-dev; }
+	@test -f /usr/include/linux/bpf.h || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-libc-dev; }
+
+bpf: bpf-deps
+	bpf/gen.sh
+
+bpf-check: bpf-deps
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	bpf/gen.sh "$$tmp" >/dev/null && \
+	ok=1 && for f in $(BPF_GENERATED); do \
+		cmp -s "bpf/$$f" "$$tmp/$$f" || { echo "bpf-check: bpf/$$f differs from a fresh build (run make bpf and commit; $$(clang --version | head -1))"; ok=0; }; \
+	done && [ $$ok = 1 ] && echo "bpf-check: committed BPF objects match the sources"
+
+TEST_EXTRA += bpf-check
