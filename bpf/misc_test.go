@@ -435,3 +435,50 @@ func TestFaultTestRun(t *testing.T) {
 		t.Errorf("off: ret %d", r)
 	}
 }
+
+// The leak check in TestMain really sees our objects, and Close removes
+// them (program, maps and the cgroup link).
+func TestLeakCheckSeesObjects(t *testing.T) {
+	requireRoot(t)
+	cg := testCgroup(t)
+	s, err := NewSteering(nil, &Options{Queues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AttachCgroup(cg); err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	live, err := liveObjects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progs, links, maps int
+	for _, o := range live {
+		switch {
+		case strings.HasPrefix(o, "program "):
+			progs++
+		case strings.HasPrefix(o, "link "):
+			links++
+		case strings.HasPrefix(o, "map "):
+			maps++
+		}
+	}
+	if progs < 5 || links < 1 || maps < 12 {
+		t.Errorf("live objects while open: %v", live)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Programs release their maps after an RCU grace period.
+	for i := 0; ; i++ {
+		live, _ := liveObjects()
+		if len(live) == 0 {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("left after Close: %v", live)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
