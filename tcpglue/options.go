@@ -374,3 +374,32 @@ func (s *Socket) InQueue() (int, error) {
 	}
 	return v, nil
 }
+
+// SetKeepAlive sets SO_KEEPALIVE.
+func (s *Socket) SetKeepAlive(on bool) error {
+	return s.setInt("setsockopt SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, boolInt(on))
+}
+
+// SetKeepAliveParams sets TCP_KEEPIDLE (idle time before the first probe),
+// TCP_KEEPINTVL (time between probes), both in whole seconds 1..32767, and
+// TCP_KEEPCNT (unanswered probes before the connection is dropped, 1..127).
+// It does not turn keepalive on; see SetKeepAlive.
+func (s *Socket) SetKeepAliveParams(idle, interval time.Duration, count int) error {
+	const maxKeep = 32767 * time.Second
+	if idle < time.Second || idle > maxKeep {
+		return invalid("setsockopt TCP_KEEPIDLE", "TCP_KEEPIDLE", idle, "want 1s..32767s")
+	}
+	if interval < time.Second || interval > maxKeep {
+		return invalid("setsockopt TCP_KEEPINTVL", "TCP_KEEPINTVL", interval, "want 1s..32767s")
+	}
+	if count < 1 || count > 127 {
+		return invalid("setsockopt TCP_KEEPCNT", "TCP_KEEPCNT", count, "want 1..127")
+	}
+	if err := s.setInt("setsockopt TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(idle/time.Second)); err != nil {
+		return err
+	}
+	if err := s.setInt("setsockopt TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(interval/time.Second)); err != nil {
+		return err
+	}
+	return s.setInt("setsockopt TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT, count)
+}

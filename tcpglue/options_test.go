@@ -287,3 +287,29 @@ func TestIncomingCPUAndNAPI(t *testing.T) {
 		t.Errorf("InQueue = %d, %v", n, err)
 	}
 }
+
+func TestKeepAlive(t *testing.T) {
+	c, _ := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{})
+	if err := c.SetKeepAlive(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetKeepAliveParams(30*time.Second, 5*time.Second, 4); err != nil {
+		t.Fatal(err)
+	}
+	for opt, want := range map[int]int{unix.TCP_KEEPIDLE: 30, unix.TCP_KEEPINTVL: 5, unix.TCP_KEEPCNT: 4} {
+		if v, err := c.getInt("", unix.IPPROTO_TCP, opt); err != nil || v != want {
+			t.Errorf("option %d = %d, %v; want %d", opt, v, err, want)
+		}
+	}
+	if v, _ := c.getInt("", unix.SOL_SOCKET, unix.SO_KEEPALIVE); v != 1 {
+		t.Error("SO_KEEPALIVE off")
+	}
+	for _, bad := range []struct {
+		idle, intvl time.Duration
+		n           int
+	}{{0, time.Second, 1}, {time.Second, 40000 * time.Second, 1}, {time.Second, time.Second, 0}, {time.Second, time.Second, 128}} {
+		if err := c.SetKeepAliveParams(bad.idle, bad.intvl, bad.n); !asValueError(err) {
+			t.Errorf("SetKeepAliveParams(%v, %v, %d): %v", bad.idle, bad.intvl, bad.n, err)
+		}
+	}
+}
