@@ -30,9 +30,11 @@
 // with it. A Socket dropped without Close is closed by a runtime cleanup, but
 // that is a safety net, not the API.
 //
-// A RecvWindow (TCP_ZEROCOPY_RECEIVE) borrows its Socket: close the window
-// before the socket. Slices of mapped data it returns are valid until the
-// next Recv, Release or Close on the window.
+// A RecvWindow (TCP_ZEROCOPY_RECEIVE) borrows its Socket, and its mapping
+// keeps the socket's file alive until the window is closed: close both, in
+// either order (closing the Socket first wakes a blocked Recv). Slices of
+// mapped data it returns are valid until the next Recv, Release or Close on
+// the window.
 //
 // # Errors
 //
