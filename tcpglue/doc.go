@@ -18,8 +18,9 @@
 // # Lifecycle
 //
 // A *Socket owns exactly one descriptor. Constructors say so: NewSocket,
-// Listen, ListenGroup, Dial and Accept create one; FromFD takes ownership of
-// an existing descriptor (only on success); Disown hands the descriptor back
+// Listen, ListenGroup, Dial and Accept create one; FromFD (checked) and
+// FromAcceptedFD (unchecked, for io_uring ACCEPT results) take ownership of
+// an existing descriptor, only on success; Disown hands the descriptor back
 // to the caller. Close is idempotent and nil-safe; later calls and every
 // other method then fail with an *OpError wrapping net.ErrClosed. Methods are
 // safe for concurrent use and hold a reference on the descriptor while they
