@@ -223,10 +223,31 @@ static void zc_region_put(struct zc_region *r)
 		queue_work(zc_wq, &r->free_work);
 }
 
+/* Pin npages user pages at start; on failure nothing stays pinned. */
+static int zc_pin(unsigned long start, unsigned long npages, unsigned int gup,
+		  struct page **pages)
+{
+	unsigned long done = 0;
+	int ret;
+
+	while (done < npages) {
+		int n = min_t(unsigned long, npages - done, 1u << 16);
+
+		ret = pin_user_pages_fast(start + (done << PAGE_SHIFT), n, gup,
+					  pages + done);
+		if (ret <= 0) {
+			if (done)
+				unpin_user_pages(pages, done);
+			return ret ? ret : -EFAULT;
+		}
+		done += ret;
+	}
+	return 0;
+}
+
 static int zc_region_register(struct zc_ctx *ctx, struct zcshim_region *ur)
 {
-	unsigned long start, end, npages, done = 0;
-	unsigned int gup = FOLL_LONGTERM;
+	unsigned long start, end, npages;
 	struct zc_region *r;
 	int ret, id;
 
@@ -242,8 +263,6 @@ static int zc_region_register(struct zc_ctx *ctx, struct zcshim_region *ur)
 	start = ur->addr & PAGE_MASK;
 	end = PAGE_ALIGN(ur->addr + ur->len);
 	npages = (end - start) >> PAGE_SHIFT;
-	if (!(ur->flags & ZCSHIM_REG_READONLY))
-		gup |= FOLL_WRITE;
 
 	r = kzalloc(sizeof(*r), GFP_KERNEL);
 	if (!r)
@@ -258,17 +277,18 @@ static int zc_region_register(struct zc_ctx *ctx, struct zcshim_region *ur)
 		ret = -ENOMEM;
 		goto err_free;
 	}
-	while (done < npages) {
-		int n = min_t(unsigned long, npages - done, 1u << 16);
-
-		ret = pin_user_pages_fast(start + (done << PAGE_SHIFT), n, gup,
-					  r->pages + done);
-		if (ret <= 0) {
-			ret = ret ? ret : -EFAULT;
-			goto err_unpin;
-		}
-		done += ret;
-	}
+	/*
+	 * Pin for write whenever the mapping allows it, even for a read-only
+	 * region: a read-only pin of private memory would pin whatever page
+	 * is mapped now (the shared zero page, or a page COW later replaces),
+	 * and the application's later writes would never be sent. Only
+	 * mappings without write permission get a read-only pin.
+	 */
+	ret = zc_pin(start, npages, FOLL_LONGTERM | FOLL_WRITE, r->pages);
+	if (ret == -EFAULT && (ur->flags & ZCSHIM_REG_READONLY))
+		ret = zc_pin(start, npages, FOLL_LONGTERM, r->pages);
+	if (ret)
+		goto err_unaccount;
 	refcount_set(&r->ref, 1);
 	r->readonly = ur->flags & ZCSHIM_REG_READONLY;
 	r->len = ur->len;
@@ -279,7 +299,8 @@ static int zc_region_register(struct zc_ctx *ctx, struct zcshim_region *ur)
 	id = idr_alloc_cyclic(&ctx->regions, r, 1, INT_MAX, GFP_KERNEL);
 	if (id < 0) {
 		ret = id == -ENOSPC ? -ENOSPC : -ENOMEM;
-		goto err_unpin;
+		unpin_user_pages(r->pages, npages);
+		goto err_unaccount;
 	}
 	r->key = id;
 	ctx->nregions++;
@@ -288,9 +309,7 @@ static int zc_region_register(struct zc_ctx *ctx, struct zcshim_region *ur)
 	ur->key = id;
 	return 0;
 
-err_unpin:
-	if (done)
-		unpin_user_pages(r->pages, done);
+err_unaccount:
 	mm_unaccount_pinned_pages(&r->mmp);
 err_free:
 	kvfree(r->pages);
@@ -393,7 +412,13 @@ static struct zc_notif *zc_notif_alloc(struct zc_ctx *ctx,
 #else
 	nf->uarg.callback = zc_notif_complete;
 #endif
-	nf->uarg.flags = SKBFL_ZEROCOPY_FRAG;
+	/*
+	 * DONT_ORPHAN: the pages are pinned for as long as the notif lives, so
+	 * skbs in the write queue may keep them (as io_uring's SEND_ZC does);
+	 * receive paths that must not hold user pages (loopback delivery)
+	 * still copy through skb_orphan_frags_rx and report COPIED.
+	 */
+	nf->uarg.flags = SKBFL_ZEROCOPY_FRAG | SKBFL_DONT_ORPHAN;
 	refcount_set(&nf->uarg.refcnt, 1); /* ours, dropped at op completion */
 	nf->ctx = ctx;
 	nf->reg = reg;
@@ -695,8 +720,10 @@ static int zc_submit(struct zc_ctx *ctx, u32 to_submit)
 
 		tail = smp_load_acquire(ctx->u_sq_tail);
 		avail = tail - ctx->sq_head;
-		if (avail == 0 || avail > ctx->sq_entries)
-			break; /* empty, or a nonsensical tail: stop */
+		if (avail > ctx->sq_entries)
+			return submitted ? submitted : -EINVAL; /* nonsensical tail */
+		if (avail == 0)
+			break;
 		memcpy(&sqe, &ctx->sqes[ctx->sq_head & (ctx->sq_entries - 1)],
 		       sizeof(sqe));
 		barrier(); /* validate only the private copy */

@@ -10,6 +10,8 @@ func helperMain() bool {
 		return false
 	}
 	switch role {
+	case "sender":
+		helperSender()
 	default:
 		os.Exit(2)
 	}

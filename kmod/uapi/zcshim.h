@@ -109,7 +109,14 @@
 #define ZCSHIM_CQE_F_COPIED (1U << 2) /* notification: the stack copied (some of) the data */
 
 /* zcshim_region.flags */
-#define ZCSHIM_REG_READONLY (1U << 0) /* pin without write access; RECV into it fails -EACCES */
+/*
+ * ZCSHIM_REG_READONLY: RECV into the region fails -EACCES, and the range may
+ * be mapped without PROT_WRITE. Writable mappings are still pinned for
+ * write (so that later writes by the application land in the pinned pages,
+ * not in a copy-on-write replacement); only non-writable mappings get a
+ * read-only pin.
+ */
+#define ZCSHIM_REG_READONLY (1U << 0)
 
 /* zcshim_enter.flags */
 #define ZCSHIM_ENTER_GETEVENTS (1U << 0) /* wait until min_complete CQEs are ready */
@@ -248,7 +255,8 @@ struct zcshim_id {
  * consumed the call returns that count even if the wait then timed out or
  * was interrupted. ERRORS (nothing consumed): EBUSY (CQ has no room),
  * ETIME (wait timed out), EINTR (signal), ENXIO (no rings: call SETUP),
- * EINVAL (bad flags/fields).
+ * EINVAL (bad flags/fields, min_complete > cq_entries, or an sq_tail more
+ * than sq_entries ahead of sq_head).
  */
 struct zcshim_enter {
 	__u32 to_submit;
