@@ -3,6 +3,9 @@ package bpf
 import (
 	"fmt"
 	"net/netip"
+	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // FlowKey names one TCP flow as seen from this host: Remote is the peer,
@@ -53,4 +56,35 @@ func keyFromRaw(r steerFlowKey) FlowKey {
 		Remote: netip.AddrPortFrom(ra, r.RemotePort),
 		Local:  netip.AddrPortFrom(la, r.LocalPort),
 	}
+}
+
+// FlowKeyFromFD returns the flow key of a connected TCP socket (for
+// instance one just accepted from a queue's listener): its peer is Remote,
+// its own address Local.
+func FlowKeyFromFD(fd int) (FlowKey, error) {
+	const op = "flow key from fd"
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		return FlowKey{}, opErr(op, fmt.Errorf("%w: %w", ErrInvalid, os.NewSyscallError("getpeername", err)))
+	}
+	self, err := unix.Getsockname(fd)
+	if err != nil {
+		return FlowKey{}, opErr(op, fmt.Errorf("%w: %w", ErrInvalid, os.NewSyscallError("getsockname", err)))
+	}
+	r, ok1 := addrPort(peer)
+	l, ok2 := addrPort(self)
+	if !ok1 || !ok2 {
+		return FlowKey{}, invalid(op, "fd %d is not an IPv4/IPv6 socket", fd)
+	}
+	return FlowKey{Remote: r, Local: l}, nil
+}
+
+func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), true
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port)), true
+	}
+	return netip.AddrPort{}, false
 }

@@ -182,6 +182,30 @@ func TestReuseportHashAndLearned(t *testing.T) {
 			t.Fatalf("Lookup(%v) = %d, %v, %v; want learned %d", k, got, isLearned, err, q)
 		}
 	}
+	// The accepted side names the same flow, and Forget drops it.
+	for _, c := range f.conns[:4] {
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		var k FlowKey
+		var kerr error
+		rc.Control(func(fd uintptr) { k, kerr = FlowKeyFromFD(int(fd)) })
+		if kerr != nil {
+			t.Fatal(kerr)
+		}
+		if k.Local.Port() == uint16(f.port) { // server side
+			if _, ok := keys[k]; !ok {
+				t.Errorf("FlowKeyFromFD = %v, not a known flow", k)
+			}
+			if err := f.s.Forget(k); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.s.Lookup(k); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Lookup after Forget: %v", err)
+			}
+		}
+	}
+	if _, err := FlowKeyFromFD(-1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("FlowKeyFromFD(-1): %v", err)
+	}
 	st, _ := f.s.Stats()
 	if st.ReuseportHash != n {
 		t.Errorf("ReuseportHash = %d, want %d", st.ReuseportHash, n)

@@ -417,6 +417,28 @@ func (s *Steering) Lookup(k FlowKey) (queue int, learned bool, err error) {
 	return int(c.Queue), true, nil
 }
 
+// Forget removes a connection from the learned table and its sockops
+// statistics: for callers that close connections without the sockops
+// program attached to their cgroup (with it, closes are seen and cleaned
+// automatically). Forgetting an unknown flow is not an error.
+func (s *Steering) Forget(k FlowKey) error {
+	const op = "forget flow"
+	if err := s.lock(op); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	rk, err := k.raw()
+	if err != nil {
+		return opErr(op, err)
+	}
+	for _, m := range []*ebpf.Map{s.objs.Conns, s.objs.Flowstats} {
+		if err := m.Delete(&rk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return opErr(op, err)
+		}
+	}
+	return nil
+}
+
 // Learned returns the learned connection table: every connection
 // sk_reuseport placed whose close sockops has not yet seen, with its queue.
 // Entries leave when the connection closes if the sockops program is
