@@ -1,0 +1,334 @@
+// Command zcbench measures zcnet against plain sockets on this machine: bulk
+// throughput and CPU per GB, echo and small-message rates, ping-pong latency. Every
+// case runs as a server and a client child process of zcbench (pinned to different
+// CPUs when there are two), variants interleave A B C A B C, each figure is a median
+// with min–max over the repetitions, and every payload byte is checked.
+//
+// Usage:
+//
+//	zcbench [-quick] [-json FILE] [-png FILE] [-netns] [-modes net,syscall,...]
+//
+// `make bench` runs it with its defaults (about 3 minutes); -quick takes about 60 s.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+	"github.com/zcnet/zcnet/bench/internal/harness"
+	"github.com/zcnet/zcnet/bench/internal/iperf"
+	"github.com/zcnet/zcnet/bench/internal/modes"
+	"github.com/zcnet/zcnet/bench/internal/netns"
+	"github.com/zcnet/zcnet/bench/internal/report"
+)
+
+func main() {
+	if harness.IsChild(os.Args) {
+		os.Exit(harness.ChildMain(os.Args[1:], modes.All(), os.Stdout, os.Stderr))
+	}
+	os.Exit(run())
+}
+
+type config struct {
+	quick      bool
+	budget     time.Duration
+	reps       int
+	dur        time.Duration
+	modes      string
+	scenarios  string
+	jsonPath   string
+	pngPath    string
+	useNetns   bool
+	corruptSeq int64
+}
+
+func run() int {
+	var cfg config
+	flag.BoolVar(&cfg.quick, "quick", false, "short run: about 60 s, 3 repetitions")
+	flag.DurationVar(&cfg.budget, "budget", 0, "target total run time (default 3m, or 60s with -quick)")
+	flag.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
+	flag.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
+	flag.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
+	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: bulk,echo,pingpong,stream)")
+	flag.StringVar(&cfg.jsonPath, "json", "", "write results as JSON to `FILE`")
+	flag.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
+	flag.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
+	flag.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "corrupt frame `N` of every client connection: the run must fail (checks the checker)")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "zcbench: unexpected arguments %q\n", flag.Args())
+		return 2
+	}
+	if cfg.budget == 0 {
+		cfg.budget = 3 * time.Minute
+		if cfg.quick {
+			cfg.budget = time.Minute
+		}
+	}
+	if cfg.reps == 0 {
+		cfg.reps = 5
+		if cfg.quick {
+			cfg.reps = 3
+		}
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "zcbench:", err)
+		return 1
+	}
+	procs := &harness.Procs{}
+	env := &harness.Env{Exe: exe, ServerHost: "127.0.0.1", Procs: procs}
+	env.Client.CPU, env.Server.CPU = harness.PickCPUs()
+
+	// Every exit path ends the children (by PID) and removes the namespaces.
+	var pair *netns.Pair
+	var cleanOnce sync.Once
+	cleanup := func() {
+		cleanOnce.Do(func() {
+			procs.KillAll()
+			if err := pair.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "zcbench: cleanup:", err)
+			}
+		})
+	}
+	defer cleanup()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "\nzcbench: %v: stopping, cleaning up\n", s)
+		cleanup()
+		os.Exit(130)
+	}()
+
+	topology := "loopback"
+	if cfg.useNetns {
+		pair, err = netns.Create()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "zcbench:", err)
+			return 1
+		}
+		env.ServerHost = netns.ServerIP
+		env.Server.NetNS, env.Client.NetNS = pair.ServerNS, pair.ClientNS
+		topology = fmt.Sprintf("veth %d queues between namespaces %s and %s", pair.Queues, pair.Server, pair.Client)
+	}
+
+	variants, notes, err := plan(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "zcbench:", err)
+		return 2
+	}
+	nIperf := 0
+	for _, v := range variants {
+		if v.Mode == iperf.Name {
+			nIperf++
+		}
+	}
+	if cfg.dur == 0 {
+		cfg.dur = perRun(cfg.budget, (len(variants)-nIperf)*cfg.reps, nIperf*cfg.reps)
+	}
+	runs := harness.Interleave(variants, cfg.reps)
+
+	title := describe(topology)
+	fmt.Printf("zcbench: %s\n", title)
+	fmt.Printf("%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); client CPU %d, server CPU %d\n",
+		len(variants), cfg.reps, cfg.dur, iperf.Seconds(cfg.dur), env.Client.CPU, env.Server.CPU)
+	for _, n := range notes {
+		fmt.Println(n)
+	}
+
+	bar := progressbar.NewOptions(len(runs),
+		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetDescription("starting"),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+	)
+	rows := make([]report.Row, len(variants))
+	for i, v := range variants {
+		rows[i].Variant = v
+	}
+	ctx := context.Background()
+	for _, r := range runs {
+		bar.Describe(fmt.Sprintf("%-8s %-8s %-7s ×%-2d rep %d/%d", r.Scenario, r.Mode, report.SizeString(r.Size), r.Conns, r.Rep+1, cfg.reps))
+		rep, err := runOne(ctx, env, cfg, r.Variant)
+		if err != nil {
+			bar.Exit()
+			fmt.Fprintln(os.Stderr)
+			if errors.Is(err, frame.ErrCorrupt) {
+				fmt.Fprintln(os.Stderr, "zcbench: FAILED: wrong bytes:", err)
+				return 3
+			}
+			fmt.Fprintln(os.Stderr, "zcbench: FAILED:", err)
+			return 1
+		}
+		rows[r.Index].Reps = append(rows[r.Index].Reps, rep)
+		bar.Add(1)
+	}
+	bar.Finish()
+	fmt.Println()
+	report.Table(os.Stdout, rows)
+	report.PrintGoals(os.Stdout, report.Goals(rows))
+	fmt.Println("Ratios are of medians (mode/net). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
+
+	status := 0
+	if cfg.jsonPath != "" {
+		if err := report.WriteJSON(cfg.jsonPath, rows); err != nil {
+			fmt.Fprintln(os.Stderr, "zcbench: -json:", err)
+			status = 1
+		} else {
+			fmt.Println("wrote", cfg.jsonPath)
+		}
+	}
+	if cfg.pngPath != "" {
+		if err := report.WritePNG(cfg.pngPath, rows, title); err != nil {
+			fmt.Fprintln(os.Stderr, "zcbench: -png:", err)
+			status = 1
+		} else {
+			fmt.Println("wrote", cfg.pngPath)
+		}
+	}
+	return status
+}
+
+func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant) (harness.Rep, error) {
+	if v.Mode == iperf.Name {
+		return iperf.Run(ctx, env, v.Size, cfg.dur)
+	}
+	c := harness.Case{
+		Scenario: v.Scenario, Mode: v.Mode, Size: v.Size, Conns: v.Conns,
+		RecvBuf: recvBuf(v.Size), Duration: cfg.dur, CorruptSeq: cfg.corruptSeq,
+	}
+	return harness.RunPair(ctx, env, c)
+}
+
+// recvBuf is the read size of stream receivers, the same in every mode: the write
+// size, but at least 64 KiB (a receiver's best simple choice).
+func recvBuf(size int) int { return max(size, 64<<10) }
+
+func allModeNames() []string {
+	var ns []string
+	for _, m := range modes.All() {
+		ns = append(ns, m.Name())
+	}
+	return append(ns, iperf.Name)
+}
+
+// plan lists the variants of the run and notes about modes left out.
+func plan(cfg config) ([]harness.Variant, []string, error) {
+	var notes []string
+	wantMode := func(string) bool { return true }
+	if cfg.modes != "" {
+		list := strings.Split(cfg.modes, ",")
+		for _, m := range list {
+			if !slices.Contains(allModeNames(), m) {
+				return nil, nil, fmt.Errorf("unknown mode %q (known: %s)", m, strings.Join(allModeNames(), ","))
+			}
+		}
+		wantMode = func(m string) bool { return slices.Contains(list, m) }
+	}
+	scens := harness.Scenarios
+	if cfg.scenarios != "" {
+		scens = nil
+		for _, s := range strings.Split(cfg.scenarios, ",") {
+			if !slices.Contains(harness.Scenarios, harness.Scenario(s)) {
+				return nil, nil, fmt.Errorf("unknown scenario %q", s)
+			}
+			scens = append(scens, harness.Scenario(s))
+		}
+	}
+	var ms []harness.Mode
+	for _, m := range modes.All() {
+		if !wantMode(m.Name()) {
+			continue
+		}
+		if err := m.Available(); err != nil {
+			notes = append(notes, fmt.Sprintf("mode %s: not available: %v", m.Name(), err))
+			continue
+		}
+		ms = append(ms, m)
+	}
+	haveZC := slices.ContainsFunc(modes.All(), func(m harness.Mode) bool { return strings.HasPrefix(m.Name(), "zc") })
+	if !haveZC {
+		notes = append(notes, "modes zc, zc-copy, zc-sendzc, zc-mmap: not available (package zc has no adapter in bench/internal/modes yet)")
+	}
+	useIperf := wantMode(iperf.Name) && slices.Contains(scens, harness.Bulk)
+	if useIperf {
+		if err := iperf.Available(); err != nil {
+			notes = append(notes, "mode iperf3: not available: "+err.Error())
+			useIperf = false
+		}
+	}
+	var vs []harness.Variant
+	add := func(s harness.Scenario, size, conns int) {
+		for _, m := range ms {
+			if harness.Supports(m, s) {
+				vs = append(vs, harness.Variant{Scenario: s, Mode: m.Name(), Size: size, Conns: conns})
+			}
+		}
+		if s == harness.Bulk && useIperf {
+			vs = append(vs, harness.Variant{Scenario: s, Mode: iperf.Name, Size: size, Conns: conns})
+		}
+	}
+	for _, s := range scens {
+		switch s {
+		case harness.Bulk:
+			for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
+				add(s, size, 1)
+			}
+		case harness.Echo:
+			add(s, 64, 64)
+			add(s, 1<<10, 64)
+		case harness.PingPong:
+			add(s, 64, 1)
+		case harness.Stream:
+			add(s, 64, 1)
+		}
+	}
+	if len(vs) == 0 {
+		return nil, notes, errors.New("nothing to run")
+	}
+	return vs, notes, nil
+}
+
+// perRun spreads the budget over the runs: each of ours costs its traffic time plus
+// about 0.12 s (two processes, connections, checks); iperf3 runs whole seconds plus
+// about 0.2 s.
+func perRun(budget time.Duration, ours, iperfs int) time.Duration {
+	const ourCost, iperfCost = 120 * time.Millisecond, 200 * time.Millisecond
+	if ours == 0 {
+		return time.Second
+	}
+	d := (budget - time.Duration(iperfs)*(time.Second+iperfCost)) / time.Duration(ours)
+	d -= ourCost
+	if d >= time.Second { // iperf3 runs as long as ours: share evenly
+		d = budget/time.Duration(ours+iperfs) - ourCost
+	}
+	return min(max(d, 200*time.Millisecond), 10*time.Second).Round(10 * time.Millisecond)
+}
+
+func describe(topology string) string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	return fmt.Sprintf("Linux %s, %d CPUs, %s, %s, %s UTC",
+		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), runtime.Version(), topology,
+		time.Now().UTC().Format("2006-01-02 15:04"))
+}

@@ -1,0 +1,119 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+)
+
+// The hidden command line of a child process: zcbench -zcbench-role=server
+// -zcbench-case='{json}'. Children write "READY host:port" (server) and
+// "RESULT {json}" lines to stdout; errors go to stderr.
+const (
+	roleFlag = "zcbench-role"
+	caseFlag = "zcbench-case"
+
+	exitCorrupt = 3 // the payload check failed
+	exitTimeout = 4 // the child's own watchdog fired
+)
+
+// IsChild reports whether args (os.Args) start a child role.
+func IsChild(args []string) bool {
+	return len(args) > 1 && strings.HasPrefix(args[1], "-"+roleFlag)
+}
+
+func childArgs(role string, c Case) []string {
+	b, _ := json.Marshal(c)
+	return []string{"-" + roleFlag + "=" + role, "-" + caseFlag + "=" + string(b)}
+}
+
+// ChildMain runs one side of a case in this process, with the mode named in the case
+// taken from modes, and returns the process exit code.
+func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("zcbench child", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	role := fs.String(roleFlag, "", "server or client")
+	cjson := fs.String(caseFlag, "", "case as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var c Case
+	if err := json.Unmarshal([]byte(*cjson), &c); err != nil {
+		fmt.Fprintf(stderr, "zcbench %s: bad case: %v\n", *role, err)
+		return 2
+	}
+	if err := c.Validate(); err != nil {
+		fmt.Fprintf(stderr, "zcbench %s: %v\n", *role, err)
+		return 2
+	}
+	var m Mode
+	for _, x := range modes {
+		if x.Name() == c.Mode {
+			m = x
+		}
+	}
+	if m == nil {
+		fmt.Fprintf(stderr, "zcbench %s: unknown mode %q\n", *role, c.Mode)
+		return 2
+	}
+	// A child never outlives its case by much, whatever happens to its peer.
+	wd := time.AfterFunc(c.Duration+60*time.Second, func() {
+		fmt.Fprintf(stderr, "zcbench %s: watchdog: %s %s still running after %v\n", *role, c.Mode, c.Scenario, c.Duration+60*time.Second)
+		os.Exit(exitTimeout)
+	})
+	defer wd.Stop()
+
+	out := bufio.NewWriter(stdout)
+	ctx := context.Background()
+	var err error
+	var meter *Meter
+	switch *role {
+	case "server":
+		meter = newMeter(c, false)
+		err = m.Server(ctx, c, meter, func(addr string) {
+			fmt.Fprintf(out, "READY %s\n", addr)
+			out.Flush()
+		})
+	case "client":
+		meter = newMeter(c, true)
+		err = m.Client(ctx, c, meter)
+	default:
+		fmt.Fprintf(stderr, "zcbench: unknown role %q\n", *role)
+		return 2
+	}
+	side := meter.finish(*role)
+	if err != nil {
+		fmt.Fprintf(stderr, "zcbench %s %s/%s: %v\n", *role, c.Mode, c.Scenario, err)
+		if errors.Is(err, frame.ErrCorrupt) {
+			return exitCorrupt
+		}
+		return 1
+	}
+	side.GOMAXPROCS = runtime.GOMAXPROCS(0)
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) == nil {
+		for i := 0; i < 1024; i++ {
+			if set.IsSet(i) {
+				side.CPUs = append(side.CPUs, i)
+			}
+		}
+	}
+	b, _ := json.Marshal(side)
+	fmt.Fprintf(out, "RESULT %s\n", b)
+	if err := out.Flush(); err != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,157 @@
+package harness
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+	"github.com/zcnet/zcnet/bench/internal/stats"
+)
+
+// Meter measures one side of a case. Its methods are safe for concurrent use; the
+// Sources, Verifiers and Recorders it hands out belong to one goroutine each.
+type Meter struct {
+	c      Case
+	client bool
+
+	once    sync.Once
+	started atomic.Bool
+	stopped atomic.Bool
+	t0      time.Time
+	ru0     unix.Rusage
+	timer   *time.Timer
+
+	mu        sync.Mutex
+	sources   []*frame.Source
+	verifiers []*frame.Verifier
+	recs      []*stats.Recorder
+
+	zc, copied atomic.Uint64
+}
+
+func newMeter(c Case, client bool) *Meter { return &Meter{c: c, client: client} }
+
+// Start opens the measured window: wall time and CPU are counted from here. Later
+// calls do nothing. A client calls it when its connections are up; on a server the
+// first byte fed to any Verifier calls it.
+func (m *Meter) Start() {
+	m.once.Do(func() {
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &m.ru0)
+		m.t0 = time.Now()
+		if m.client {
+			m.timer = time.AfterFunc(m.c.Duration, func() { m.stopped.Store(true) })
+		}
+		m.started.Store(true)
+	})
+}
+
+// Stopped reports whether a client should stop sending: true once Case.Duration has
+// passed since Start. It calls Start if nobody has.
+func (m *Meter) Stopped() bool {
+	if !m.started.Load() {
+		m.Start()
+	}
+	return m.stopped.Load()
+}
+
+// NewSource returns the frame source of one client connection.
+func (m *Meter) NewSource() *frame.Source {
+	corrupt := int64(-1)
+	if m.client {
+		corrupt = m.c.CorruptSeq
+	}
+	s, err := frame.NewSource(m.c.Size, corrupt)
+	if err != nil {
+		panic(err) // Case.Validate rejects such sizes before any mode runs
+	}
+	m.mu.Lock()
+	m.sources = append(m.sources, s)
+	m.mu.Unlock()
+	return s
+}
+
+// NewVerifier returns the verifier of one connection's received bytes.
+func (m *Meter) NewVerifier() *frame.Verifier {
+	v, err := frame.NewVerifier(m.c.Size, m.Start)
+	if err != nil {
+		panic(err)
+	}
+	m.mu.Lock()
+	m.verifiers = append(m.verifiers, v)
+	m.mu.Unlock()
+	return v
+}
+
+// NewRecorder returns the round-trip latency recorder of one client connection.
+func (m *Meter) NewRecorder() *stats.Recorder {
+	r := &stats.Recorder{}
+	m.mu.Lock()
+	m.recs = append(m.recs, r)
+	m.mu.Unlock()
+	return r
+}
+
+// AddZeroCopy adds to the bytes a mode sent zero-copy and the bytes the kernel
+// reported it copied instead (zc modes; others never call it).
+func (m *Meter) AddZeroCopy(zc, copied uint64) {
+	m.zc.Add(zc)
+	m.copied.Add(copied)
+}
+
+// finish closes the window and returns this side's figures.
+func (m *Meter) finish(role string) Side {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	end := time.Now()
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	s := Side{Role: role}
+	if m.started.Load() {
+		s.Wall = end.Sub(m.t0)
+		s.User = tv(ru.Utime) - tv(m.ru0.Utime)
+		s.Sys = tv(ru.Stime) - tv(m.ru0.Stime)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, src := range m.sources {
+		s.Sent += src.Frames()
+	}
+	for _, v := range m.verifiers {
+		s.Frames += v.Frames()
+		s.Bytes += v.Bytes()
+	}
+	s.Lat = stats.Merge(m.recs...)
+	s.ZCBytes = m.zc.Load()
+	s.CopiedBytes = m.copied.Load()
+	return s
+}
+
+func tv(t unix.Timeval) time.Duration {
+	return time.Duration(t.Sec)*time.Second + time.Duration(t.Usec)*time.Microsecond
+}
+
+// Side is what one process reports about its side of a case.
+type Side struct {
+	Role string `json:"role"`
+	// Wall, User and Sys cover the measured window only.
+	Wall time.Duration `json:"wall"`
+	User time.Duration `json:"user"`
+	Sys  time.Duration `json:"sys"`
+	// Sent counts frames sent; Frames and Bytes what the verifiers checked.
+	Sent   uint64          `json:"sent"`
+	Frames uint64          `json:"frames"`
+	Bytes  uint64          `json:"bytes"`
+	Lat    stats.Latencies `json:"lat"`
+
+	ZCBytes     uint64 `json:"zc_bytes"`
+	CopiedBytes uint64 `json:"copied_bytes"`
+	CPUs        []int  `json:"cpus"`
+	GOMAXPROCS  int    `json:"gomaxprocs"`
+}
+
+// CPU is the process CPU time of the window.
+func (s Side) CPU() time.Duration { return s.User + s.Sys }

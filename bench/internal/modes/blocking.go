@@ -1,0 +1,183 @@
+// Package modes holds the zcbench modes that do not need package zc: "net" (Go
+// net.Conn, a goroutine per connection) and "syscall" (blocking send/recv on raw
+// file descriptors). Both share the blocking loops in this file.
+package modes
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/zcnet/zcnet/bench/internal/harness"
+)
+
+// stream is a blocking byte stream: Read returns what is there (at least one byte) or
+// an error, io.EOF at the end; Write writes everything or fails.
+type stream interface {
+	io.Reader
+	io.Writer
+	io.Closer
+}
+
+type listener interface {
+	Accept() (stream, error)
+	Addr() string
+	Close() error
+}
+
+// serve is the server side of every scenario over blocking streams.
+func serve(c harness.Case, m *harness.Meter, ln listener, ready func(string)) error {
+	defer ln.Close()
+	ready(ln.Addr())
+	conns := make([]stream, 0, c.Conns)
+	for range c.Conns {
+		s, err := ln.Accept()
+		if err != nil {
+			for _, s := range conns {
+				s.Close()
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		conns = append(conns, s)
+	}
+	ln.Close()
+	return forEach(conns, func(s stream) error {
+		defer s.Close()
+		if c.Scenario.RequestResponse() {
+			return echoServer(c, m, s)
+		}
+		return sink(c, m, s)
+	})
+}
+
+// sink reads a one-way stream to its end.
+func sink(c harness.Case, m *harness.Meter, s stream) error {
+	v := m.NewVerifier()
+	buf := make([]byte, c.RecvBuf)
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			if ferr := v.Feed(buf[:n]); ferr != nil {
+				return ferr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return v.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+	}
+}
+
+// echoServer sends every request back.
+func echoServer(c harness.Case, m *harness.Meter, s stream) error {
+	v := m.NewVerifier()
+	buf := make([]byte, c.Size)
+	for {
+		if _, err := io.ReadFull(s, buf); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return v.Close()
+			}
+			return fmt.Errorf("read request: %w", err)
+		}
+		if err := v.Feed(buf); err != nil {
+			return err
+		}
+		if _, err := s.Write(buf); err != nil {
+			return fmt.Errorf("write response: %w", err)
+		}
+	}
+}
+
+// drive is the client side of every scenario over blocking streams.
+func drive(c harness.Case, m *harness.Meter, dial func() (stream, error)) error {
+	conns := make([]stream, 0, c.Conns)
+	for range c.Conns {
+		s, err := dial()
+		if err != nil {
+			for _, s := range conns {
+				s.Close()
+			}
+			return fmt.Errorf("dial %s: %w", c.Addr, err)
+		}
+		conns = append(conns, s)
+	}
+	m.Start()
+	return forEach(conns, func(s stream) error {
+		defer s.Close()
+		if c.Scenario.RequestResponse() {
+			return echoClient(c, m, s)
+		}
+		return source(c, m, s)
+	})
+}
+
+// source sends frames back to back until the meter says stop.
+func source(c harness.Case, m *harness.Meter, s stream) error {
+	src := m.NewSource()
+	buf := make([]byte, c.Size)
+	src.Fill(buf)
+	for !m.Stopped() {
+		src.Stamp(buf)
+		if _, err := s.Write(buf); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		src.Sent()
+	}
+	return nil
+}
+
+// echoClient keeps one request in flight and times each round trip.
+func echoClient(c harness.Case, m *harness.Meter, s stream) error {
+	src := m.NewSource()
+	v := m.NewVerifier()
+	rec := m.NewRecorder()
+	req := make([]byte, c.Size)
+	resp := make([]byte, c.Size)
+	src.Fill(req)
+	for !m.Stopped() {
+		src.Stamp(req)
+		t0 := time.Now()
+		if _, err := s.Write(req); err != nil {
+			return fmt.Errorf("write request: %w", err)
+		}
+		src.Sent()
+		if _, err := io.ReadFull(s, resp); err != nil {
+			return fmt.Errorf("read response: %w", err)
+		}
+		rec.Add(time.Since(t0))
+		if err := v.Feed(resp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forEach runs f on every stream in its own goroutine and returns the first error.
+func forEach(conns []stream, f func(stream) error) error {
+	if len(conns) == 1 {
+		return f(conns[0])
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(conns))
+	for i, s := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(s)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// All returns every mode of this package.
+func All() []harness.Mode {
+	return []harness.Mode{Net{}, Syscall{}}
+}

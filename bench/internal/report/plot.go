@@ -1,0 +1,203 @@
+package report
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/zcnet/zcnet/bench/internal/harness"
+)
+
+// modesOf lists the modes of the rows of one scenario, in first-seen order.
+func modesOf(rows []Row, s harness.Scenario) []string {
+	var ms []string
+	for _, r := range rows {
+		if r.Scenario == s && len(r.Reps) > 0 && !slices.Contains(ms, r.Mode) {
+			ms = append(ms, r.Mode)
+		}
+	}
+	return ms
+}
+
+type errPoints struct {
+	plotter.XYs
+	plotter.YErrors
+}
+
+// throughputPlot: bulk Gbit/s against write size, one line per mode, bars from min
+// to max.
+func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Bulk throughput, one stream (" + title + ")"
+	p.X.Label.Text = "write size"
+	p.Y.Label.Text = "Gbit/s (median, bars min–max)"
+	p.Legend.Top = true
+	var ticks []plot.Tick
+	for i, mode := range modesOf(rows, harness.Bulk) {
+		var ep errPoints
+		for _, r := range rows {
+			if r.Scenario != harness.Bulk || r.Mode != mode || len(r.Reps) == 0 {
+				continue
+			}
+			s := r.Sum(Gbps)
+			if s.N == 0 {
+				continue
+			}
+			x := math.Log2(float64(r.Size))
+			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: s.Median})
+			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
+			if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+				ticks = append(ticks, plot.Tick{Value: x, Label: SizeString(r.Size)})
+			}
+		}
+		if len(ep.XYs) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(ep.XYs)
+		if err != nil {
+			return nil, err
+		}
+		l.Color = plotutil.Color(i)
+		pts.Color = plotutil.Color(i)
+		pts.Shape = plotutil.Shape(i)
+		eb, err := plotter.NewYErrorBars(ep)
+		if err != nil {
+			return nil, err
+		}
+		eb.Color = plotutil.Color(i)
+		p.Add(l, pts, eb)
+		p.Legend.Add(mode, l, pts)
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.X.Min -= 0.5
+	p.X.Max += 0.5
+	p.Y.Min = 0
+	return p, nil
+}
+
+// groupedBars draws one bar group per category with one bar per mode.
+func groupedBars(p *plot.Plot, modes []string, categories []string, value func(mode string, cat int) float64) error {
+	w := vg.Points(min(60, 240/float64(max(1, len(modes)))))
+	for i, mode := range modes {
+		vals := make(plotter.Values, len(categories))
+		for c := range categories {
+			v := value(mode, c)
+			if math.IsNaN(v) {
+				v = 0
+			}
+			vals[c] = v
+		}
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		b.Color = plotutil.Color(i)
+		b.LineStyle.Width = 0
+		b.Offset = w * vg.Length(float64(i)-float64(len(modes)-1)/2)
+		p.Add(b)
+		p.Legend.Add(mode, b)
+	}
+	p.NominalX(categories...)
+	p.Legend.Top = true
+	p.Y.Min = 0
+	return nil
+}
+
+func latencyPlot(rows []Row, title string) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Ping-pong 64 B, one connection: round trip (" + title + ")"
+	p.Y.Label.Text = "µs (median of repetitions)"
+	modes := modesOf(rows, harness.PingPong)
+	figs := []Figure{P50, P99, P999}
+	err := groupedBars(p, modes, []string{"p50", "p99", "p99.9"}, func(mode string, c int) float64 {
+		r := Find(rows, harness.PingPong, mode, 64, 1)
+		if r == nil {
+			return math.NaN()
+		}
+		return r.Sum(figs[c]).Median
+	})
+	return p, err
+}
+
+func messagesPlot(rows []Row, title string) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Messages per second (" + title + ")"
+	p.Y.Label.Text = "thousand msgs/s (median)"
+	type cat struct {
+		s           harness.Scenario
+		size, conns int
+	}
+	var cats []cat
+	var names []string
+	var modes []string
+	for _, r := range rows {
+		if (r.Scenario != harness.Echo && r.Scenario != harness.Stream) || len(r.Reps) == 0 {
+			continue
+		}
+		c := cat{r.Scenario, r.Size, r.Conns}
+		if !slices.Contains(cats, c) {
+			cats = append(cats, c)
+			n := fmt.Sprintf("stream %s", SizeString(r.Size))
+			if r.Scenario == harness.Echo {
+				n = fmt.Sprintf("echo %s ×%d", SizeString(r.Size), r.Conns)
+			}
+			names = append(names, n)
+		}
+		if !slices.Contains(modes, r.Mode) {
+			modes = append(modes, r.Mode)
+		}
+	}
+	if len(cats) == 0 {
+		return nil, nil
+	}
+	err := groupedBars(p, modes, names, func(mode string, i int) float64 {
+		r := Find(rows, cats[i].s, mode, cats[i].size, cats[i].conns)
+		if r == nil {
+			return math.NaN()
+		}
+		return r.Sum(MsgsPerS).Median / 1e3
+	})
+	return p, err
+}
+
+// WritePNG draws the plots (throughput against write size, ping-pong latency
+// percentiles, messages per second) one above the other into a PNG file. title
+// describes the run (machine, date).
+func WritePNG(path string, rows []Row, title string) error {
+	var ps [][]*plot.Plot
+	for _, f := range []func([]Row, string) (*plot.Plot, error){throughputPlot, latencyPlot, messagesPlot} {
+		p, err := f(rows, title)
+		if err != nil {
+			return err
+		}
+		if p != nil {
+			ps = append(ps, []*plot.Plot{p})
+		}
+	}
+	const w, h = 9 * vg.Inch, 4.5 * vg.Inch
+	img := vgimg.NewWith(vgimg.UseWH(w, h*vg.Length(len(ps))), vgimg.UseDPI(110))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: len(ps), Cols: 1, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 6,
+		PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
+	cs := plot.Align(ps, tiles, dc)
+	for i := range ps {
+		ps[i][0].Draw(cs[i][0])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
