@@ -23,6 +23,11 @@ type Fault struct {
 // NewFault loads the fault injector and attaches it to the interface's
 // egress (ingress=false) or ingress path, initially dropping nothing. The
 // interface index is resolved in the calling thread's network namespace.
+//
+// To emulate loss on the wire for a TCP sender, drop at the receiver's
+// ingress: a drop at the sender's own egress is reported back to its TCP
+// as a local transmit failure (NET_XMIT_DROP), which simply sends the
+// segment again later without treating it as a loss.
 func NewFault(ifindex int, ingress bool) (*Fault, error) {
 	op := fmt.Sprintf("attach fault injector to ifindex %d", ifindex)
 	if _, err := ifName(ifindex); err != nil {

@@ -337,7 +337,7 @@ func TestVethFaultInjector(t *testing.T) {
 	var usock int
 	v.in(t, v.cliNS, func() error {
 		var err error
-		if cf, err = NewFault(v.cliIdx, false); err != nil {
+		if cf, err = NewFault(v.cliIdx, true); err != nil {
 			return err
 		}
 		usock, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -347,18 +347,18 @@ func TestVethFaultInjector(t *testing.T) {
 	defer unix.Close(usock)
 	v.in(t, v.srvNS, func() error {
 		var err error
-		sf, err = NewFault(v.srvIdx, false)
+		sf, err = NewFault(v.srvIdx, true)
 		return err
 	})
 	defer sf.Close()
 
 	// 1. The configured fraction: 20000 datagrams, 25% dropped.
 	const frac, n = 0.25, 20000
-	if err := cf.Set(frac, unix.IPPROTO_UDP, udpPort); err != nil {
+	if err := sf.Set(frac, unix.IPPROTO_UDP, udpPort); err != nil {
 		t.Fatal(err)
 	}
 	to := sockaddr(netip.AddrPortFrom(v.srvAddr, udpPort))
-	sent := 0
+	sent, received := 0, 0
 	payload := make([]byte, 64)
 	drain := make([]byte, 2048)
 	for i := 0; i < n; i++ {
@@ -370,29 +370,44 @@ func TestVethFaultInjector(t *testing.T) {
 				if _, _, err := unix.Recvfrom(sink, drain, 0); err != nil {
 					break
 				}
+				received++
 			}
 		}
 	}
-	seen, dropped, err := cf.Stats()
+	seen, dropped, err := sf.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := float64(dropped) / float64(seen)
-	t.Logf("UDP: sent %d, injector saw %d, dropped %d (%.4f, configured %.2f)", sent, seen, dropped, got, frac)
+	t.Logf("UDP: sent %d, server ingress injector saw %d, dropped %d (%.4f, configured %.2f)", sent, seen, dropped, got, frac)
 	if int(seen) != sent {
 		t.Errorf("injector saw %d of %d datagrams", seen, sent)
 	}
 	if got < frac-0.02 || got > frac+0.02 {
 		t.Errorf("dropped fraction %.4f, configured %.2f", got, frac)
 	}
+	// The sink got exactly what was not dropped.
+	time.Sleep(50 * time.Millisecond)
+	for {
+		if _, _, err := unix.Recvfrom(sink, drain, 0); err != nil {
+			break
+		}
+		received++
+	}
+	if received != sent-int(dropped) {
+		t.Errorf("sink received %d, want %d sent - %d dropped", received, sent, dropped)
+	}
 	// Turned off: nothing more is dropped.
-	cf.Set(0, 0, 0)
+	sf.Set(0, 0, 0)
 	unix.Sendto(usock, payload, 0, to)
-	if _, d2, _ := cf.Stats(); d2 != dropped {
+	if _, d2, _ := sf.Stats(); d2 != dropped {
 		t.Errorf("dropping continued after Set(0)")
 	}
 
-	// 2. TCP through 5% loss each way delivers every byte.
+	// 2. TCP through 5% loss each way delivers every byte. The drops are at
+	// each side's ingress: a drop at the sender's own egress is reported
+	// to its TCP as a local transmit failure and resent without counting
+	// as a loss, which would not exercise recovery.
 	var lfd int
 	var port int
 	v.in(t, v.srvNS, func() error {
@@ -407,6 +422,7 @@ func TestVethFaultInjector(t *testing.T) {
 	ch, stop := acceptAll(t, []int{lfd})
 	defer stop()
 	cs0, cd0, _ := cf.Stats()
+	ss0, sd0, _ := sf.Stats()
 	if err := cf.Set(0.05, unix.IPPROTO_TCP, uint16(port)); err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +464,8 @@ func TestVethFaultInjector(t *testing.T) {
 	cs, cd, _ := cf.Stats()
 	cs, cd = cs-cs0, cd-cd0
 	ss, sd, _ := sf.Stats()
-	t.Logf("TCP: %d MiB each way intact in %v; client egress dropped %d/%d, server egress dropped %d/%d; retransmitted segments %d",
+	ss, sd = ss-ss0, sd-sd0
+	t.Logf("TCP: %d MiB each way intact in %v; client ingress dropped %d/%d, server ingress dropped %d/%d; retransmitted segments %d",
 		size>>20, time.Since(start).Round(time.Millisecond), cd, cs, sd, ss, retrans)
 	if cd == 0 || sd == 0 || retrans == 0 {
 		t.Errorf("no loss happened: client %d/%d server %d/%d retrans %d", cd, cs, sd, ss, retrans)
