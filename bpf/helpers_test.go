@@ -82,30 +82,92 @@ func liveObjects() ([]string, error) {
 	return out, it.Err()
 }
 
+// heldByOthers returns the BPF program, map and link IDs that some other
+// process holds an fd to (so a concurrent test run elsewhere is not
+// mistaken for our leak).
+func heldByOthers() map[string]bool {
+	held := map[string]bool{}
+	self := fmt.Sprint(os.Getpid())
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if p.Name() == self || p.Name()[0] < '0' || p.Name()[0] > '9' {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
+		for _, fd := range fds {
+			target, err := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name())
+			if err != nil || !strings.HasPrefix(target, "anon_inode:bpf-") {
+				continue
+			}
+			info, err := os.ReadFile("/proc/" + p.Name() + "/fdinfo/" + fd.Name())
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(info), "\n") {
+				for _, k := range []string{"prog_id:", "map_id:", "link_id:"} {
+					if strings.HasPrefix(l, k) {
+						held[strings.TrimSuffix(k, "_id:")+" "+strings.TrimSpace(strings.TrimPrefix(l, k))] = true
+					}
+				}
+			}
+		}
+	}
+	return held
+}
+
+// ownBPFFDs lists this process's open BPF fds (programs, maps, links).
+func ownBPFFDs() []string {
+	var out []string
+	fds, _ := os.ReadDir("/proc/self/fd")
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if err == nil && strings.HasPrefix(target, "anon_inode:bpf-") {
+			out = append(out, fd.Name()+" "+target)
+		}
+	}
+	return out
+}
+
+// TestMain fails the run if BPF objects are left behind: any BPF fd still
+// open in this process, and any of our programs, maps or links still
+// loaded that no other process holds (attachments without an fd, such as
+// a reuseport group's program or an XDP link kept by the interface).
 func TestMain(m *testing.M) {
 	if h := os.Getenv(helperEnv); h != "" {
 		os.Exit(runHelper(h))
 	}
-	before, err := liveObjects()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "leak check unavailable:", err)
-	}
 	code := m.Run()
-	if err == nil && len(before) == 0 {
-		// Objects are freed synchronously when their last fd closes, but a
-		// reuseport group drops its program after an RCU grace period.
-		var after []string
-		for i := 0; i < 50; i++ {
-			after, err = liveObjects()
-			if err != nil || len(after) == 0 {
-				break
+	if fds := ownBPFFDs(); len(fds) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: BPF fds still open after tests:\n  %s\n", strings.Join(fds, "\n  "))
+		code = 1
+	}
+	// Objects are freed when their last reference goes, but programs drop
+	// their maps, and reuseport groups their program, after an RCU grace
+	// period: poll for a while.
+	var left []string
+	for i := 0; i < 50; i++ {
+		live, err := liveObjects()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "leak check unavailable:", err)
+			break
+		}
+		held := heldByOthers()
+		left = left[:0]
+		for _, o := range live {
+			f := strings.Fields(o) // "program 12 zc_xdp", "map 3 flows", "link 7 type 2"
+			kind := map[string]string{"program": "prog", "map": "map", "link": "link"}[f[0]]
+			if !held[kind+" "+f[1]] {
+				left = append(left, o)
 			}
-			time.Sleep(100 * time.Millisecond)
 		}
-		if len(after) > 0 {
-			fmt.Fprintf(os.Stderr, "FAIL: BPF objects left behind after tests:\n  %s\n", strings.Join(after, "\n  "))
-			code = 1
+		if len(left) == 0 {
+			break
 		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: BPF objects left behind after tests:\n  %s\n", strings.Join(left, "\n  "))
+		code = 1
 	}
 	os.Exit(code)
 }
