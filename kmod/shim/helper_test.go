@@ -12,6 +12,8 @@ func helperMain() bool {
 	switch role {
 	case "sender":
 		helperSender()
+	case "memlock":
+		helperMemlock()
 	default:
 		os.Exit(2)
 	}

@@ -82,6 +82,7 @@ if grep -E 'warning:' "$SRC"/.zcshim.o.cmd >/dev/null 2>&1; then :; fi
 log "building test binaries"
 CGO_ENABLED=0 "$GO" test -c -o "$VM/kmod.test" ./kmod
 CGO_ENABLED=0 "$GO" test -c -o "$VM/shim.test" ./kmod/shim
+CGO_ENABLED=0 "$GO" build -o "$VM/zcbench" ./kmod/vm/zcbench
 
 # --- initramfs ----------------------------------------------------------------
 IR=$VM/initramfs
@@ -89,7 +90,7 @@ rm -rf "$IR" && mkdir -p "$IR/bin" "$IR/proc" "$IR/sys" "$IR/dev" "$IR/tmp"
 cp /bin/busybox "$IR/bin/busybox"
 cp kmod/vm/init "$IR/init"
 cp "$SRC/zcshim.ko" "$IR/zcshim.ko"
-cp "$VM/kmod.test" "$VM/shim.test" "$IR/"
+cp "$VM/kmod.test" "$VM/shim.test" "$VM/zcbench" "$IR/"
 [ -n "${ZCVM_SHIM_ARGS:-}" ] && echo "$ZCVM_SHIM_ARGS" > "$IR/shim.args"
 (cd "$IR" && find . | cpio -o -H newc --quiet | gzip -1 > "$VM/initrd.gz")
 
@@ -104,7 +105,8 @@ timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -sm
 qrc=$?
 set -e
 tr -d '\r' < "$CONSOLE" > "$CONSOLE.txt"
-grep -E '^(=== RUN|--- (PASS|FAIL|SKIP)|PASS|FAIL|ok|ZCVM:|    .*MEASURE)' "$CONSOLE.txt" | grep -v '^=== RUN' || true
+grep -E '^(--- (PASS|FAIL|SKIP)|PASS|FAIL|ok|ZCVM:|MEASURE)' "$CONSOLE.txt" || true
+grep '^MEASURE' "$CONSOLE.txt" > "$VM/measure.txt" || true
 
 fail=0
 if [ $qrc = 124 ] || [ $qrc = 137 ]; then log "FAIL: timed out after ${TIMEOUT}s"; fail=1; fi
