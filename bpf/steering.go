@@ -50,7 +50,9 @@ type Options struct {
 	// PinPath, if set, is a directory on a bpffs mount. The flow table,
 	// the policy maps and the statistics are pinned there by name, and a
 	// later NewSteering with the same PinPath reuses them (a restarted
-	// process keeps its flow table). Attachments are never pinned.
+	// process keeps its flow table and per-CPU/DSCP/congestion policies;
+	// the queue count, Policy and drain state are rewritten from Options).
+	// Attachments are never pinned.
 	PinPath string
 	// KeepPinned makes Close leave the pinned maps in place (for a
 	// supervisor that restarts the process); otherwise Close removes them.

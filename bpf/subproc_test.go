@@ -211,8 +211,16 @@ func TestSockopsCgroup(t *testing.T) {
 	if err := s.AttachCgroup(cg); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetCongestion(netip.MustParsePrefix("0.0.0.0/0"), cc, true); err != nil {
-		t.Fatal(err)
+	// Longest prefix wins: the /8 covering 127.0.0.1 beats the default
+	// route, and an unrelated /8 is not used.
+	for _, p := range []struct {
+		prefix  string
+		cc      string
+		nodelay bool
+	}{{"0.0.0.0/0", def, false}, {"127.0.0.0/8", cc, true}, {"10.0.0.0/8", def, false}} {
+		if err := s.SetCongestion(netip.MustParsePrefix(p.prefix), p.cc, p.nodelay); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ch, stop := acceptAll(t, fds)
 	defer stop()
