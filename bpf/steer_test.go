@@ -387,3 +387,39 @@ func TestCloseFallsBackToKernelHash(t *testing.T) {
 		t.Fatalf("nil Close: %v", err)
 	}
 }
+
+func TestRemoveListener(t *testing.T) {
+	f := newSteerFixture(t, 3, nil)
+	if err := f.s.RemoveListener(1); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []int{1, 7, -1} {
+		if err := f.s.RemoveListener(q); !errors.Is(err, ErrInvalid) {
+			t.Errorf("RemoveListener(%d): %v, want ErrInvalid", q, err)
+		}
+	}
+	if err := f.s.Drain(1, false); !errors.Is(err, ErrInvalid) {
+		t.Errorf("undrain a removed queue: %v", err)
+	}
+	for i := 0; i < 40; i++ {
+		got, _ := f.dial(loopback, 2*time.Second, nil)
+		if got < 0 || got == 1 {
+			t.Fatalf("connection %d landed on %d after queue 1's listener was removed", i, got)
+		}
+	}
+	if err := f.s.RemoveListener(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.RemoveListener(2); !errors.Is(err, ErrInvalid) {
+		t.Errorf("removing the last listener: %v", err)
+	}
+	for i := 0; i < 10; i++ {
+		if got, _ := f.dial(loopback, 2*time.Second, nil); got != 2 {
+			t.Fatalf("connection on %d, only queue 2 is left", got)
+		}
+	}
+	st, _ := f.s.Stats()
+	if st.NoListener != 0 {
+		t.Errorf("NoListener = %d: removed queues were still picked", st.NoListener)
+	}
+}

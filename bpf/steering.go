@@ -99,7 +99,8 @@ var mapsToPin = []string{
 // SO_REUSEPORT, all bound to the same address and port, at most MaxQueues
 // of them. NewSteering duplicates them: the caller keeps ownership of its
 // fds, and the group keeps the program until Close (close the Steering
-// before or together with the listeners). listenerFDs may be empty when
+// before or together with the listeners, or RemoveListener one queue).
+// listenerFDs may be empty when
 // only sockops, XDP or tc are wanted; then opts.Queues says how many queues
 // there are.
 func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
@@ -279,7 +280,7 @@ func (s *Steering) release() error {
 	if s.attached {
 		s.attached = false
 		// ENOENT: someone else detached it already.
-		err := unix.SetsockoptInt(s.fds[0], unix.SOL_SOCKET, unix.SO_DETACH_REUSEPORT_BPF, 0)
+		err := unix.SetsockoptInt(s.anyListener(), unix.SOL_SOCKET, unix.SO_DETACH_REUSEPORT_BPF, 0)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, os.NewSyscallError("setsockopt SO_DETACH_REUSEPORT_BPF", err))
 		}
@@ -288,12 +289,16 @@ func (s *Steering) release() error {
 	// after a delay, and until then its sockets could not join another
 	// array (EBUSY).
 	if s.objs.Sockets != nil {
-		for q := range s.fds {
-			s.objs.Sockets.Delete(uint32(q))
+		for q, fd := range s.fds {
+			if fd >= 0 {
+				s.objs.Sockets.Delete(uint32(q))
+			}
 		}
 	}
 	for _, fd := range s.fds {
-		unix.Close(fd)
+		if fd >= 0 {
+			unix.Close(fd)
+		}
 	}
 	s.fds = nil
 	if !s.opts.KeepPinned {
@@ -309,6 +314,57 @@ func (s *Steering) release() error {
 	}
 	s.objs = steerObjects{}
 	return errors.Join(errs...)
+}
+
+// anyListener returns one of our listener dups still open (-1 if none).
+func (s *Steering) anyListener() int {
+	for _, fd := range s.fds {
+		if fd >= 0 {
+			return fd
+		}
+	}
+	return -1
+}
+
+// RemoveListener takes queue's listener out of the group's steering for
+// good: the queue is drained, its socket-array slot emptied and the
+// Steering's duplicate of the fd closed, so the socket really closes when
+// the caller closes its own fd. New connections go to the other queues;
+// connections already accepted are untouched. The last listener cannot be
+// removed (Close the Steering instead).
+func (s *Steering) RemoveListener(queue int) error {
+	const op = "remove listener"
+	if err := s.lock(op); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	if queue < 0 || queue >= len(s.fds) || s.fds[queue] < 0 {
+		return invalid(op, "queue %d has no listener", queue)
+	}
+	left := 0
+	for _, fd := range s.fds {
+		if fd >= 0 {
+			left++
+		}
+	}
+	if left == 1 {
+		return invalid(op, "queue %d has the last listener: Close the Steering instead", queue)
+	}
+	old := s.cfg.Drained
+	s.cfg.Drained |= 1 << uint(queue)
+	if err := s.writeConfig(); err != nil {
+		s.cfg.Drained = old
+		return opErr(op, err)
+	}
+	if err := s.objs.Sockets.Delete(uint32(queue)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return opErr(op, err)
+	}
+	fd := s.fds[queue]
+	s.fds[queue] = -1
+	// If this socket carried the attachment for the group, the group keeps
+	// it: the program belongs to the group, not to one socket.
+	unix.Close(fd)
+	return nil
 }
 
 // Close detaches every program this Steering attached (sk_reuseport from
@@ -478,6 +534,9 @@ func (s *Steering) Drain(queue int, on bool) error {
 	defer s.mu.Unlock()
 	if err := s.checkQueue(op, queue); err != nil {
 		return err
+	}
+	if !on && queue < len(s.fds) && s.fds[queue] < 0 {
+		return invalid(op, "queue %d's listener was removed", queue)
 	}
 	old := s.cfg.Drained
 	if on {
