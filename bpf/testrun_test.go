@@ -110,3 +110,43 @@ func TestXDPAndTCTestRun(t *testing.T) {
 		t.Errorf("same flow unfragmented: xdp %d, want redirect", r)
 	}
 }
+
+// TestProgramCost logs the in-kernel cost per packet of the XDP, tc and
+// fault programs (BPF_PROG_TEST_RUN with repeat). Informational only.
+func TestProgramCost(t *testing.T) {
+	requireRoot(t)
+	if testing.Short() {
+		t.Skip("short")
+	}
+	s, err := NewSteering(nil, &Options{Queues: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var fo faultObjects
+	if err := loadFaultObjects(&fo, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer fo.Close()
+	remote, local := netip.MustParseAddrPort("10.0.0.2:5555"), netip.MustParseAddrPort("10.0.0.1:80")
+	in, out := frame(remote, local, false), frame(local, remote, false)
+	s.SetFlow(FlowKey{Remote: remote, Local: local}, 2)
+	c := faultFaultConfig{Threshold: 1 << 30, Port: 80, Proto: 6}
+	fo.FaultSettings.Update(uint32(0), &c, ebpf.UpdateAny)
+	for _, b := range []struct {
+		name string
+		p    *ebpf.Program
+		data []byte
+	}{
+		{"zc_xdp (flow hit, no CPU: pass)", s.objs.ZcXdp, in},
+		{"zc_xdp (miss)", s.objs.ZcXdp, out},
+		{"zc_tc_egress (flow hit)", s.objs.ZcTcEgress, out},
+		{"zc_fault (match, 25%)", fo.ZcFault, in},
+	} {
+		_, d, err := b.p.Benchmark(b.data, 200000, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", b.name, err)
+		}
+		t.Logf("%-32s %v per packet", b.name, d)
+	}
+}
