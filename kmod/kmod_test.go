@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // koPath is the module under test, set by the VM harness (kmod/vm/init).
@@ -151,8 +152,17 @@ func TestVMLoad(t *testing.T) {
 	if err := Load(ko); !errors.Is(err, ErrAlreadyLoaded) {
 		t.Fatalf("second Load: %v, want ErrAlreadyLoaded", err)
 	}
-	if _, err := os.Stat("/dev/zcshim"); err != nil {
+	f, err := os.OpenFile("/dev/zcshim", os.O_RDWR, 0)
+	if err != nil {
 		t.Fatalf("/dev/zcshim: %v", err)
+	}
+	// In use: unload refuses, typed, and the module stays.
+	if err := Unload(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Unload with /dev/zcshim open: %v, want ErrBusy", err)
+	}
+	f.Close()
+	if ok, _ := Loaded(); !ok {
+		t.Fatal("module gone after a refused unload")
 	}
 }
 
@@ -161,8 +171,17 @@ func TestVMUnload(t *testing.T) {
 	if os.Getenv("ZCSHIM_UNLOAD") != "1" {
 		t.Skip("ZCSHIM_UNLOAD not set: unload is the VM harness's last step")
 	}
-	if err := Unload(); err != nil {
-		t.Fatalf("Unload: %v", err)
+	// The last contexts are freed on a workqueue after close: allow it a moment.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := Unload()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrBusy) || time.Now().After(deadline) {
+			t.Fatalf("Unload: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if ok, err := Loaded(); ok || err != nil {
 		t.Fatalf("Loaded after Unload: %v %v", ok, err)

@@ -166,6 +166,12 @@ func OpenPath(path string, cfg Config) (*Queue, error) {
 		unix.Close(fd)
 		return nil, opErr("mmap", os.NewSyscallError("mmap", err))
 	}
+	q.mapRing(ring)
+	return q, nil
+}
+
+// mapRing points the queue at ring memory laid out as q.setup says.
+func (q *Queue) mapRing(ring []byte) {
 	q.ring = ring
 	s := &q.setup
 	q.sqHead = (*uint32)(unsafe.Pointer(&ring[s.Sq_head_off]))
@@ -178,7 +184,6 @@ func OpenPath(path string, cfg Config) (*Queue, error) {
 	q.cqMask = s.Cq_entries - 1
 	q.sqLocal = atomic.LoadUint32(q.sqTail)
 	q.cqLocal = atomic.LoadUint32(q.cqHead)
-	return q, nil
 }
 
 // Fd returns the device fd, for poll/epoll: it is readable while

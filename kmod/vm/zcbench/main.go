@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"time"
 	"unsafe"
 
@@ -237,24 +238,37 @@ func sendUring(size int, total int64, zc bool) (result, error) {
 }
 
 func main() {
-	totalMB := flag.Int("mb", 64, "MiB per variant")
+	totalMB := flag.Int("mb", 64, "MiB per variant and repetition")
+	reps := flag.Int("reps", 3, "repetitions, interleaved; the median is reported")
 	flag.Parse()
 	total := int64(*totalMB) << 20
 	failed := false
 	for _, size := range []int{64 << 10, 256 << 10} {
-		var base result
-		for _, v := range []func() (result, error){
+		variants := []func() (result, error){
 			func() (result, error) { return sendPlain(size, total) },
 			func() (result, error) { return sendShim(size, total) },
 			func() (result, error) { return sendUring(size, total, false) },
 			func() (result, error) { return sendUring(size, total, true) },
-		} {
-			r, err := v()
-			if err != nil {
-				fmt.Printf("MEASURE ERROR size=%d %s: %v\n", size, r.name, err)
-				failed = true
+		}
+		runs := make([][]result, len(variants))
+		for rep := 0; rep < *reps; rep++ {
+			for i, v := range variants {
+				r, err := v()
+				if err != nil {
+					fmt.Printf("MEASURE ERROR size=%d %s: %v\n", size, r.name, err)
+					failed = true
+					continue
+				}
+				runs[i] = append(runs[i], r)
+			}
+		}
+		var base result
+		for _, rs := range runs {
+			if len(rs) == 0 {
 				continue
 			}
+			sort.Slice(rs, func(a, b int) bool { return rs[a].mbps() < rs[b].mbps() })
+			r := rs[len(rs)/2]
 			if base.name == "" {
 				base = r
 			}
