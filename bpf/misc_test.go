@@ -319,6 +319,29 @@ func TestPinning(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "flows")); err != nil {
 		t.Fatalf("flows not pinned after Close with KeepPinned: %v", err)
 	}
+	// A restart that fails (bad listener) must not wipe the pinned state.
+	if s, err := NewSteering([]int{fds[0], fds[0]}, &Options{PinPath: dir}); err == nil {
+		s.Close()
+		t.Fatal("NewSteering with a duplicate listener succeeded")
+	}
+	// Failing after the maps were loaded from the pins: another live
+	// Steering owns the group.
+	other, _, err := reuseportListeners(1, loopback, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(other[0])
+	owner, err := NewSteering(other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := NewSteering(other, &Options{PinPath: dir}); !errors.Is(err, ErrInvalid) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSteering on an owned group: %v", err)
+	}
+	owner.Close()
 	s2, err := NewSteering(fds, &Options{PinPath: dir})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -74,7 +75,10 @@ type Steering struct {
 	cfg      steerConfig
 	links    []attachment
 	opts     Options
-	pins     []string
+	pins     []string // pinned map paths (Options.PinPath)
+	// prepinned: pins that existed before NewSteering (state of an earlier
+	// run); a failed NewSteering leaves them in place.
+	prepinned []string
 }
 
 type attachment struct {
@@ -100,9 +104,9 @@ var mapsToPin = []string{
 // of them. NewSteering duplicates them: the caller keeps ownership of its
 // fds, and the group keeps the program until Close (close the Steering
 // before or together with the listeners, or RemoveListener one queue).
-// listenerFDs may be empty when
-// only sockops, XDP or tc are wanted; then opts.Queues says how many queues
-// there are.
+// Attaching replaces any reuseport program the group already had.
+// listenerFDs may be empty when only sockops, XDP or tc are wanted; then
+// opts.Queues says how many queues there are.
 func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 	const op = "new steering"
 	var o Options
@@ -131,7 +135,7 @@ func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			s.release()
+			s.release(true)
 		}
 	}()
 	for _, fd := range listenerFDs {
@@ -248,6 +252,11 @@ func (s *Steering) load() error {
 		}
 		for _, name := range mapsToPin {
 			spec.Maps[name].Pinning = ebpf.PinByName
+			p := filepath.Join(s.opts.PinPath, name)
+			s.pins = append(s.pins, p)
+			if _, err := os.Stat(p); err == nil {
+				s.prepinned = append(s.prepinned, p)
+			}
 		}
 		copts.Maps.PinPath = s.opts.PinPath
 	}
@@ -260,16 +269,12 @@ func (s *Steering) load() error {
 		}
 		return opErr("load", err)
 	}
-	if s.opts.PinPath != "" {
-		for _, name := range mapsToPin {
-			s.pins = append(s.pins, filepath.Join(s.opts.PinPath, name))
-		}
-	}
 	return nil
 }
 
-// release frees everything; used by Close and by failed constructors.
-func (s *Steering) release() error {
+// release frees everything; used by Close and (failed=true) by failed
+// constructors.
+func (s *Steering) release(failed bool) error {
 	var errs []error
 	for i := len(s.links) - 1; i >= 0; i-- {
 		if err := s.links[i].l.Close(); err != nil {
@@ -301,14 +306,19 @@ func (s *Steering) release() error {
 		}
 	}
 	s.fds = nil
-	if !s.opts.KeepPinned {
-		for _, p := range s.pins {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
+	for _, p := range s.pins {
+		keep := s.opts.KeepPinned
+		if failed && slices.Contains(s.prepinned, p) {
+			keep = true // a failed constructor leaves earlier state alone
+		}
+		if keep {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
 		}
 	}
-	s.pins = nil
+	s.pins, s.prepinned = nil, nil
 	if err := s.objs.Close(); err != nil {
 		errs = append(errs, err)
 	}
@@ -381,7 +391,7 @@ func (s *Steering) Close() error {
 		return &OpError{Op: "close", Err: ErrClosed}
 	}
 	s.closed = true
-	if err := s.release(); err != nil {
+	if err := s.release(false); err != nil {
 		return opErr("close", err)
 	}
 	return nil
