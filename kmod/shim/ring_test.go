@@ -2,6 +2,7 @@ package shim
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/zcnet/zcnet/kmod/internal/abi"
@@ -95,4 +96,15 @@ func FuzzCompletions(f *testing.F) {
 			t.Fatalf("head %d after reading %d from %d", *q.cqHead, n, head)
 		}
 	})
+}
+
+func TestProbe(t *testing.T) {
+	err := Probe()
+	if inVM && err != nil {
+		t.Fatalf("Probe in the VM: %v", err)
+	}
+	if err != nil && !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("Probe: %v, want nil or ErrNotSupported", err)
+	}
+	t.Logf("Probe: %v", err)
 }

@@ -468,3 +468,22 @@ func Munmap(b []byte) error {
 	}
 	return nil
 }
+
+// ErrABIMismatch: the loaded module speaks another ABI version than this
+// package was generated for: rebuild and reload the module from this tree.
+var ErrABIMismatch = errors.New("zcshim: module ABI version differs from this client's")
+
+// Probe reports whether the shim is usable here: nil, or an error matching
+// ErrNotSupported (no device: module not loaded or not loadable) or
+// ErrABIMismatch. It opens and closes a one-entry queue.
+func Probe() error {
+	q, err := Open(Config{Entries: 1})
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if q.setup.Abi_version != abi.ABIVersion {
+		return opErr("probe", fmt.Errorf("%w: module %d, client %d", ErrABIMismatch, q.setup.Abi_version, abi.ABIVersion))
+	}
+	return nil
+}

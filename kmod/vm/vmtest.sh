@@ -82,7 +82,7 @@ if grep -E 'warning:' "$SRC"/.zcshim.o.cmd >/dev/null 2>&1; then :; fi
 log "building test binaries"
 CGO_ENABLED=0 "$GO" test -c -o "$VM/kmod.test" ./kmod
 CGO_ENABLED=0 "$GO" test -c -o "$VM/shim.test" ./kmod/shim
-CGO_ENABLED=0 "$GO" build -o "$VM/zcbench" ./kmod/vm/zcbench
+CGO_ENABLED=0 "$GO" build -o "$VM/shimbench" ./kmod/vm/shimbench
 
 # --- initramfs ----------------------------------------------------------------
 IR=$VM/initramfs
@@ -90,7 +90,7 @@ rm -rf "$IR" && mkdir -p "$IR/bin" "$IR/proc" "$IR/sys" "$IR/dev" "$IR/tmp"
 cp /bin/busybox "$IR/bin/busybox"
 cp kmod/vm/init "$IR/init"
 cp "$SRC/zcshim.ko" "$IR/zcshim.ko"
-cp "$VM/kmod.test" "$VM/shim.test" "$VM/zcbench" "$IR/"
+cp "$VM/kmod.test" "$VM/shim.test" "$VM/shimbench" "$IR/"
 [ -n "${ZCVM_SHIM_ARGS:-}" ] && echo "$ZCVM_SHIM_ARGS" > "$IR/shim.args"
 (cd "$IR" && find . | cpio -o -H newc --quiet | gzip -1 > "$VM/initrd.gz")
 

@@ -1,4 +1,4 @@
-// Command zcbench measures, inside the test VM, how zcshim sends compare
+// Command shimbench measures, inside the test VM, how zcshim sends compare
 // with plain send(2) and io_uring (SEND and SEND_ZC) on loopback: relative
 // throughput and syscalls per GB. The VM is emulated (TCG), so only the
 // ratios between variants of one run mean anything.
