@@ -97,13 +97,20 @@ func TestMissingPrivileges(t *testing.T) {
 	}
 	// Dropping the capabilities from the bounding set means the exec'd
 	// test binary, though uid 0, starts without them.
-	cmd := exec.Command(setpriv, "--bounding-set", "-bpf,-sys_admin,-net_admin,-perfmon",
-		"--inh-caps", "-all", "--", os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=nopriv")
-	out, err := cmd.CombinedOutput()
-	t.Logf("helper output:\n%s", out)
-	if err != nil {
-		t.Fatalf("helper without capabilities: %v", err)
+	for _, c := range []struct{ drop, missing string }{
+		{"-bpf,-sys_admin,-net_admin,-perfmon", "missing CAP_BPF and CAP_NET_ADMIN"},
+		{"-sys_admin,-net_admin", "missing CAP_NET_ADMIN"},
+	} {
+		cmd := exec.Command(setpriv, "--bounding-set", c.drop, "--inh-caps", "-all", "--", os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"=nopriv")
+		out, err := cmd.CombinedOutput()
+		t.Logf("helper with %s:\n%s", c.drop, out)
+		if err != nil {
+			t.Fatalf("helper with %s: %v", c.drop, err)
+		}
+		if !strings.Contains(string(out), c.missing) {
+			t.Errorf("with %s the error does not say %q", c.drop, c.missing)
+		}
 	}
 }
 
