@@ -16,6 +16,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -40,7 +41,7 @@ func main() {
 	if harness.IsChild(os.Args) {
 		os.Exit(harness.ChildMain(os.Args[1:], modes.All(), os.Stdout, os.Stderr))
 	}
-	os.Exit(run())
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type config struct {
@@ -56,21 +57,27 @@ type config struct {
 	corruptSeq int64
 }
 
-func run() int {
+// run is zcbench with its arguments; it returns the exit status: 0 done, 1 error,
+// 2 bad usage, 3 wrong bytes (the payload check failed).
+func run(args []string, stdout, stderr io.Writer) int {
 	var cfg config
-	flag.BoolVar(&cfg.quick, "quick", false, "short run: about 60 s, 3 repetitions")
-	flag.DurationVar(&cfg.budget, "budget", 0, "target total run time (default 3m, or 60s with -quick)")
-	flag.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
-	flag.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
-	flag.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
-	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: bulk,echo,pingpong,stream)")
-	flag.StringVar(&cfg.jsonPath, "json", "", "write results as JSON to `FILE`")
-	flag.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
-	flag.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
-	flag.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "corrupt frame `N` of every client connection: the run must fail (checks the checker)")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "zcbench: unexpected arguments %q\n", flag.Args())
+	fs := flag.NewFlagSet("zcbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&cfg.quick, "quick", false, "short run: about 60 s, 3 repetitions")
+	fs.DurationVar(&cfg.budget, "budget", 0, "target total run time (default 3m, or 60s with -quick)")
+	fs.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
+	fs.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
+	fs.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
+	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: bulk,echo,pingpong,stream)")
+	fs.StringVar(&cfg.jsonPath, "json", "", "write results as JSON to `FILE`")
+	fs.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
+	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
+	fs.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "corrupt frame `N` of every client connection: the run must fail (checks the checker)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "zcbench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if cfg.budget == 0 {
@@ -88,7 +95,7 @@ func run() int {
 
 	exe, err := os.Executable()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "zcbench:", err)
+		fmt.Fprintln(stderr, "zcbench:", err)
 		return 1
 	}
 	procs := &harness.Procs{}
@@ -102,7 +109,7 @@ func run() int {
 		cleanOnce.Do(func() {
 			procs.KillAll()
 			if err := pair.Close(); err != nil {
-				fmt.Fprintln(os.Stderr, "zcbench: cleanup:", err)
+				fmt.Fprintln(stderr, "zcbench: cleanup:", err)
 			}
 		})
 	}
@@ -111,7 +118,7 @@ func run() int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
-		fmt.Fprintf(os.Stderr, "\nzcbench: %v: stopping, cleaning up\n", s)
+		fmt.Fprintf(stderr, "\nzcbench: %v: stopping, cleaning up\n", s)
 		cleanup()
 		os.Exit(130)
 	}()
@@ -120,7 +127,7 @@ func run() int {
 	if cfg.useNetns {
 		pair, err = netns.Create()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "zcbench:", err)
+			fmt.Fprintln(stderr, "zcbench:", err)
 			return 1
 		}
 		env.ServerHost = netns.ServerIP
@@ -130,7 +137,7 @@ func run() int {
 
 	variants, notes, err := plan(cfg)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "zcbench:", err)
+		fmt.Fprintln(stderr, "zcbench:", err)
 		return 2
 	}
 	nIperf := 0
@@ -145,15 +152,15 @@ func run() int {
 	runs := harness.Interleave(variants, cfg.reps)
 
 	title := describe(topology)
-	fmt.Printf("zcbench: %s\n", title)
-	fmt.Printf("%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); client CPU %d, server CPU %d\n",
+	fmt.Fprintf(stdout, "zcbench: %s\n", title)
+	fmt.Fprintf(stdout, "%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); client CPU %d, server CPU %d\n",
 		len(variants), cfg.reps, cfg.dur, iperf.Seconds(cfg.dur), env.Client.CPU, env.Server.CPU)
 	for _, n := range notes {
-		fmt.Println(n)
+		fmt.Fprintln(stdout, n)
 	}
 
 	bar := progressbar.NewOptions(len(runs),
-		progressbar.OptionSetWriter(os.Stderr),
+		progressbar.OptionSetWriter(stderr),
 		progressbar.OptionSetDescription("starting"),
 		progressbar.OptionShowCount(),
 		progressbar.OptionSetPredictTime(true),
@@ -172,38 +179,38 @@ func run() int {
 		rep, err := runOne(ctx, env, cfg, r.Variant)
 		if err != nil {
 			bar.Exit()
-			fmt.Fprintln(os.Stderr)
+			fmt.Fprintln(stderr)
 			if errors.Is(err, frame.ErrCorrupt) {
-				fmt.Fprintln(os.Stderr, "zcbench: FAILED: wrong bytes:", err)
+				fmt.Fprintln(stderr, "zcbench: FAILED: wrong bytes:", err)
 				return 3
 			}
-			fmt.Fprintln(os.Stderr, "zcbench: FAILED:", err)
+			fmt.Fprintln(stderr, "zcbench: FAILED:", err)
 			return 1
 		}
 		rows[r.Index].Reps = append(rows[r.Index].Reps, rep)
 		bar.Add(1)
 	}
 	bar.Finish()
-	fmt.Println()
-	report.Table(os.Stdout, rows)
-	report.PrintGoals(os.Stdout, report.Goals(rows))
-	fmt.Println("Ratios are of medians (mode/net). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
+	fmt.Fprintln(stdout)
+	report.Table(stdout, rows)
+	report.PrintGoals(stdout, report.Goals(rows))
+	fmt.Fprintln(stdout, "Ratios are of medians (mode/net). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 
 	status := 0
 	if cfg.jsonPath != "" {
 		if err := report.WriteJSON(cfg.jsonPath, rows); err != nil {
-			fmt.Fprintln(os.Stderr, "zcbench: -json:", err)
+			fmt.Fprintln(stderr, "zcbench: -json:", err)
 			status = 1
 		} else {
-			fmt.Println("wrote", cfg.jsonPath)
+			fmt.Fprintln(stdout, "wrote", cfg.jsonPath)
 		}
 	}
 	if cfg.pngPath != "" {
 		if err := report.WritePNG(cfg.pngPath, rows, title); err != nil {
-			fmt.Fprintln(os.Stderr, "zcbench: -png:", err)
+			fmt.Fprintln(stderr, "zcbench: -png:", err)
 			status = 1
 		} else {
-			fmt.Println("wrote", cfg.pngPath)
+			fmt.Fprintln(stdout, "wrote", cfg.pngPath)
 		}
 	}
 	return status

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"sync"
 )
 
 // Overhead is the number of header and trailer bytes in a frame; MinSize the
@@ -41,8 +42,30 @@ var ErrCorrupt = errors.New("payload check failed")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Payload returns the payload of a frame of the given size (deterministic).
+// Payload returns the payload of a frame of the given size (deterministic). The
+// slice is shared: do not modify it.
 func Payload(size int) []byte {
+	return payloadOf(size).p
+}
+
+type payload struct {
+	p   []byte
+	crc uint32
+}
+
+var payloads sync.Map // size -> *payload
+
+func payloadOf(size int) *payload {
+	if p, ok := payloads.Load(size); ok {
+		return p.(*payload)
+	}
+	p := makePayload(size)
+	pl := &payload{p: p, crc: crc32.Checksum(p, castagnoli)}
+	got, _ := payloads.LoadOrStore(size, pl)
+	return got.(*payload)
+}
+
+func makePayload(size int) []byte {
 	p := make([]byte, size-Overhead)
 	x := uint64(size)*0x9e3779b97f4a7c15 | 1
 	for i := range p {
@@ -71,8 +94,8 @@ func NewSource(size int, corruptSeq int64) (*Source, error) {
 	if size < MinSize {
 		return nil, fmt.Errorf("frame size %d below minimum %d", size, MinSize)
 	}
-	p := Payload(size)
-	return &Source{size: size, payload: p, crc: crc32.Checksum(p, castagnoli), corrupt: corruptSeq}, nil
+	pl := payloadOf(size)
+	return &Source{size: size, payload: pl.p, crc: pl.crc, corrupt: corruptSeq}, nil
 }
 
 // Size is the frame size in bytes.
@@ -131,7 +154,7 @@ func NewVerifier(size int, onData func()) (*Verifier, error) {
 	if size < MinSize {
 		return nil, fmt.Errorf("frame size %d below minimum %d", size, MinSize)
 	}
-	return &Verifier{size: size, want: crc32.Checksum(Payload(size), castagnoli), onData: onData}, nil
+	return &Verifier{size: size, want: payloadOf(size).crc, onData: onData}, nil
 }
 
 // Frames and Bytes count what was verified completely.

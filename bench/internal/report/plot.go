@@ -40,6 +40,7 @@ func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
 	p.X.Label.Text = "write size"
 	p.Y.Label.Text = "Gbit/s (median, bars min–max)"
 	p.Legend.Top = true
+	p.Legend.Left = true
 	var ticks []plot.Tick
 	for i, mode := range modesOf(rows, harness.Bulk) {
 		var ep errPoints
@@ -80,6 +81,7 @@ func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
 	p.X.Min -= 0.5
 	p.X.Max += 0.5
 	p.Y.Min = 0
+	p.Y.Max *= 1.2 // room for the legend
 	return p, nil
 }
 
@@ -107,30 +109,60 @@ func groupedBars(p *plot.Plot, modes []string, categories []string, value func(m
 	}
 	p.NominalX(categories...)
 	p.Legend.Top = true
+	p.Legend.Left = true
 	p.Y.Min = 0
+	p.Y.Max *= 1.25 // room for the legend
 	return nil
 }
 
 func latencyPlot(rows []Row, title string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Ping-pong 64 B, one connection: round trip (" + title + ")"
-	p.Y.Label.Text = "µs (median of repetitions)"
-	modes := modesOf(rows, harness.PingPong)
+	p.Y.Label.Text = "µs (median of repetitions, log scale)"
+	p.X.Label.Text = "percentile"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+	p.Legend.Left = true
 	figs := []Figure{P50, P99, P999}
-	err := groupedBars(p, modes, []string{"p50", "p99", "p99.9"}, func(mode string, c int) float64 {
+	lo, hi := math.Inf(1), 0.0
+	for i, mode := range modesOf(rows, harness.PingPong) {
 		r := Find(rows, harness.PingPong, mode, 64, 1)
 		if r == nil {
-			return math.NaN()
+			continue
 		}
-		return r.Sum(figs[c]).Median
-	})
-	return p, err
+		var xys plotter.XYs
+		for c, f := range figs {
+			v := r.Sum(f).Median
+			if v > 0 && !math.IsNaN(v) {
+				xys = append(xys, plotter.XY{X: float64(c), Y: v})
+				lo, hi = min(lo, v), max(hi, v)
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, err
+		}
+		l.Color, pts.Color, pts.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
+		p.Add(l, pts)
+		p.Legend.Add(mode, l, pts)
+	}
+	if hi == 0 {
+		return nil, nil
+	}
+	p.NominalX("p50", "p99", "p99.9")
+	p.Y.Min, p.Y.Max = lo/1.5, hi*3
+	return p, nil
 }
 
 func messagesPlot(rows []Row, title string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Messages per second (" + title + ")"
 	p.Y.Label.Text = "thousand msgs/s (median)"
+	p.X.Padding = vg.Points(20)
 	type cat struct {
 		s           harness.Scenario
 		size, conns int

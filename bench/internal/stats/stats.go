@@ -44,7 +44,7 @@ func Percentile(sorted []time.Duration, p float64) time.Duration {
 	if n == 0 {
 		return 0
 	}
-	rank := int(math.Ceil(p / 100 * float64(n)))
+	rank := int(math.Ceil(p*float64(n)/100 - 1e-9)) // tolerate 99.9*1000/100 = 999.0000001
 	rank = max(1, min(rank, n))
 	return sorted[rank-1]
 }

@@ -1,0 +1,151 @@
+package modes
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+	"github.com/zcnet/zcnet/bench/internal/harness"
+	"github.com/zcnet/zcnet/bench/internal/netns"
+)
+
+// The test binary doubles as zcbench's child: RunPair re-executes it with the role
+// flags.
+func TestMain(m *testing.M) {
+	if harness.IsChild(os.Args) {
+		os.Exit(harness.ChildMain(os.Args[1:], All(), os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func testEnv(t *testing.T) *harness.Env {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &harness.Env{Exe: exe, ServerHost: "127.0.0.1", Procs: &harness.Procs{}}
+	env.Client.CPU, env.Server.CPU = harness.PickCPUs()
+	t.Cleanup(env.Procs.KillAll)
+	return env
+}
+
+func tinyCase(mode string, s harness.Scenario) harness.Case {
+	c := harness.Case{Scenario: s, Mode: mode, Size: 4096, Conns: 1, RecvBuf: 64 << 10,
+		Duration: 40 * time.Millisecond, CorruptSeq: -1}
+	if s.RequestResponse() {
+		c.Size = 64
+	}
+	if s == harness.Echo {
+		c.Conns = 8
+	}
+	return c
+}
+
+// checkSane checks figures that hold whatever the machine's speed.
+func checkSane(t *testing.T, c harness.Case, r harness.Rep, env *harness.Env) {
+	t.Helper()
+	pos := func(name string, v float64) {
+		if !(v > 0) || math.IsInf(v, 0) {
+			t.Errorf("%s = %v, want a positive number", name, v)
+		}
+	}
+	if c.Scenario.RequestResponse() {
+		pos("msgs/s", r.MsgsPerS)
+		pos("p50", r.P50us)
+		if !(r.P50us <= r.P99us && r.P99us <= r.P999us) {
+			t.Errorf("percentiles out of order: %v %v %v", r.P50us, r.P99us, r.P999us)
+		}
+		if r.Client.Frames != r.Client.Sent || r.Server.Frames != r.Client.Sent {
+			t.Errorf("frames: client sent %d, server %d, client got back %d", r.Client.Sent, r.Server.Frames, r.Client.Frames)
+		}
+		if !math.IsNaN(r.Gbps) {
+			t.Errorf("Gbps = %v for a request/response scenario", r.Gbps)
+		}
+	} else {
+		pos("Gbps", r.Gbps)
+		pos("CPU snd", r.CPUSndPerGB+1e-12)
+		pos("CPU rcv", r.CPURcvPerGB+1e-12)
+		if r.Server.Frames != r.Client.Sent || r.Bytes != r.Client.Sent*uint64(c.Size) {
+			t.Errorf("server verified %d frames (%d bytes), client sent %d", r.Server.Frames, r.Bytes, r.Client.Sent)
+		}
+	}
+	if r.Server.Wall <= 0 || r.Client.Wall <= 0 {
+		t.Errorf("wall times %v %v", r.Server.Wall, r.Client.Wall)
+	}
+	if env.Client.CPU >= 0 {
+		if !slices.Equal(r.Client.CPUs, []int{env.Client.CPU}) || !slices.Equal(r.Server.CPUs, []int{env.Server.CPU}) {
+			t.Errorf("pinning: client on %v (want %d), server on %v (want %d)", r.Client.CPUs, env.Client.CPU, r.Server.CPUs, env.Server.CPU)
+		}
+	}
+}
+
+func TestModesEndToEnd(t *testing.T) {
+	env := testEnv(t)
+	for _, m := range All() {
+		for _, s := range harness.Scenarios {
+			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
+				c := tinyCase(m.Name(), s)
+				r, err := harness.RunPair(context.Background(), env, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkSane(t, c, r, env)
+			})
+		}
+	}
+}
+
+func TestCorruptionFailsTheRun(t *testing.T) {
+	env := testEnv(t)
+	for _, m := range All() {
+		for _, s := range []harness.Scenario{harness.Bulk, harness.Echo} {
+			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
+				c := tinyCase(m.Name(), s)
+				c.CorruptSeq = 2
+				_, err := harness.RunPair(context.Background(), env, c)
+				if !errors.Is(err, frame.ErrCorrupt) {
+					t.Fatalf("err = %v, want ErrCorrupt", err)
+				}
+				var ie *harness.IntegrityError
+				if !errors.As(err, &ie) || ie.Case.Mode != m.Name() {
+					t.Fatalf("err = %#v, want an IntegrityError naming the mode", err)
+				}
+			})
+		}
+	}
+}
+
+func TestNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	p, err := netns.Create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	env := testEnv(t)
+	env.ServerHost = netns.ServerIP
+	env.Server.NetNS, env.Client.NetNS = p.ServerNS, p.ClientNS
+	c := tinyCase("syscall", harness.Bulk)
+	r, err := harness.RunPair(context.Background(), env, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSane(t, c, r, env)
+	names := []string{p.Server, p.Client}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if _, err := os.Stat("/run/netns/" + n); !os.IsNotExist(err) {
+			t.Errorf("namespace %s left behind (%v)", n, err)
+		}
+	}
+}
