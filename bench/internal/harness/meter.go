@@ -32,7 +32,10 @@ type Meter struct {
 	zc, copied atomic.Uint64
 }
 
-func newMeter(c Case, client bool) *Meter { return &Meter{c: c, client: client} }
+func newMeter(c Case, client bool) *Meter {
+	frame.Payload(c.Size) // build the payload now, outside any measured window
+	return &Meter{c: c, client: client}
+}
 
 // Start opens the measured window: wall time and CPU are counted from here. Later
 // calls do nothing. A client calls it when its connections are up; on a server the

@@ -113,7 +113,8 @@ type Mode interface {
 	//   until EOF at a request boundary.
 	Server(ctx context.Context, c Case, m *Meter, ready func(addr string)) error
 	// Client dials c.Conns connections to c.Addr, calls m.Start, drives c.Scenario on
-	// each until m.Stopped, then closes the connections and returns.
+	// each until m.Stopped (checked after each frame: every connection sends at least
+	// one), then closes the connections and returns.
 	//   Bulk/Stream: send frames back to back.
 	//   Echo/PingPong: per connection one request in flight: Stamp, note the time, send,
 	//   receive the c.Size byte response into the connection's Verifier, record the

@@ -118,22 +118,25 @@ func drive(c harness.Case, m *harness.Meter, dial func() (stream, error)) error 
 	})
 }
 
-// source sends frames back to back until the meter says stop.
+// source sends frames back to back until the meter says stop (at least one).
 func source(c harness.Case, m *harness.Meter, s stream) error {
 	src := m.NewSource()
 	buf := make([]byte, c.Size)
 	src.Fill(buf)
-	for !m.Stopped() {
+	for {
 		src.Stamp(buf)
 		if _, err := s.Write(buf); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
 		src.Sent()
+		if m.Stopped() {
+			return nil
+		}
 	}
-	return nil
 }
 
-// echoClient keeps one request in flight and times each round trip.
+// echoClient keeps one request in flight and times each round trip, until the meter
+// says stop (at least one).
 func echoClient(c harness.Case, m *harness.Meter, s stream) error {
 	src := m.NewSource()
 	v := m.NewVerifier()
@@ -141,7 +144,7 @@ func echoClient(c harness.Case, m *harness.Meter, s stream) error {
 	req := make([]byte, c.Size)
 	resp := make([]byte, c.Size)
 	src.Fill(req)
-	for !m.Stopped() {
+	for {
 		src.Stamp(req)
 		t0 := time.Now()
 		if _, err := s.Write(req); err != nil {
@@ -155,8 +158,10 @@ func echoClient(c harness.Case, m *harness.Meter, s stream) error {
 		if err := v.Feed(resp); err != nil {
 			return err
 		}
+		if m.Stopped() {
+			return nil
+		}
 	}
-	return nil
 }
 
 // forEach runs f on every stream in its own goroutine and returns the first error.
