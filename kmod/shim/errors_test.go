@@ -138,3 +138,47 @@ func streamOne(a, b, total int, seed uint64) error {
 	}
 	return nil
 }
+
+// TestIPv6: an IPv6 TCP socket works like an IPv4 one.
+func TestIPv6(t *testing.T) {
+	q := open(t, Config{Entries: 8})
+	ln, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	if err := unix.Bind(ln, &unix.SockaddrInet6{Addr: [16]byte{15: 1}}); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	unix.Listen(ln, 1)
+	sa, _ := unix.Getsockname(ln)
+	c, _ := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	defer unix.Close(c)
+	if err := unix.Connect(c, sa); err != nil {
+		t.Fatal(err)
+	}
+	s, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(s)
+	id, err := q.Attach(c)
+	if err != nil {
+		t.Fatalf("attach IPv6: %v", err)
+	}
+	mem := mmap(t, 256<<10)
+	fill(mem, 6)
+	k, _ := q.RegisterBytes(mem, RegionReadOnly)
+	rh := &recorder{h: sha256.New()}
+	got := drain(s, rh)
+	q.PrepSend(id, k, 0, 256<<10, 1)
+	cs := reap(t, q, 2, 10*time.Second)
+	if cs[0].Res != 256<<10 || !cs[1].Notif() {
+		t.Fatalf("IPv6 send: %v", cs)
+	}
+	unix.Shutdown(c, unix.SHUT_WR)
+	<-got
+	if string(rh.data) != string(mem) {
+		t.Fatal("IPv6: data differs")
+	}
+}

@@ -88,6 +88,10 @@ func open(t testing.TB, cfg Config) *Queue {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
+	if inVM {
+		markKlog()
+		t.Cleanup(func() { checkKlog(t) })
+	}
 	return q
 }
 
