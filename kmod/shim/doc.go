@@ -23,8 +23,17 @@
 // validation).
 //
 // A Queue belongs to one goroutine (the hwq model: one queue per locked OS
-// thread); its methods are not safe for concurrent use. Fd() can be polled
-// for readability to integrate with an event loop.
+// thread); its methods are not safe for concurrent use. Fd() is readable
+// (POLLIN) while completions are ready: an event loop that must also wake
+// on an eventfd polls both fds, then calls Submit(-1, 0, 0) to hand over
+// prepared entries and Completions to reap, instead of blocking in
+// Submit(n, waitFor, timeout).
+//
+// Completion space: the kernel reserves one CQ slot per NOP/RECV and two
+// per SEND at submission; Submit returns ErrCQFull when nothing fits. Size
+// the CQ (default 2*Entries) for the notifications that can be
+// outstanding, and reap before resubmitting. A RECV that waits for data
+// keeps its slot reserved until it completes or its socket is detached.
 //
 // Errors are *OpError wrapping an *os.SyscallError (errno) or a sentinel:
 // ErrNotSupported (no /dev/zcshim: the only conclusive "cannot"),
