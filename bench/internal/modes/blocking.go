@@ -182,7 +182,11 @@ func forEach(conns []stream, f func(stream) error) error {
 	return errors.Join(errs...)
 }
 
+// registered holds modes added by this package's optional files (zc.go adds the
+// zc modes); it is written only by init functions.
+var registered []harness.Mode
+
 // All returns every mode of this package.
 func All() []harness.Mode {
-	return []harness.Mode{Net{}, Syscall{}}
+	return append([]harness.Mode{Net{}, Syscall{}}, registered...)
 }
