@@ -85,11 +85,23 @@ func checkSane(t *testing.T, c harness.Case, r harness.Rep, env *harness.Env) {
 	}
 }
 
+// skipUnavailable skips a mode that says it cannot run here (and why).
+func skipUnavailable(t *testing.T, m harness.Mode, s harness.Scenario) {
+	t.Helper()
+	if err := m.Available(); err != nil {
+		t.Skipf("%s: %v", m.Name(), err)
+	}
+	if !harness.Supports(m, s) {
+		t.Skipf("%s does not run %s", m.Name(), s)
+	}
+}
+
 func TestModesEndToEnd(t *testing.T) {
 	env := testEnv(t)
 	for _, m := range All() {
 		for _, s := range harness.Scenarios {
 			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
+				skipUnavailable(t, m, s)
 				c := tinyCase(m.Name(), s)
 				r, err := harness.RunPair(context.Background(), env, c)
 				if err != nil {
@@ -106,6 +118,7 @@ func TestCorruptionFailsTheRun(t *testing.T) {
 	for _, m := range All() {
 		for _, s := range []harness.Scenario{harness.Bulk, harness.Echo} {
 			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
+				skipUnavailable(t, m, s)
 				c := tinyCase(m.Name(), s)
 				c.CorruptSeq = 2
 				_, err := harness.RunPair(context.Background(), env, c)
