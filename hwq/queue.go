@@ -116,6 +116,7 @@ type Queue struct {
 	bundles  bool
 
 	cqes     []uring.CQE
+	tid      atomic.Int32
 	stopping bool
 	stopReq  atomic.Bool
 	done     chan struct{}
@@ -142,6 +143,11 @@ func New(cfg Config) (*Queue, error) {
 	}
 	return q, nil
 }
+
+// OnLoop reports whether the caller runs on the queue's goroutine (its thread is locked to
+// it, so the thread id tells). Code that would block waiting for the loop uses it to fail
+// instead of deadlocking.
+func (q *Queue) OnLoop() bool { return int32(unix.Gettid()) == q.tid.Load() }
 
 // ID returns the queue's id.
 func (q *Queue) ID() int { return q.cfg.ID }
@@ -247,6 +253,7 @@ func (q *Queue) run(ready chan<- error) {
 	// The thread stays locked until the goroutine exits; the runtime then retires the thread,
 	// taking its io_uring task context with it.
 	runtime.LockOSThread()
+	q.tid.Store(int32(unix.Gettid()))
 	if !q.cfg.NoPin && q.cfg.CPU >= 0 {
 		var set unix.CPUSet
 		set.Set(q.cfg.CPU)

@@ -328,6 +328,13 @@ func (l Loan) settle(to State) (Buf, error) {
 		return Buf{}, ErrStale
 	}
 	r.gen[l.idx]++
+	if to == Free && r.recycle != nil {
+		// A recycled region's buffers go back to their provider, still lent.
+		r.mu.Unlock()
+		r.recycle(int(l.idx))
+		r.mu.Lock()
+		return Buf{}, nil
+	}
 	r.lent--
 	r.state[l.idx] = to
 	if to == Free {
@@ -338,7 +345,8 @@ func (l Loan) settle(to State) (Buf, error) {
 }
 
 // Return is called when the kernel released the buffer (for a zero-copy send: its
-// notification). The buffer goes back to the free list.
+// notification). The buffer goes back to the free list, or to the recycler of a region that
+// has one (a receive buffer forwarded by a send goes back to its provided-buffer ring).
 func (l Loan) Return() error {
 	_, err := l.settle(Free)
 	return err
@@ -434,4 +442,13 @@ func (r *Region) Abandon() {
 	}
 	r.lent = 0
 	clear(r.regs)
+}
+
+// Data returns the lent buffer's memory for the code that performs the send (the plain
+// backend writes it with write(2)). It must not be modified while lent.
+func (l Loan) Data() []byte {
+	if l.r == nil || l.r.mem == nil {
+		return nil
+	}
+	return l.r.slice(int(l.idx))
 }

@@ -1,0 +1,167 @@
+package zc
+
+import (
+	"context"
+	"crypto/sha256"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+const seccompChildEnv = "ZC_SECCOMP_CHILD"
+
+func seccompChild() int { return 0 }
+
+// newPair returns a server and a client engine.
+func newPair(t testing.TB, cfg Config) (srv, cli *Engine) {
+	return newEngine(t, cfg), newEngine(t, cfg)
+}
+
+func newEngine(t testing.TB, cfg Config) *Engine {
+	t.Helper()
+	if cfg.Queues == 0 {
+		cfg.Queues = 2
+	}
+	if cfg.SendBufs == 0 {
+		cfg.SendBufs = 64
+	}
+	if cfg.RecvBufs == 0 {
+		cfg.RecvBufs = 64
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// echoHandler sends back whatever it receives, buffer by buffer (event-loop API).
+func echoAccept(c *Conn) Handler {
+	return HandlerFuncs{
+		Data: func(c *Conn, d Data) { c.SendData(d) },
+		EOF: func(c *Conn, err error) { c.Close() },
+	}
+}
+
+// collector gathers everything a client connection receives.
+type collector struct {
+	mu   sync.Mutex
+	h    [32]byte
+	sum  hashState
+	n    int
+	want int
+	done chan struct{}
+	err  error
+	once sync.Once
+}
+
+type hashState struct{ h interface{ Write([]byte) (int, error); Sum([]byte) []byte } }
+
+func newCollector(want int) *collector {
+	return &collector{want: want, done: make(chan struct{}), sum: hashState{sha256.New()}}
+}
+
+func (k *collector) handler() Handler {
+	return HandlerFuncs{
+		Data: func(c *Conn, d Data) {
+			k.mu.Lock()
+			k.sum.h.Write(d.Bytes())
+			k.n += d.Len()
+			n := k.n
+			k.mu.Unlock()
+			d.Release()
+			if n >= k.want {
+				k.once.Do(func() { close(k.done) })
+			}
+		},
+		EOF: func(c *Conn, err error) {
+			if err != io.EOF {
+				k.err = err
+			}
+			k.once.Do(func() { close(k.done) })
+		},
+	}
+}
+
+func TestEchoSmall(t *testing.T) {
+	srv, e := newPair(t, Config{})
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	k := newCollector(11)
+	c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("hello world")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-k.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timeout: got %d bytes, stats %+v", k.n, e.Stats())
+	}
+	if k.n != 11 {
+		t.Fatalf("got %d bytes", k.n)
+	}
+	c.Close()
+	<-c.Done()
+}
+
+func TestBulkChecksummed(t *testing.T) {
+	for _, path := range []SendPath{SendAdaptive, SendCopy, SendZeroCopy} {
+		t.Run(path.String(), func(t *testing.T) {
+			srv, e := newPair(t, Config{SendPath: path})
+			l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			const total = 32 << 20
+			k := newCollector(total)
+			c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := sha256.New()
+			rng := rand.New(rand.NewPCG(1, 2))
+			sent := 0
+			for sent < total {
+				b, err := c.BufferWait(10 * time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := min(1+rng.IntN(len(b.Bytes())), total-sent)
+				p := b.Bytes()[:n]
+				for i := range p {
+					p[i] = byte(rng.Uint32())
+				}
+				want.Write(p)
+				if err := c.Send(b, n); err != nil {
+					t.Fatal(err)
+				}
+				sent += n
+			}
+			select {
+			case <-k.done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("timeout: got %d of %d, stats %+v", k.n, total, e.Stats())
+			}
+			if k.err != nil {
+				t.Fatal(k.err)
+			}
+			if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
+				t.Fatalf("got %d bytes, checksum mismatch=%v", k.n, string(k.sum.h.Sum(nil)) != string(want.Sum(nil)))
+			}
+			c.Close()
+			<-c.Done()
+			st := e.Stats()
+			t.Logf("%+v", st)
+		})
+	}
+}

@@ -1,0 +1,341 @@
+package zc
+
+import (
+	"context"
+	"io"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// The plain backend: the same Conn API over blocking syscalls, one reader and one writer
+// goroutine per connection. It is what New falls back to when io_uring cannot be set up, and
+// it is counted separately (Stats.Backend, BytesSentPlain, BytesRecvPlain).
+
+type plainState struct {
+	send, recv *memreg.Region
+	free       chan int // receive buffers ready for the next read
+	space      chan struct{}
+	ctr        counters
+	err        error
+}
+
+func (e *Engine) startPlain(reason error) {
+	e.backend = BackendPlain
+	e.fallback = reason
+	p := &plainState{space: make(chan struct{}, 1), free: make(chan int, e.cfg.RecvBufs)}
+	e.plain = p
+	var err error
+	if p.send, err = memreg.New(memreg.Options{BufSize: e.cfg.SendBufSize, Count: e.cfg.SendBufs}); err != nil {
+		p.err = err
+		return
+	}
+	if p.recv, err = memreg.New(memreg.Options{BufSize: e.cfg.RecvBufSize, Count: e.cfg.RecvBufs}); err != nil {
+		p.err = err
+		return
+	}
+	p.recv.Provide(e.cfg.RecvBufs, func(l memreg.Loan) { p.free <- l.Index() })
+	p.recv.SetRecycler(func(idx int) { p.free <- idx })
+}
+
+func (p *plainState) close() {
+	for _, r := range []*memreg.Region{p.send, p.recv} {
+		if r != nil {
+			r.Abandon()
+			r.Close()
+		}
+	}
+}
+
+type plainConn struct {
+	c        *Conn
+	kickCh   chan struct{}
+	drained  chan struct{}
+	stop     chan struct{}
+	rdone    chan struct{}
+	wdone    chan struct{}
+	once     sync.Once
+	shutWant bool
+	mu       sync.Mutex
+}
+
+func (e *Engine) startPlainConn(c *Conn) {
+	p := &plainConn{c: c, kickCh: make(chan struct{}, 1), drained: make(chan struct{}, 1),
+		stop: make(chan struct{}), rdone: make(chan struct{}), wdone: make(chan struct{})}
+	c.p = p
+	go p.reader()
+	go p.writer()
+}
+
+func (p *plainConn) kick() {
+	select {
+	case p.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+func (p *plainConn) reader() {
+	c := p.c
+	defer close(p.rdone)
+	st := c.e.plain
+	for {
+		var idx int
+		select {
+		case idx = <-st.free:
+		case <-p.stop:
+			return
+		}
+		b, err := st.recv.Received(idx)
+		if err != nil {
+			return
+		}
+		var n int
+		for {
+			n, err = unix.Read(c.fd, b.Bytes())
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if n > 0 {
+			c.ctr.recv.Add(uint64(n))
+			st.ctr.recvPlain.Add(uint64(n))
+			c.h.OnData(c, Data{buf: b, n: n})
+			continue
+		}
+		b.Release()
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		if n == 0 && err == nil {
+			c.h.OnEOF(c, io.EOF)
+			return
+		}
+		rerr := c.opErr("read", err)
+		c.h.OnEOF(c, rerr)
+		go p.close(rerr)
+		return
+	}
+}
+
+func (p *plainConn) writer() {
+	c := p.c
+	defer close(p.wdone)
+	st := c.e.plain
+	for {
+		select {
+		case <-p.kickCh:
+		case <-p.stop:
+			return
+		}
+		for {
+			c.wmu.Lock()
+			if len(c.wpending) == 0 {
+				c.flushStageLocked()
+			}
+			reqs := c.wpending
+			c.wpending = nil
+			if len(reqs) == 0 {
+				c.busy = false
+				c.wmu.Unlock()
+				break
+			}
+			c.wmu.Unlock()
+			for i, r := range reqs {
+				data := r.loan.Data()[:r.n]
+				for len(data) > 0 {
+					n, err := unix.Write(c.fd, data)
+					if err == unix.EINTR {
+						continue
+					}
+					if err != nil {
+						for _, rest := range reqs[i:] {
+							rest.loan.Return()
+						}
+						werr := c.opErr("write", err)
+						c.wmu.Lock()
+						if c.werr == nil || c.werr == ErrClosed {
+							c.werr = werr
+						}
+						c.wmu.Unlock()
+						go p.close(werr)
+						return
+					}
+					data = data[n:]
+					c.ctr.sentCopy.Add(uint64(n))
+					st.ctr.sentPlain.Add(uint64(n))
+					c.sentPlain(n)
+				}
+				r.loan.Return()
+				select {
+				case st.space <- struct{}{}:
+				default:
+				}
+			}
+		}
+		p.mu.Lock()
+		if p.shutWant {
+			p.shutWant = false
+			unix.Shutdown(c.fd, unix.SHUT_WR)
+		}
+		p.mu.Unlock()
+		select {
+		case p.drained <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *Conn) sentPlain(n int) {
+	c.wmu.Lock()
+	c.queued -= n
+	c.wmu.Unlock()
+	select {
+	case c.space <- struct{}{}:
+	default:
+	}
+}
+
+func (p *plainConn) shutdownWrite() {
+	p.mu.Lock()
+	p.shutWant = true
+	p.mu.Unlock()
+	p.kick()
+}
+
+// close closes the connection once: graceful (err == nil) lets queued writes finish first,
+// bounded by CloseTimeout.
+func (p *plainConn) close(err error) {
+	p.once.Do(func() {
+		c := p.c
+		go func() {
+			if err == nil {
+				deadline := time.NewTimer(c.e.cfg.CloseTimeout)
+				for {
+					c.wmu.Lock()
+					idle := !c.busy || (len(c.wpending) == 0 && !c.hasStage)
+					c.wmu.Unlock()
+					if idle {
+						break
+					}
+					p.kick()
+					select {
+					case <-p.drained:
+						continue
+					case <-deadline.C:
+					case <-p.wdone:
+					}
+					break
+				}
+				deadline.Stop()
+			}
+			close(p.stop)
+			unix.Shutdown(c.fd, unix.SHUT_RDWR)
+			<-p.rdone
+			<-p.wdone
+			c.wmu.Lock()
+			reqs := c.wpending
+			c.wpending = nil
+			if c.hasStage {
+				c.hasStage = false
+				c.stage.Release()
+			}
+			c.wmu.Unlock()
+			for _, r := range reqs {
+				r.loan.Return()
+			}
+			closeFD(c.fd)
+			c.e.removeConn(c)
+			c.h.OnClose(c, err)
+			close(c.done)
+		}()
+	})
+}
+
+func (e *Engine) plainDial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
+	if e.plain.err != nil {
+		return nil, &OpError{Op: "dial", Net: network, Err: e.plain.err}
+	}
+	type result struct {
+		s   *tcpglue.Socket
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{})
+		ch <- result{s, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.s != nil {
+				r.s.Close()
+			}
+		}()
+		return nil, &OpError{Op: "dial", Net: network, Err: ctx.Err()}
+	}
+	if r.err != nil {
+		return nil, &OpError{Op: "dial", Net: network, Err: r.err}
+	}
+	fd, err := r.s.Disown()
+	if err != nil {
+		r.s.Close()
+		return nil, &OpError{Op: "dial", Net: network, Err: err}
+	}
+	c := newConn(e, nil, fd, network)
+	c.h = h
+	c.fillAddrs()
+	if !e.addConn(c) {
+		closeFD(fd)
+		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
+	}
+	e.startPlainConn(c)
+	return c, nil
+}
+
+func (l *Listener) plainAccept(s *tcpglue.Socket) {
+	defer l.wg.Done()
+	for !l.closed.Load() {
+		ns, _, err := s.Accept()
+		if err != nil {
+			if l.closed.Load() {
+				return
+			}
+			l.acceptErrs.Add(1)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		fd, err := ns.Disown()
+		if err != nil {
+			ns.Close()
+			continue
+		}
+		l.accepted.Add(1)
+		c := newConn(l.e, nil, fd, l.network)
+		c.fillAddrs()
+		if !l.e.addConn(c) {
+			closeFD(fd)
+			continue
+		}
+		h := l.accept(c)
+		refused := h == nil
+		if refused {
+			h = HandlerFuncs{}
+		}
+		if c.h == nil {
+			c.h = h
+		}
+		l.e.startPlainConn(c)
+		if refused {
+			c.Close()
+		}
+	}
+}
