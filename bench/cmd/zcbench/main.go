@@ -317,10 +317,10 @@ func plan(cfg config) ([]harness.Variant, []string, error) {
 }
 
 // perRun spreads the budget over the runs: each of ours costs its traffic time plus
-// about 0.12 s (two processes, connections, checks); iperf3 runs whole seconds plus
+// about 0.06 s (two processes, connections, checks); iperf3 runs whole seconds plus
 // about 0.2 s.
 func perRun(budget time.Duration, ours, iperfs int) time.Duration {
-	const ourCost, iperfCost = 120 * time.Millisecond, 200 * time.Millisecond
+	const ourCost, iperfCost = 60 * time.Millisecond, 200 * time.Millisecond
 	if ours == 0 {
 		return time.Second
 	}

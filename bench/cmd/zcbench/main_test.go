@@ -88,7 +88,7 @@ func TestPerRun(t *testing.T) {
 			t.Errorf("perRun(%v, %d, %d) = %v out of bounds", tc.budget, tc.ours, tc.iperfs, d)
 		}
 		if tc.budget >= time.Minute {
-			total := time.Duration(tc.ours)*(d+120*time.Millisecond) + time.Duration(tc.iperfs)*(max(time.Second, d)+200*time.Millisecond)
+			total := time.Duration(tc.ours)*(d+60*time.Millisecond) + time.Duration(tc.iperfs)*(max(time.Second, d)+200*time.Millisecond)
 			if total > tc.budget*11/10 {
 				t.Errorf("perRun(%v, %d, %d) = %v: estimated total %v", tc.budget, tc.ours, tc.iperfs, d, total)
 			}
