@@ -213,9 +213,11 @@ func TestReceiveThroughBufferRing(t *testing.T) {
 			select {
 			case <-o.done:
 			case <-time.After(5 * time.Second):
-				q.Post(func() { t.Logf("got %d arms %d hold %d stats %+v free %d lent %d", o.got.Len(), o.arms, len(o.hold), q.Stats(), q.recv.Free(), q.recv.Lent()) })
-		time.Sleep(100 * time.Millisecond)
-		t.Fatal("timed out")
+				q.Post(func() {
+					t.Logf("got %d arms %d hold %d stats %+v free %d lent %d", o.got.Len(), o.arms, len(o.hold), q.Stats(), q.recv.Free(), q.recv.Lent())
+				})
+				time.Sleep(100 * time.Millisecond)
+				t.Fatal("timed out")
 			}
 			q.Do(func() error { return nil })
 			if !bytes.Equal(o.got.Bytes(), want) {

@@ -42,7 +42,7 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 func echoAccept(c *Conn) Handler {
 	return HandlerFuncs{
 		Data: func(c *Conn, d Data) { c.SendData(d) },
-		EOF: func(c *Conn, err error) { c.Close() },
+		EOF:  func(c *Conn, err error) { c.Close() },
 	}
 }
 
@@ -58,7 +58,12 @@ type collector struct {
 	once sync.Once
 }
 
-type hashState struct{ h interface{ Write([]byte) (int, error); Sum([]byte) []byte } }
+type hashState struct {
+	h interface {
+		Write([]byte) (int, error)
+		Sum([]byte) []byte
+	}
+}
 
 func newCollector(want int) *collector {
 	return &collector{want: want, done: make(chan struct{}), sum: hashState{sha256.New()}}

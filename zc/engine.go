@@ -259,16 +259,16 @@ type Stats struct {
 	Queues   int
 	Conns    int
 
-	BytesSentZC   uint64 // sent with SEND_ZC, and the kernel did not copy them
-	BytesZCCopied uint64 // sent with SEND_ZC, but the kernel reported it copied them
-	BytesSentCopy uint64 // sent with a copying SEND
+	BytesSentZC    uint64 // sent with SEND_ZC, and the kernel did not copy them
+	BytesZCCopied  uint64 // sent with SEND_ZC, but the kernel reported it copied them
+	BytesSentCopy  uint64 // sent with a copying SEND
 	BytesSentPlain uint64 // sent by the plain-socket backend (write(2))
-	BytesRecvRing uint64 // received through the provided-buffer ring
+	BytesRecvRing  uint64 // received through the provided-buffer ring
 	BytesRecvPlain uint64 // received by the plain-socket backend (read(2))
-	SendOps       uint64 // copying SEND operations
-	SendZCOps     uint64 // SEND_ZC operations
-	ZCSwitches    uint64 // times an adaptive connection switched to copying sends
-	ZCProbes      uint64 // times an adaptive connection tried zero-copy again
+	SendOps        uint64 // copying SEND operations
+	SendZCOps      uint64 // SEND_ZC operations
+	ZCSwitches     uint64 // times an adaptive connection switched to copying sends
+	ZCProbes       uint64 // times an adaptive connection tried zero-copy again
 
 	Enters         uint64 // io_uring_enter calls
 	CQEs           uint64

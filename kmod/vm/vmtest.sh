@@ -34,90 +34,114 @@ if [ ${#need[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# --- kernel packages, pinned to one version --------------------------------
-# The pin is cached; delete $VM/pin to move to a newer kernel.
-if [ ! -s "$VM/pin" ]; then
-	apt_update
-	ver=$(apt-cache policy linux-image-cloud-amd64 | awk '/Candidate:/ {print $2}')
-	img=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/ {print $2; exit}')
-	abi=${img#linux-image-}
-	abi=${abi%-cloud-amd64}
-	[ -n "$ver" ] && [ -n "$abi" ] || { log "cannot resolve linux-image-cloud-amd64 (apt-get update failed?)"; exit 1; }
-	echo "$abi $ver" > "$VM/pin"
-fi
-read -r ABI VER < "$VM/pin"
-log "kernel $ABI-cloud-amd64, packages $VER"
-DEBS=$VM/debs/$VER
-KROOT=$VM/root-$VER
-pkgs=(linux-image-$ABI-cloud-amd64 linux-headers-$ABI-cloud-amd64 linux-headers-$ABI-common linux-kbuild-6.1)
-mkdir -p "$DEBS"
-for p in "${pkgs[@]}"; do
-	if ! ls "$DEBS/${p}_"*.deb >/dev/null 2>&1; then
-		apt_update
-		(cd "$DEBS" && apt-get download -q "$p=$VER" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-		ls "$DEBS/${p}_"*.deb >/dev/null 2>&1 || { log "download of $p=$VER failed"; exit 1; }
-	fi
-done
-if [ ! -f "$KROOT/.unpacked" ]; then
-	rm -rf "$KROOT"
-	mkdir -p "$KROOT"
-	for d in "$DEBS"/*.deb; do dpkg-deb -x "$d" "$KROOT"; done
-	touch "$KROOT/.unpacked"
-fi
-KDIR=$KROOT/usr/src/linux-headers-$ABI-cloud-amd64
-# The flavour Makefile includes the -common tree by absolute path.
-sed -i "s#^include .*/usr/src/linux-headers-#include $KROOT/usr/src/linux-headers-#" "$KDIR/Makefile"
-VMLINUZ=$KROOT/boot/vmlinuz-$ABI-cloud-amd64
-
-# --- module ------------------------------------------------------------------
-SRC=$VM/src
-rm -rf "$SRC" && mkdir -p "$SRC/uapi"
-cp kmod/zcshim.c kmod/Kbuild "$SRC/" && cp kmod/uapi/zcshim.h "$SRC/uapi/"
-log "building zcshim.ko"
-make -s -C "$KDIR" M="$SRC" modules 2>&1 | grep -v 'Skipping BTF generation' || true
-[ -f "$SRC/zcshim.ko" ] || { log "module build failed"; exit 1; }
-if grep -E 'warning:' "$SRC"/.zcshim.o.cmd >/dev/null 2>&1; then :; fi
-
 # --- Go test binaries (static) ----------------------------------------------
 log "building test binaries"
 CGO_ENABLED=0 "$GO" test -c -o "$VM/kmod.test" ./kmod
 CGO_ENABLED=0 "$GO" test -c -o "$VM/shim.test" ./kmod/shim
 CGO_ENABLED=0 "$GO" build -o "$VM/shimbench" ./kmod/vm/shimbench
 
-# --- initramfs ----------------------------------------------------------------
-IR=$VM/initramfs
-rm -rf "$IR" && mkdir -p "$IR/bin" "$IR/proc" "$IR/sys" "$IR/dev" "$IR/tmp"
-cp /bin/busybox "$IR/bin/busybox"
-cp kmod/vm/init "$IR/init"
-cp "$SRC/zcshim.ko" "$IR/zcshim.ko"
-cp "$VM/kmod.test" "$VM/shim.test" "$VM/shimbench" "$IR/"
-[ -n "${ZCVM_SHIM_ARGS:-}" ] && echo "$ZCVM_SHIM_ARGS" > "$IR/shim.args"
-(cd "$IR" && find . | cpio -o -H newc --quiet | gzip -1 > "$VM/initrd.gz")
+# --- per kernel: packages, module, initramfs, boot, verdict ------------------
+# Each entry is a Debian metapackage; its pin (ABI, version, kbuild package)
+# is cached in $VM/<meta>/pin: delete it to move to a newer kernel.
+# linux-image-cloud-amd64 is Debian 12's 6.1; the 6.12 line exercises the
+# module's version checks for newer kernel APIs.
+KERNELS=${ZCVM_KERNELS:-linux-image-cloud-amd64 linux-image-6.12-cloud-amd64}
+tot_pass=0 tot_fail=0 tot_skip=0 failed_kernels=()
 
-# --- boot ------------------------------------------------------------------
-CONSOLE=$VM/console.log
-log "booting (TCG, timeout ${TIMEOUT}s); console in $CONSOLE"
-set +e
-timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1536 \
-	-nographic -no-reboot -nodefaults -serial stdio \
-	-kernel "$VMLINUZ" -initrd "$VM/initrd.gz" \
-	-append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" > "$CONSOLE" 2>&1
-qrc=$?
-set -e
-tr -d '\r' < "$CONSOLE" > "$CONSOLE.txt"
-grep -E '^(--- (PASS|FAIL|SKIP)|PASS|FAIL|ok|ZCVM:|MEASURE)' "$CONSOLE.txt" || true
-grep '^MEASURE' "$CONSOLE.txt" > "$VM/measure.txt" || true
+run_kernel() {
+	local meta=$1 dir=$VM/$1
+	mkdir -p "$dir"
+	if [ ! -s "$dir/pin" ]; then
+		apt_update
+		local ver img abi kb
+		ver=$(apt-cache policy "$meta" | awk '/Candidate:/ {print $2}')
+		img=$(apt-cache depends "$meta" | awk '/Depends: linux-image-/ {print $2; exit}')
+		abi=${img#linux-image-}
+		abi=${abi%-cloud-amd64}
+		kb=$(apt-cache depends "linux-headers-$abi-cloud-amd64" | awk '/Depends: linux-kbuild-/ {print $2; exit}')
+		if [ -z "$ver" ] || [ -z "$abi" ] || [ -z "$kb" ]; then
+			log "cannot resolve $meta (apt-get update failed?)"
+			return 1
+		fi
+		echo "$abi $ver $kb" > "$dir/pin"
+	fi
+	local ABI VER KBUILD
+	read -r ABI VER KBUILD < "$dir/pin"
+	log "[$meta] kernel $ABI-cloud-amd64, packages $VER"
+	local debs=$dir/debs root=$dir/root p
+	mkdir -p "$debs"
+	for p in "linux-image-$ABI-cloud-amd64" "linux-headers-$ABI-cloud-amd64" "linux-headers-$ABI-common" "$KBUILD"; do
+		if ! ls "$debs/${p}_"*.deb >/dev/null 2>&1; then
+			apt_update
+			(cd "$debs" && apt-get download -q "$p=$VER" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+			ls "$debs/${p}_"*.deb >/dev/null 2>&1 || { log "download of $p=$VER failed"; return 1; }
+		fi
+	done
+	if [ ! -f "$root/.unpacked" ]; then
+		rm -rf "$root" && mkdir -p "$root"
+		local d
+		for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$root"; done
+		touch "$root/.unpacked"
+	fi
+	local kdir=$root/usr/src/linux-headers-$ABI-cloud-amd64
+	# The flavour Makefile includes the -common tree by absolute path.
+	sed -i "s#^include .*/usr/src/linux-headers-#include $root/usr/src/linux-headers-#" "$kdir/Makefile"
+	local vmlinuz=$root/boot/vmlinuz-$ABI-cloud-amd64
 
-fail=0
-if [ $qrc = 124 ] || [ $qrc = 137 ]; then log "FAIL: timed out after ${TIMEOUT}s"; fail=1; fi
-grep -q '^ZCVM: result rc=0' "$CONSOLE.txt" || { log "FAIL: tests did not report success"; fail=1; }
-if grep -nE 'BUG:|WARNING:|Oops|general protection|Call Trace|zcshim: LEAK|kernel panic|Kernel panic|refcount_t:|list_(add|del) corruption' "$CONSOLE.txt"; then
-	log "FAIL: kernel log shows a bug, warning or leak (above)"
-	fail=1
+	local src=$dir/src
+	rm -rf "$src" && mkdir -p "$src/uapi"
+	cp kmod/zcshim.c kmod/Kbuild "$src/" && cp kmod/uapi/zcshim.h "$src/uapi/"
+	log "[$meta] building zcshim.ko"
+	make -s -C "$kdir" M="$src" CONFIG_DEBUG_INFO_BTF_MODULES= modules 2>&1 | grep -v 'Skipping BTF generation' | tee "$dir/build.log" || true
+	[ -f "$src/zcshim.ko" ] || { log "[$meta] module build failed"; return 1; }
+	if grep -q 'warning:' "$dir/build.log"; then log "[$meta] compiler warnings (above)"; return 1; fi
+
+	local ir=$dir/initramfs
+	rm -rf "$ir" && mkdir -p "$ir/bin" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/tmp"
+	cp /bin/busybox "$ir/bin/busybox"
+	cp kmod/vm/init "$ir/init"
+	cp "$src/zcshim.ko" "$ir/zcshim.ko"
+	cp "$VM/kmod.test" "$VM/shim.test" "$VM/shimbench" "$ir/"
+	if [ -n "${ZCVM_SHIM_ARGS:-}" ]; then echo "$ZCVM_SHIM_ARGS" > "$ir/shim.args"; fi
+	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
+
+	local console=$dir/console.log qrc
+	log "[$meta] booting (TCG, timeout ${TIMEOUT}s); console in $console"
+	set +e
+	timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1536 \
+		-nographic -no-reboot -nodefaults -serial stdio \
+		-kernel "$vmlinuz" -initrd "$dir/initrd.gz" \
+		-append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" > "$console" 2>&1
+	qrc=$?
+	set -e
+	tr -d '\r' < "$console" > "$console.txt"
+	grep -E '^(--- (FAIL|SKIP)|FAIL|ZCVM:|MEASURE)' "$console.txt" | sed "s#^#[$meta] #" || true
+	grep '^MEASURE' "$console.txt" > "$dir/measure.txt" || true
+
+	local fail=0 np nf ns
+	if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then log "[$meta] FAIL: timed out after ${TIMEOUT}s"; fail=1; fi
+	grep -q '^ZCVM: result rc=0' "$console.txt" || { log "[$meta] FAIL: tests did not report success"; fail=1; }
+	if grep -nE 'BUG:|WARNING:|Oops|general protection|Call Trace|zcshim: LEAK|kernel panic|Kernel panic|refcount_t:|list_(add|del) corruption' "$console.txt"; then
+		log "[$meta] FAIL: kernel log shows a bug, warning or leak (above)"
+		fail=1
+	fi
+	if grep -q '^--- FAIL' "$console.txt"; then log "[$meta] FAIL: a test failed"; fail=1; fi
+	np=$(grep -c '^--- PASS' "$console.txt" || true)
+	nf=$(grep -c '^--- FAIL' "$console.txt" || true)
+	ns=$(grep -c '^--- SKIP' "$console.txt" || true)
+	log "[$meta] $np passed, $nf failed, $ns skipped"
+	tot_pass=$((tot_pass + np)) tot_fail=$((tot_fail + nf)) tot_skip=$((tot_skip + ns))
+	if [ $fail != 0 ]; then log "[$meta] see $console.txt"; return 1; fi
+	return 0
+}
+
+for k in $KERNELS; do
+	run_kernel "$k" || failed_kernels+=("$k")
+done
+if [ ${#failed_kernels[@]} -gt 0 ] && [ "$tot_fail" = 0 ]; then tot_fail=${#failed_kernels[@]}; fi
+echo "vmtest: $tot_pass passed, $tot_fail failed, $tot_skip skipped"
+if [ ${#failed_kernels[@]} -gt 0 ]; then
+	log "FAIL on: ${failed_kernels[*]}"
+	exit 1
 fi
-grep -q '^--- FAIL' "$CONSOLE.txt" && { log "FAIL: a test failed"; fail=1; }
-npass=$(grep -c '^    --- PASS\|^--- PASS' "$CONSOLE.txt" || true)
-nfail=$(grep -c '^    --- FAIL\|^--- FAIL' "$CONSOLE.txt" || true)
-nskip=$(grep -c '^    --- SKIP\|^--- SKIP' "$CONSOLE.txt" || true)
-echo "vmtest: $npass passed, $nfail failed, $nskip skipped"
-if [ $fail = 0 ]; then log "PASS"; else log "see $CONSOLE.txt"; exit 1; fi
+log "PASS"

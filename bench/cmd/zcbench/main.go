@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -55,6 +56,7 @@ type config struct {
 	pngPath    string
 	useNetns   bool
 	corruptSeq int64
+	profileDir string
 }
 
 // run is zcbench with its arguments; it returns the exit status: 0 done, 1 error,
@@ -73,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
 	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
 	fs.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "corrupt frame `N` of every client connection: the run must fail (checks the checker)")
+	fs.StringVar(&cfg.profileDir, "cpuprofile", "", "write a CPU profile of every server and client child into `DIR` (pprof)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -135,6 +138,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		topology = fmt.Sprintf("veth %d queues between namespaces %s and %s", pair.Queues, pair.Server, pair.Client)
 	}
 
+	if cfg.profileDir != "" {
+		if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+			fmt.Fprintln(stderr, "zcbench:", err)
+			return 1
+		}
+		if cfg.profileDir, err = filepath.Abs(cfg.profileDir); err != nil {
+			fmt.Fprintln(stderr, "zcbench:", err)
+			return 1
+		}
+	}
 	variants, notes, err := plan(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "zcbench:", err)
@@ -222,7 +235,7 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 	}
 	c := harness.Case{
 		Scenario: v.Scenario, Mode: v.Mode, Size: v.Size, Conns: v.Conns,
-		RecvBuf: recvBuf(v.Size), Duration: cfg.dur, CorruptSeq: cfg.corruptSeq,
+		RecvBuf: recvBuf(v.Size), Duration: cfg.dur, CorruptSeq: cfg.corruptSeq, ProfileDir: cfg.profileDir,
 	}
 	return harness.RunPair(ctx, env, c)
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -75,6 +77,22 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 	})
 	defer wd.Stop()
 
+	if c.ProfileDir != "" {
+		name := filepath.Join(c.ProfileDir, fmt.Sprintf("%s-%s-%d-%s.pprof", c.Mode, c.Scenario, c.Size, *role))
+		f, err := os.Create(name)
+		if err != nil {
+			fmt.Fprintf(stderr, "zcbench %s: %v\n", *role, err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "zcbench %s: %v\n", *role, err)
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	out := bufio.NewWriter(stdout)
 	ctx := context.Background()
 	var err error

@@ -60,6 +60,9 @@ type Case struct {
 	// CorruptSeq >= 0 makes the client send that frame of each connection with a
 	// wrong checksum (checks the checker); -1 normally.
 	CorruptSeq int64 `json:"corrupt_seq"`
+	// ProfileDir, when set, makes each side write a CPU profile there
+	// (<mode>-<scenario>-<size>-<role>.pprof; a later repetition overwrites).
+	ProfileDir string `json:"profile_dir,omitempty"`
 }
 
 // Validate reports a Case that cannot run.
