@@ -1,0 +1,441 @@
+package modes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+	"github.com/zcnet/zcnet/bench/internal/harness"
+	"github.com/zcnet/zcnet/bench/internal/stats"
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/zc"
+)
+
+func init() {
+	registered = append(registered,
+		ZC{name: "zc", path: zc.SendAdaptive},
+		ZC{name: "zc-copy", path: zc.SendCopy},
+		ZC{name: "zc-sendzc", path: zc.SendZeroCopy},
+		ZC{name: "zc-mmap", mmap: true},
+	)
+}
+
+// ZC is zcnet's event-loop API (package zc) on the io_uring backend, fallback
+// forbidden: "zc" sends adaptively, "zc-copy" forces copying sends, "zc-sendzc"
+// forces SEND_ZC, "zc-mmap" forces the mapped receive window.
+//
+// How each scenario uses zc:
+//   - bulk/stream receivers Feed the borrowed Data straight from the provided-buffer
+//     ring and Release it; receive buffers are Case.RecvBuf bytes like every mode's;
+//   - frames of 4 KiB and more are sent from the engine's registered send buffers
+//     (one frame per buffer, filled once per buffer, only re-stamped afterwards) with
+//     Conn.Send; smaller frames go through Conn.Write, which copies them into a
+//     staging buffer and coalesces them while a send is in flight;
+//   - echo servers send a request that arrived in one receive buffer straight back
+//     from that buffer (Conn.SendData, no copy); one split over several buffers is
+//     gathered into a send buffer and Sent;
+//     echo clients keep one request in flight per connection from the handler.
+//
+// Queue threads are not pinned by zc (NoPin): zcbench has already pinned the whole
+// process to its CPU, and zc pins to absolute CPU numbers.
+type ZC struct {
+	name string
+	path zc.SendPath
+	mmap bool
+}
+
+// Name implements harness.Mode.
+func (z ZC) Name() string { return z.name }
+
+// Available implements harness.Mode: an io_uring engine must start.
+func (z ZC) Available() error {
+	if z.mmap {
+		return errors.New("package zc has no option to force the mapped receive window (TCP_ZEROCOPY_RECEIVE) yet")
+	}
+	e, err := zc.New(zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true,
+		SendPath: z.path, SendBufs: 16, RecvBufs: 16})
+	if err != nil {
+		return err
+	}
+	return e.Close()
+}
+
+const zcRegionBytes = 16 << 20 // registered memory per direction and queue
+
+func bufCount(size int) int {
+	n := 16
+	for n < 512 && n*2*size <= zcRegionBytes {
+		n *= 2
+	}
+	return n
+}
+
+// directSend is whether frames go out from registered buffers with Send.
+func directSend(c harness.Case) bool { return c.Size >= 4096 }
+
+func (z ZC) config(c harness.Case) zc.Config {
+	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path}
+	if !c.Scenario.RequestResponse() {
+		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf)
+		if directSend(c) {
+			cfg.SendBufSize, cfg.SendBufs = c.Size, bufCount(c.Size)
+		}
+	}
+	return cfg
+}
+
+// errs keeps the first error of many handlers.
+type errs struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (e *errs) set(err error) {
+	e.mu.Lock()
+	if e.err == nil {
+		e.err = err
+	}
+	e.mu.Unlock()
+}
+
+func (e *errs) get() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
+func addZCStats(m *harness.Meter, e *zc.Engine) {
+	st := e.Stats()
+	m.AddZeroCopy(st.BytesSentZC, st.BytesZCCopied+st.BytesSentCopy+st.BytesSentPlain)
+}
+
+// Server implements harness.Mode.
+func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
+	e, err := zc.New(z.config(c))
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	var fail errs
+	var wg sync.WaitGroup
+	wg.Add(c.Conns)
+	var accepted atomic.Int32
+	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
+		if accepted.Add(1) > int32(c.Conns) {
+			return nil // not ours: closed
+		}
+		s := &zcServerConn{c: c, v: m.NewVerifier(), fail: fail.set, done: wg.Done}
+		return s
+	})
+	if err != nil {
+		return err
+	}
+	ready(l.Addr().String())
+	wg.Wait()
+	l.Close()
+	addZCStats(m, e)
+	return fail.get()
+}
+
+type zcServerConn struct {
+	c      harness.Case
+	v      *frame.Verifier
+	fail   func(error)
+	done   func()
+	failed bool
+	eof    bool
+	// echo: the request being gathered in a send buffer
+	req    memreg.Buf
+	have   bool
+	filled int
+}
+
+func (s *zcServerConn) OnData(conn *zc.Conn, d zc.Data) {
+	if s.failed {
+		d.Release()
+		return
+	}
+	p := d.Bytes()
+	if !s.c.Scenario.RequestResponse() {
+		err := s.v.Feed(p)
+		d.Release()
+		if err != nil {
+			s.abort(conn, err)
+		}
+		return
+	}
+	if !s.have && len(p) == s.c.Size {
+		// The whole request in one receive buffer: send that very buffer back.
+		if err := s.v.Feed(p); err != nil {
+			d.Release()
+			s.abort(conn, err)
+			return
+		}
+		if err := conn.SendData(d); err != nil { // releases d
+			s.abort(conn, fmt.Errorf("echo send: %w", err))
+		}
+		return
+	}
+	defer d.Release()
+	for len(p) > 0 {
+		if !s.have {
+			b, err := conn.Buffer()
+			if err != nil {
+				s.abort(conn, fmt.Errorf("echo buffer: %w", err))
+				return
+			}
+			s.req, s.have, s.filled = b, true, 0
+		}
+		n := copy(s.req.Bytes()[s.filled:s.c.Size], p)
+		if err := s.v.Feed(p[:n]); err != nil {
+			s.abort(conn, err)
+			return
+		}
+		s.filled += n
+		p = p[n:]
+		if s.filled == s.c.Size {
+			s.have = false
+			if err := conn.Send(s.req, s.c.Size); err != nil {
+				s.abort(conn, fmt.Errorf("echo send: %w", err))
+				return
+			}
+		}
+	}
+}
+
+func (s *zcServerConn) abort(conn *zc.Conn, err error) {
+	s.failed = true
+	s.fail(err)
+	s.release()
+	conn.Close()
+}
+
+func (s *zcServerConn) release() {
+	if s.have {
+		s.req.Release()
+		s.have = false
+	}
+}
+
+func (s *zcServerConn) OnEOF(conn *zc.Conn, err error) {
+	s.eof = true
+	if !s.failed {
+		if errors.Is(err, io.EOF) {
+			if verr := s.v.Close(); verr != nil {
+				s.fail(verr)
+			}
+		} else {
+			s.fail(fmt.Errorf("receive: %w", err))
+		}
+	}
+	s.release()
+	conn.Close()
+}
+
+func (s *zcServerConn) OnClose(_ *zc.Conn, err error) {
+	if err != nil && !s.eof && !s.failed {
+		s.fail(fmt.Errorf("connection: %w", err))
+	}
+	s.release()
+	s.done()
+}
+
+// Client implements harness.Mode.
+func (z ZC) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
+	e, err := zc.New(z.config(c))
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	var fail errs
+	if c.Scenario.RequestResponse() {
+		err = zcEchoClients(ctx, e, c, m, &fail)
+	} else {
+		err = zcSource(ctx, e, c, m, &fail)
+	}
+	addZCStats(m, e)
+	if err != nil {
+		return err
+	}
+	return fail.get()
+}
+
+// zcSource sends frames back to back on one connection.
+func zcSource(ctx context.Context, e *zc.Engine, c harness.Case, m *harness.Meter, fail *errs) error {
+	h := zc.HandlerFuncs{
+		EOF: func(conn *zc.Conn, err error) {
+			fail.set(fmt.Errorf("bulk sender received EOF/error: %w", err))
+			conn.Close()
+		},
+	}
+	conn, err := e.Dial(ctx, "tcp", c.Addr, h)
+	if err != nil {
+		return err
+	}
+	src := m.NewSource()
+	m.Start()
+	var sendErr error
+	if directSend(c) {
+		filled := map[uintptr]bool{} // registered buffers that already hold the payload
+		for {
+			b, err := conn.BufferWait(0)
+			if err != nil {
+				sendErr = err
+				break
+			}
+			p := b.Bytes()[:c.Size]
+			if !filled[b.Addr()] {
+				src.Fill(p)
+				filled[b.Addr()] = true
+			}
+			src.Stamp(p)
+			if err := conn.Send(b, c.Size); err != nil {
+				sendErr = err
+				break
+			}
+			src.Sent()
+			if m.Stopped() {
+				break
+			}
+		}
+	} else {
+		buf := make([]byte, c.Size)
+		src.Fill(buf)
+		for {
+			src.Stamp(buf)
+			if _, err := conn.Write(buf); err != nil {
+				sendErr = err
+				break
+			}
+			src.Sent()
+			if m.Stopped() {
+				break
+			}
+		}
+	}
+	conn.Close() // queued sends still go out
+	<-conn.Done()
+	if sendErr != nil {
+		return fmt.Errorf("send: %w", sendErr)
+	}
+	return nil
+}
+
+// zcEchoClients keeps one request in flight on each of c.Conns connections, driven
+// from the connections' handlers.
+func zcEchoClients(ctx context.Context, e *zc.Engine, c harness.Case, m *harness.Meter, fail *errs) error {
+	clients := make([]*zcEchoClient, 0, c.Conns)
+	conns := make([]*zc.Conn, 0, c.Conns)
+	closeAll := func() {
+		for _, conn := range conns {
+			conn.Close()
+			<-conn.Done()
+		}
+	}
+	for range c.Conns {
+		cl := &zcEchoClient{c: c, m: m, src: m.NewSource(), v: m.NewVerifier(), rec: m.NewRecorder(), fail: fail.set}
+		cl.frame = make([]byte, c.Size)
+		cl.src.Fill(cl.frame)
+		conn, err := e.Dial(ctx, "tcp", c.Addr, cl)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		clients = append(clients, cl)
+		conns = append(conns, conn)
+	}
+	m.Start()
+	for i, cl := range clients {
+		if err := cl.send(conns[i]); err != nil {
+			fail.set(err)
+			break
+		}
+	}
+	for _, conn := range conns {
+		<-conn.Done()
+	}
+	return nil
+}
+
+type zcEchoClient struct {
+	c     harness.Case
+	m     *harness.Meter
+	src   *frame.Source
+	v     *frame.Verifier
+	rec   *stats.Recorder
+	fail  func(error)
+	frame []byte
+	t0    time.Time
+	got   int
+	done  bool
+}
+
+func (cl *zcEchoClient) send(conn *zc.Conn) error {
+	b, err := conn.Buffer()
+	if err != nil {
+		return fmt.Errorf("request buffer: %w", err)
+	}
+	p := b.Bytes()[:cl.c.Size]
+	cl.src.Stamp(cl.frame)
+	copy(p, cl.frame)
+	cl.t0 = time.Now()
+	if err := conn.Send(b, cl.c.Size); err != nil {
+		return fmt.Errorf("request: %w", err)
+	}
+	cl.src.Sent()
+	return nil
+}
+
+func (cl *zcEchoClient) OnData(conn *zc.Conn, d zc.Data) {
+	defer d.Release()
+	if cl.done {
+		return
+	}
+	p := d.Bytes()
+	if err := cl.v.Feed(p); err != nil {
+		cl.stop(conn, err)
+		return
+	}
+	cl.got += len(p)
+	if cl.got < cl.c.Size {
+		return
+	}
+	if cl.got > cl.c.Size {
+		cl.stop(conn, fmt.Errorf("%d response bytes with one %d-byte request in flight", cl.got, cl.c.Size))
+		return
+	}
+	cl.rec.Add(time.Since(cl.t0))
+	cl.got = 0
+	if cl.m.Stopped() {
+		cl.stop(conn, nil)
+		return
+	}
+	if err := cl.send(conn); err != nil {
+		cl.stop(conn, err)
+	}
+}
+
+func (cl *zcEchoClient) stop(conn *zc.Conn, err error) {
+	cl.done = true
+	if err != nil {
+		cl.fail(err)
+	}
+	conn.Close()
+}
+
+func (cl *zcEchoClient) OnEOF(conn *zc.Conn, err error) {
+	if !cl.done {
+		cl.stop(conn, fmt.Errorf("server closed early: %w", err))
+	}
+}
+
+func (cl *zcEchoClient) OnClose(_ *zc.Conn, err error) {
+	if err != nil && !cl.done {
+		cl.fail(fmt.Errorf("connection: %w", err))
+	}
+}
