@@ -1,7 +1,7 @@
 # kmod/kmod.mk - included by the top-level Makefile.
 #   make kmod [KDIR=...]   build kmod/zcshim.ko against a kernel's build tree
 #                          (default: the running kernel's)
-#   make vmtest            boot Debian's 6.1 cloud kernel in qemu (TCG), load
+#   make vmtest            boot Debian 12 cloud kernels (6.1, 6.12) in qemu (TCG), load
 #                          the module, run the VM tests; installs what it needs
 #   make kmod-clean
 KDIR ?= /lib/modules/$(shell uname -r)/build
