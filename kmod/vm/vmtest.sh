@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# make vmtest: build zcshim.ko against Debian 12's 6.1 cloud kernel headers,
-# boot that kernel in qemu (software emulation) with an initramfs of
-# busybox-static + static Go test binaries, and decide pass/fail from the
-# console output (qemu exits 0 on any poweroff).
+# make vmtest: for each kernel line (Debian 12's 6.1 cloud kernel, and its
+# 6.12 cloud kernel), build zcshim.ko against that kernel's headers, boot the
+# kernel in qemu (software emulation) with an initramfs of busybox-static +
+# static Go test binaries, and decide pass/fail from the console output (qemu
+# exits 0 on any poweroff).
 #
 # Everything is fetched with apt-get download + dpkg-deb -x (no system
-# install of kernels), pinned to the version the linux-image-cloud-amd64
-# metapackage points at, and cached under $BUILD/kmodvm.
+# install of kernels), pinned to the version the kernel line's metapackage
+# points at, and cached under $BUILD/kmodvm/<metapackage>.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
