@@ -65,7 +65,7 @@ func (z ZC) Available() error {
 	return e.Close()
 }
 
-const zcRegionBytes = 16 << 20 // registered memory per direction and queue
+const zcRegionBytes = 8 << 20 // registered memory per direction and queue (at least 16 buffers)
 
 func bufCount(size int) int {
 	n := 16
@@ -353,7 +353,7 @@ func zcEchoClients(ctx context.Context, e *zc.Engine, c harness.Case, m *harness
 	for i, cl := range clients {
 		if err := cl.send(conns[i]); err != nil {
 			fail.set(err)
-			break
+			conns[i].Close()
 		}
 	}
 	for _, conn := range conns {
@@ -383,11 +383,13 @@ func (cl *zcEchoClient) send(conn *zc.Conn) error {
 	p := b.Bytes()[:cl.c.Size]
 	cl.src.Stamp(cl.frame)
 	copy(p, cl.frame)
+	// Everything about this request is recorded before Send: the response may reach
+	// OnData (on the queue goroutine) before Send returns. A failed Send fails the run.
+	cl.src.Sent()
 	cl.t0 = time.Now()
 	if err := conn.Send(b, cl.c.Size); err != nil {
 		return fmt.Errorf("request: %w", err)
 	}
-	cl.src.Sent()
 	return nil
 }
 
