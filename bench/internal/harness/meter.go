@@ -24,6 +24,10 @@ type Meter struct {
 	ru0     unix.Rusage
 	timer   *time.Timer
 
+	stopOnce sync.Once
+	t1       time.Time
+	ru1      unix.Rusage
+
 	mu        sync.Mutex
 	sources   []*frame.Source
 	verifiers []*frame.Verifier
@@ -104,19 +108,28 @@ func (m *Meter) AddZeroCopy(zc, copied uint64) {
 	m.copied.Add(copied)
 }
 
+// Stop closes the measured window: a mode calls it when its traffic is over and only
+// teardown (closing an engine, unmapping rings) is left, so that teardown is not
+// counted. Later calls do nothing; if no one calls it, the window closes when Server
+// or Client returns.
+func (m *Meter) Stop() {
+	m.stopOnce.Do(func() {
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &m.ru1)
+		m.t1 = time.Now()
+	})
+}
+
 // finish closes the window and returns this side's figures.
 func (m *Meter) finish(role string) Side {
-	var ru unix.Rusage
-	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
-	end := time.Now()
+	m.Stop()
 	if m.timer != nil {
 		m.timer.Stop()
 	}
 	s := Side{Role: role}
 	if m.started.Load() {
-		s.Wall = end.Sub(m.t0)
-		s.User = tv(ru.Utime) - tv(m.ru0.Utime)
-		s.Sys = tv(ru.Stime) - tv(m.ru0.Stime)
+		s.Wall = m.t1.Sub(m.t0)
+		s.User = tv(m.ru1.Utime) - tv(m.ru0.Utime)
+		s.Sys = tv(m.ru1.Stime) - tv(m.ru0.Stime)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -101,7 +101,9 @@ func (c Case) Validate() error {
 //   - the server passes every received byte, in order, to its connection's
 //     Meter.NewVerifier and returns the Verifier's error;
 //   - Echo/PingPong servers send back exactly the bytes of each request;
-//   - Bulk/Stream receivers read with buffers of Case.RecvBuf bytes.
+//   - Bulk/Stream receivers read with buffers of Case.RecvBuf bytes;
+//   - a side whose teardown is costly (closing an engine) calls Meter.Stop when its
+//     traffic is over, so that the teardown is not measured.
 type Mode interface {
 	// Name is the mode's name on the command line and in results: "net", "zc-copy".
 	Name() string

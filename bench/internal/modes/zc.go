@@ -137,6 +137,7 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	}
 	ready(l.Addr().String())
 	wg.Wait()
+	m.Stop()
 	l.Close()
 	addZCStats(m, e)
 	return fail.get()
@@ -258,6 +259,7 @@ func (z ZC) Client(ctx context.Context, c harness.Case, m *harness.Meter) error 
 	} else {
 		err = zcSource(ctx, e, c, m, &fail)
 	}
+	m.Stop()
 	addZCStats(m, e)
 	if err != nil {
 		return err
