@@ -57,6 +57,7 @@ type config struct {
 	useNetns   bool
 	corruptSeq int64
 	profileDir string
+	pin        bool
 }
 
 // run is zcbench with its arguments; it returns the exit status: 0 done, 1 error,
@@ -75,6 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
 	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
 	fs.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "corrupt frame `N` of every client connection: the run must fail (checks the checker)")
+	fs.BoolVar(&cfg.pin, "pin", true, "pin client and server to different CPUs (when there are two)")
 	fs.StringVar(&cfg.profileDir, "cpuprofile", "", "write a CPU profile of every server and client child into `DIR` (pprof)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -104,6 +106,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	procs := &harness.Procs{}
 	env := &harness.Env{Exe: exe, ServerHost: "127.0.0.1", Procs: procs}
 	env.Client.CPU, env.Server.CPU = harness.PickCPUs()
+	if !cfg.pin {
+		env.Client.CPU, env.Server.CPU = -1, -1
+	}
 
 	// Every exit path ends the children (by PID) and removes the namespaces.
 	var pair *netns.Pair

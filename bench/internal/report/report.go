@@ -279,7 +279,7 @@ func Goals(rows []Row) []Goal {
 		gs = append(gs, na(g, "net"))
 	default:
 		x := zcBulk.Sum(Gbps).Median / netBulk.Sum(Gbps).Median
-		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.2f×", x)))
+		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.3f×", x)))
 	}
 	g = "bulk 64 KiB: zc ≥ 2.5× iperf3 (Gbit/s)"
 	switch {
@@ -289,7 +289,7 @@ func Goals(rows []Row) []Goal {
 		gs = append(gs, na(g, "iperf3"))
 	default:
 		x := zcBulk.Sum(Gbps).Median / ipBulk.Sum(Gbps).Median
-		gs = append(gs, judge(g, x >= 2.5, fmt.Sprintf("%.2f×", x)))
+		gs = append(gs, judge(g, x >= 2.5, fmt.Sprintf("%.3f×", x)))
 	}
 	g = "bulk 64 KiB: zc CPU s/GB ≤ 0.6× net (sender+receiver)"
 	switch {
@@ -299,7 +299,7 @@ func Goals(rows []Row) []Goal {
 		gs = append(gs, na(g, "net"))
 	default:
 		x := zcBulk.Sum(CPUPerGB).Median / netBulk.Sum(CPUPerGB).Median
-		gs = append(gs, judge(g, x <= 0.6, fmt.Sprintf("%.2f×", x)))
+		gs = append(gs, judge(g, x <= 0.6, fmt.Sprintf("%.3f×", x)))
 	}
 	g = "echo 64 B, 64 connections: zc ≥ 2.0× net (msgs/s)"
 	zcEcho, netEcho := Find(rows, harness.Echo, ZC, 64, 64), Find(rows, harness.Echo, "net", 64, 64)
@@ -310,7 +310,7 @@ func Goals(rows []Row) []Goal {
 		gs = append(gs, na(g, "net"))
 	default:
 		x := zcEcho.Sum(MsgsPerS).Median / netEcho.Sum(MsgsPerS).Median
-		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.2f×", x)))
+		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.3f×", x)))
 	}
 	g = "ping-pong 64 B: zc p99 ≤ net p99"
 	zcPP, netPP := Find(rows, harness.PingPong, ZC, 64, 1), Find(rows, harness.PingPong, "net", 64, 1)
@@ -339,7 +339,7 @@ func Goals(rows []Row) []Goal {
 	}
 	switch {
 	case found:
-		gs = append(gs, judge(g, worst >= 0.95, fmt.Sprintf("%.2f×", worst)))
+		gs = append(gs, judge(g, worst >= 0.95, fmt.Sprintf("%.3f×", worst)))
 	case missing != "":
 		gs = append(gs, na(g, missing))
 	default:

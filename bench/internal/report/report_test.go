@@ -137,7 +137,7 @@ func TestGoalsJudged(t *testing.T) {
 			t.Errorf("%s: %s (%s), want %s", name, got.Status, got.Detail, want)
 		}
 	}
-	if d := g["adaptive zc ≥ 0.95× zc-copy (bulk, every size; worst shown)"].Detail; d != "0.83×" {
+	if d := g["adaptive zc ≥ 0.95× zc-copy (bulk, every size; worst shown)"].Detail; d != "0.833×" {
 		t.Errorf("worst ratio shown as %q", d)
 	}
 }
