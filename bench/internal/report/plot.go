@@ -36,7 +36,7 @@ type errPoints struct {
 // to max.
 func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "Bulk throughput, one stream (" + title + ")"
+	p.Title.Text = "Bulk throughput, one stream — " + title
 	p.X.Label.Text = "write size"
 	p.Y.Label.Text = "Gbit/s (median, bars min–max)"
 	p.Legend.Top = true
@@ -85,39 +85,9 @@ func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
 	return p, nil
 }
 
-// groupedBars draws one bar group per category with one bar per mode.
-func groupedBars(p *plot.Plot, modes []string, categories []string, value func(mode string, cat int) float64) error {
-	w := vg.Points(min(60, 240/float64(max(1, len(modes)))))
-	for i, mode := range modes {
-		vals := make(plotter.Values, len(categories))
-		for c := range categories {
-			v := value(mode, c)
-			if math.IsNaN(v) {
-				v = 0
-			}
-			vals[c] = v
-		}
-		b, err := plotter.NewBarChart(vals, w)
-		if err != nil {
-			return err
-		}
-		b.Color = plotutil.Color(i)
-		b.LineStyle.Width = 0
-		b.Offset = w * vg.Length(float64(i)-float64(len(modes)-1)/2)
-		p.Add(b)
-		p.Legend.Add(mode, b)
-	}
-	p.NominalX(categories...)
-	p.Legend.Top = true
-	p.Legend.Left = true
-	p.Y.Min = 0
-	p.Y.Max *= 1.25 // room for the legend
-	return nil
-}
-
-func latencyPlot(rows []Row, title string) (*plot.Plot, error) {
+func latencyPlot(rows []Row, _ string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "Ping-pong 64 B, one connection: round trip (" + title + ")"
+	p.Title.Text = "Ping-pong 64 B, one connection: round-trip latency"
 	p.Y.Label.Text = "µs (median of repetitions, log scale)"
 	p.X.Label.Text = "percentile"
 	p.Y.Scale = plot.LogScale{}
@@ -154,22 +124,24 @@ func latencyPlot(rows []Row, title string) (*plot.Plot, error) {
 		return nil, nil
 	}
 	p.NominalX("p50", "p99", "p99.9")
-	p.Y.Min, p.Y.Max = lo/1.5, hi*3
+	p.Y.Min, p.Y.Max = lo/1.5, hi*1.5
 	return p, nil
 }
 
-func messagesPlot(rows []Row, title string) (*plot.Plot, error) {
+func messagesPlot(rows []Row, _ string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "Messages per second (" + title + ")"
-	p.Y.Label.Text = "thousand msgs/s (median)"
-	p.X.Padding = vg.Points(20)
+	p.Title.Text = "Messages per second (echo: 64 connections, one request in flight each)"
+	p.Y.Label.Text = "msgs/s (median, bars min–max, log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+	p.Legend.Left = true
 	type cat struct {
 		s           harness.Scenario
 		size, conns int
 	}
 	var cats []cat
-	var names []string
-	var modes []string
+	var names, modes []string
 	for _, r := range rows {
 		if (r.Scenario != harness.Echo && r.Scenario != harness.Stream) || len(r.Reps) == 0 {
 			continue
@@ -177,9 +149,9 @@ func messagesPlot(rows []Row, title string) (*plot.Plot, error) {
 		c := cat{r.Scenario, r.Size, r.Conns}
 		if !slices.Contains(cats, c) {
 			cats = append(cats, c)
-			n := fmt.Sprintf("stream %s", SizeString(r.Size))
+			n := "stream " + SizeString(r.Size)
 			if r.Scenario == harness.Echo {
-				n = fmt.Sprintf("echo %s ×%d", SizeString(r.Size), r.Conns)
+				n = fmt.Sprintf("echo %s", SizeString(r.Size))
 			}
 			names = append(names, n)
 		}
@@ -190,14 +162,46 @@ func messagesPlot(rows []Row, title string) (*plot.Plot, error) {
 	if len(cats) == 0 {
 		return nil, nil
 	}
-	err := groupedBars(p, modes, names, func(mode string, i int) float64 {
-		r := Find(rows, cats[i].s, mode, cats[i].size, cats[i].conns)
-		if r == nil {
-			return math.NaN()
+	lo, hi := math.Inf(1), 0.0
+	for i, mode := range modes {
+		var ep errPoints
+		for ci, c := range cats {
+			r := Find(rows, c.s, mode, c.size, c.conns)
+			if r == nil {
+				continue
+			}
+			s := r.Sum(MsgsPerS)
+			if s.N == 0 || s.Min <= 0 {
+				continue
+			}
+			x := float64(ci) + 0.5*(float64(i)+0.5)/float64(len(modes)) - 0.25
+			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: s.Median})
+			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
+			lo, hi = min(lo, s.Min), max(hi, s.Max)
 		}
-		return r.Sum(MsgsPerS).Median / 1e3
-	})
-	return p, err
+		if len(ep.XYs) == 0 {
+			continue
+		}
+		sc, err := plotter.NewScatter(ep.XYs)
+		if err != nil {
+			return nil, err
+		}
+		sc.Color, sc.Shape, sc.Radius = plotutil.Color(i), plotutil.Shape(i), vg.Points(4)
+		eb, err := plotter.NewYErrorBars(ep)
+		if err != nil {
+			return nil, err
+		}
+		eb.Color = plotutil.Color(i)
+		p.Add(sc, eb)
+		p.Legend.Add(mode, sc)
+	}
+	if hi == 0 {
+		return nil, nil
+	}
+	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(cats))-0.5
+	p.Y.Min, p.Y.Max = lo/2, hi*2
+	return p, nil
 }
 
 // WritePNG draws the plots (throughput against write size, ping-pong latency
