@@ -192,20 +192,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rows[i].Variant = v
 	}
 	ctx := context.Background()
+	var failures []string
 	for _, r := range runs {
 		bar.Describe(fmt.Sprintf("%-8s %-8s %-7s ×%-2d rep %d/%d", r.Scenario, r.Mode, report.SizeString(r.Size), r.Conns, r.Rep+1, cfg.reps))
 		rep, err := runOne(ctx, env, cfg, r.Variant)
-		if err != nil {
+		if errors.Is(err, frame.ErrCorrupt) {
+			// A fast wrong answer: nothing of this run can be trusted.
 			bar.Exit()
 			fmt.Fprintln(stderr)
-			if errors.Is(err, frame.ErrCorrupt) {
-				fmt.Fprintln(stderr, "zcbench: FAILED: wrong bytes:", err)
-				return 3
-			}
-			fmt.Fprintln(stderr, "zcbench: FAILED:", err)
-			return 1
+			fmt.Fprintln(stderr, "zcbench: FAILED: wrong bytes:", err)
+			return 3
 		}
-		rows[r.Index].Reps = append(rows[r.Index].Reps, rep)
+		if err != nil {
+			// Any other failure loses this repetition only; the run fails at the end.
+			failures = append(failures, fmt.Sprintf("%s %s %s ×%d rep %d: %v",
+				r.Scenario, r.Mode, report.SizeString(r.Size), r.Conns, r.Rep+1, err))
+		} else {
+			rows[r.Index].Reps = append(rows[r.Index].Reps, rep)
+		}
 		bar.Add(1)
 	}
 	bar.Finish()
@@ -230,6 +234,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		} else {
 			fmt.Fprintln(stdout, "wrote", cfg.pngPath)
 		}
+	}
+	if len(failures) > 0 {
+		fmt.Fprintf(stderr, "zcbench: FAILED: %d of %d repetitions did not complete:\n", len(failures), len(runs))
+		for _, f := range failures {
+			fmt.Fprintln(stderr, "  "+f)
+		}
+		status = 1
 	}
 	return status
 }
