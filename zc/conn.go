@@ -364,9 +364,11 @@ func (c *Conn) queueLoan(loan memreg.Loan, n int) error {
 // Write copies p into send buffers and queues them; it blocks while the connection has
 // MaxQueuedBytes queued or no buffer is free. Small writes are coalesced while a send is in
 // flight. It returns once p is queued, not once it is sent.
-func (c *Conn) Write(p []byte) (int, error) { return c.write(p, time.Time{}) }
+func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil) }
 
-func (c *Conn) write(p []byte, deadline time.Time) (int, error) {
+// write is Write bounded by the deadline dl returns (nil or zero: none); dl is re-read while
+// waiting so that a deadline set meanwhile applies.
+func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 	written := 0
 	c.wmu.Lock()
 	for len(p) > 0 {
@@ -381,7 +383,7 @@ func (c *Conn) write(p []byte, deadline time.Time) (int, error) {
 			if kick {
 				c.schedule()
 			}
-			if err := c.waitSpace(c.space, deadline); err != nil {
+			if err := c.waitSpace(c.space, dl); err != nil {
 				return written, c.opErr("write", err)
 			}
 			c.wmu.Lock()
@@ -398,7 +400,7 @@ func (c *Conn) write(p []byte, deadline time.Time) (int, error) {
 				if !errors.Is(err, memreg.ErrExhausted) {
 					return written, c.opErr("write", err)
 				}
-				if err := c.waitSpace(c.spaceChan(), deadline); err != nil {
+				if err := c.waitSpace(c.spaceChan(), dl); err != nil {
 					return written, c.opErr("write", err)
 				}
 				c.wmu.Lock()
@@ -447,11 +449,15 @@ var ErrWouldBlock = errors.New("would block the queue's own goroutine")
 
 func (c *Conn) onOwnLoop() bool { return c.q != nil && c.q.OnLoop() }
 
-func (c *Conn) waitSpace(ch chan struct{}, deadline time.Time) error {
+func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
 	if c.onOwnLoop() {
 		return ErrWouldBlock
 	}
 	var t <-chan time.Time
+	var deadline time.Time
+	if dl != nil {
+		deadline = dl()
+	}
 	if !deadline.IsZero() {
 		d := time.Until(deadline)
 		if d <= 0 {
@@ -1108,4 +1114,36 @@ func closeFD(fd int) {
 	if fd >= 0 {
 		unix.Close(fd)
 	}
+}
+
+// SetReceivePaused stops (true) or restarts (false) receiving: while paused no OnData
+// arrives and the kernel's receive window fills, pushing back on the peer.
+func (c *Conn) SetReceivePaused(on bool) error {
+	if c.p != nil {
+		c.p.setPaused(on)
+		return nil
+	}
+	if c.q.OnLoop() {
+		c.setPausedLoop(on)
+		return nil
+	}
+	return c.q.Post(func() { c.setPausedLoop(on) })
+}
+
+func (c *Conn) setPaused(on bool) { c.SetReceivePaused(on) }
+
+func (c *Conn) setPausedLoop(on bool) {
+	if c.finished || c.paused == on {
+		return
+	}
+	c.paused = on
+	if on {
+		if c.recvArmed {
+			sqe := c.q.GetSQE()
+			sqe.PrepCancel(c.ud(tagRecv), 0)
+			sqe.UserData = c.ud(tagIgnore)
+		}
+		return
+	}
+	c.armRecv()
 }

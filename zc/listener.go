@@ -165,7 +165,7 @@ func (p *lpart) finish() {
 // handoff creates the connection for an accepted fd on the queue that will own it.
 func (l *Listener) handoff(from *equeue, fd int) {
 	target := from
-	if len(l.e.queues) > 1 && len(l.parts) == 1 {
+	if len(l.e.queues) > 1 && len(l.socks) == 1 {
 		target = l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
 	}
 	create := func() {

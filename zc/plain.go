@@ -62,12 +62,48 @@ type plainConn struct {
 	once     sync.Once
 	shutWant bool
 	mu       sync.Mutex
+	paused   bool
+	resume   chan struct{}
 }
 
-func (e *Engine) startPlainConn(c *Conn) {
+func (p *plainConn) setPaused(on bool) {
+	p.mu.Lock()
+	p.paused = on
+	p.mu.Unlock()
+	if !on {
+		select {
+		case p.resume <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *plainConn) waitResumed() bool {
+	for {
+		p.mu.Lock()
+		paused := p.paused
+		p.mu.Unlock()
+		if !paused {
+			return true
+		}
+		select {
+		case <-p.resume:
+		case <-p.stop:
+			return false
+		}
+	}
+}
+
+// attachPlain gives a new connection its plain-backend state; run starts its goroutines.
+func (e *Engine) attachPlain(c *Conn) *plainConn {
 	p := &plainConn{c: c, kickCh: make(chan struct{}, 1), drained: make(chan struct{}, 1),
-		stop: make(chan struct{}), rdone: make(chan struct{}), wdone: make(chan struct{})}
+		stop: make(chan struct{}), rdone: make(chan struct{}), wdone: make(chan struct{}),
+		resume: make(chan struct{}, 1)}
 	c.p = p
+	return p
+}
+
+func (p *plainConn) run() {
 	go p.reader()
 	go p.writer()
 }
@@ -84,6 +120,9 @@ func (p *plainConn) reader() {
 	defer close(p.rdone)
 	st := c.e.plain
 	for {
+		if !p.waitResumed() {
+			return
+		}
 		var idx int
 		select {
 		case idx = <-st.free:
@@ -297,7 +336,7 @@ func (e *Engine) plainDial(ctx context.Context, network string, ap netip.AddrPor
 		closeFD(fd)
 		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
 	}
-	e.startPlainConn(c)
+	e.attachPlain(c).run()
 	return c, nil
 }
 
@@ -321,6 +360,7 @@ func (l *Listener) plainAccept(s *tcpglue.Socket) {
 		l.accepted.Add(1)
 		c := newConn(l.e, nil, fd, l.network)
 		c.fillAddrs()
+		p := l.e.attachPlain(c)
 		if !l.e.addConn(c) {
 			closeFD(fd)
 			continue
@@ -333,7 +373,7 @@ func (l *Listener) plainAccept(s *tcpglue.Socket) {
 		if c.h == nil {
 			c.h = h
 		}
-		l.e.startPlainConn(c)
+		p.run()
 		if refused {
 			c.Close()
 		}

@@ -1,0 +1,387 @@
+package zc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The net.Conn face: a connection whose Handler queues received buffers for Read, with
+// deadlines and *net.OpError errors. Read copies out of the borrowed receive buffers (the one
+// copy the interface demands); Write copies into send buffers.
+
+const maxQueuedReads = 16 // receive buffers queued before the connection stops receiving
+
+type netConn struct {
+	c *Conn
+
+	mu      sync.Mutex
+	rq      []Data
+	roff    int
+	rerr    error
+	paused  bool
+	closed  bool
+	readyCh chan struct{}
+
+	rdl, wdl atomic.Pointer[time.Time]
+	dlCh     chan struct{} // signalled when a deadline changes
+}
+
+func newNetConn(c *Conn) *netConn {
+	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{}, 1)}
+}
+
+func (n *netConn) signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// Handler side (loop goroutine).
+
+func (n *netConn) OnData(c *Conn, d Data) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		d.Release()
+		return
+	}
+	n.rq = append(n.rq, d)
+	pause := len(n.rq) >= maxQueuedReads && !n.paused
+	if pause {
+		n.paused = true
+	}
+	n.mu.Unlock()
+	if pause {
+		c.setPaused(true)
+	}
+	n.signal(n.readyCh)
+}
+
+func (n *netConn) OnEOF(c *Conn, err error) {
+	n.mu.Lock()
+	if n.rerr == nil {
+		n.rerr = err
+	}
+	n.mu.Unlock()
+	n.signal(n.readyCh)
+}
+
+func (n *netConn) OnClose(c *Conn, err error) {
+	n.mu.Lock()
+	if n.rerr == nil {
+		if err == nil {
+			err = io.EOF
+		}
+		n.rerr = err
+	}
+	n.mu.Unlock()
+	n.signal(n.readyCh)
+}
+
+func (n *netConn) opErr(op string, err error) error {
+	if err == io.EOF {
+		return err
+	}
+	var zerr *OpError
+	if errors.As(err, &zerr) {
+		err = zerr.Err
+	}
+	return &net.OpError{Op: op, Net: n.c.network, Source: n.c.LocalAddr(), Addr: n.c.RemoteAddr(), Err: err}
+}
+
+func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
+	if t := p.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
+}
+
+// Read reads received bytes, blocking until some arrive, the deadline passes or the
+// connection closes.
+func (n *netConn) Read(p []byte) (int, error) {
+	for {
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return 0, n.opErr("read", net.ErrClosed)
+		}
+		if len(n.rq) > 0 {
+			got := 0
+			for got < len(p) && len(n.rq) > 0 {
+				b := n.rq[0].Bytes()[n.roff:]
+				k := copy(p[got:], b)
+				got += k
+				n.roff += k
+				if n.roff == n.rq[0].Len() {
+					n.rq[0].Release()
+					n.rq[0] = Data{}
+					n.rq = n.rq[1:]
+					n.roff = 0
+				}
+			}
+			resume := n.paused && len(n.rq) < maxQueuedReads/2
+			if resume {
+				n.paused = false
+			}
+			n.mu.Unlock()
+			if resume {
+				n.c.setPaused(false)
+			}
+			return got, nil
+		}
+		if n.rerr != nil {
+			err := n.rerr
+			n.mu.Unlock()
+			return 0, n.opErr("read", err)
+		}
+		n.mu.Unlock()
+		if len(p) == 0 {
+			return 0, nil
+		}
+		if err := n.wait(n.readyCh, &n.rdl); err != nil {
+			return 0, n.opErr("read", err)
+		}
+	}
+}
+
+// wait blocks until ch is signalled, the deadline passes or changes.
+func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
+	d := deadlineOf(dl)
+	var t <-chan time.Time
+	if !d.IsZero() {
+		left := time.Until(d)
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		tm := time.NewTimer(left)
+		defer tm.Stop()
+		t = tm.C
+	}
+	select {
+	case <-ch:
+		n.signal(ch) // let other waiters look too
+		return nil
+	case <-n.dlCh:
+		n.signal(n.dlCh)
+		time.Sleep(0)
+		return nil
+	case <-n.c.done:
+		n.signal(ch)
+		return nil
+	case <-t:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// Write queues p for sending. It blocks while the connection has too much queued.
+func (n *netConn) Write(p []byte) (int, error) {
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return 0, n.opErr("write", net.ErrClosed)
+	}
+	if d := deadlineOf(&n.wdl); !d.IsZero() && !time.Now().Before(d) {
+		return 0, n.opErr("write", os.ErrDeadlineExceeded)
+	}
+	written := 0
+	for len(p) > 0 {
+		k, err := n.c.write(p, func() time.Time { return deadlineOf(&n.wdl) })
+		written += k
+		p = p[k:]
+		if err != nil {
+			if errors.Is(err, errDeadline) {
+				return written, n.opErr("write", os.ErrDeadlineExceeded)
+			}
+			if errors.Is(err, ErrClosed) {
+				n.mu.Lock()
+				closed := n.closed
+				n.mu.Unlock()
+				if !closed {
+					return written, n.opErr("write", io.ErrClosedPipe)
+				}
+			}
+			return written, n.opErr("write", err)
+		}
+	}
+	return written, nil
+}
+
+func (n *netConn) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return n.opErr("close", net.ErrClosed)
+	}
+	n.closed = true
+	rq := n.rq
+	n.rq = nil
+	n.mu.Unlock()
+	for _, d := range rq {
+		d.Release()
+	}
+	err := n.c.Close()
+	n.signal(n.readyCh)
+	n.signal(n.dlCh)
+	if err != nil {
+		return n.opErr("close", err)
+	}
+	return nil
+}
+
+// CloseWrite shuts down the sending side after queued data is sent.
+func (n *netConn) CloseWrite() error { return n.c.CloseWrite() }
+
+func (n *netConn) LocalAddr() net.Addr  { return n.c.LocalAddr() }
+func (n *netConn) RemoteAddr() net.Addr { return n.c.RemoteAddr() }
+
+func (n *netConn) SetDeadline(t time.Time) error {
+	n.rdl.Store(&t)
+	n.wdl.Store(&t)
+	n.signal(n.dlCh)
+	n.signal(n.c.space)
+	return nil
+}
+
+func (n *netConn) SetReadDeadline(t time.Time) error {
+	n.rdl.Store(&t)
+	n.signal(n.dlCh)
+	return nil
+}
+
+func (n *netConn) SetWriteDeadline(t time.Time) error {
+	n.wdl.Store(&t)
+	n.signal(n.c.space)
+	return nil
+}
+
+// Zc returns the underlying connection (counters, socket options).
+func (n *netConn) Zc() *Conn { return n.c }
+
+// NetConn is the net.Conn face of a connection; it also exposes the zc Conn.
+type NetConn interface {
+	net.Conn
+	CloseWrite() error
+	Zc() *Conn
+}
+
+// NetDial dials like Dial and returns a net.Conn.
+func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
+	var nc *netConn
+	h := &lazyHandler{}
+	c, err := e.Dial(ctx, network, address, h)
+	if err != nil {
+		var zerr *OpError
+		if errors.As(err, &zerr) {
+			return nil, &net.OpError{Op: "dial", Net: network, Addr: zerr.Addr, Err: zerr.Err}
+		}
+		return nil, err
+	}
+	nc = newNetConn(c)
+	h.set(nc)
+	return nc, nil
+}
+
+// lazyHandler buffers events that arrive before the net.Conn exists (data can arrive right
+// after connect, before Dial returns).
+type lazyHandler struct {
+	mu    sync.Mutex
+	h     Handler
+	early []func(Handler)
+}
+
+func (l *lazyHandler) set(h Handler) {
+	l.mu.Lock()
+	l.h = h
+	early := l.early
+	l.early = nil
+	l.mu.Unlock()
+	for _, f := range early {
+		f(h)
+	}
+}
+
+func (l *lazyHandler) do(f func(Handler)) {
+	l.mu.Lock()
+	if l.h == nil {
+		l.early = append(l.early, f)
+		l.mu.Unlock()
+		return
+	}
+	h := l.h
+	l.mu.Unlock()
+	f(h)
+}
+
+func (l *lazyHandler) OnData(c *Conn, d Data)     { l.do(func(h Handler) { h.OnData(c, d) }) }
+func (l *lazyHandler) OnEOF(c *Conn, err error)   { l.do(func(h Handler) { h.OnEOF(c, err) }) }
+func (l *lazyHandler) OnClose(c *Conn, err error) { l.do(func(h Handler) { h.OnClose(c, err) }) }
+
+// netListener is the net.Listener face.
+type netListener struct {
+	l      *Listener
+	ch     chan *netConn
+	closed chan struct{}
+	once   sync.Once
+	drops  atomic.Uint64
+}
+
+// NetListen listens like Listen and returns a net.Listener whose Accept returns net.Conns.
+func (e *Engine) NetListen(network, address string) (net.Listener, error) {
+	nl := &netListener{ch: make(chan *netConn, 1024), closed: make(chan struct{})}
+	l, err := e.Listen(network, address, func(c *Conn) Handler {
+		nc := newNetConn(c)
+		select {
+		case nl.ch <- nc:
+			return nc
+		default:
+			// Accept backlog full: refuse rather than block the queue.
+			nl.drops.Add(1)
+			return nil
+		}
+	})
+	if err != nil {
+		var zerr *OpError
+		if errors.As(err, &zerr) {
+			return nil, &net.OpError{Op: "listen", Net: network, Err: zerr.Err}
+		}
+		return nil, err
+	}
+	nl.l = l
+	return nl, nil
+}
+
+func (nl *netListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-nl.ch:
+		return c, nil
+	case <-nl.closed:
+		return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+	}
+}
+
+func (nl *netListener) Close() error {
+	err := error(&net.OpError{Op: "close", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed})
+	nl.once.Do(func() {
+		close(nl.closed)
+		err = nl.l.Close()
+		for {
+			select {
+			case c := <-nl.ch:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return err
+}
+
+func (nl *netListener) Addr() net.Addr { return nl.l.Addr() }
