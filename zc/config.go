@@ -74,8 +74,10 @@ type Config struct {
 	// ZCReprobe is how many sends an adaptive connection makes by copy before trying
 	// zero-copy again after the kernel reported copies (default 256; doubles on every
 	// failed probe, up to 64 Ki).
-	ZCReprobe   int
-	NoBundles   bool // disable recv bundles
+	ZCReprobe int
+	NoBundles bool // disable recv bundles
+	// Nagle leaves Nagle's algorithm on (TCP_NODELAY off). Off by default, as in Go's net.
+	Nagle       bool
 	NoPin       bool // do not pin queue threads to CPUs
 	SendBufSize int  // bytes per send buffer (default 64 KiB)
 	SendBufs    int  // send buffers per queue (default 512)

@@ -652,6 +652,10 @@ func (c *Conn) onConnect(res int32) {
 }
 
 func (c *Conn) fillAddrs() {
+	if !c.e.cfg.Nagle {
+		// Like Go's net package: small writes go out at once.
+		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
 	if sa, err := unix.Getsockname(c.fd); err == nil {
 		c.laddr = tcpglue.TCPAddrFromSockaddr(sa)
 	}

@@ -29,11 +29,25 @@ type netConn struct {
 	readyCh chan struct{}
 
 	rdl, wdl atomic.Pointer[time.Time]
-	dlCh     chan struct{} // signalled when a deadline changes
+	dlMu     sync.Mutex
+	dlCh     chan struct{} // closed (and replaced) when a deadline changes: a broadcast
+}
+
+func (n *netConn) deadlineChanged() {
+	n.dlMu.Lock()
+	close(n.dlCh)
+	n.dlCh = make(chan struct{})
+	n.dlMu.Unlock()
+}
+
+func (n *netConn) deadlineWatch() <-chan struct{} {
+	n.dlMu.Lock()
+	defer n.dlMu.Unlock()
+	return n.dlCh
 }
 
 func newNetConn(c *Conn) *netConn {
-	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{}, 1)}
+	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{})}
 }
 
 func (n *netConn) signal(ch chan struct{}) {
@@ -130,7 +144,11 @@ func (n *netConn) Read(p []byte) (int, error) {
 			if resume {
 				n.paused = false
 			}
+			more := len(n.rq) > 0 || n.rerr != nil
 			n.mu.Unlock()
+			if more {
+				n.signal(n.readyCh) // another reader may proceed
+			}
 			if resume {
 				n.c.setPaused(false)
 			}
@@ -139,6 +157,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 		if n.rerr != nil {
 			err := n.rerr
 			n.mu.Unlock()
+			n.signal(n.readyCh)
 			return 0, n.opErr("read", err)
 		}
 		n.mu.Unlock()
@@ -153,6 +172,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 
 // wait blocks until ch is signalled, the deadline passes or changes.
 func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
+	changed := n.deadlineWatch()
 	d := deadlineOf(dl)
 	var t <-chan time.Time
 	if !d.IsZero() {
@@ -166,11 +186,8 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	}
 	select {
 	case <-ch:
-		n.signal(ch) // let other waiters look too
 		return nil
-	case <-n.dlCh:
-		n.signal(n.dlCh)
-		time.Sleep(0)
+	case <-changed:
 		return nil
 	case <-n.c.done:
 		n.signal(ch)
@@ -229,7 +246,7 @@ func (n *netConn) Close() error {
 	}
 	err := n.c.Close()
 	n.signal(n.readyCh)
-	n.signal(n.dlCh)
+	n.deadlineChanged()
 	if err != nil {
 		return n.opErr("close", err)
 	}
@@ -245,14 +262,14 @@ func (n *netConn) RemoteAddr() net.Addr { return n.c.RemoteAddr() }
 func (n *netConn) SetDeadline(t time.Time) error {
 	n.rdl.Store(&t)
 	n.wdl.Store(&t)
-	n.signal(n.dlCh)
+	n.deadlineChanged()
 	n.signal(n.c.space)
 	return nil
 }
 
 func (n *netConn) SetReadDeadline(t time.Time) error {
 	n.rdl.Store(&t)
-	n.signal(n.dlCh)
+	n.deadlineChanged()
 	return nil
 }
 
