@@ -8,14 +8,23 @@ KDIR ?= /lib/modules/$(shell uname -r)/build
 
 .PHONY: kmod kmod-clean vmtest
 
+# Kbuild writes its objects (and a generated .mod.c, which the Go toolchain
+# would reject in package kmod's directory) next to the sources, so the
+# module is built in a copy under build/kmod and only zcshim.ko comes back.
+KMOD_OUT := $(BUILD)/kmod
+
 kmod:
 	$(call apt_need,make,make)
 	$(call apt_need,gcc,gcc)
 	@test -d $(KDIR) || { echo "kmod: no kernel build tree at $(KDIR): install linux-headers-$$(uname -r) or pass KDIR=..."; exit 1; }
-	$(MAKE) -C $(KDIR) M=$(CURDIR)/kmod modules
+	rm -rf $(KMOD_OUT) && mkdir -p $(KMOD_OUT)/uapi
+	cp kmod/zcshim.c kmod/Kbuild $(KMOD_OUT)/ && cp kmod/uapi/zcshim.h $(KMOD_OUT)/uapi/
+	$(MAKE) -C $(KDIR) M=$(KMOD_OUT) modules
+	cp $(KMOD_OUT)/zcshim.ko kmod/zcshim.ko
+	@echo "kmod: built kmod/zcshim.ko for $$(modinfo -F vermagic kmod/zcshim.ko 2>/dev/null || echo $(KDIR))"
 
 kmod-clean:
-	rm -f kmod/*.o kmod/*.ko kmod/*.mod kmod/*.mod.c kmod/.*.cmd kmod/Module.symvers kmod/modules.order
+	rm -rf $(KMOD_OUT) kmod/zcshim.ko
 
 vmtest:
 	GO="$(GO)" BUILD="$(BUILD)" bash kmod/vm/vmtest.sh
