@@ -316,6 +316,7 @@ func TestKillWithSendsInFlight(t *testing.T) {
 	if st.Ops == 0 || st.Notifs == 0 {
 		t.Fatalf("child has nothing in flight: %+v", st)
 	}
+	time.Sleep(200 * time.Millisecond) // let the child reach its wait in ENTER
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -373,5 +374,8 @@ func helperSender() {
 	}
 	st, _ := q.Stats()
 	fmt.Printf("READY %d sends, %d ops waiting\n", n, st.Ops)
+	// Die inside the kernel: wait for more completions than can ever come.
+	_, cq := q.Entries()
+	q.Submit(0, int(cq), 0)
 	time.Sleep(time.Hour)
 }
