@@ -124,11 +124,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer cleanup()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
-		s := <-sigs
-		fmt.Fprintf(stderr, "\nzcbench: %v: stopping, cleaning up\n", s)
-		cleanup()
-		os.Exit(130)
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(stderr, "\nzcbench: %v: stopping, cleaning up\n", s)
+			cleanup()
+			os.Exit(130)
+		case <-finished:
+		}
 	}()
 
 	topology := "loopback"
@@ -171,8 +177,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	title := describe(topology)
 	fmt.Fprintf(stdout, "zcbench: %s\n", title)
-	fmt.Fprintf(stdout, "%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); client CPU %d, server CPU %d\n",
-		len(variants), cfg.reps, cfg.dur, iperf.Seconds(cfg.dur), env.Client.CPU, env.Server.CPU)
+	placement := "client and server not pinned"
+	if env.Client.CPU >= 0 {
+		placement = fmt.Sprintf("client on CPU %d, server on CPU %d", env.Client.CPU, env.Server.CPU)
+	}
+	fmt.Fprintf(stdout, "%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); %s\n",
+		len(variants), cfg.reps, cfg.dur, iperf.Seconds(cfg.dur), placement)
 	for _, n := range notes {
 		fmt.Fprintln(stdout, n)
 	}
