@@ -379,3 +379,35 @@ func helperSender() {
 	q.Submit(0, int(cq), 0)
 	time.Sleep(time.Hour)
 }
+
+// TestNotifNotCopied: pages that the stack dropped without ever copying
+// them (queued behind a full window, then purged by a reset) give
+// notifications without COPIED — the flag is not a constant of loopback.
+func TestNotifNotCopied(t *testing.T) {
+	q := open(t, Config{Entries: 64})
+	a, b := tcpPairRaw(t)
+	defer unix.Close(a)
+	id, _ := q.Attach(a)
+	mem := mmap(t, 1<<20)
+	k, _ := q.RegisterBytes(mem, 0)
+	n := fillSocket(t, q, id, k, 1<<20)
+	// The peer resets the connection (closing with unread data): the
+	// sender's write queue is purged.
+	unix.Close(b)
+	var plain, copied, notifs int
+	for _, c := range reap(t, q, 2*n, 20*time.Second) {
+		if !c.Notif() {
+			continue
+		}
+		notifs++
+		if c.Copied() {
+			copied++
+		} else {
+			plain++
+		}
+	}
+	t.Logf("%d notifications: %d copied, %d not copied", notifs, copied, plain)
+	if plain == 0 {
+		t.Fatal("every notification says COPIED, even for data that was never delivered")
+	}
+}

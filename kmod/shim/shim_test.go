@@ -99,6 +99,14 @@ func open(t testing.TB, cfg Config) *Queue {
 // loopback, closed at cleanup.
 func tcpPair(t testing.TB) (int, int) {
 	t.Helper()
+	c, s := tcpPairRaw(t)
+	t.Cleanup(func() { unix.Close(c); unix.Close(s) })
+	return c, s
+}
+
+// tcpPairRaw is tcpPair without the cleanup: the caller closes both.
+func tcpPairRaw(t testing.TB) (int, int) {
+	t.Helper()
 	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +133,6 @@ func tcpPair(t testing.TB) (int, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(c); unix.Close(s) })
 	return c, s
 }
 
