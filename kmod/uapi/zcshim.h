@@ -31,9 +31,10 @@
  *   All four indexes are free-running __u32 counters; the slot is
  *   index & mask. The kernel writes sq_head and cq_tail, the application
  *   writes sq_tail and cq_head. The kernel never trusts the application's
- *   values: sq_tail is clamped to at most sq_entries ahead of sq_head,
- *   every entry is copied before it is validated, and a cq_head that claims
- *   more than cq_entries are free is treated as "CQ full".
+ *   values: an sq_tail more than sq_entries ahead of sq_head makes ENTER
+ *   fail with EINVAL, every entry is copied before it is validated, and a
+ *   cq_head that claims more than cq_entries are free is treated as
+ *   "CQ full".
  *
  * COMPLETION SPACE
  *   An operation is accepted only if its completions are guaranteed to fit:
@@ -56,7 +57,10 @@
  *                       stack had to copy the payload (e.g. loopback
  *                       delivery) or did not take it zero-copy at all.
  *                   The memory must not be modified until the notification
- *                   arrives. A failed SEND still posts its notification.
+ *                   arrives. A SEND that failed after it was accepted
+ *                   still posts its notification; one rejected by
+ *                   validation (PER-ENTRY ERRORS) posts only its
+ *                   completion, without ZCSHIM_CQE_F_MORE.
  *   ZCSHIM_OP_RECV  copies received data into region[off, off+len).
  *                   res = bytes received (> 0), 0 at end of stream, or
  *                   -errno. At most ZCSHIM_RECV_MAX bytes per operation.
@@ -72,6 +76,7 @@
  *   -EBADF      socket id not attached in this file.
  *   -EACCES     RECV into a region registered ZCSHIM_REG_READONLY.
  *   -ECANCELED  the socket was detached or the file closed first.
+ *   -ENOMEM     no kernel memory for the operation.
  *   other       errors from the TCP stack (-EPIPE, -ECONNRESET, ...).
  *
  * LIFETIME
