@@ -172,7 +172,7 @@ type Conn struct {
 	shutdownWhenDrained bool
 	wrShut              bool
 
-	zcOn      bool
+	zcState   atomic.Int32
 	zcStreak  int
 	copySends int
 	reprobe   int
@@ -187,8 +187,10 @@ type Conn struct {
 }
 
 func newConn(e *Engine, q *equeue, fd int, network string) *Conn {
-	return &Conn{e: e, q: q, fd: fd, network: network, space: make(chan struct{}, 1), done: make(chan struct{}),
-		zcOn: e.cfg.SendPath != SendCopy, reprobe: e.cfg.ZCReprobe}
+	c := &Conn{e: e, q: q, fd: fd, network: network, space: make(chan struct{}, 1), done: make(chan struct{}),
+		reprobe: e.cfg.ZCReprobe}
+	c.zcState.Store(zcFresh)
+	return c
 }
 
 // LocalAddr returns the local address.
@@ -217,11 +219,9 @@ func (c *Conn) Stats() ConnStats {
 		BytesSentZC: c.ctr.sentZC.Load(), BytesZCCopied: c.ctr.zcCopied.Load(), BytesSentCopy: c.ctr.sentCopy.Load(),
 		BytesRecv: c.ctr.recv.Load(), SendOps: c.ctr.sendOps.Load(), SendZCOps: c.ctr.sendZCOps.Load(),
 		ZCSwitches: c.ctr.switches.Load(), ZCProbes: c.ctr.probes.Load(), NotifsPending: int(c.ctr.notifs.Load()),
-		ZeroCopyOn: c.e.cfg.SendPath == SendZeroCopy || (c.e.cfg.SendPath == SendAdaptive && c.q != nil && c.zcOnLoad()),
+		ZeroCopyOn: c.e.cfg.SendPath == SendZeroCopy || (c.e.cfg.SendPath == SendAdaptive && c.q != nil && c.zcState.Load() != zcOff),
 	}
 }
-
-func (c *Conn) zcOnLoad() bool { return c.ctr.switches.Load() <= c.ctr.probes.Load() }
 
 // Socket runs fn with the connection's socket (for options: TCP_INFO, congestion control,
 // pacing ...). The socket must not be closed or used for I/O by fn.
@@ -754,6 +754,14 @@ func (c *Conn) freeSlot(idx int32) {
 	}
 }
 
+// Adaptive zero-copy states.
+const (
+	zcProbe int32 = iota // one zero-copy send is out; copy until its notification decides
+	zcOn                 // the kernel really sends our pages: use SEND_ZC
+	zcOff                // the kernel copied: copy, and probe again after c.reprobe sends
+	zcFresh              // nothing tried yet
+)
+
 // useZC decides the path of one send of n bytes (loop only).
 func (c *Conn) useZC(n int) bool {
 	switch c.e.cfg.SendPath {
@@ -765,13 +773,19 @@ func (c *Conn) useZC(n int) bool {
 	if n < c.e.cfg.ZCThreshold {
 		return false
 	}
-	if c.zcOn {
+	switch c.zcState.Load() {
+	case zcOn:
+		return true
+	case zcProbe:
+		return false
+	case zcFresh:
+		c.zcState.Store(zcProbe)
 		return true
 	}
 	c.copySends++
 	if c.copySends >= c.reprobe {
-		c.zcOn = true
-		c.zcStreak = 0
+		c.copySends = 0
+		c.zcState.Store(zcProbe)
 		c.ctr.probes.Add(1)
 		c.q.ctr.zcProbes.Add(1)
 		return true
@@ -791,21 +805,30 @@ func (c *Conn) onNotif(copied bool, n int) {
 	if c.e.cfg.SendPath != SendAdaptive {
 		return
 	}
+	state := c.zcState.Load()
 	if !copied {
 		c.zcStreak = 0
 		c.reprobe = c.e.cfg.ZCReprobe
+		if state == zcProbe {
+			c.zcState.Store(zcOn)
+		}
 		return
 	}
 	c.zcStreak++
-	if c.zcOn && c.zcStreak >= 2 || c.zcOn && c.copySends > 0 {
-		// Two copied notifications in a row (or a failed probe): stop paying for zero-copy.
-		c.zcOn = false
+	switch {
+	case state == zcProbe:
+		// The probe was copied: back to copying, probing less often each time.
+		if c.ctr.switches.Load() > 0 {
+			c.reprobe = min(c.reprobe*2, 64<<10)
+		}
+		c.zcState.Store(zcOff)
+		c.ctr.switches.Add(1)
+		c.q.ctr.zcSwitches.Add(1)
+	case state == zcOn && c.zcStreak >= 2:
+		c.zcState.Store(zcOff)
 		c.copySends = 0
 		c.ctr.switches.Add(1)
 		c.q.ctr.zcSwitches.Add(1)
-		if c.ctr.switches.Load() > 1 {
-			c.reprobe = min(c.reprobe*2, 64<<10)
-		}
 	}
 }
 
@@ -1037,6 +1060,14 @@ func (c *Conn) beginClose(err error) {
 	c.closing = true
 	c.closeErr = err
 	c.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+	c.wmu.Lock()
+	if c.werr == nil || (err != nil && c.werr == ErrClosed) {
+		c.werr = ErrClosed
+		if err != nil {
+			c.werr = err
+		}
+	}
+	c.wmu.Unlock()
 	if err != nil {
 		c.dropPending()
 		unix.Shutdown(c.fd, unix.SHUT_RDWR)

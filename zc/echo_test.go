@@ -10,10 +10,6 @@ import (
 	"time"
 )
 
-const seccompChildEnv = "ZC_SECCOMP_CHILD"
-
-func seccompChild() int { return 0 }
-
 // newPair returns a server and a client engine.
 func newPair(t testing.TB, cfg Config) (srv, cli *Engine) {
 	return newEngine(t, cfg), newEngine(t, cfg)

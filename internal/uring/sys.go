@@ -33,9 +33,9 @@ func (e *SetupError) Error() string {
 		hint = fmt.Sprintf("setup flags %#x not accepted by this kernel", e.Flags)
 	}
 	if hint == "" {
-		return "io_uring_setup: " + e.Err.Error()
+		return e.Err.Error()
 	}
-	return "io_uring_setup: " + e.Err.Error() + " (" + hint + ")"
+	return e.Err.Error() + " (" + hint + ")"
 }
 
 func (e *SetupError) Unwrap() []error {

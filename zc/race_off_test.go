@@ -1,0 +1,5 @@
+//go:build !race
+
+package zc
+
+const raceEnabled = false
