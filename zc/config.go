@@ -46,6 +46,8 @@ const (
 	BackendIOUring
 	// BackendPlain uses blocking syscalls (a goroutine pair per connection).
 	BackendPlain
+	// BackendShim uses the zcshim kernel module's queues (/dev/zcshim, see kmod/).
+	BackendShim
 )
 
 func (b Backend) String() string {
@@ -56,6 +58,8 @@ func (b Backend) String() string {
 		return "io_uring"
 	case BackendPlain:
 		return "plain"
+	case BackendShim:
+		return "shim"
 	}
 	return fmt.Sprintf("Backend(%d)", int(b))
 }
@@ -144,7 +148,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("zc: %d queues (at most 1024): %w", c.Queues, ErrInvalid)
 	case c.SendPath < SendAdaptive || c.SendPath > SendZeroCopy:
 		return fmt.Errorf("zc: unknown send path %d: %w", c.SendPath, ErrInvalid)
-	case c.Backend < BackendAuto || c.Backend > BackendPlain:
+	case c.Backend < BackendAuto || c.Backend > BackendShim:
 		return fmt.Errorf("zc: unknown backend %d: %w", c.Backend, ErrInvalid)
 	case c.RecvBufs&(c.RecvBufs-1) != 0 || c.RecvBufs > 32768:
 		return fmt.Errorf("zc: %d receive buffers (a power of two, at most 32768): %w", c.RecvBufs, ErrInvalid)

@@ -124,7 +124,7 @@ const maxChain = 32
 type Conn struct {
 	e       *Engine
 	q       *equeue // nil on the plain backend
-	p       *plainConn
+	alt     altConn // the connection on a non-io_uring backend (plain sockets, shim)
 	fd      int
 	id      uint32
 	h       Handler
@@ -294,14 +294,14 @@ func (c *Conn) sendRegion() *memreg.Region {
 	if c.q != nil {
 		return c.q.SendRegion()
 	}
-	return c.e.plain.send
+	return c.e.alt.sendRegion()
 }
 
 func (c *Conn) spaceChan() chan struct{} {
 	if c.q != nil {
 		return c.q.space
 	}
-	return c.e.plain.space
+	return c.e.alt.spaceChan()
 }
 
 // Send queues the first n bytes of b for sending and takes ownership of b: the handle is
@@ -512,8 +512,8 @@ func (c *Conn) kickLocked() bool {
 }
 
 func (c *Conn) schedule() {
-	if c.p != nil {
-		c.p.kick()
+	if c.alt != nil {
+		c.alt.kick()
 		return
 	}
 	if c.scheduled.CompareAndSwap(false, true) {
@@ -537,8 +537,8 @@ func (c *Conn) Close() error {
 	c.flushStageLocked()
 	c.busy = true
 	c.wmu.Unlock()
-	if c.p != nil {
-		c.p.close(nil)
+	if c.alt != nil {
+		c.alt.close(nil)
 		return nil
 	}
 	c.scheduled.Store(true)
@@ -550,8 +550,8 @@ func (c *Conn) Close() error {
 
 // Abort closes the connection at once, dropping queued sends, with err reported to OnClose.
 func (c *Conn) abort(err error) {
-	if c.p != nil {
-		c.p.close(err)
+	if c.alt != nil {
+		c.alt.close(err)
 		return
 	}
 	c.closeReq.Store(true)
@@ -575,8 +575,8 @@ func (c *Conn) CloseWrite() error {
 	c.flushStageLocked()
 	kick := c.kickLocked()
 	c.wmu.Unlock()
-	if c.p != nil {
-		c.p.shutdownWrite()
+	if c.alt != nil {
+		c.alt.shutdownWrite()
 		return nil
 	}
 	if kick {
@@ -1154,8 +1154,8 @@ func closeFD(fd int) {
 // SetReceivePaused stops (true) or restarts (false) receiving: while paused no OnData
 // arrives and the kernel's receive window fills, pushing back on the peer.
 func (c *Conn) SetReceivePaused(on bool) error {
-	if c.p != nil {
-		c.p.setPaused(on)
+	if c.alt != nil {
+		c.alt.setPaused(on)
 		return nil
 	}
 	if c.q.OnLoop() {

@@ -21,7 +21,7 @@ type Engine struct {
 	backend  Backend
 	fallback error // why the engine fell back to plain sockets (nil when it did not)
 	queues   []*equeue
-	plain    *plainState
+	alt      altBackend // the backend when io_uring is not used
 
 	mu        sync.Mutex
 	conns     map[*Conn]struct{}
@@ -54,11 +54,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, &OpError{Op: "new", Err: err}
 	}
 	e := &Engine{cfg: cfg, conns: map[*Conn]struct{}{}, listeners: map[*Listener]struct{}{}}
-	if cfg.Backend == BackendPlain {
-		e.startPlain(nil)
-		if e.plain.err != nil {
-			e.plain.close()
-			return nil, &OpError{Op: "new", Err: e.plain.err}
+	if cfg.Backend == BackendPlain || cfg.Backend == BackendShim {
+		if err := e.startAlt(cfg.Backend, nil); err != nil {
+			return nil, &OpError{Op: "new", Err: err}
 		}
 		return e, nil
 	}
@@ -70,10 +68,13 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
 	}
-	e.startPlain(err)
-	if e.plain.err != nil {
-		e.plain.close()
-		return nil, &OpError{Op: "new", Err: e.plain.err}
+	// Fall back: the kernel-queue shim when its module is loaded, else plain sockets.
+	backend := BackendPlain
+	if shimBackend != nil && shimAvailable() == nil {
+		backend = BackendShim
+	}
+	if ferr := e.startAlt(backend, err); ferr != nil {
+		return nil, &OpError{Op: "new", Err: ferr}
 	}
 	if cfg.OnFallback != nil {
 		cfg.OnFallback(err)
@@ -149,8 +150,8 @@ func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (
 		return nil, &OpError{Op: "dial", Net: network, Err: err}
 	}
 	raddr := net.TCPAddrFromAddrPort(ap)
-	if e.plain != nil {
-		return e.plainDial(ctx, network, ap, h)
+	if e.alt != nil {
+		return e.alt.dial(ctx, network, ap, h)
 	}
 	family := familyOf(ap)
 	s, err := tcpglue.NewSocket(family, false)
@@ -246,8 +247,8 @@ func (e *Engine) Close() error {
 			first = err
 		}
 	}
-	if e.plain != nil {
-		e.plain.close()
+	if e.alt != nil {
+		e.alt.close()
 	}
 	return first
 }
@@ -315,8 +316,8 @@ func (e *Engine) Stats() Stats {
 		s.BundleMismatch += qs.BundleMismatch
 		s.StrayCQEs += qs.StrayCQEs
 	}
-	if e.plain != nil {
-		s.addCounters(&e.plain.ctr)
+	if e.alt != nil {
+		s.addCounters(e.alt.counters())
 	}
 	return s
 }

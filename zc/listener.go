@@ -54,7 +54,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 		return nil, &OpError{Op: "listen", Net: network, Err: fmt.Errorf("nil accept func: %w", ErrInvalid)}
 	}
 	n := len(e.queues)
-	if e.plain != nil || e.cfg.Steering == SteerSingleListener {
+	if e.alt != nil || e.cfg.Steering == SteerSingleListener {
 		n = 1
 	}
 	opts := tcpglue.ListenOptions{ReusePort: n > 1, Backlog: 4096}
@@ -74,9 +74,9 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 	}
 	e.listeners[l] = struct{}{}
 	e.mu.Unlock()
-	if e.plain != nil {
+	if e.alt != nil {
 		l.wg.Add(1)
-		go l.plainAccept(socks[0])
+		go e.alt.serve(l, socks[0])
 		return l, nil
 	}
 	for i, s := range socks {
@@ -209,7 +209,7 @@ func (l *Listener) Close() error {
 			l.wg.Done()
 		}
 	}
-	if l.e.plain != nil {
+	if l.e.alt != nil {
 		// Unblock the accept goroutine.
 		l.socks[0].Shutdown(unix.SHUT_RDWR)
 	}

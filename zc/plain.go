@@ -18,30 +18,32 @@ import (
 // it is counted separately (Stats.Backend, BytesSentPlain, BytesRecvPlain).
 
 type plainState struct {
+	e          *Engine
 	send, recv *memreg.Region
 	free       chan int // receive buffers ready for the next read
 	space      chan struct{}
 	ctr        counters
-	err        error
 }
 
-func (e *Engine) startPlain(reason error) {
-	e.backend = BackendPlain
-	e.fallback = reason
-	p := &plainState{space: make(chan struct{}, 1), free: make(chan int, e.cfg.RecvBufs)}
-	e.plain = p
+func newPlainBackend(e *Engine) (altBackend, error) {
+	p := &plainState{e: e, space: make(chan struct{}, 1), free: make(chan int, e.cfg.RecvBufs)}
 	var err error
 	if p.send, err = memreg.New(memreg.Options{BufSize: e.cfg.SendBufSize, Count: e.cfg.SendBufs}); err != nil {
-		p.err = err
-		return
+		p.close()
+		return nil, err
 	}
 	if p.recv, err = memreg.New(memreg.Options{BufSize: e.cfg.RecvBufSize, Count: e.cfg.RecvBufs}); err != nil {
-		p.err = err
-		return
+		p.close()
+		return nil, err
 	}
 	p.recv.Provide(e.cfg.RecvBufs, func(l memreg.Loan) { p.free <- l.Index() })
 	p.recv.SetRecycler(func(idx int) { p.free <- idx })
+	return p, nil
 }
+
+func (p *plainState) sendRegion() *memreg.Region { return p.send }
+func (p *plainState) spaceChan() chan struct{}   { return p.space }
+func (p *plainState) counters() *counters        { return &p.ctr }
 
 func (p *plainState) close() {
 	for _, r := range []*memreg.Region{p.send, p.recv} {
@@ -99,7 +101,7 @@ func (e *Engine) attachPlain(c *Conn) *plainConn {
 	p := &plainConn{c: c, kickCh: make(chan struct{}, 1), drained: make(chan struct{}, 1),
 		stop: make(chan struct{}), rdone: make(chan struct{}), wdone: make(chan struct{}),
 		resume: make(chan struct{}, 1)}
-	c.p = p
+	c.alt = p
 	return p
 }
 
@@ -118,7 +120,7 @@ func (p *plainConn) kick() {
 func (p *plainConn) reader() {
 	c := p.c
 	defer close(p.rdone)
-	st := c.e.plain
+	st := c.e.alt.(*plainState)
 	for {
 		if !p.waitResumed() {
 			return
@@ -166,7 +168,7 @@ func (p *plainConn) reader() {
 func (p *plainConn) writer() {
 	c := p.c
 	defer close(p.wdone)
-	st := c.e.plain
+	st := c.e.alt.(*plainState)
 	for {
 		select {
 		case <-p.kickCh:
@@ -297,10 +299,8 @@ func (p *plainConn) close(err error) {
 	})
 }
 
-func (e *Engine) plainDial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
-	if e.plain.err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: e.plain.err}
-	}
+func (p *plainState) dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
+	e := p.e
 	type result struct {
 		s   *tcpglue.Socket
 		err error
@@ -340,7 +340,7 @@ func (e *Engine) plainDial(ctx context.Context, network string, ap netip.AddrPor
 	return c, nil
 }
 
-func (l *Listener) plainAccept(s *tcpglue.Socket) {
+func (p *plainState) serve(l *Listener, s *tcpglue.Socket) {
 	defer l.wg.Done()
 	for !l.closed.Load() {
 		ns, _, err := s.Accept()
@@ -360,7 +360,7 @@ func (l *Listener) plainAccept(s *tcpglue.Socket) {
 		l.accepted.Add(1)
 		c := newConn(l.e, nil, fd, l.network)
 		c.fillAddrs()
-		p := l.e.attachPlain(c)
+		pc := l.e.attachPlain(c)
 		if !l.e.addConn(c) {
 			closeFD(fd)
 			continue
@@ -373,7 +373,7 @@ func (l *Listener) plainAccept(s *tcpglue.Socket) {
 		if c.h == nil {
 			c.h = h
 		}
-		p.run()
+		pc.run()
 		if refused {
 			c.Close()
 		}

@@ -1,0 +1,61 @@
+package zc
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// altBackend is a backend other than io_uring queues: plain sockets, or the zcshim module's
+// queues. Connections on it share the producer side of Conn (wpending, stage, busy under wmu)
+// and implement altConn.
+type altBackend interface {
+	sendRegion() *memreg.Region // buffers for Conn.Buffer and Write
+	spaceChan() chan struct{}   // signalled when send buffers return
+	counters() *counters
+	dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error)
+	// serve accepts on s until the listener closes (then s is shut down), creating a
+	// connection per accepted socket (l.accept gives its Handler); it calls l.wg.Done when it
+	// returns.
+	serve(l *Listener, s *tcpglue.Socket)
+	close()
+}
+
+// altConn is a connection's backend part on an altBackend.
+type altConn interface {
+	kick()             // new send work is pending (see Conn.kickLocked)
+	close(err error)   // close: graceful for nil (queued sends first, bounded by CloseTimeout)
+	shutdownWrite()    // SHUT_WR once queued sends are out
+	setPaused(on bool) // stop/restart receiving
+}
+
+// shimBackend creates the zcshim backend; nil when this build has none. shimAvailable says
+// whether the module is loaded and usable.
+var (
+	shimBackend   func(e *Engine) (altBackend, error)
+	shimAvailable = func() error { return ErrNotSupported }
+)
+
+func (e *Engine) startAlt(b Backend, reason error) error {
+	var (
+		alt altBackend
+		err error
+	)
+	switch b {
+	case BackendShim:
+		if shimBackend == nil {
+			return ErrNotSupported
+		}
+		alt, err = shimBackend(e)
+	default:
+		b = BackendPlain
+		alt, err = newPlainBackend(e)
+	}
+	if err != nil {
+		return err
+	}
+	e.alt, e.backend, e.fallback = alt, b, reason
+	return nil
+}
