@@ -447,7 +447,12 @@ var errDeadline = errors.New("deadline exceeded")
 // later, or SendData.
 var ErrWouldBlock = errors.New("would block the queue's own goroutine")
 
-func (c *Conn) onOwnLoop() bool { return c.q != nil && c.q.OnLoop() }
+func (c *Conn) onOwnLoop() bool {
+	if l, ok := c.alt.(interface{ onLoop() bool }); ok { // the shim backend's queue goroutine
+		return l.onLoop()
+	}
+	return c.q != nil && c.q.OnLoop()
+}
 
 func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
 	if c.onOwnLoop() {
