@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/uring"
 )
 
@@ -93,9 +94,13 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits for queued sends and zero-copy notifications
 	// (default 5 s).
 	CloseTimeout time.Duration
-	// Steering decides which queue owns each accepted connection (default: the kernel's
-	// SO_REUSEPORT hash). See SteeringMode.
+	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
+	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).
 	Steering SteeringMode
+	// SteerPolicy places connections without a flow-table entry under BPF steering
+	// (default bpf.PolicyHash; bpf.PolicyCPU keeps a flow on the queue of the CPU that
+	// received its SYN).
+	SteerPolicy bpf.Policy
 	// Hooks are called when the engine falls back (for logging); optional.
 	OnFallback func(reason error)
 }
@@ -104,13 +109,34 @@ type Config struct {
 type SteeringMode int
 
 const (
+	// SteerAuto: SteerBPF when the programs load (root: CAP_BPF and CAP_NET_ADMIN), else
+	// SteerReuseportHash, with the reason in Listener.SteeringFallback and Stats.
+	SteerAuto SteeringMode = iota
+	// SteerBPF: one listening socket per queue in a SO_REUSEPORT group with zcnet's
+	// sk_reuseport program: flow table first (Listener.Steering().SetFlow), then the policy,
+	// then a hash; drained queues are skipped. Listen fails if the program cannot load.
+	SteerBPF
 	// SteerReuseportHash: one listening socket per queue in a SO_REUSEPORT group; the
 	// kernel's hash picks the queue.
-	SteerReuseportHash SteeringMode = iota
+	SteerReuseportHash
 	// SteerSingleListener: one listening socket on queue 0; accepted connections are spread
 	// round-robin over the queues.
 	SteerSingleListener
 )
+
+func (m SteeringMode) String() string {
+	switch m {
+	case SteerAuto:
+		return "auto"
+	case SteerBPF:
+		return "bpf"
+	case SteerReuseportHash:
+		return "reuseport-hash"
+	case SteerSingleListener:
+		return "single-listener"
+	}
+	return fmt.Sprintf("SteeringMode(%d)", int(m))
+}
 
 func (c *Config) defaults() {
 	if c.Queues <= 0 {
@@ -154,7 +180,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("zc: %d receive buffers (a power of two, at most 32768): %w", c.RecvBufs, ErrInvalid)
 	case c.SendBufs > 1<<20 || c.SendBufSize > 1<<30 || c.RecvBufSize > 1<<30:
 		return fmt.Errorf("zc: buffer geometry too large: %w", ErrInvalid)
-	case c.Steering < SteerReuseportHash || c.Steering > SteerSingleListener:
+	case c.Steering < SteerAuto || c.Steering > SteerSingleListener:
 		return fmt.Errorf("zc: unknown steering mode %d: %w", c.Steering, ErrInvalid)
 	}
 	return nil

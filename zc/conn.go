@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
@@ -176,6 +177,9 @@ type Conn struct {
 	zcStreak  int
 	copySends int
 	reprobe   int
+
+	steer *bpf.Steering // the listener's steering, to forget the flow on close
+	flow  bpf.FlowKey
 
 	connectDone chan error
 	connectSA   *tcpglue.RawSockaddr
@@ -1145,6 +1149,9 @@ func (c *Conn) maybeFinishClose() {
 		}
 	}
 	c.q.RemoveOwner(c.id)
+	if c.steer != nil {
+		c.steer.Forget(c.flow) // no stale flow entries after churn
+	}
 	c.e.removeConn(c)
 	c.h.OnClose(c, c.closeErr)
 	close(c.done)

@@ -28,6 +28,8 @@ type Engine struct {
 	listeners map[*Listener]struct{}
 	closed    atomic.Bool
 	rr        atomic.Uint32
+
+	steerFallbacks atomic.Uint64
 }
 
 // equeue is one queue with the engine's per-queue counters (written by its loop only).
@@ -279,6 +281,9 @@ type Stats struct {
 	NotifsPending  int64  // zero-copy notifications outstanding
 	BundleMismatch uint64
 	StrayCQEs      uint64
+	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
+	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
+	SteeringFallbacks uint64
 }
 
 func (s *Stats) addCounters(c *counters) {
@@ -297,7 +302,7 @@ func (s *Stats) addCounters(c *counters) {
 
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
-	s := Stats{Backend: e.backend.String(), Queues: len(e.queues)}
+	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load()}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -32,6 +33,9 @@ type Listener struct {
 
 	acceptErrs atomic.Uint64
 	accepted   atomic.Uint64
+
+	steer    *bpf.Steering // nil without BPF steering
+	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
 }
 
 type lpart struct {
@@ -66,6 +70,16 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 	if ap, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(ap)
 	}
+	if n > 1 && (e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF) {
+		l.steer, l.steerErr = bpf.NewSteering(l.FDs(), &bpf.Options{Policy: e.cfg.SteerPolicy})
+		if l.steerErr != nil {
+			if e.cfg.Steering == SteerBPF {
+				l.closeSockets()
+				return nil, &OpError{Op: "listen", Net: network, Addr: l.addr, Err: fmt.Errorf("BPF steering: %w", l.steerErr)}
+			}
+			e.steerFallbacks.Add(1)
+		}
+	}
 	e.mu.Lock()
 	if e.closed.Load() {
 		e.mu.Unlock()
@@ -88,6 +102,18 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 		}
 	}
 	return l, nil
+}
+
+// Steering returns the listener's BPF steering (flow table, drain, statistics), or nil when
+// the listener uses plain SO_REUSEPORT hashing (see SteeringFallback).
+func (l *Listener) Steering() *bpf.Steering { return l.steer }
+
+// SteeringFallback returns why BPF steering is not in use ("" when it is, or was not asked).
+func (l *Listener) SteeringFallback() string {
+	if l.steerErr == nil {
+		return ""
+	}
+	return l.steerErr.Error()
 }
 
 // Addr returns the listening address.
@@ -175,6 +201,11 @@ func (l *Listener) handoff(from *equeue, fd int) {
 			return
 		}
 		c.fillAddrs()
+		if l.steer != nil {
+			if k, err := bpf.FlowKeyFromFD(fd); err == nil {
+				c.steer, c.flow = l.steer, k
+			}
+		}
 		c.id = target.AddOwner(c)
 		c.started = true
 		h := l.accept(c)
@@ -222,6 +253,9 @@ func (l *Listener) Close() error {
 }
 
 func (l *Listener) closeSockets() {
+	if l.steer != nil {
+		l.steer.Close()
+	}
 	for _, s := range l.socks {
 		s.Close()
 	}

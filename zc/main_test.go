@@ -14,6 +14,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(seccompChildEnv) != "" {
 		os.Exit(seccompChild())
 	}
+	if os.Getenv(steerChildEnv) != "" {
+		os.Exit(steerChild())
+	}
 	if r, w, err := os.Pipe(); err == nil {
 		r.Close()
 		w.Close()

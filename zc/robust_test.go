@@ -126,7 +126,7 @@ type peerEvents struct {
 }
 
 func listenEvents(t *testing.T, e *Engine) (*Listener, *peerEvents) {
-	ev := &peerEvents{conn: make(chan *Conn, 4), data: make(chan []byte, 1024), eof: make(chan error, 4), closed: make(chan error, 4)}
+	ev := &peerEvents{conn: make(chan *Conn, 1024), data: make(chan []byte, 1024), eof: make(chan error, 1024), closed: make(chan error, 1024)}
 	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 		ev.conn <- c
 		return HandlerFuncs{
