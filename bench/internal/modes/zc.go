@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,11 +66,30 @@ func (z ZC) Available() error {
 	return e.Close()
 }
 
-const zcRegionBytes = 8 << 20 // registered memory per direction and queue (at least 16 buffers)
+// regionBudget is the registered memory one direction of an engine may use: 8 MiB, or
+// a third of the locked-memory limit when that is lower (registered buffers count
+// against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK; an ordinary user's limit
+// is often 8 MiB in all).
+func regionBudget() int {
+	const want = 8 << 20
+	if os.Geteuid() == 0 {
+		return want
+	}
+	lim, _ := memreg.RaiseMemlock(3 * want)
+	if lim >= 3*want {
+		return want
+	}
+	return max(int(lim)/3, 64<<10)
+}
 
-func bufCount(size int) int {
-	n := 16
-	for n < 512 && n*2*size <= zcRegionBytes {
+// bufCount is how many buffers of size bytes fit the budget: a power of two up to
+// 512, at least 16 with the full budget and at least 2 under a tight memlock limit.
+func bufCount(size, budget int) int {
+	n := 2
+	if budget >= 8<<20 {
+		n = 16
+	}
+	for n < 512 && n*2*size <= budget {
 		n *= 2
 	}
 	return n
@@ -80,10 +100,22 @@ func directSend(c harness.Case) bool { return c.Size >= 4096 }
 
 func (z ZC) config(c harness.Case) zc.Config {
 	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path}
+	budget := regionBudget()
 	if !c.Scenario.RequestResponse() {
-		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf)
+		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf, budget)
 		if directSend(c) {
-			cfg.SendBufSize, cfg.SendBufs = c.Size, bufCount(c.Size)
+			cfg.SendBufSize, cfg.SendBufs = c.Size, bufCount(c.Size, budget)
+		}
+	}
+	if budget < 8<<20 {
+		// zc's defaults register 48 MiB: fit what this process may lock.
+		if cfg.SendBufSize == 0 {
+			cfg.SendBufSize = max(4096, c.Size)
+			cfg.SendBufs = min(256, bufCount(cfg.SendBufSize, budget))
+		}
+		if cfg.RecvBufSize == 0 {
+			cfg.RecvBufSize = 32 << 10
+			cfg.RecvBufs = bufCount(cfg.RecvBufSize, budget)
 		}
 	}
 	return cfg
