@@ -912,7 +912,39 @@ func (c *Conn) onSend(cqe uring.CQE, idx int32) {
 		c.beginClose(c.sendFailed)
 		return
 	}
+	c.writable()
 	c.pump()
+}
+
+// Writable is an optional Handler extension: OnWritable runs on the connection's queue
+// goroutine whenever a batch of sends completed and less than half of MaxQueuedBytes is
+// queued, so a sender can produce its next buffers right there, with no cross-thread
+// hand-off (start it with Conn.Post). It is the event-loop way to stream.
+type Writable interface {
+	OnWritable(c *Conn)
+}
+
+func (c *Conn) writable() {
+	w, ok := c.h.(Writable)
+	if !ok || c.closing || c.closeReq.Load() {
+		return
+	}
+	c.wmu.Lock()
+	low := c.queued < c.e.cfg.MaxQueuedBytes/2 && c.werr == nil
+	c.wmu.Unlock()
+	if low {
+		w.OnWritable(c)
+	}
+}
+
+// Post runs fn on the connection's queue goroutine (on the plain backend: on a new
+// goroutine), for example to start a Writable sender.
+func (c *Conn) Post(fn func()) error {
+	if c.alt != nil {
+		go fn()
+		return nil
+	}
+	return c.q.Post(fn)
 }
 
 // sent accounts bytes that left the queue and wakes blocked writers.

@@ -166,3 +166,71 @@ func TestBulkChecksummed(t *testing.T) {
 		})
 	}
 }
+
+// streamer sends total bytes from OnWritable, on the queue goroutine.
+type streamer struct {
+	HandlerFuncs
+	total, sent int
+	fill        byte
+	errs        chan error
+}
+
+func (s *streamer) OnWritable(c *Conn) {
+	for s.sent < s.total {
+		b, err := c.Buffer()
+		if err != nil {
+			return // buffers are all in flight: OnWritable comes again
+		}
+		n := min(len(b.Bytes()), s.total-s.sent)
+		p := b.Bytes()[:n]
+		for i := range p {
+			p[i] = byte(s.sent + i)
+		}
+		if err := c.Send(b, n); err != nil {
+			s.errs <- err
+			return
+		}
+		s.sent += n
+	}
+}
+
+func TestWritableStreaming(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			const total = 64 << 20
+			srv, cli := newPair(t, Config{Backend: b})
+			k := newCollector(total)
+			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			s := &streamer{total: total, errs: make(chan error, 1)}
+			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Post(func() { s.OnWritable(c) })
+			select {
+			case <-k.done:
+			case err := <-s.errs:
+				t.Fatal(err)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("timeout: %d of %d", k.n, total)
+			}
+			want := sha256.New()
+			p := make([]byte, 64<<10)
+			for off := 0; off < total; off += len(p) {
+				for i := range p {
+					p[i] = byte(off + i)
+				}
+				want.Write(p)
+			}
+			if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
+				t.Fatal("streamed data differs")
+			}
+			c.Close()
+			<-c.Done()
+		})
+	}
+}

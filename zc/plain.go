@@ -110,6 +110,15 @@ func (p *plainConn) run() {
 	go p.writer()
 }
 
+func (p *plainConn) closing() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return p.c.closeReq.Load()
+	}
+}
+
 func (p *plainConn) kick() {
 	select {
 	case p.kickCh <- struct{}{}:
@@ -219,6 +228,9 @@ func (p *plainConn) writer() {
 				default:
 				}
 			}
+		}
+		if w, ok := c.h.(Writable); ok && !p.closing() {
+			w.OnWritable(c)
 		}
 		p.mu.Lock()
 		if p.shutWant {
