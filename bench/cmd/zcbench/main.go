@@ -29,6 +29,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/zcnet/zcnet/bench/internal/frame"
 	"github.com/zcnet/zcnet/bench/internal/harness"
@@ -187,8 +188,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, n)
 	}
 
+	// A live bar on a terminal; in a log, a plain line every tenth of the run.
+	barOut, tty := stderr, false
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		tty = true
+	} else {
+		barOut = io.Discard
+	}
+	started := time.Now()
 	bar := progressbar.NewOptions(len(runs),
-		progressbar.OptionSetWriter(stderr),
+		progressbar.OptionSetWriter(barOut),
 		progressbar.OptionSetDescription("starting"),
 		progressbar.OptionShowCount(),
 		progressbar.OptionSetPredictTime(true),
@@ -221,6 +230,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			rows[r.Index].Reps = append(rows[r.Index].Reps, rep)
 		}
 		bar.Add(1)
+		if done := len(failures) + countReps(rows); !tty && (done*10/len(runs) != (done-1)*10/len(runs) || done == len(runs)) {
+			fmt.Fprintf(stderr, "zcbench: %d/%d repetitions done (%v)\n", done, len(runs), time.Since(started).Round(time.Second))
+		}
 	}
 	bar.Finish()
 	fmt.Fprintln(stdout)
@@ -253,6 +265,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		status = 1
 	}
 	return status
+}
+
+func countReps(rows []report.Row) int {
+	n := 0
+	for _, r := range rows {
+		n += len(r.Reps)
+	}
+	return n
 }
 
 func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant) (harness.Rep, error) {
