@@ -9,6 +9,7 @@ import (
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // SendPath selects how sends are made.
@@ -36,6 +37,21 @@ func (p SendPath) String() string {
 	}
 	return fmt.Sprintf("SendPath(%d)", int(p))
 }
+
+// RecvPath selects the receive path.
+type RecvPath int
+
+const (
+	// RecvRing: multishot recv into a provided-buffer ring (one copy, into registered memory).
+	RecvRing RecvPath = iota
+	// RecvMapped: TCP_ZEROCOPY_RECEIVE maps the socket's receive pages into a per-connection
+	// window; what cannot be mapped is copied. The kernel maps only page-multiple payloads
+	// from order-0 page frags (a MSG_ZEROCOPY/SEND_ZC sender with a 4 KiB-multiple MSS);
+	// ConnStats.BytesRecvMapped says how much was mapped. Where the window cannot be set up
+	// the connection uses RecvRing, counted in Stats.RecvMappedFallbacks. io_uring backend
+	// only.
+	RecvMapped
+)
 
 // Backend selects the queue implementation.
 type Backend int
@@ -81,6 +97,12 @@ type Config struct {
 	// failed probe, up to 64 Ki).
 	ZCReprobe int
 	NoBundles bool // disable recv bundles
+	// RecvPath selects how received bytes reach handlers (default RecvRing).
+	RecvPath RecvPath
+	// SocketOptions, if set, runs on every listening socket before bind and every dialed
+	// socket before connect (accepted sockets inherit from their listener): TCP_MAXSEG,
+	// buffer sizes, congestion control, pacing ... An error fails Listen or Dial.
+	SocketOptions func(s *tcpglue.Socket) error
 	// Nagle leaves Nagle's algorithm on (TCP_NODELAY off). Off by default, as in Go's net.
 	Nagle       bool
 	NoPin       bool // do not pin queue threads to CPUs
@@ -180,6 +202,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("zc: %d receive buffers (a power of two, at most 32768): %w", c.RecvBufs, ErrInvalid)
 	case c.SendBufs > 1<<20 || c.SendBufSize > 1<<30 || c.RecvBufSize > 1<<30:
 		return fmt.Errorf("zc: buffer geometry too large: %w", ErrInvalid)
+	case c.RecvPath < RecvRing || c.RecvPath > RecvMapped:
+		return fmt.Errorf("zc: unknown receive path %d: %w", c.RecvPath, ErrInvalid)
 	case c.Steering < SteerAuto || c.Steering > SteerSingleListener:
 		return fmt.Errorf("zc: unknown steering mode %d: %w", c.Steering, ErrInvalid)
 	}

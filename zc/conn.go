@@ -63,10 +63,14 @@ func (h HandlerFuncs) OnClose(c *Conn, err error) {
 type Data struct {
 	buf memreg.Buf
 	n   int
+	mr  *mappedData // set for data from the mapped receive window
 }
 
 // Bytes returns the received bytes, or nil after Release.
 func (d Data) Bytes() []byte {
+	if d.mr != nil {
+		return d.mr.bytes()
+	}
 	b := d.buf.Bytes()
 	if b == nil {
 		return nil
@@ -77,9 +81,18 @@ func (d Data) Bytes() []byte {
 // Len returns the number of bytes received.
 func (d Data) Len() int { return d.n }
 
-// Release gives the buffer back to the queue's receive ring. A second Release returns
-// memreg.ErrStale.
-func (d Data) Release() error { return d.buf.Release() }
+// Mapped reports whether the bytes are pages of the socket's receive queue mapped into the
+// connection's window (RecvMapped), rather than a copy in a receive buffer.
+func (d Data) Mapped() bool { return d.mr != nil && d.mr.mapped }
+
+// Release gives the buffer back (to the queue's receive ring, or the mapped window). A second
+// Release returns memreg.ErrStale.
+func (d Data) Release() error {
+	if d.mr != nil {
+		return d.mr.release()
+	}
+	return d.buf.Release()
+}
 
 // ConnStats are one connection's counters.
 type ConnStats struct {
@@ -87,12 +100,14 @@ type ConnStats struct {
 	BytesZCCopied uint64
 	BytesSentCopy uint64
 	BytesRecv     uint64
-	SendOps       uint64
-	SendZCOps     uint64
-	ZCSwitches    uint64
-	ZCProbes      uint64
-	ZeroCopyOn    bool // whether the next large send would use SEND_ZC
-	NotifsPending int
+	// BytesRecvMapped is the part of BytesRecv that arrived as mapped pages (RecvMapped).
+	BytesRecvMapped uint64
+	SendOps         uint64
+	SendZCOps       uint64
+	ZCSwitches      uint64
+	ZCProbes        uint64
+	ZeroCopyOn      bool // whether the next large send would use SEND_ZC
+	NotifsPending   int
 }
 
 type sendReq struct {
@@ -117,6 +132,7 @@ const (
 	tagConnect
 	tagTimer
 	tagIgnore
+	tagPoll
 )
 
 const maxChain = 32
@@ -178,6 +194,8 @@ type Conn struct {
 	copySends int
 	reprobe   int
 
+	m *mappedRecv // the mapped receive window (RecvMapped), nil on the ring path
+
 	steer *bpf.Steering // the listener's steering, to forget the flow on close
 	flow  bpf.FlowKey
 
@@ -186,6 +204,7 @@ type Conn struct {
 
 	ctr struct {
 		sentZC, zcCopied, sentCopy, recv, sendOps, sendZCOps, switches, probes atomic.Uint64
+		recvMapped                                                             atomic.Uint64
 		notifs                                                                 atomic.Int64
 	}
 }
@@ -221,7 +240,7 @@ func (c *Conn) SetHandler(h Handler) { c.h = h }
 func (c *Conn) Stats() ConnStats {
 	return ConnStats{
 		BytesSentZC: c.ctr.sentZC.Load(), BytesZCCopied: c.ctr.zcCopied.Load(), BytesSentCopy: c.ctr.sentCopy.Load(),
-		BytesRecv: c.ctr.recv.Load(), SendOps: c.ctr.sendOps.Load(), SendZCOps: c.ctr.sendZCOps.Load(),
+		BytesRecv: c.ctr.recv.Load(), BytesRecvMapped: c.ctr.recvMapped.Load(), SendOps: c.ctr.sendOps.Load(), SendZCOps: c.ctr.sendZCOps.Load(),
 		ZCSwitches: c.ctr.switches.Load(), ZCProbes: c.ctr.probes.Load(), NotifsPending: int(c.ctr.notifs.Load()),
 		ZeroCopyOn: c.e.cfg.SendPath == SendZeroCopy || (c.e.cfg.SendPath == SendAdaptive && c.q != nil && c.zcState.Load() != zcOff),
 	}
@@ -338,6 +357,12 @@ func (c *Conn) SendData(d Data) error {
 	if d.n == 0 {
 		d.Release()
 		return nil
+	}
+	if d.mr != nil {
+		// Mapped pages belong to the socket's receive queue: copy them out.
+		_, err := c.Write(d.Bytes())
+		d.Release()
+		return err
 	}
 	loan, err := d.buf.Lend()
 	if err != nil {
@@ -612,8 +637,13 @@ func (c *Conn) armRecv() {
 		return
 	}
 	sqe := c.q.GetSQE()
-	sqe.PrepRecvMultishot(int32(c.fd), c.q.BufGroup(), 0, c.q.Bundles())
-	sqe.UserData = c.ud(tagRecv)
+	if c.m != nil {
+		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
+		sqe.UserData = c.ud(tagPoll)
+	} else {
+		sqe.PrepRecvMultishot(int32(c.fd), c.q.BufGroup(), 0, c.q.Bundles())
+		sqe.UserData = c.ud(tagRecv)
+	}
 	c.recvArmed = true
 	c.needArm = false
 }
@@ -656,6 +686,7 @@ func (c *Conn) onConnect(res int32) {
 		return
 	}
 	c.fillAddrs()
+	c.setupRecvPath()
 	c.armRecv()
 	ch <- nil
 }
@@ -688,6 +719,8 @@ func (c *Conn) OnCQE(q *hwq.Queue, cqe uring.CQE) {
 		return
 	case tagTimer:
 		c.timerArmed = false
+	case tagPoll:
+		c.onPoll(cqe)
 	}
 	c.maybeFinishClose()
 }
@@ -1154,7 +1187,7 @@ func (c *Conn) maybeFinishClose() {
 		}
 		if c.recvArmed {
 			sqe := c.q.GetSQE()
-			sqe.PrepCancel(c.ud(tagRecv), 0)
+			sqe.PrepCancel(c.ud(c.recvTag()), 0)
 			sqe.UserData = c.ud(tagIgnore)
 		}
 		// io_uring holds its own file references for requests still in flight.
@@ -1162,6 +1195,10 @@ func (c *Conn) maybeFinishClose() {
 		c.fdClosed = true
 	}
 	if c.recvArmed || len(c.chain) > 0 || c.timerArmed {
+		return
+	}
+	if c.m != nil && !c.m.closeWindow(c, time.Now().Before(c.deadline.Add(c.e.cfg.CloseTimeout))) {
+		c.armTimer(20 * time.Millisecond)
 		return
 	}
 	if c.notifOut > 0 && time.Now().Before(c.deadline.Add(c.e.cfg.CloseTimeout)) {
@@ -1219,10 +1256,11 @@ func (c *Conn) setPausedLoop(on bool) {
 	if on {
 		if c.recvArmed {
 			sqe := c.q.GetSQE()
-			sqe.PrepCancel(c.ud(tagRecv), 0)
+			sqe.PrepCancel(c.ud(c.recvTag()), 0)
 			sqe.UserData = c.ud(tagIgnore)
 		}
 		return
 	}
 	c.armRecv()
+	c.mappedResume()
 }

@@ -46,6 +46,7 @@ type equeue struct {
 type counters struct {
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
 	recvRing, recvPlain, sentPlain                 atomic.Uint64
+	recvMapped, recvMappedCopied, mappedFallbacks  atomic.Uint64
 	zcSwitches, zcProbes, bufEmpty                 atomic.Uint64
 }
 
@@ -160,6 +161,12 @@ func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (
 	if err != nil {
 		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
 	}
+	if e.cfg.SocketOptions != nil {
+		if err := e.cfg.SocketOptions(s); err != nil {
+			s.Close()
+			return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
+		}
+	}
 	fd, err := s.Disown()
 	if err != nil {
 		s.Close()
@@ -268,10 +275,15 @@ type Stats struct {
 	BytesSentPlain uint64 // sent by the plain-socket backend (write(2))
 	BytesRecvRing  uint64 // received through the provided-buffer ring
 	BytesRecvPlain uint64 // received by the plain-socket backend (read(2))
-	SendOps        uint64 // copying SEND operations
-	SendZCOps      uint64 // SEND_ZC operations
-	ZCSwitches     uint64 // times an adaptive connection switched to copying sends
-	ZCProbes       uint64 // times an adaptive connection tried zero-copy again
+	// BytesRecvMapped / BytesRecvMappedCopied: received through the mapped window (RecvMapped),
+	// as mapped pages / copied because they could not be mapped.
+	BytesRecvMapped       uint64
+	BytesRecvMappedCopied uint64
+	RecvMappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
+	SendOps               uint64 // copying SEND operations
+	SendZCOps             uint64 // SEND_ZC operations
+	ZCSwitches            uint64 // times an adaptive connection switched to copying sends
+	ZCProbes              uint64 // times an adaptive connection tried zero-copy again
 
 	Enters         uint64 // io_uring_enter calls
 	CQEs           uint64
@@ -293,6 +305,9 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesSentPlain += c.sentPlain.Load()
 	s.BytesRecvRing += c.recvRing.Load()
 	s.BytesRecvPlain += c.recvPlain.Load()
+	s.BytesRecvMapped += c.recvMapped.Load()
+	s.BytesRecvMappedCopied += c.recvMappedCopied.Load()
+	s.RecvMappedFallbacks += c.mappedFallbacks.Load()
 	s.SendOps += c.sendOps.Load()
 	s.SendZCOps += c.sendZCOps.Load()
 	s.ZCSwitches += c.zcSwitches.Load()

@@ -61,7 +61,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 	if e.alt != nil || e.cfg.Steering == SteerSingleListener {
 		n = 1
 	}
-	opts := tcpglue.ListenOptions{ReusePort: n > 1, Backlog: 4096}
+	opts := tcpglue.ListenOptions{ReusePort: n > 1, Backlog: 4096, Control: e.cfg.SocketOptions}
 	socks, err := tcpglue.ListenGroup(network, address, n, opts)
 	if err != nil {
 		return nil, &OpError{Op: "listen", Net: network, Err: err}
@@ -218,6 +218,7 @@ func (l *Listener) handoff(from *equeue, fd int) {
 		if c.h == nil {
 			c.h = h
 		}
+		c.setupRecvPath()
 		c.armRecv()
 	}
 	if target == from {

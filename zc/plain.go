@@ -319,7 +319,7 @@ func (p *plainState) dial(ctx context.Context, network string, ap netip.AddrPort
 	}
 	ch := make(chan result, 1)
 	go func() {
-		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{})
+		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{Control: e.cfg.SocketOptions})
 		ch <- result{s, err}
 	}()
 	var r result
