@@ -31,6 +31,12 @@ type altConn interface {
 	setPaused(on bool) // stop/restart receiving
 }
 
+// poster is implemented by altConns that can run a function where OnWritable runs (so
+// handler calls stay serialized); Conn.Post uses a new goroutine otherwise.
+type poster interface {
+	post(fn func()) error
+}
+
 // shimBackend creates the zcshim backend; nil when this build has none. shimAvailable says
 // whether the module is loaded and usable.
 var (

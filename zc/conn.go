@@ -970,10 +970,13 @@ func (c *Conn) writable() {
 	}
 }
 
-// Post runs fn on the connection's queue goroutine (on the plain backend: on a new
-// goroutine), for example to start a Writable sender.
+// Post runs fn on the connection's queue goroutine (on the plain backend: its writer
+// goroutine, which also runs OnWritable), for example to start a Writable sender.
 func (c *Conn) Post(fn func()) error {
 	if c.alt != nil {
+		if p, ok := c.alt.(poster); ok {
+			return p.post(fn)
+		}
 		go fn()
 		return nil
 	}

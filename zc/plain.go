@@ -66,6 +66,28 @@ type plainConn struct {
 	mu       sync.Mutex
 	paused   bool
 	resume   chan struct{}
+	posted   []func()
+}
+
+func (p *plainConn) post(fn func()) error {
+	if p.closing() {
+		return ErrClosed
+	}
+	p.mu.Lock()
+	p.posted = append(p.posted, fn)
+	p.mu.Unlock()
+	p.kick()
+	return nil
+}
+
+func (p *plainConn) runPosted() {
+	p.mu.Lock()
+	fns := p.posted
+	p.posted = nil
+	p.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 func (p *plainConn) setPaused(on bool) {
@@ -184,6 +206,7 @@ func (p *plainConn) writer() {
 		case <-p.stop:
 			return
 		}
+		p.runPosted()
 		for {
 			c.wmu.Lock()
 			if len(c.wpending) == 0 {
