@@ -93,10 +93,10 @@ func (e *Engine) startQueues() error {
 	if err := caps.NeedOp(uring.OpSendZC, "SEND_ZC", "6.0"); err != nil && e.cfg.SendPath == SendZeroCopy {
 		return err
 	}
-	ncpu := numCPU()
+	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
 		q, err := hwq.New(hwq.Config{
-			ID: i, CPU: i % ncpu, NoPin: e.cfg.NoPin,
+			ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin,
 			SendBufSize: e.cfg.SendBufSize, SendBufs: e.cfg.SendBufs,
 			RecvBufSize: e.cfg.RecvBufSize, RecvBufs: e.cfg.RecvBufs,
 			NoBundles: e.cfg.NoBundles, CloseWait: e.cfg.CloseTimeout,

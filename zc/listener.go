@@ -16,7 +16,25 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-func numCPU() int { return runtime.NumCPU() }
+// allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
+// or taskset may have narrowed), so queue i is pinned to the i-th of them.
+func allowedCPUs() []int {
+	var set unix.CPUSet
+	var cpus []int
+	if unix.SchedGetaffinity(0, &set) == nil {
+		for c := 0; c < 1024 && len(cpus) < set.Count(); c++ {
+			if set.IsSet(c) {
+				cpus = append(cpus, c)
+			}
+		}
+	}
+	if len(cpus) == 0 {
+		for c := 0; c < runtime.NumCPU(); c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
+}
 
 // Listener accepts connections on every queue: one listening socket per queue in one
 // SO_REUSEPORT group (or a single socket, see SteeringMode), each with a multishot accept.
