@@ -1,0 +1,7 @@
+// Package examples holds small programs built on zcnet's public API:
+//
+//   - zcprobe prints what this machine can do for zcnet (io_uring features, SEND_ZC, recv
+//     bundles, mapped receive, BPF steering, the zcshim module);
+//   - echo is an echo server on the event-loop API that forwards received buffers without
+//     copying them (Conn.SendData) and prints the engine's counters when it stops.
+package examples

@@ -1,0 +1,70 @@
+package zc
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// Capabilities says what this kernel and process can do for zcnet, decided by probing. A nil
+// error means available; otherwise the error says why not (matching ErrNotSupported when the
+// kernel lacks the feature).
+type Capabilities struct {
+	IOUring        error  // io_uring can be set up
+	IOUringFeature uint32 // IORING_FEAT_* word
+	SendZC         error  // IORING_OP_SEND_ZC
+	RecvBundle     error  // multishot recv bundles (6.10+)
+	DeferTaskrun   error  // SINGLE_ISSUER|DEFER_TASKRUN rings
+	MappedRecv     error  // TCP_ZEROCOPY_RECEIVE
+	BPFSteering    error  // the sk_reuseport/sockops/XDP/tc programs load
+	Shim           error  // the zcshim module's /dev/zcshim is usable
+}
+
+// Probe probes the machine once per call (io_uring's part is cached per process).
+func Probe() Capabilities {
+	var c Capabilities
+	u := uring.DetectCapabilities()
+	c.IOUring = u.Err
+	c.IOUringFeature = u.Features
+	if u.Err == nil {
+		c.SendZC = u.NeedOp(uring.OpSendZC, "SEND_ZC", "6.0")
+		if !u.Has(uring.FeatRecvsendBundle) {
+			c.RecvBundle = fmt.Errorf("io_uring recv bundles (Linux 6.10+): %w", ErrNotSupported)
+		}
+		if !u.SetupOK(uring.SetupSingleIssuer | uring.SetupDeferTaskrun) {
+			c.DeferTaskrun = fmt.Errorf("IORING_SETUP_DEFER_TASKRUN (Linux 6.1+): %w", ErrNotSupported)
+		}
+	} else {
+		c.SendZC, c.RecvBundle, c.DeferTaskrun = u.Err, u.Err, u.Err
+	}
+	c.MappedRecv = tcpglue.ProbeZeroCopyReceive()
+	c.BPFSteering = bpf.Probe()
+	c.Shim = shimAvailable()
+	return c
+}
+
+// String is a human-readable report, one line per capability.
+func (c Capabilities) String() string {
+	var b strings.Builder
+	line := func(name string, err error) {
+		if err == nil {
+			fmt.Fprintf(&b, "%-14s yes\n", name)
+		} else {
+			fmt.Fprintf(&b, "%-14s no: %v\n", name, err)
+		}
+	}
+	line("io_uring", c.IOUring)
+	if c.IOUring == nil {
+		fmt.Fprintf(&b, "%-14s %#x\n", "  features", c.IOUringFeature)
+	}
+	line("send_zc", c.SendZC)
+	line("recv bundles", c.RecvBundle)
+	line("defer taskrun", c.DeferTaskrun)
+	line("mapped recv", c.MappedRecv)
+	line("bpf steering", c.BPFSteering)
+	line("zcshim", c.Shim)
+	return b.String()
+}
