@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -84,8 +85,7 @@ func newShimBackend(e *Engine) (altBackend, error) {
 		q, err := st.newQueue(i)
 		if err != nil {
 			for _, q := range st.queues {
-				q.q.Close()
-				unix.Close(q.efd)
+				q.closeFiles()
 			}
 			st.queues = nil
 			st.close()
@@ -156,11 +156,15 @@ func (st *shimState) pickQueue() *shimQueue {
 
 // shimQueue is one /dev/zcshim queue and the goroutine that owns it.
 type shimQueue struct {
-	st               *shimState
-	idx              int
-	q                *shim.Queue
+	st  *shimState
+	idx int
+	// Two module contexts: the module runs one socket's operations in one ordered list, so a
+	// RECV waiting for data would hold back every SEND queued after it on the same context.
+	// SENDs go to tx and RECVs to rx; the socket is attached to both.
+	tx, rx           *shim.Queue
 	efd              int
-	sendKey, recvKey shim.RegionKey
+	sendKey, recvKey shim.RegionKey // in tx: the send region, and the receive region (SendData)
+	rxKey            shim.RegionKey // in rx: the receive region
 	tid              atomic.Int32
 	needBufs         atomic.Bool // a connection waits for a receive buffer
 	exited           chan struct{}
@@ -180,9 +184,9 @@ type shimQueue struct {
 	starved  []*shimConn // waiting for a receive buffer
 	blocked  []*shimConn // waiting for completion-queue room or a send buffer
 	closing  int         // connections closing (the loop wakes up periodically for them)
-	cqCap    int
-	sendRes  int // CQ slots reserved by SENDs (2 until the completion, 1 until the notification)
-	recvRes  int // CQ slots reserved by RECVs
+	cqCap    int         // tx's completion queue
+	sendRes  int         // tx CQ slots reserved by SENDs (2 until the completion, 1 until the notification)
+	recvRes  int         // rx CQ slots reserved by RECVs (at most one per connection)
 	cqes     []shim.Completion
 	inboxBuf []func()
 }
@@ -205,28 +209,55 @@ type shimOp struct {
 }
 
 func (st *shimState) newQueue(i int) (*shimQueue, error) {
-	q, err := shim.Open(shim.Config{Entries: shimSQEntries, CQEntries: shimCQEntries})
-	if err != nil {
-		return nil, shimErr(err)
-	}
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		q.Close()
-		return nil, fmt.Errorf("zc: shim queue %d: eventfd: %w", i, err)
-	}
-	sq := &shimQueue{st: st, idx: i, q: q, efd: efd, exited: make(chan struct{}), conns: map[*shimConn]struct{}{},
+	sq := &shimQueue{st: st, idx: i, efd: -1, exited: make(chan struct{}), conns: map[*shimConn]struct{}{},
 		cqes: make([]shim.Completion, 256)}
-	_, cq := q.Entries()
-	sq.cqCap = int(cq)
-	if sq.sendKey, err = q.RegisterRegion(st.send.Base(), st.send.Info().Size, 0); err == nil {
-		sq.recvKey, err = q.RegisterRegion(st.recv.Base(), st.recv.Info().Size, 0)
-	}
+	err := sq.open()
 	if err != nil {
-		q.Close()
-		unix.Close(efd)
+		sq.closeFiles()
 		return nil, fmt.Errorf("zc: shim queue %d: %w", i, err)
 	}
 	return sq, nil
+}
+
+func (q *shimQueue) open() error {
+	st := q.st
+	var err error
+	if q.tx, err = shim.Open(shim.Config{Entries: shimSQEntries, CQEntries: shimCQEntries}); err != nil {
+		return shimErr(err)
+	}
+	// At most one RECV per connection, and at most shim.MaxSocks connections.
+	if q.rx, err = shim.Open(shim.Config{Entries: shim.MaxSocks, CQEntries: 2 * shim.MaxSocks}); err != nil {
+		return shimErr(err)
+	}
+	_, cq := q.tx.Entries()
+	q.cqCap = int(cq)
+	if q.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		q.efd = -1
+		return os.NewSyscallError("eventfd", err)
+	}
+	if q.sendKey, err = q.tx.RegisterRegion(st.send.Base(), st.send.Info().Size, 0); err != nil {
+		return err
+	}
+	if q.recvKey, err = q.tx.RegisterRegion(st.recv.Base(), st.recv.Info().Size, 0); err != nil {
+		return err
+	}
+	q.rxKey, err = q.rx.RegisterRegion(st.recv.Base(), st.recv.Info().Size, 0)
+	return err
+}
+
+// closeFiles closes the module contexts (the module cancels what they hold; pages the stack
+// still references stay pinned by the module until it lets go) and the eventfd.
+func (q *shimQueue) closeFiles() {
+	if q.tx != nil {
+		q.tx.Close()
+	}
+	if q.rx != nil {
+		q.rx.Close()
+	}
+	if q.efd >= 0 {
+		unix.Close(q.efd)
+		q.efd = -1
+	}
 }
 
 // post runs f on the loop (f nil: just wake it). It fails once the loop is stopping.
@@ -319,14 +350,15 @@ func (q *shimQueue) run() {
 		if q.closing > 0 || len(q.blocked) > 0 {
 			timeout = 10
 		}
-		fds := []unix.PollFd{{Fd: int32(q.q.Fd()), Events: unix.POLLIN}, {Fd: int32(q.efd), Events: unix.POLLIN}}
-		if q.q.Ready() == 0 {
+		fds := []unix.PollFd{{Fd: int32(q.efd), Events: unix.POLLIN},
+			{Fd: int32(q.tx.Fd()), Events: unix.POLLIN}, {Fd: int32(q.rx.Fd()), Events: unix.POLLIN}}
+		if q.tx.Ready() == 0 && q.rx.Ready() == 0 {
 			unix.Poll(fds, timeout) // EINTR: just go round
 		}
 		q.mu.Lock()
 		q.sleeping, q.woken = false, false
 		q.mu.Unlock()
-		if fds[1].Revents != 0 {
+		if fds[0].Revents != 0 {
 			var buf [8]byte
 			unix.Read(q.efd, buf[:])
 		}
@@ -336,8 +368,11 @@ func (q *shimQueue) run() {
 // submit hands prepared entries to the module. ErrCQFull cannot happen with the loop's own
 // accounting, but would only mean "retry after reaping".
 func (q *shimQueue) submit() {
-	if q.q.Prepared() > 0 {
-		q.q.Submit(-1, 0, 0)
+	if q.tx.Prepared() > 0 {
+		q.tx.Submit(-1, 0, 0)
+	}
+	if q.rx.Prepared() > 0 {
+		q.rx.Submit(-1, 0, 0)
 	}
 }
 
@@ -365,7 +400,10 @@ func (q *shimQueue) freeOp(idx uint32) {
 func (q *shimQueue) reap() int {
 	total := 0
 	for {
-		n := q.q.Completions(q.cqes)
+		n := q.tx.Completions(q.cqes)
+		if n == 0 {
+			n = q.rx.Completions(q.cqes)
+		}
 		if n == 0 {
 			return total
 		}
@@ -447,12 +485,9 @@ func (q *shimQueue) shutdown() {
 	// Work posted before stopping was set ran before this; later posts were refused.
 	q.mu.Lock()
 	q.gone = true
-	unix.Close(q.efd)
+	q.closeFiles()
 	q.mu.Unlock()
-	// Closing the queue cancels what the module still holds; pages the stack still references
-	// stay pinned by the module until it lets go. Buffers still lent come back with the
-	// regions' Abandon.
-	q.q.Close()
+	// Buffers still lent come back with the regions' Abandon.
 }
 
 // ---- connections ------------------------------------------------------------------------
@@ -460,7 +495,8 @@ func (q *shimQueue) shutdown() {
 type shimConn struct {
 	c      *Conn
 	q      *shimQueue
-	sock   shim.SockID
+	txSock shim.SockID // in q.tx
+	rxSock shim.SockID // in q.rx
 	kicked atomic.Bool
 
 	// Loop side.
@@ -516,11 +552,16 @@ func (sc *shimConn) setPaused(on bool) {
 
 // attach attaches the connection's socket (loop only) and starts receiving.
 func (q *shimQueue) attach(sc *shimConn) error {
-	id, err := q.q.Attach(sc.c.fd)
+	tx, err := q.tx.Attach(sc.c.fd)
 	if err != nil {
 		return err
 	}
-	sc.sock, sc.attached = id, true
+	rx, err := q.rx.Attach(sc.c.fd)
+	if err != nil {
+		q.tx.Detach(tx)
+		return err
+	}
+	sc.txSock, sc.rxSock, sc.attached = tx, rx, true
 	q.conns[sc] = struct{}{}
 	return nil
 }
@@ -567,13 +608,13 @@ func (q *shimQueue) takeWork(sc *shimConn) {
 func (q *shimQueue) prepSends(sc *shimConn) {
 	st := q.st
 	for len(sc.pending) > 0 && sc.inflight < shimMaxInflight {
-		if q.sendRes+2 > q.cqCap-len(q.conns)-shimCQSlack {
+		if q.sendRes+2 > q.cqCap-shimCQSlack {
 			q.block(sc)
 			return
 		}
-		if q.q.SQSpace() == 0 {
+		if q.tx.SQSpace() == 0 {
 			q.submit()
-			if q.q.SQSpace() == 0 {
+			if q.tx.SQSpace() == 0 {
 				q.block(sc)
 				return
 			}
@@ -605,7 +646,7 @@ func (q *shimQueue) prepSends(sc *shimConn) {
 		}
 		off := uint64(loan.Addr() - loan.Region().Base())
 		ud := q.newOp(shimOp{kind: opSend, sc: sc, loan: loan, n: n, owned: owned})
-		if err := q.q.PrepSend(sc.sock, key, off, uint32(n), ud); err != nil {
+		if err := q.tx.PrepSend(sc.txSock, key, off, uint32(n), ud); err != nil {
 			q.freeOp(uint32(ud))
 			if owned {
 				r.off -= n
@@ -707,9 +748,9 @@ func (q *shimQueue) armRecv(sc *shimConn) {
 	if sc.recvOut || sc.eof || sc.paused || sc.closing || sc.detached || !sc.attached || sc.starved {
 		return
 	}
-	if q.q.SQSpace() == 0 {
+	if q.rx.SQSpace() == 0 {
 		q.submit()
-		if q.q.SQSpace() == 0 {
+		if q.rx.SQSpace() == 0 {
 			q.block(sc)
 			return
 		}
@@ -724,7 +765,7 @@ func (q *shimQueue) armRecv(sc *shimConn) {
 	n := min(st.recv.BufSize(), int(shim.RecvMax))
 	off := uint64(st.recv.Addr(bi) - st.recv.Base())
 	ud := q.newOp(shimOp{kind: opRecv, sc: sc, n: bi})
-	if err := q.q.PrepRecv(sc.sock, q.recvKey, off, uint32(n), ud); err != nil {
+	if err := q.rx.PrepRecv(sc.rxSock, q.rxKey, off, uint32(n), ud); err != nil {
 		q.freeOp(uint32(ud))
 		st.putFree(bi)
 		q.block(sc)
@@ -889,8 +930,14 @@ func (q *shimQueue) advanceClose(sc *shimConn) {
 			q.dropPending(sc)
 			unix.Shutdown(c.fd, unix.SHUT_RDWR)
 		}
+		if sending || sc.closeErr != nil {
+			// Reset rather than leave an orphan socket trying to deliver: the stack then
+			// drops its write queue and the notifications (our buffers) come back now.
+			unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		}
 		if sc.attached {
-			q.q.Detach(sc.sock)
+			q.tx.Detach(sc.txSock)
+			q.rx.Detach(sc.rxSock)
 		}
 		sc.detached = true
 		closeFD(c.fd)
@@ -916,7 +963,8 @@ func (q *shimQueue) finish(sc *shimConn) {
 	c := sc.c
 	if !sc.detached {
 		if sc.attached {
-			q.q.Detach(sc.sock)
+			q.tx.Detach(sc.txSock)
+			q.rx.Detach(sc.rxSock)
 		}
 		sc.detached = true
 	}

@@ -40,6 +40,9 @@ log "building test binaries"
 CGO_ENABLED=0 "$GO" test -c -o "$VM/kmod.test" ./kmod
 CGO_ENABLED=0 "$GO" test -c -o "$VM/shim.test" ./kmod/shim
 CGO_ENABLED=0 "$GO" build -o "$VM/shimbench" ./kmod/vm/shimbench
+# zc's tests over the shim backend (TestShim*: echo/bulk with checksums, nettest, seccomp
+# fallback picking the shim).
+CGO_ENABLED=0 "$GO" test -c -o "$VM/zc.test" ./zc
 
 # --- per kernel: packages, module, initramfs, boot, verdict ------------------
 # Each entry is a Debian metapackage; its pin (ABI, version, kbuild package)
@@ -102,8 +105,10 @@ run_kernel() {
 	cp /bin/busybox "$ir/bin/busybox"
 	cp kmod/vm/init "$ir/init"
 	cp "$src/zcshim.ko" "$ir/zcshim.ko"
-	cp "$VM/kmod.test" "$VM/shim.test" "$VM/shimbench" "$ir/"
+	cp "$VM/kmod.test" "$VM/shim.test" "$VM/zc.test" "$VM/shimbench" "$ir/"
 	if [ -n "${ZCVM_SHIM_ARGS:-}" ]; then echo "$ZCVM_SHIM_ARGS" > "$ir/shim.args"; fi
+	if [ -n "${ZCVM_ZC_ARGS:-}" ]; then echo "$ZCVM_ZC_ARGS" > "$ir/zc.args"; fi
+	if [ -n "${ZCVM_BENCH_MB:-}" ]; then echo "ZCVM_BENCH_MB=$ZCVM_BENCH_MB" > "$ir/env"; fi
 	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
 
 	local console=$dir/console.log qrc

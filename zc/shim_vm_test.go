@@ -1,0 +1,463 @@
+package zc
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/kmod"
+	"github.com/zcnet/zcnet/kmod/shim"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// The shim backend over the real module. These need /dev/zcshim: they run in the VM
+// (make vmtest sets ZCSHIM_VM and ZCSHIM_KO) and skip only where the module is truly
+// absent outside it.
+
+func needShim(t *testing.T) {
+	t.Helper()
+	err := shimAvailable()
+	if err != nil && os.Getenv("ZCSHIM_VM") != "" && os.Getenv("ZCSHIM_KO") != "" {
+		if lerr := kmod.Load(os.Getenv("ZCSHIM_KO")); lerr != nil && !errors.Is(lerr, kmod.ErrAlreadyLoaded) {
+			t.Fatalf("load %s: %v", os.Getenv("ZCSHIM_KO"), lerr)
+		}
+		err = shimAvailable()
+	}
+	if err == nil {
+		shimKlogMark()
+		t.Cleanup(func() { shimKlogCheck(t) })
+		return
+	}
+	if os.Getenv("ZCSHIM_VM") != "" || !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("shim unusable: %v", err)
+	}
+	t.Skipf("%v: the shim backend's tests run in the VM (make vmtest)", err)
+}
+
+func shimCfg() Config {
+	return Config{Backend: BackendShim, Queues: 2, SendBufs: 64, RecvBufs: 64, NoPin: true, MaxQueuedBytes: 1 << 20}
+}
+
+func TestShimEchoSmall(t *testing.T) {
+	needShim(t)
+	srv, cli := newPair(t, shimCfg())
+	if cli.Stats().Backend != "shim" {
+		t.Fatalf("backend %q", cli.Stats().Backend)
+	}
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	k := newCollector(11)
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("hello world")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-k.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("timeout: got %d bytes, stats %+v\nclient:\n%sserver:\n%s", k.n, cli.Stats(), shimDump(cli), shimDump(srv))
+	}
+	if k.n != 11 {
+		t.Fatalf("got %d bytes", k.n)
+	}
+	c.Close()
+	<-c.Done()
+}
+
+// TestShimBulk: 16 MiB of random-sized Sends echoed back, SHA-256 end to end; every byte
+// counted as zero-copy or copied once its notification arrived, and every buffer back.
+func TestShimBulk(t *testing.T) {
+	needShim(t)
+	srv, cli := newPair(t, shimCfg())
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const total = 16 << 20
+	k := newCollector(total)
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.New()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for sent := 0; sent < total; {
+		b, err := c.BufferWait(20 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := min(1+rng.IntN(len(b.Bytes())), total-sent)
+		p := b.Bytes()[:n]
+		for i := range p {
+			p[i] = byte(rng.Uint32())
+		}
+		want.Write(p)
+		if err := c.Send(b, n); err != nil {
+			t.Fatal(err)
+		}
+		sent += n
+	}
+	select {
+	case <-k.done:
+	case <-time.After(120 * time.Second):
+		t.Fatalf("timeout: got %d of %d, stats %+v", k.n, total, cli.Stats())
+	}
+	if k.err != nil {
+		t.Fatal(k.err)
+	}
+	if k.n != total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("got %d bytes, checksum equal=%v", k.n, bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)))
+	}
+	c.Close()
+	<-c.Done()
+	cs := c.Stats()
+	if cs.BytesSentZC+cs.BytesZCCopied != total || cs.SendZCOps == 0 || cs.NotifsPending != 0 || cs.BytesRecv != total {
+		t.Fatalf("conn counters: %+v", cs)
+	}
+	st := cli.Stats()
+	if st.Backend != "shim" || st.BytesSentPlain != 0 || st.BytesRecvRing != total {
+		t.Fatalf("engine counters: %+v", st)
+	}
+	r := cli.alt.sendRegion()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Free() != r.Count() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r.Free() != r.Count() {
+		t.Fatalf("%d of %d send buffers back", r.Free(), r.Count())
+	}
+	t.Logf("client %+v", st)
+	t.Logf("server %+v", srv.Stats())
+}
+
+// TestShimManyConns: concurrent connections over both queues, Write and Send mixed with
+// plenty of tiny messages, each stream checksummed.
+func TestShimManyConns(t *testing.T) {
+	needShim(t)
+	cfg := shimCfg()
+	cfg.SendBufs, cfg.RecvBufs = 256, 256
+	srv, cli := newPair(t, cfg)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const conns, each = 12, 2 << 20
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for i := 0; i < conns; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if err := echoExchange(cli, l.Addr().String(), each, uint64(100+i)); err != nil {
+				errs <- err
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("server %+v", srv.Stats())
+}
+
+// TestShimForeignBuffer: a buffer from a region the shim queues do not know (here one of 200
+// KiB, larger than a send buffer) is copied into registered buffers, in order.
+func TestShimForeignBuffer(t *testing.T) {
+	needShim(t)
+	srv, cli := newPair(t, shimCfg())
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	foreign, err := memreg.New(memreg.Options{BufSize: 200 << 10, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	const rounds = 8
+	k := newCollector(rounds * (200 << 10))
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.New()
+	for i := 0; i < rounds; i++ {
+		var b memreg.Buf
+		for {
+			if b, err = foreign.Get(); err == nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		for j := range b.Bytes() {
+			b.Bytes()[j] = byte(i*7 + j/4096)
+		}
+		want.Write(b.Bytes())
+		if err := c.Send(b, len(b.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-k.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timeout: got %d", k.n)
+	}
+	if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+		t.Fatal("echoed stream differs")
+	}
+	c.Close()
+	<-c.Done()
+	if foreign.Free() != 4 {
+		t.Fatalf("%d of 4 foreign buffers back", foreign.Free())
+	}
+}
+
+func TestShimNettest(t *testing.T) {
+	needShim(t)
+	nettest.TestConn(t, netPipe(t, shimCfg()))
+}
+
+// TestShimPeerCloses: a half-close from the peer is data then io.EOF, we can still answer,
+// and a local Close reaches the peer as EOF.
+func TestShimPeerCloses(t *testing.T) {
+	needShim(t)
+	e := newEngine(t, shimCfg())
+	l, ev := listenEvents(t, e)
+	s := dialPlain(t, l.Addr().String())
+	c := recvEvent(t, ev.conn, "accept")
+	s.Write([]byte("partial message"))
+	s.Shutdown(unix.SHUT_WR)
+	if got := recvEvent(t, ev.data, "data"); string(got) != "partial message" {
+		t.Fatalf("got %q", got)
+	}
+	if err := recvEvent(t, ev.eof, "EOF"); err != io.EOF {
+		t.Fatalf("EOF event = %v", err)
+	}
+	if _, err := c.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	n, _ := s.Read(buf)
+	if string(buf[:n]) != "reply" {
+		t.Fatalf("peer read %q", buf[:n])
+	}
+	c.Close()
+	if err := recvEvent(t, ev.closed, "close"); err != nil {
+		t.Fatalf("close after local Close = %v", err)
+	}
+	if n, err := s.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("peer sees %d, %v after close; want EOF", n, err)
+	}
+}
+
+// TestShimPeerReset: a reset is an error in OnEOF and in OnClose.
+func TestShimPeerReset(t *testing.T) {
+	needShim(t)
+	e := newEngine(t, shimCfg())
+	l, ev := listenEvents(t, e)
+	s := dialPlain(t, l.Addr().String())
+	recvEvent(t, ev.conn, "accept")
+	s.Write([]byte("x"))
+	recvEvent(t, ev.data, "data")
+	if err := unix.SetsockoptLinger(s.Fd(), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := recvEvent(t, ev.eof, "EOF"); err == nil || err == io.EOF || !errors.Is(err, unix.ECONNRESET) {
+		t.Fatalf("EOF event after reset = %v, want ECONNRESET", err)
+	}
+	if err := recvEvent(t, ev.closed, "close"); err == nil {
+		t.Fatal("OnClose after reset reported no error")
+	}
+}
+
+// TestShimCloseStuckPeer: the peer never reads; Close gives up after CloseTimeout, the
+// connection finishes and every send buffer comes back.
+func TestShimCloseStuckPeer(t *testing.T) {
+	needShim(t)
+	cfg := shimCfg()
+	cfg.CloseTimeout = 300 * time.Millisecond
+	cfg.MaxQueuedBytes = 8 << 20
+	e := newEngine(t, cfg)
+	l, ev := listenEvents(t, newEngine(t, shimCfg()))
+	c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := recvEvent(t, ev.conn, "accept")
+	sc.SetReceivePaused(true)
+	chunk := make([]byte, 64<<10)
+	go func() {
+		for i := 0; i < 64; i++ { // 4 MiB: more than the socket buffers hold
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	c.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Close did not finish: %+v", c.Stats())
+	}
+	t.Logf("closed in %v with the peer not reading", time.Since(start))
+	r := e.alt.sendRegion()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Free() != r.Count() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r.Free() != r.Count() {
+		t.Fatalf("%d of %d send buffers back", r.Free(), r.Count())
+	}
+}
+
+// TestShimWriteFromHandler: a handler's blocking call on its own queue goroutine gets
+// ErrWouldBlock instead of a deadlock.
+func TestShimWriteFromHandler(t *testing.T) {
+	needShim(t)
+	cfg := shimCfg()
+	cfg.SendBufs = 4
+	e := newEngine(t, cfg)
+	l, ev := listenEvents(t, e)
+	s := dialPlain(t, l.Addr().String())
+	c := recvEvent(t, ev.conn, "accept")
+	got := make(chan error, 1)
+	c.SetHandler(HandlerFuncs{Data: func(c *Conn, d Data) {
+		d.Release()
+		var err error
+		for i := 0; i < 64 && err == nil; i++ {
+			_, err = c.BufferWait(time.Second) // keeps the buffers: the fifth must not wait here
+		}
+		got <- err
+	}})
+	s.Write([]byte("go"))
+	if err := recvEvent(t, got, "handler"); !errors.Is(err, ErrWouldBlock) {
+		t.Fatalf("BufferWait on the queue goroutine with no buffer: %v, want ErrWouldBlock", err)
+	}
+	c.Close()
+	<-c.Done()
+}
+
+// TestShimModuleIdle runs last: every queue, region, socket and operation of the tests above
+// is gone from the module.
+func TestShimModuleIdle(t *testing.T) {
+	needShim(t)
+	var st shim.Stats
+	var err error
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, err = shim.ReadStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// ReadStats' own open file is one context.
+		if st.Contexts == 1 && st.Regions == 0 && st.PinnedPages == 0 && st.Socks == 0 && st.Notifs == 0 && st.Ops == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("module not idle after the zc tests: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("module idle: %+v", st)
+}
+
+// The kernel log is read after every shim test: BUG, WARNING, Oops or a leak report fails it.
+var (
+	shimKlogMu   sync.Mutex
+	shimKlogSeen = map[string]bool{}
+	shimKlogBad  = regexp.MustCompile(`BUG:|WARNING:|Oops|general protection|Call Trace|zcshim: LEAK|refcount_t:|list_(add|del) corruption`)
+)
+
+func shimKlog() []string {
+	buf := make([]byte, 1<<20)
+	n, err := unix.Klogctl(unix.SYSLOG_ACTION_READ_ALL, buf)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	return strings.Split(string(buf[:n]), "\n")
+}
+
+func shimKlogMark() {
+	shimKlogMu.Lock()
+	defer shimKlogMu.Unlock()
+	for _, l := range shimKlog() {
+		shimKlogSeen[l] = true
+	}
+}
+
+func shimKlogCheck(t *testing.T) {
+	shimKlogMu.Lock()
+	defer shimKlogMu.Unlock()
+	var bad []string
+	for _, l := range shimKlog() {
+		if !shimKlogSeen[l] {
+			shimKlogSeen[l] = true
+			if shimKlogBad.MatchString(l) {
+				bad = append(bad, l)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("kernel log after %s:\n%s", t.Name(), strings.Join(bad, "\n"))
+	}
+}
+
+// shimDump describes the shim queues' state (for failure messages), gathered on each loop.
+func shimDump(e *Engine) string {
+	st, ok := e.alt.(*shimState)
+	if !ok {
+		return "not a shim engine"
+	}
+	var sb strings.Builder
+	for _, q := range st.queues {
+		ch := make(chan string, 1)
+		err := q.post(func() {
+			s := fmt.Sprintf("queue %d: conns %d sendRes %d recvRes %d prepared %d sqspace %d ready %d starved %d blocked %d closing %d ops %d free %d\n",
+				q.idx, len(q.conns), q.sendRes, q.recvRes, q.tx.Prepared(), q.tx.SQSpace(), q.tx.Ready()+q.rx.Ready(), len(q.starved), len(q.blocked), q.closing, len(q.ops), len(q.freeOps))
+			for sc := range q.conns {
+				s += fmt.Sprintf("  conn fd %d sock %d: inflight %d notifs %d pending %d recvOut %v starved %v blocked %v closing %v detached %v eof %v\n",
+					sc.c.fd, sc.txSock, sc.inflight, sc.notifs, len(sc.pending), sc.recvOut, sc.starved, sc.blocked, sc.closing, sc.detached, sc.eof)
+			}
+			ch <- s
+		})
+		if err != nil {
+			sb.WriteString(fmt.Sprintf("queue %d: %v\n", q.idx, err))
+			continue
+		}
+		select {
+		case s := <-ch:
+			sb.WriteString(s)
+		case <-time.After(2 * time.Second):
+			sb.WriteString(fmt.Sprintf("queue %d: loop not responding\n", q.idx))
+		}
+	}
+	if ms, err := shim.ReadStats(); err == nil {
+		sb.WriteString(fmt.Sprintf("module: %+v\n", ms))
+	}
+	return sb.String()
+}
