@@ -582,21 +582,6 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// Abort closes the connection at once, dropping queued sends, with err reported to OnClose.
-func (c *Conn) abort(err error) {
-	if c.alt != nil {
-		c.alt.close(err)
-		return
-	}
-	c.closeReq.Store(true)
-	c.wmu.Lock()
-	if c.werr == nil {
-		c.werr = err
-	}
-	c.wmu.Unlock()
-	c.q.Post(func() { c.beginClose(err) })
-}
-
 // CloseWrite half-closes the sending side once queued sends are out (SHUT_WR).
 func (c *Conn) CloseWrite() error {
 	c.wmu.Lock()
@@ -624,13 +609,6 @@ var errWriteClosed = errors.New("write side closed")
 // ---- loop side -------------------------------------------------------------------------
 
 func (c *Conn) ud(tag uint32) uint64 { return hwq.UserData(c.id, tag) }
-
-// start registers the connection with its queue and arms the receive (loop only).
-func (c *Conn) start() {
-	c.id = c.q.AddOwner(c)
-	c.started = true
-	c.armRecv()
-}
 
 func (c *Conn) armRecv() {
 	if c.recvArmed || c.eof || c.closing || c.paused {

@@ -45,7 +45,6 @@ func echoAccept(c *Conn) Handler {
 // collector gathers everything a client connection receives.
 type collector struct {
 	mu   sync.Mutex
-	h    [32]byte
 	sum  hashState
 	n    int
 	want int
@@ -171,7 +170,6 @@ func TestBulkChecksummed(t *testing.T) {
 type streamer struct {
 	HandlerFuncs
 	total, sent int
-	fill        byte
 	errs        chan error
 }
 

@@ -1,7 +1,6 @@
 package zc
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -279,5 +278,3 @@ func (l *Listener) closeSockets() {
 		s.Close()
 	}
 }
-
-var errListenerClosed = errors.New("listener closed")
