@@ -309,6 +309,13 @@ func (q *shimQueue) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	q.tid.Store(int32(unix.Gettid()))
+	if !q.st.e.cfg.NoPin {
+		// Like hwq's queues: one CPU per queue. Best effort (the CPU may be outside this
+		// process's set).
+		var set unix.CPUSet
+		set.Set(q.idx % runtime.NumCPU())
+		unix.SchedSetaffinity(0, &set)
+	}
 	defer close(q.exited)
 	var kicked []*shimConn
 	for {
