@@ -27,6 +27,10 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "leak: %d rings still open\n", n)
 			code = 1
 		}
+		if n := openZcrx.Load(); n != 0 {
+			fmt.Fprintf(os.Stderr, "leak: %d zcrx queues\n", n)
+			code = 1
+		}
 		if n := OpenBufRings(); n != 0 {
 			fmt.Fprintf(os.Stderr, "leak: %d buffer rings still registered\n", n)
 			code = 1
