@@ -14,7 +14,7 @@
 // connection does closed-loop ping-pong with small messages. It prints
 // requests/s, latency percentiles and how many connections ended up served
 // on the CPU their client runs on ("local"). Needs root for the steering
-// setup. Usage: go run ./bpf/cmd/steerbench [-conns 64] [-d 3s] [-rounds 3]
+// setup. Usage: go run ./bench/cmd/steerbench [-conns 64] [-d 3s] [-rounds 3]
 package main
 
 import (

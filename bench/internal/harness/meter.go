@@ -33,7 +33,8 @@ type Meter struct {
 	verifiers []*frame.Verifier
 	recs      []*stats.Recorder
 
-	zc, copied atomic.Uint64
+	zc, copied         atomic.Uint64
+	rxMapped, rxCopied atomic.Uint64
 }
 
 func newMeter(c Case, client bool) *Meter {
@@ -108,6 +109,13 @@ func (m *Meter) AddZeroCopy(zc, copied uint64) {
 	m.copied.Add(copied)
 }
 
+// AddRecvMapped adds to the bytes a mapped receive path (TCP_ZEROCOPY_RECEIVE) got as
+// mapped pages and the bytes it had to copy (zc-mmap; others never call it).
+func (m *Meter) AddRecvMapped(mapped, copied uint64) {
+	m.rxMapped.Add(mapped)
+	m.rxCopied.Add(copied)
+}
+
 // Stop closes the measured window: a mode calls it when its traffic is over and only
 // teardown (closing an engine, unmapping rings) is left, so that teardown is not
 // counted. Later calls do nothing; if no one calls it, the window closes when Server
@@ -143,6 +151,8 @@ func (m *Meter) finish(role string) Side {
 	s.Lat = stats.Merge(m.recs...)
 	s.ZCBytes = m.zc.Load()
 	s.CopiedBytes = m.copied.Load()
+	s.RxMappedBytes = m.rxMapped.Load()
+	s.RxCopiedBytes = m.rxCopied.Load()
 	return s
 }
 
@@ -165,8 +175,11 @@ type Side struct {
 
 	ZCBytes     uint64 `json:"zc_bytes"`
 	CopiedBytes uint64 `json:"copied_bytes"`
-	CPUs        []int  `json:"cpus"`
-	GOMAXPROCS  int    `json:"gomaxprocs"`
+	// Mapped receive path: bytes received as mapped pages / copied.
+	RxMappedBytes uint64 `json:"rx_mapped_bytes"`
+	RxCopiedBytes uint64 `json:"rx_copied_bytes"`
+	CPUs          []int  `json:"cpus"`
+	GOMAXPROCS    int    `json:"gomaxprocs"`
 }
 
 // CPU is the process CPU time of the window.

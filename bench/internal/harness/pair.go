@@ -46,8 +46,10 @@ type Rep struct {
 	Bytes       uint64
 	ZCBytes     uint64
 	CopiedBytes uint64
-	Server      Side
-	Client      Side
+	// Mapped receive path (zc-mmap): bytes received as mapped pages / copied.
+	RxMappedBytes, RxCopiedBytes uint64
+	Server                       Side
+	Client                       Side
 }
 
 // IntegrityError is a run that moved wrong bytes; it fails the whole benchmark.
@@ -134,6 +136,8 @@ func compute(c Case, srv, cli Side) (Rep, error) {
 		CPUSndPerGB: nan, CPURcvPerGB: nan, CPUusPerMsg: nan, Server: srv, Client: cli}
 	r.ZCBytes = srv.ZCBytes + cli.ZCBytes
 	r.CopiedBytes = srv.CopiedBytes + cli.CopiedBytes
+	r.RxMappedBytes = srv.RxMappedBytes + cli.RxMappedBytes
+	r.RxCopiedBytes = srv.RxCopiedBytes + cli.RxCopiedBytes
 	bad := func(format string, args ...any) (Rep, error) {
 		return Rep{}, &IntegrityError{Case: c, Msg: fmt.Sprintf(format, args...)}
 	}

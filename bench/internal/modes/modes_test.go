@@ -111,15 +111,34 @@ func TestModesEndToEnd(t *testing.T) {
 					t.Fatal(err)
 				}
 				checkSane(t, c, r, env)
+				if m.Name() == "zc-mmap" {
+					checkMapped(t, s, r)
+				}
 			})
 		}
+	}
+}
+
+// checkMapped: zc-mmap's server counts every received byte as mapped or copied, and a
+// bulk stream of 4 KiB frames from its SEND_ZC sender with a 4 KiB MSS maps pages.
+func checkMapped(t *testing.T, s harness.Scenario, r harness.Rep) {
+	t.Helper()
+	wantBytes := r.Bytes
+	if s.RequestResponse() {
+		wantBytes = r.Server.Bytes
+	}
+	if got := r.RxMappedBytes + r.RxCopiedBytes; got != wantBytes {
+		t.Errorf("mapped %d + copied %d = %d received bytes, the verifier checked %d", r.RxMappedBytes, r.RxCopiedBytes, got, wantBytes)
+	}
+	if s == harness.Bulk && r.RxMappedBytes == 0 {
+		t.Errorf("no byte mapped (copied %d)", r.RxCopiedBytes)
 	}
 }
 
 func TestCorruptionFailsTheRun(t *testing.T) {
 	env := testEnv(t)
 	for _, m := range All() {
-		if m.Name() != "net" && m.Name() != "syscall" && m.Name() != "zc" {
+		if m.Name() != "net" && m.Name() != "syscall" && m.Name() != "zc" && m.Name() != "zc-mmap" {
 			continue // one of each kind keeps the test short; all modes share the check
 		}
 		for _, s := range []harness.Scenario{harness.Bulk, harness.Echo} {

@@ -14,6 +14,7 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/bench/internal/stats"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
 )
 
@@ -22,25 +23,34 @@ func init() {
 		ZC{name: "zc", path: zc.SendAdaptive},
 		ZC{name: "zc-copy", path: zc.SendCopy},
 		ZC{name: "zc-sendzc", path: zc.SendZeroCopy},
-		ZC{name: "zc-mmap", mmap: true},
+		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true},
 	)
 }
 
 // ZC is zcnet's event-loop API (package zc) on the io_uring backend, fallback
 // forbidden: "zc" sends adaptively, "zc-copy" forces copying sends, "zc-sendzc"
-// forces SEND_ZC, "zc-mmap" forces the mapped receive window.
+// forces SEND_ZC, "zc-mmap" receives through the mapped window (RecvMapped,
+// TCP_ZEROCOPY_RECEIVE) with what it needs to map pages: a SEND_ZC sender and
+// TCP_MAXSEG 4108 on both sides.
 //
 // How each scenario uses zc:
-//   - bulk/stream receivers Feed the borrowed Data straight from the provided-buffer
-//     ring and Release it; receive buffers are Case.RecvBuf bytes like every mode's;
+//   - bulk/stream senders are loop-driven (zc.Writable): a function posted to the
+//     connection's queue goroutine starts them and OnWritable, run there whenever a
+//     batch of sends completed, refills them; nothing crosses threads per send;
 //   - frames of 4 KiB and more are sent from the engine's registered send buffers
 //     (one frame per buffer, filled once per buffer, only re-stamped afterwards) with
 //     Conn.Send; smaller frames go through Conn.Write, which copies them into a
-//     staging buffer and coalesces them while a send is in flight;
+//     staging buffer and coalesces them while a send is in flight (on the queue
+//     goroutine it returns zc.ErrWouldBlock instead of waiting: the rest of the frame
+//     goes out in the next OnWritable);
+//   - bulk/stream receivers Feed the borrowed Data (a receive buffer of the
+//     provided-buffer ring, Case.RecvBuf bytes like every mode's, or with zc-mmap the
+//     mapped window) to the verifier and Release it at once;
 //   - echo servers send a request that arrived in one receive buffer straight back
-//     from that buffer (Conn.SendData, no copy); one split over several buffers is
-//     gathered into a send buffer and Sent;
-//     echo clients keep one request in flight per connection from the handler.
+//     from that buffer (Conn.SendData, no copy); one split over several buffers, or
+//     any with zc-mmap (mapped pages belong to the socket), is gathered into a send
+//     buffer and Sent;
+//   - echo clients keep one request in flight per connection from the handler.
 //
 // Queue threads are not pinned by zc (NoPin): zcbench has already pinned the whole
 // process to its CPU, and zc pins to absolute CPU numbers.
@@ -56,10 +66,16 @@ func (z ZC) Name() string { return z.name }
 // Available implements harness.Mode: an io_uring engine must start.
 func (z ZC) Available() error {
 	if z.mmap {
-		return errors.New("package zc has no option to force the mapped receive window (TCP_ZEROCOPY_RECEIVE) yet")
+		if err := tcpglue.ProbeZeroCopyReceive(); err != nil {
+			return fmt.Errorf("TCP_ZEROCOPY_RECEIVE: %w", err)
+		}
 	}
-	e, err := zc.New(zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true,
-		SendPath: z.path, SendBufs: 16, RecvBufs: 16})
+	cfg := zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true,
+		SendPath: z.path, SendBufs: 16, RecvBufs: 16}
+	if z.mmap {
+		cfg.RecvPath = zc.RecvMapped
+	}
+	e, err := zc.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -95,11 +111,27 @@ func bufCount(size, budget int) int {
 	return n
 }
 
+// mmapMaxSeg is zc-mmap's TCP_MAXSEG: 4096 payload bytes + 12 of timestamp option.
+const mmapMaxSeg = 4108
+
 // directSend is whether frames go out from registered buffers with Send.
 func directSend(c harness.Case) bool { return c.Size >= 4096 }
 
-func (z ZC) config(c harness.Case) zc.Config {
+// config is the engine configuration of one side of c.
+func (z ZC) config(c harness.Case, server bool) zc.Config {
 	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path}
+	if z.mmap {
+		// The kernel maps received pages only when each segment's payload is whole
+		// order-0 pages: a 4096-byte payload per segment (TCP_MAXSEG 4108 with the
+		// timestamp option, on both sides) from a SEND_ZC sender (on loopback the kernel's
+		// deferred copy of zero-copy frags lays them out in fresh pages). The receive
+		// ring is not used then; the send side still is. Only the server receives
+		// through the window (echo clients use the ring).
+		if server {
+			cfg.RecvPath = zc.RecvMapped
+		}
+		cfg.SocketOptions = func(s *tcpglue.Socket) error { return s.SetMaxSeg(mmapMaxSeg) }
+	}
 	budget := regionBudget()
 	if !c.Scenario.RequestResponse() {
 		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf, budget)
@@ -141,14 +173,18 @@ func (e *errs) get() error {
 	return e.err
 }
 
+// addZCStats reports the send side (zc_bytes: sent zero-copy; copied_bytes: sent by
+// copying or copied by the kernel after all) and the mapped receive side
+// (rx_mapped_bytes / rx_copied_bytes, RecvMapped only).
 func addZCStats(m *harness.Meter, e *zc.Engine) {
 	st := e.Stats()
 	m.AddZeroCopy(st.BytesSentZC, st.BytesZCCopied+st.BytesSentCopy+st.BytesSentPlain)
+	m.AddRecvMapped(st.BytesRecvMapped, st.BytesRecvMappedCopied)
 }
 
 // Server implements harness.Mode.
 func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	e, err := zc.New(z.config(c))
+	e, err := zc.New(z.config(c, true))
 	if err != nil {
 		return err
 	}
@@ -161,7 +197,7 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 		if accepted.Add(1) > int32(c.Conns) {
 			return nil // not ours: closed
 		}
-		s := &zcServerConn{c: c, v: m.NewVerifier(), fail: fail.set, done: wg.Done}
+		s := &zcServerConn{c: c, v: m.NewVerifier(), fail: fail.set, done: wg.Done, mapped: z.mmap}
 		return s
 	})
 	if err != nil {
@@ -172,6 +208,9 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	m.Stop()
 	l.Close()
 	addZCStats(m, e)
+	if st := e.Stats(); z.mmap && st.RecvMappedFallbacks > 0 {
+		fail.set(fmt.Errorf("%d of %d connections could not set up the mapped receive window", st.RecvMappedFallbacks, c.Conns))
+	}
 	return fail.get()
 }
 
@@ -182,6 +221,7 @@ type zcServerConn struct {
 	done   func()
 	failed bool
 	eof    bool
+	mapped bool // RecvMapped: Data may be pages of the socket, not a receive buffer
 	// echo: the request being gathered in a send buffer
 	req    memreg.Buf
 	have   bool
@@ -202,7 +242,7 @@ func (s *zcServerConn) OnData(conn *zc.Conn, d zc.Data) {
 		}
 		return
 	}
-	if !s.have && len(p) == s.c.Size {
+	if !s.have && len(p) == s.c.Size && !s.mapped {
 		// The whole request in one receive buffer: send that very buffer back.
 		if err := s.v.Feed(p); err != nil {
 			d.Release()
@@ -280,7 +320,7 @@ func (s *zcServerConn) OnClose(_ *zc.Conn, err error) {
 
 // Client implements harness.Mode.
 func (z ZC) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
-	e, err := zc.New(z.config(c))
+	e, err := zc.New(z.config(c, false))
 	if err != nil {
 		return err
 	}
@@ -299,65 +339,163 @@ func (z ZC) Client(ctx context.Context, c harness.Case, m *harness.Meter) error 
 	return fail.get()
 }
 
-// zcSource sends frames back to back on one connection.
+// zcSource sends frames back to back on one connection, driven by the connection's
+// queue goroutine: a posted function starts the sender, and every OnWritable (a batch of
+// sends completed) refills it, so no goroutine hands sends across threads.
 func zcSource(ctx context.Context, e *zc.Engine, c harness.Case, m *harness.Meter, fail *errs) error {
-	h := zc.HandlerFuncs{
-		EOF: func(conn *zc.Conn, err error) {
-			fail.set(fmt.Errorf("bulk sender received EOF/error: %w", err))
-			conn.Close()
-		},
+	s := &zcSender{c: c, m: m, src: m.NewSource(), fail: fail.set, direct: directSend(c)}
+	if s.direct {
+		s.filled = map[uintptr]bool{}
+	} else {
+		s.frame = make([]byte, c.Size)
+		s.src.Fill(s.frame)
+		s.src.Stamp(s.frame)
 	}
-	conn, err := e.Dial(ctx, "tcp", c.Addr, h)
+	conn, err := e.Dial(ctx, "tcp", c.Addr, s)
 	if err != nil {
 		return err
 	}
-	src := m.NewSource()
 	m.Start()
-	var sendErr error
-	if directSend(c) {
-		filled := map[uintptr]bool{} // registered buffers that already hold the payload
+	if err := conn.Post(func() { s.pump(conn) }); err != nil {
+		conn.Close()
+		<-conn.Done()
+		return fmt.Errorf("start sender: %w", err)
+	}
+	<-conn.Done() // the sender closes the connection when the time is up
+	return nil
+}
+
+// zcSender is a loop-driven frame source (zc.Writable). All its methods run on the
+// connection's queue goroutine, except the buffer waiter (see waitBuffer).
+type zcSender struct {
+	c      harness.Case
+	m      *harness.Meter
+	src    *frame.Source
+	fail   func(error)
+	direct bool
+	filled map[uintptr]bool // registered buffers that already hold the payload (direct)
+	frame  []byte           // the stamped frame Written next (not direct)
+	off    int              // bytes of frame already accepted by Write
+	done   bool
+	kick   *time.Timer // see waitBuffer
+}
+
+func (s *zcSender) OnWritable(conn *zc.Conn) { s.pump(conn) }
+
+// pump queues frames until zc pushes back, then returns; OnWritable calls it again.
+func (s *zcSender) pump(conn *zc.Conn) {
+	if s.done {
+		return
+	}
+	if s.direct {
 		for {
-			b, err := conn.BufferWait(0)
+			b, err := conn.Buffer()
 			if err != nil {
-				sendErr = err
-				break
+				if errors.Is(err, memreg.ErrExhausted) {
+					s.waitBuffer(conn)
+					return // every buffer is queued or in flight: OnWritable comes again
+				}
+				s.finish(conn, fmt.Errorf("send buffer: %w", err))
+				return
 			}
-			p := b.Bytes()[:c.Size]
-			if !filled[b.Addr()] {
-				src.Fill(p)
-				filled[b.Addr()] = true
-			}
-			src.Stamp(p)
-			if err := conn.Send(b, c.Size); err != nil {
-				sendErr = err
-				break
-			}
-			src.Sent()
-			if m.Stopped() {
-				break
+			if !s.sendBuf(conn, b) {
+				return
 			}
 		}
-	} else {
-		buf := make([]byte, c.Size)
-		src.Fill(buf)
-		for {
-			src.Stamp(buf)
-			if _, err := conn.Write(buf); err != nil {
-				sendErr = err
-				break
+	}
+	for {
+		n, err := conn.Write(s.frame[s.off:])
+		s.off += n
+		if err != nil {
+			if errors.Is(err, zc.ErrWouldBlock) {
+				s.waitBuffer(conn)
+				return // queue or buffers full: the rest of the frame goes in OnWritable
 			}
-			src.Sent()
-			if m.Stopped() {
-				break
-			}
+			s.finish(conn, fmt.Errorf("send: %w", err))
+			return
 		}
+		s.off = 0
+		s.src.Sent()
+		if s.m.Stopped() {
+			s.finish(conn, nil)
+			return
+		}
+		s.src.Stamp(s.frame)
+	}
+}
+
+// sendBuf stamps one frame into a registered buffer and sends it; false: stop.
+func (s *zcSender) sendBuf(conn *zc.Conn, b memreg.Buf) bool {
+	p := b.Bytes()[:s.c.Size]
+	if !s.filled[b.Addr()] {
+		s.src.Fill(p)
+		s.filled[b.Addr()] = true
+	}
+	s.src.Stamp(p)
+	if err := conn.Send(b, s.c.Size); err != nil {
+		s.finish(conn, fmt.Errorf("send: %w", err))
+		return false
+	}
+	s.src.Sent()
+	if s.m.Stopped() {
+		s.finish(conn, nil)
+		return false
+	}
+	return true
+}
+
+// waitBuffer covers the one case OnWritable does not: zc calls OnWritable when a batch
+// of sends completes, but with SEND_ZC a send buffer comes back only with its zero-copy
+// notification, which can arrive after the last batch completed; a sender that ran out
+// of buffers then never hears again (zcbench's bulk SEND_ZC runs stalled without this).
+// So when the sender stops for lack of space while notifications are outstanding, it
+// arms a short timer, pushed back each time; only if no OnWritable refilled the sender
+// for that long does it post one more pump to the loop (which re-arms it if still
+// stuck). Copying sends never arm it. ZCBENCH_NOWATCHDOG=1 turns it off (to see the
+// stall).
+func (s *zcSender) waitBuffer(conn *zc.Conn) {
+	if noWatchdog || conn.Stats().NotifsPending == 0 {
+		return
+	}
+	if s.kick == nil {
+		s.kick = time.AfterFunc(watchdogPeriod, func() { conn.Post(func() { s.pump(conn) }) })
+		return
+	}
+	s.kick.Reset(watchdogPeriod)
+}
+
+const watchdogPeriod = 200 * time.Microsecond
+
+var noWatchdog = os.Getenv("ZCBENCH_NOWATCHDOG") != ""
+
+func (s *zcSender) finish(conn *zc.Conn, err error) {
+	s.done = true
+	if s.kick != nil {
+		s.kick.Stop()
+	}
+	if err != nil {
+		s.fail(err)
 	}
 	conn.Close() // queued sends still go out
-	<-conn.Done()
-	if sendErr != nil {
-		return fmt.Errorf("send: %w", sendErr)
+}
+
+func (s *zcSender) OnData(_ *zc.Conn, d zc.Data) { d.Release() }
+
+func (s *zcSender) OnEOF(conn *zc.Conn, err error) {
+	if s.done && errors.Is(err, io.EOF) {
+		return
 	}
-	return nil
+	s.finish(conn, fmt.Errorf("bulk sender received EOF/error: %w", err))
+}
+
+func (s *zcSender) OnClose(_ *zc.Conn, err error) {
+	if err != nil && !s.done {
+		s.fail(fmt.Errorf("connection: %w", err))
+	}
+	s.done = true
+	if s.kick != nil {
+		s.kick.Stop()
+	}
 }
 
 // zcEchoClients keeps one request in flight on each of c.Conns connections, driven

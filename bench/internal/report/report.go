@@ -62,7 +62,8 @@ func Headline(s harness.Scenario) (Figure, string, bool) {
 // Result is one JSON object of -json: one per (scenario, mode, size, conns). Figures
 // are medians over the repetitions; min and max are the spread of the headline figure
 // (named by "headline"); a figure that does not apply is null. zc_bytes and
-// copied_bytes are totals over all repetitions.
+// copied_bytes (sends: zero-copy / copied) and rx_mapped_bytes and rx_copied_bytes
+// (mapped receive path: mapped pages / copied) are totals over all repetitions.
 type Result struct {
 	Scenario    string   `json:"scenario"`
 	Mode        string   `json:"mode"`
@@ -82,11 +83,13 @@ type Result struct {
 
 	// Beyond the issue's list: what min/max refer to, the CPU split, the raw
 	// headline of every repetition in run order.
-	Headline     string    `json:"headline"`
-	CPUSndPerGB  *float64  `json:"cpu_snd_s_per_gb"`
-	CPURcvPerGB  *float64  `json:"cpu_rcv_s_per_gb"`
-	CPUusPerMsg  *float64  `json:"cpu_us_per_msg"`
-	HeadlineReps []float64 `json:"headline_reps"`
+	Headline      string    `json:"headline"`
+	CPUSndPerGB   *float64  `json:"cpu_snd_s_per_gb"`
+	CPURcvPerGB   *float64  `json:"cpu_rcv_s_per_gb"`
+	CPUusPerMsg   *float64  `json:"cpu_us_per_msg"`
+	HeadlineReps  []float64 `json:"headline_reps"`
+	RxMappedBytes uint64    `json:"rx_mapped_bytes"`
+	RxCopiedBytes uint64    `json:"rx_copied_bytes"`
 }
 
 func opt(s stats.Summary) *float64 {
@@ -117,6 +120,8 @@ func Results(rows []Row) []Result {
 		for _, rep := range r.Reps {
 			res.ZCBytes += rep.ZCBytes
 			res.CopiedBytes += rep.CopiedBytes
+			res.RxMappedBytes += rep.RxMappedBytes
+			res.RxCopiedBytes += rep.RxCopiedBytes
 			if v := hf(rep); !math.IsNaN(v) {
 				res.HeadlineReps = append(res.HeadlineReps, v)
 			}
@@ -231,6 +236,34 @@ func Table(w io.Writer, rows []Row) {
 					ratio(r.Sum(MsgsPerS), netRow.Sum(MsgsPerS)), num(r.Sum(Gbps), "%.3f"), num(r.Sum(CPUPerGB), "%.2f"))
 			}
 		}
+		fmt.Fprintln(tw, "\t")
+	}
+	tw.Flush()
+	mappedTable(w, rows)
+}
+
+// mappedTable prints, for the rows of a mapped receive path, how much of what arrived
+// was mapped rather than copied (totals over the repetitions).
+func mappedTable(w io.Writer, rows []Row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	head := false
+	for _, r := range rows {
+		var mapped, copied uint64
+		for _, rep := range r.Reps {
+			mapped += rep.RxMappedBytes
+			copied += rep.RxCopiedBytes
+		}
+		if mapped+copied == 0 {
+			continue
+		}
+		if !head {
+			fmt.Fprintln(tw, "MAPPED RECEIVE (TCP_ZEROCOPY_RECEIVE)\tscenario\tsize\treceived as mapped pages\tcopied\t")
+			head = true
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.1f%% (%.2f GB)\t%.2f GB\t\n", r.Mode, r.Scenario, SizeString(r.Size),
+			100*float64(mapped)/float64(mapped+copied), float64(mapped)/1e9, float64(copied)/1e9)
+	}
+	if head {
 		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()

@@ -57,7 +57,8 @@ func TestJSONSchema(t *testing.T) {
 	}
 	required := []string{"scenario", "mode", "size", "conns", "reps", "gbps", "msgs_per_s", "p50_us", "p99_us",
 		"p999_us", "cpu_s_per_gb", "min", "max", "zc_bytes", "copied_bytes"}
-	extras := []string{"headline", "cpu_snd_s_per_gb", "cpu_rcv_s_per_gb", "cpu_us_per_msg", "headline_reps"}
+	extras := []string{"headline", "cpu_snd_s_per_gb", "cpu_rcv_s_per_gb", "cpu_us_per_msg", "headline_reps",
+		"rx_mapped_bytes", "rx_copied_bytes"}
 	for _, o := range objs {
 		for _, k := range required {
 			if _, ok := o[k]; !ok {
