@@ -495,3 +495,15 @@ func TestSameEngineDialClose(t *testing.T) {
 		t.Fatalf("close hung: %+v", e.Stats())
 	}
 }
+
+func TestIPv6Echo(t *testing.T) {
+	srv, cli := newPair(t, Config{})
+	l, err := srv.Listen("tcp6", "[::1]:0", echoAccept)
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer l.Close()
+	if err := echoExchange(cli, l.Addr().String(), 4<<20, 9); err != nil {
+		t.Fatal(err)
+	}
+}
