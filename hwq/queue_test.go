@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/leakcheck"
 	"os"
 	"sync"
 	"testing"
@@ -16,36 +17,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	before := countFDs()
-	code := m.Run()
-	if code == 0 {
-		if n := uring.OpenRings(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d rings open\n", n)
-			code = 1
-		}
-		if n := memreg.OpenRegions(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d regions mapped\n", n)
-			code = 1
-		}
-		if n := uring.OpenBufRings(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d buffer rings\n", n)
-			code = 1
-		}
-		if after := countFDs(); after > before {
-			fmt.Fprintf(os.Stderr, "leak: %d fds before, %d after\n", before, after)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func countFDs() int {
-	e, _ := os.ReadDir("/proc/self/fd")
-	return len(e)
+	os.Exit(leakcheck.Main(m, 0,
+		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
+		leakcheck.Check{Name: "regions", Open: memreg.OpenRegions},
+		leakcheck.Check{Name: "buffer rings", Open: uring.OpenBufRings},
+	))
 }
 
 func newQueue(t testing.TB, cfg Config) *Queue {

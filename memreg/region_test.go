@@ -3,6 +3,7 @@ package memreg
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/leakcheck"
 	"os"
 	"os/exec"
 	"runtime"
@@ -21,32 +22,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv("MEMREG_MEMLOCK_CHILD") != "" {
 		os.Exit(memlockChild())
 	}
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	before := countFDs()
-	code := m.Run()
-	if code == 0 {
-		if n := OpenRegions(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d regions still mapped\n", n)
-			code = 1
-		}
-		if n := uring.OpenRings(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d rings still open\n", n)
-			code = 1
-		}
-		if after := countFDs(); after > before {
-			fmt.Fprintf(os.Stderr, "leak: %d fds before, %d after\n", before, after)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func countFDs() int {
-	e, _ := os.ReadDir("/proc/self/fd")
-	return len(e)
+	os.Exit(leakcheck.Main(m, 0,
+		leakcheck.Check{Name: "regions", Open: OpenRegions},
+		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
+	))
 }
 
 func newRegion(t testing.TB, opt Options) *Region {

@@ -1,7 +1,7 @@
 package uring
 
 import (
-	"fmt"
+	"github.com/zcnet/zcnet/internal/leakcheck"
 	"os"
 	"testing"
 	"unsafe"
@@ -9,38 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func countFDs() int {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	return len(ents)
-}
-
 func TestMain(m *testing.M) {
-	// Let the runtime create its netpoller fds first, so they are not counted as leaks.
-	if r, w, err := os.Pipe(); err == nil {
-		r.Close()
-		w.Close()
-	}
-	before := countFDs()
-	code := m.Run()
-	if code == 0 {
-		if n := OpenRings(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d rings still open\n", n)
-			code = 1
-		}
-		if n := openZcrx.Load(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d zcrx queues\n", n)
-			code = 1
-		}
-		if n := OpenBufRings(); n != 0 {
-			fmt.Fprintf(os.Stderr, "leak: %d buffer rings still registered\n", n)
-			code = 1
-		}
-		if after := countFDs(); after > before {
-			fmt.Fprintf(os.Stderr, "leak: %d fds before tests, %d after\n", before, after)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(leakcheck.Main(m, 0,
+		leakcheck.Check{Name: "rings", Open: OpenRings},
+		leakcheck.Check{Name: "buffer rings", Open: OpenBufRings},
+		leakcheck.Check{Name: "zcrx queues", Open: openZcrx.Load},
+	))
 }
 
 // mmapBuf returns anonymous mapped memory (never Go heap) released at test end.
