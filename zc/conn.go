@@ -870,6 +870,12 @@ func (c *Conn) onSend(cqe uring.CQE, idx int32) {
 		c.onNotif(cqe.ZCCopied(), n)
 		if s.refs == 0 && s.done && !s.inChain {
 			c.freeSlot(idx)
+			if len(c.chain) == 0 {
+				// A buffer came back after the last batch completed: a Writable sender that
+				// ran out of buffers hears about it here, not from a batch completion.
+				c.writable()
+				c.pump()
+			}
 		}
 		return
 	}

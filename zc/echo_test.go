@@ -232,3 +232,33 @@ func TestWritableStreaming(t *testing.T) {
 		})
 	}
 }
+
+// TestWritableZeroCopyFewBuffers: with SEND_ZC a buffer returns at its notification, which
+// may come after the batch completed; a Writable sender with only two buffers must still be
+// told when they come back (regression: it stalled forever).
+func TestWritableZeroCopyFewBuffers(t *testing.T) {
+	const total = 8 << 20
+	srv := newEngine(t, Config{})
+	cli := newEngine(t, Config{SendPath: SendZeroCopy, SendBufs: 2, SendBufSize: 4096})
+	k := newCollector(total)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s := &streamer{total: total, errs: make(chan error, 1)}
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Post(func() { s.OnWritable(c) })
+	select {
+	case <-k.done:
+	case err := <-s.errs:
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("sender stalled: %d of %d received, conn %+v", k.n, total, c.Stats())
+	}
+	c.Close()
+	<-c.Done()
+}
