@@ -366,7 +366,7 @@ func zcSource(ctx context.Context, e *zc.Engine, c harness.Case, m *harness.Mete
 }
 
 // zcSender is a loop-driven frame source (zc.Writable). All its methods run on the
-// connection's queue goroutine, except the buffer waiter (see waitBuffer).
+// connection's queue goroutine.
 type zcSender struct {
 	c      harness.Case
 	m      *harness.Meter
@@ -377,7 +377,6 @@ type zcSender struct {
 	frame  []byte           // the stamped frame Written next (not direct)
 	off    int              // bytes of frame already accepted by Write
 	done   bool
-	kick   *time.Timer // see waitBuffer
 }
 
 func (s *zcSender) OnWritable(conn *zc.Conn) { s.pump(conn) }
@@ -392,7 +391,6 @@ func (s *zcSender) pump(conn *zc.Conn) {
 			b, err := conn.Buffer()
 			if err != nil {
 				if errors.Is(err, memreg.ErrExhausted) {
-					s.waitBuffer(conn)
 					return // every buffer is queued or in flight: OnWritable comes again
 				}
 				s.finish(conn, fmt.Errorf("send buffer: %w", err))
@@ -408,7 +406,6 @@ func (s *zcSender) pump(conn *zc.Conn) {
 		s.off += n
 		if err != nil {
 			if errors.Is(err, zc.ErrWouldBlock) {
-				s.waitBuffer(conn)
 				return // queue or buffers full: the rest of the frame goes in OnWritable
 			}
 			s.finish(conn, fmt.Errorf("send: %w", err))
@@ -444,35 +441,8 @@ func (s *zcSender) sendBuf(conn *zc.Conn, b memreg.Buf) bool {
 	return true
 }
 
-// waitBuffer covers the one case OnWritable does not: zc calls OnWritable when a batch
-// of sends completes, but with SEND_ZC a send buffer comes back only with its zero-copy
-// notification, which can arrive after the last batch completed; a sender that ran out
-// of buffers then never hears again (zcbench's bulk SEND_ZC runs stalled without this).
-// So when the sender stops for lack of space while notifications are outstanding, it
-// arms a short timer, pushed back each time; only if no OnWritable refilled the sender
-// for that long does it post one more pump to the loop (which re-arms it if still
-// stuck). Copying sends never arm it. ZCBENCH_NOWATCHDOG=1 turns it off (to see the
-// stall).
-func (s *zcSender) waitBuffer(conn *zc.Conn) {
-	if noWatchdog || conn.Stats().NotifsPending == 0 {
-		return
-	}
-	if s.kick == nil {
-		s.kick = time.AfterFunc(watchdogPeriod, func() { conn.Post(func() { s.pump(conn) }) })
-		return
-	}
-	s.kick.Reset(watchdogPeriod)
-}
-
-const watchdogPeriod = 200 * time.Microsecond
-
-var noWatchdog = os.Getenv("ZCBENCH_NOWATCHDOG") != ""
-
 func (s *zcSender) finish(conn *zc.Conn, err error) {
 	s.done = true
-	if s.kick != nil {
-		s.kick.Stop()
-	}
 	if err != nil {
 		s.fail(err)
 	}
@@ -493,9 +463,6 @@ func (s *zcSender) OnClose(_ *zc.Conn, err error) {
 		s.fail(fmt.Errorf("connection: %w", err))
 	}
 	s.done = true
-	if s.kick != nil {
-		s.kick.Stop()
-	}
 }
 
 // zcEchoClients keeps one request in flight on each of c.Conns connections, driven
