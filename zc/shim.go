@@ -144,12 +144,6 @@ func (st *shimState) takeFree() (int, bool) {
 	return idx, true
 }
 
-func (st *shimState) putFree(idx int) {
-	st.fmu.Lock()
-	st.free = append(st.free, idx)
-	st.fmu.Unlock()
-}
-
 func (st *shimState) pickQueue() *shimQueue {
 	return st.queues[int(st.rr.Add(1)-1)%len(st.queues)]
 }
@@ -161,8 +155,11 @@ type shimQueue struct {
 	// Two module contexts: the module runs one socket's operations in one ordered list, so a
 	// RECV waiting for data would hold back every SEND queued after it on the same context.
 	// SENDs go to tx and RECVs to rx; the socket is attached to both.
-	tx, rx           *shim.Queue
-	efd              int
+	tx, rx *shim.Queue
+	efd    int
+	// epfd tells which sockets have data: a RECV is posted only then (EPOLLONESHOT,
+	// re-armed after a short read), so idle connections hold no receive buffer.
+	epfd             int
 	sendKey, recvKey shim.RegionKey // in tx: the send region, and the receive region (SendData)
 	rxKey            shim.RegionKey // in rx: the receive region
 	tid              atomic.Int32
@@ -181,6 +178,9 @@ type shimQueue struct {
 	ops      []shimOp
 	freeOps  []uint32
 	conns    map[*shimConn]struct{}
+	byID     map[int32]*shimConn // epoll data -> connection
+	nextID   int32
+	events   []unix.EpollEvent
 	starved  []*shimConn // waiting for a receive buffer
 	blocked  []*shimConn // waiting for completion-queue room or a send buffer
 	closing  int         // connections closing (the loop wakes up periodically for them)
@@ -209,8 +209,8 @@ type shimOp struct {
 }
 
 func (st *shimState) newQueue(i int) (*shimQueue, error) {
-	sq := &shimQueue{st: st, idx: i, efd: -1, exited: make(chan struct{}), conns: map[*shimConn]struct{}{},
-		cqes: make([]shim.Completion, 256)}
+	sq := &shimQueue{st: st, idx: i, efd: -1, epfd: -1, exited: make(chan struct{}), conns: map[*shimConn]struct{}{},
+		byID: map[int32]*shimConn{}, cqes: make([]shim.Completion, 256), events: make([]unix.EpollEvent, 128)}
 	err := sq.open()
 	if err != nil {
 		sq.closeFiles()
@@ -235,6 +235,10 @@ func (q *shimQueue) open() error {
 		q.efd = -1
 		return os.NewSyscallError("eventfd", err)
 	}
+	if q.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		q.epfd = -1
+		return os.NewSyscallError("epoll_create1", err)
+	}
 	if q.sendKey, err = q.tx.RegisterRegion(st.send.Base(), st.send.Info().Size, 0); err != nil {
 		return err
 	}
@@ -257,6 +261,10 @@ func (q *shimQueue) closeFiles() {
 	if q.efd >= 0 {
 		unix.Close(q.efd)
 		q.efd = -1
+	}
+	if q.epfd >= 0 {
+		unix.Close(q.epfd)
+		q.epfd = -1
 	}
 }
 
@@ -338,6 +346,7 @@ func (q *shimQueue) run() {
 			q.shutdown()
 			return
 		}
+		q.readable()
 		q.retry()
 		q.submit()
 		if q.reap() > 0 {
@@ -358,7 +367,8 @@ func (q *shimQueue) run() {
 			timeout = 10
 		}
 		fds := []unix.PollFd{{Fd: int32(q.efd), Events: unix.POLLIN},
-			{Fd: int32(q.tx.Fd()), Events: unix.POLLIN}, {Fd: int32(q.rx.Fd()), Events: unix.POLLIN}}
+			{Fd: int32(q.tx.Fd()), Events: unix.POLLIN}, {Fd: int32(q.rx.Fd()), Events: unix.POLLIN},
+			{Fd: int32(q.epfd), Events: unix.POLLIN}}
 		if q.tx.Ready() == 0 && q.rx.Ready() == 0 {
 			unix.Poll(fds, timeout) // EINTR: just go round
 		}
@@ -369,6 +379,50 @@ func (q *shimQueue) run() {
 			var buf [8]byte
 			unix.Read(q.efd, buf[:])
 		}
+	}
+}
+
+// readable posts RECVs for the sockets that have data (or EOF, or an error) now.
+func (q *shimQueue) readable() {
+	if len(q.byID) == 0 {
+		return
+	}
+	for {
+		n, err := unix.EpollWait(q.epfd, q.events, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if n <= 0 {
+			return
+		}
+		for _, ev := range q.events[:n] {
+			if sc := q.byID[ev.Fd]; sc != nil {
+				sc.ready = true
+				q.armRecv(sc)
+			}
+		}
+		if n < len(q.events) {
+			return
+		}
+	}
+}
+
+const shimEpollEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
+
+// rearm asks epoll for the socket's next readiness (loop only).
+func (q *shimQueue) rearm(sc *shimConn) {
+	if sc.detached || sc.eof || sc.closing {
+		return
+	}
+	ev := unix.EpollEvent{Events: shimEpollEvents, Fd: sc.id}
+	unix.EpollCtl(q.epfd, unix.EPOLL_CTL_MOD, sc.c.fd, &ev)
+}
+
+// unwatch removes the socket from epoll before it is closed (loop only).
+func (q *shimQueue) unwatch(sc *shimConn) {
+	if _, ok := q.byID[sc.id]; ok {
+		delete(q.byID, sc.id)
+		unix.EpollCtl(q.epfd, unix.EPOLL_CTL_DEL, sc.c.fd, nil)
 	}
 }
 
@@ -504,6 +558,7 @@ type shimConn struct {
 	q      *shimQueue
 	txSock shim.SockID // in q.tx
 	rxSock shim.SockID // in q.rx
+	id     int32       // epoll data
 	kicked atomic.Bool
 
 	// Loop side.
@@ -514,6 +569,7 @@ type shimConn struct {
 	inflight   int       // SENDs waiting for their completion
 	notifs     int       // SENDs waiting for their notification
 	recvOut    bool
+	ready      bool // epoll said readable and no RECV has consumed it yet
 	starved    bool
 	blocked    bool
 	paused     bool
@@ -568,6 +624,18 @@ func (q *shimQueue) attach(sc *shimConn) error {
 		q.tx.Detach(tx)
 		return err
 	}
+	q.nextID++
+	if q.nextID <= 0 {
+		q.nextID = 1
+	}
+	sc.id = q.nextID
+	ev := unix.EpollEvent{Events: shimEpollEvents, Fd: sc.id}
+	if err := unix.EpollCtl(q.epfd, unix.EPOLL_CTL_ADD, sc.c.fd, &ev); err != nil {
+		q.tx.Detach(tx)
+		q.rx.Detach(rx)
+		return os.NewSyscallError("epoll_ctl", err)
+	}
+	q.byID[sc.id] = sc
 	sc.txSock, sc.rxSock, sc.attached = tx, rx, true
 	q.conns[sc] = struct{}{}
 	return nil
@@ -752,7 +820,7 @@ func (q *shimQueue) releaseSend(idx uint32) {
 
 // armRecv keeps one RECV posted for the connection (loop only).
 func (q *shimQueue) armRecv(sc *shimConn) {
-	if sc.recvOut || sc.eof || sc.paused || sc.closing || sc.detached || !sc.attached || sc.starved {
+	if !sc.ready || sc.recvOut || sc.eof || sc.paused || sc.closing || sc.detached || !sc.attached || sc.starved {
 		return
 	}
 	if q.rx.SQSpace() == 0 {
@@ -769,18 +837,21 @@ func (q *shimQueue) armRecv(sc *shimConn) {
 		q.starved = append(q.starved, sc)
 		return
 	}
-	n := min(st.recv.BufSize(), int(shim.RecvMax))
+	n := q.recvLen()
 	off := uint64(st.recv.Addr(bi) - st.recv.Base())
 	ud := q.newOp(shimOp{kind: opRecv, sc: sc, n: bi})
 	if err := q.rx.PrepRecv(sc.rxSock, q.rxKey, off, uint32(n), ud); err != nil {
 		q.freeOp(uint32(ud))
-		st.putFree(bi)
+		st.recycle(bi)
 		q.block(sc)
 		return
 	}
 	sc.recvOut = true
+	sc.ready = false
 	q.recvRes++
 }
+
+func (q *shimQueue) recvLen() int { return min(q.st.recv.BufSize(), int(shim.RecvMax)) }
 
 func (q *shimQueue) onRecv(idx uint32, cqe shim.Completion) {
 	op := q.ops[idx]
@@ -802,7 +873,7 @@ func (q *shimQueue) onRecv(idx uint32, cqe shim.Completion) {
 			c.h.OnData(c, Data{buf: b, n: res})
 		}
 	case res == 0:
-		st.putFree(op.n)
+		st.recycle(op.n)
 		if !sc.eof {
 			sc.eof = true
 			if !sc.closing {
@@ -810,9 +881,9 @@ func (q *shimQueue) onRecv(idx uint32, cqe shim.Completion) {
 			}
 		}
 	case cqe.Res == -int32(unix.ECANCELED):
-		st.putFree(op.n)
+		st.recycle(op.n)
 	default:
-		st.putFree(op.n)
+		st.recycle(op.n)
 		err := c.opErr("read", cqe.Err())
 		if !sc.eof {
 			sc.eof = true
@@ -826,7 +897,12 @@ func (q *shimQueue) onRecv(idx uint32, cqe shim.Completion) {
 		q.advanceClose(sc)
 		return
 	}
-	q.armRecv(sc)
+	if cqe.Res > 0 {
+		// Even after a full buffer, ask epoll (level-triggered: it answers at once when
+		// more is waiting): a RECV posted on a drained socket would hold its buffer until
+		// the peer sends again, and enough of those starve every other connection.
+		q.rearm(sc)
+	}
 }
 
 func (q *shimQueue) maybeShutdownWrite(sc *shimConn) {
@@ -947,6 +1023,7 @@ func (q *shimQueue) advanceClose(sc *shimConn) {
 			q.rx.Detach(sc.rxSock)
 		}
 		sc.detached = true
+		q.unwatch(sc)
 		closeFD(c.fd)
 		sc.fdClosed = true
 	}
@@ -976,6 +1053,7 @@ func (q *shimQueue) finish(sc *shimConn) {
 		sc.detached = true
 	}
 	if !sc.fdClosed {
+		q.unwatch(sc)
 		closeFD(c.fd)
 		sc.fdClosed = true
 	}

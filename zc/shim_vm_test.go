@@ -181,6 +181,102 @@ func TestShimManyConns(t *testing.T) {
 	t.Logf("server %+v", srv.Stats())
 }
 
+// TestShimRecvStarved: more connections than receive buffers (each waiting connection
+// holds one posted RECV): connections wait their turn for a buffer and every stream still
+// arrives intact.
+func TestShimRecvStarved(t *testing.T) {
+	needShim(t)
+	cfg := shimCfg()
+	cfg.RecvBufs = 8
+	srv, cli := newPair(t, cfg)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const conns, each = 20, 512 << 10
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-finished:
+		case <-time.After(20 * time.Second):
+			t.Logf("stuck after 20s:\nclient:\n%sserver:\n%s", shimDump(cli), shimDump(srv))
+		}
+	}()
+	for i := 0; i < conns; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if err := echoExchange(cli, l.Addr().String(), each, uint64(300+i)); err != nil {
+				errs <- err
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%v\nclient:\n%sserver:\n%s", err, shimDump(cli), shimDump(srv))
+	}
+}
+
+// TestShimEngineCloseBusy: Engine.Close with connections still sending and receiving
+// finishes every connection (OnClose, Done) and gives everything back to the module.
+func TestShimEngineCloseBusy(t *testing.T) {
+	needShim(t)
+	cfg := shimCfg()
+	cfg.CloseTimeout = 200 * time.Millisecond
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var conns []*Conn
+	closed := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{Close: func(c *Conn, err error) { closed <- err }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		go func() {
+			p := make([]byte, 256<<10)
+			for {
+				if _, err := c.Write(p); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range conns {
+		select {
+		case <-c.Done():
+		default:
+			t.Fatalf("conn %d not done after Engine.Close", i)
+		}
+	}
+	if len(closed) != len(conns) {
+		t.Fatalf("%d OnClose calls for %d conns", len(closed), len(conns))
+	}
+	t.Logf("Engine.Close took %v", time.Since(start))
+}
+
 // TestShimForeignBuffer: a buffer from a region the shim queues do not know (here one of 200
 // KiB, larger than a send buffer) is copied into registered buffers, in order.
 func TestShimForeignBuffer(t *testing.T) {
@@ -439,9 +535,15 @@ func shimDump(e *Engine) string {
 		err := q.post(func() {
 			s := fmt.Sprintf("queue %d: conns %d sendRes %d recvRes %d prepared %d sqspace %d ready %d starved %d blocked %d closing %d ops %d free %d\n",
 				q.idx, len(q.conns), q.sendRes, q.recvRes, q.tx.Prepared(), q.tx.SQSpace(), q.tx.Ready()+q.rx.Ready(), len(q.starved), len(q.blocked), q.closing, len(q.ops), len(q.freeOps))
+			st.fmu.Lock()
+			s += fmt.Sprintf("  free recv bufs %d, send region free %d\n", len(st.free), st.send.Free())
+			st.fmu.Unlock()
 			for sc := range q.conns {
-				s += fmt.Sprintf("  conn fd %d sock %d: inflight %d notifs %d pending %d recvOut %v starved %v blocked %v closing %v detached %v eof %v\n",
-					sc.c.fd, sc.txSock, sc.inflight, sc.notifs, len(sc.pending), sc.recvOut, sc.starved, sc.blocked, sc.closing, sc.detached, sc.eof)
+				sc.c.wmu.Lock()
+				wp, qd, busy := len(sc.c.wpending), sc.c.queued, sc.c.busy
+				sc.c.wmu.Unlock()
+				s += fmt.Sprintf("  conn fd %d: inflight %d notifs %d pending %d recvOut %v ready %v starved %v blocked %v closing %v eof %v wpending %d queued %d busy %v kicked %v\n",
+					sc.c.fd, sc.inflight, sc.notifs, len(sc.pending), sc.recvOut, sc.ready, sc.starved, sc.blocked, sc.closing, sc.eof, wp, qd, busy, sc.kicked.Load())
 			}
 			ch <- s
 		})
