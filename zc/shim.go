@@ -593,6 +593,18 @@ func (sc *shimConn) onLoop() bool { return sc.q.onLoop() }
 
 func (sc *shimConn) kick() { sc.q.kick(sc) }
 
+// post runs fn on the connection's queue goroutine (Conn.Post), unless it has closed by then.
+func (sc *shimConn) post(fn func()) error {
+	if sc.c.closeReq.Load() {
+		return ErrClosed
+	}
+	return sc.q.post(func() {
+		if !sc.finished {
+			fn()
+		}
+	})
+}
+
 func (sc *shimConn) close(err error) {
 	sc.q.post(func() { sc.q.beginClose(sc, err) })
 }
@@ -771,6 +783,10 @@ func (q *shimQueue) onSend(idx uint32, cqe shim.Completion) {
 		q.releaseSend(idx)
 		if sc.closing {
 			q.advanceClose(sc)
+		} else if sc.inflight == 0 {
+			// A buffer came back after the last send completed: a Writable sender that ran
+			// out of buffers hears about it here.
+			c.writable()
 		}
 		return
 	}
@@ -805,6 +821,9 @@ func (q *shimQueue) onSend(idx uint32, cqe shim.Completion) {
 		return
 	}
 	q.service(sc)
+	if !sc.closing {
+		c.writable()
+	}
 }
 
 // releaseSend returns a SEND's buffer to its region (or, for a forwarded receive buffer, to

@@ -277,6 +277,59 @@ func TestShimEngineCloseBusy(t *testing.T) {
 	t.Logf("Engine.Close took %v", time.Since(start))
 }
 
+// TestShimWritable: a Writable sender streams from OnWritable on the queue goroutine
+// (started with Conn.Post), also with only two small send buffers, which come back only at
+// their notifications.
+func TestShimWritable(t *testing.T) {
+	needShim(t)
+	for _, tc := range []struct {
+		name       string
+		bufs, size int
+		total      int
+	}{{"default", 64, 64 << 10, 16 << 20}, {"two-buffers", 2, 4096, 2 << 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newEngine(t, shimCfg())
+			cfg := shimCfg()
+			cfg.SendBufs, cfg.SendBufSize = tc.bufs, tc.size
+			cli := newEngine(t, cfg)
+			k := newCollector(tc.total)
+			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			s := &streamer{total: tc.total, errs: make(chan error, 1)}
+			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Post(func() { s.OnWritable(c) }); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-k.done:
+			case err := <-s.errs:
+				t.Fatal(err)
+			case <-time.After(60 * time.Second):
+				t.Fatalf("sender stalled: %d of %d received, conn %+v\n%s", k.n, tc.total, c.Stats(), shimDump(cli))
+			}
+			want := sha256.New()
+			p := make([]byte, tc.size)
+			for off := 0; off < tc.total; off += len(p) {
+				for i := range p {
+					p[i] = byte(off + i)
+				}
+				want.Write(p[:min(len(p), tc.total-off)])
+			}
+			if k.n != tc.total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+				t.Fatal("streamed data differs")
+			}
+			c.Close()
+			<-c.Done()
+		})
+	}
+}
+
 // TestShimForeignBuffer: a buffer from a region the shim queues do not know (here one of 200
 // KiB, larger than a send buffer) is copied into registered buffers, in order.
 func TestShimForeignBuffer(t *testing.T) {
