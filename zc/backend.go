@@ -44,6 +44,47 @@ var (
 	shimAvailable = func() error { return ErrNotSupported }
 )
 
+// dialBlocking connects a blocking socket (the alternative backends' way), honouring ctx,
+// and returns the registered connection without backend state.
+func (e *Engine) dialBlocking(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
+	type result struct {
+		s   *tcpglue.Socket
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{Control: e.cfg.SocketOptions})
+		ch <- result{s, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.s != nil {
+				r.s.Close()
+			}
+		}()
+		return nil, &OpError{Op: "dial", Net: network, Err: ctx.Err()}
+	}
+	if r.err != nil {
+		return nil, &OpError{Op: "dial", Net: network, Err: r.err}
+	}
+	fd, err := r.s.Disown()
+	if err != nil {
+		r.s.Close()
+		return nil, &OpError{Op: "dial", Net: network, Err: err}
+	}
+	c := newConn(e, nil, fd, network)
+	c.h = h
+	c.fillAddrs()
+	if !e.addConn(c) {
+		closeFD(fd)
+		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
+	}
+	return c, nil
+}
+
 func (e *Engine) startAlt(b Backend, reason error) error {
 	var (
 		alt altBackend

@@ -1084,6 +1084,11 @@ func (c *Conn) dropPending() {
 		}
 	}
 	c.pending = c.pending[:0]
+	c.dropProducer()
+}
+
+// dropProducer abandons what Send/Write queued and no backend has taken yet.
+func (c *Conn) dropProducer() {
 	c.wmu.Lock()
 	reqs := c.wpending
 	c.wpending = nil

@@ -72,12 +72,20 @@ func New(cfg Config) (*Engine, error) {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
 	}
 	// Fall back: the kernel-queue shim when its module is loaded, else plain sockets.
-	backend := BackendPlain
+	started := false
 	if shimBackend != nil && shimAvailable() == nil {
-		backend = BackendShim
+		if serr := e.startAlt(BackendShim, err); serr == nil {
+			started = true
+		} else {
+			// The module is there but its queues could not start (locked-memory limit, ...):
+			// plain sockets, with both reasons in the fallback report.
+			err = fmt.Errorf("%w; zcshim: %v", err, serr)
+		}
 	}
-	if ferr := e.startAlt(backend, err); ferr != nil {
-		return nil, &OpError{Op: "new", Err: ferr}
+	if !started {
+		if ferr := e.startAlt(BackendPlain, err); ferr != nil {
+			return nil, &OpError{Op: "new", Err: ferr}
+		}
 	}
 	if cfg.OnFallback != nil {
 		cfg.OnFallback(err)

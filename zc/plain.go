@@ -315,17 +315,7 @@ func (p *plainConn) close(err error) {
 			unix.Shutdown(c.fd, unix.SHUT_RDWR)
 			<-p.rdone
 			<-p.wdone
-			c.wmu.Lock()
-			reqs := c.wpending
-			c.wpending = nil
-			if c.hasStage {
-				c.hasStage = false
-				c.stage.Release()
-			}
-			c.wmu.Unlock()
-			for _, r := range reqs {
-				r.loan.Return()
-			}
+			c.dropProducer()
 			closeFD(c.fd)
 			c.e.removeConn(c)
 			c.h.OnClose(c, err)
@@ -335,43 +325,11 @@ func (p *plainConn) close(err error) {
 }
 
 func (p *plainState) dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
-	e := p.e
-	type result struct {
-		s   *tcpglue.Socket
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{Control: e.cfg.SocketOptions})
-		ch <- result{s, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.s != nil {
-				r.s.Close()
-			}
-		}()
-		return nil, &OpError{Op: "dial", Net: network, Err: ctx.Err()}
-	}
-	if r.err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: r.err}
-	}
-	fd, err := r.s.Disown()
+	c, err := p.e.dialBlocking(ctx, network, ap, h)
 	if err != nil {
-		r.s.Close()
-		return nil, &OpError{Op: "dial", Net: network, Err: err}
+		return nil, err
 	}
-	c := newConn(e, nil, fd, network)
-	c.h = h
-	c.fillAddrs()
-	if !e.addConn(c) {
-		closeFD(fd)
-		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
-	}
-	e.attachPlain(c).run()
+	p.e.attachPlain(c).run()
 	return c, nil
 }
 

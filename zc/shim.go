@@ -987,21 +987,7 @@ func (q *shimQueue) dropPending(sc *shimConn) {
 		r.loan.Return()
 	}
 	sc.pending = nil
-	c.wmu.Lock()
-	reqs := c.wpending
-	c.wpending = nil
-	if c.hasStage {
-		c.hasStage = false
-		c.queued -= c.stageN
-		c.stage.Release()
-	}
-	for _, r := range reqs {
-		c.queued -= r.n
-	}
-	c.wmu.Unlock()
-	for _, r := range reqs {
-		r.loan.Return()
-	}
+	c.dropProducer()
 }
 
 // advanceClose moves a closing connection on (loop only): queued sends go out first (bounded
@@ -1110,41 +1096,11 @@ func (st *shimState) start(c *Conn, ready func(), failed func(error)) {
 
 func (st *shimState) dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
 	e := st.e
-	type result struct {
-		s   *tcpglue.Socket
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		s, err := tcpglue.DialAddrPort(ap, tcpglue.DialOptions{})
-		ch <- result{s, err}
-	}()
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.s != nil {
-				r.s.Close()
-			}
-		}()
-		return nil, &OpError{Op: "dial", Net: network, Err: ctx.Err()}
-	}
-	if r.err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: r.err}
-	}
-	fd, err := r.s.Disown()
+	c, err := e.dialBlocking(ctx, network, ap, h)
 	if err != nil {
-		r.s.Close()
-		return nil, &OpError{Op: "dial", Net: network, Err: err}
+		return nil, err
 	}
-	c := newConn(e, nil, fd, network)
-	c.h = h
-	c.fillAddrs()
-	if !e.addConn(c) {
-		closeFD(fd)
-		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
-	}
+	fd := c.fd
 	res := make(chan error, 1)
 	st.start(c, func() { res <- nil }, func(err error) { res <- err })
 	if err := <-res; err != nil {
