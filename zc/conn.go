@@ -222,12 +222,16 @@ func (c *Conn) LocalAddr() net.Addr { return c.laddr }
 // RemoteAddr returns the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
 
-// Queue returns the index of the queue that owns the connection (-1 on the plain backend).
+// Queue returns the index of the queue that owns the connection (-1 on the plain backend,
+// which has none).
 func (c *Conn) Queue() int {
-	if c.q == nil {
-		return -1
+	if c.q != nil {
+		return c.q.idx
 	}
-	return c.q.idx
+	if qi, ok := c.alt.(interface{ queueIndex() int }); ok {
+		return qi.queueIndex()
+	}
+	return -1
 }
 
 // Done is closed once the connection is fully closed (OnClose has run).
@@ -594,12 +598,12 @@ func (c *Conn) CloseWrite() error {
 	c.flushStageLocked()
 	kick := c.kickLocked()
 	c.wmu.Unlock()
+	if kick {
+		c.schedule()
+	}
 	if c.alt != nil {
 		c.alt.shutdownWrite()
 		return nil
-	}
-	if kick {
-		c.schedule()
 	}
 	return c.q.Post(func() { c.shutdownWhenDrained = true; c.maybeShutdownWrite() })
 }

@@ -326,6 +326,9 @@ func (s *Stats) addCounters(c *counters) {
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
 	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load()}
+	if nq, ok := e.alt.(interface{ numQueues() int }); ok {
+		s.Queues = nq.numQueues()
+	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}

@@ -1152,3 +1152,7 @@ func (st *shimState) serve(l *Listener, s *tcpglue.Socket) {
 		})
 	}
 }
+
+func (st *shimState) numQueues() int { return len(st.queues) }
+
+func (sc *shimConn) queueIndex() int { return sc.q.idx }

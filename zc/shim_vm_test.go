@@ -54,8 +54,8 @@ func shimCfg() Config {
 func TestShimEchoSmall(t *testing.T) {
 	needShim(t)
 	srv, cli := newPair(t, shimCfg())
-	if cli.Stats().Backend != "shim" {
-		t.Fatalf("backend %q", cli.Stats().Backend)
+	if st := cli.Stats(); st.Backend != "shim" || st.Queues != cli.Config().Queues {
+		t.Fatalf("backend %q with %d queues (want shim, %d)", st.Backend, st.Queues, cli.Config().Queues)
 	}
 	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
 	if err != nil {
@@ -66,6 +66,9 @@ func TestShimEchoSmall(t *testing.T) {
 	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if q := c.Queue(); q < 0 || q >= cli.Config().Queues {
+		t.Fatalf("conn on queue %d", q)
 	}
 	if _, err := c.Write([]byte("hello world")); err != nil {
 		t.Fatal(err)
