@@ -44,9 +44,10 @@ var (
 	shimAvailable = func() error { return ErrNotSupported }
 )
 
-// dialBlocking connects a blocking socket (the alternative backends' way), honouring ctx,
-// and returns the registered connection without backend state.
-func (e *Engine) dialBlocking(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
+// dialBlocking connects a blocking socket (the alternative backends' way), honouring ctx.
+// prepare gives the connection its backend state before the engine can see it (Engine.Close
+// may close it from then on); the caller starts it.
+func (e *Engine) dialBlocking(ctx context.Context, network string, ap netip.AddrPort, h Handler, prepare func(*Conn)) (*Conn, error) {
 	type result struct {
 		s   *tcpglue.Socket
 		err error
@@ -78,6 +79,7 @@ func (e *Engine) dialBlocking(ctx context.Context, network string, ap netip.Addr
 	c := newConn(e, nil, fd, network)
 	c.h = h
 	c.fillAddrs()
+	prepare(c)
 	if !e.addConn(c) {
 		closeFD(fd)
 		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}

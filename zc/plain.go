@@ -325,11 +325,11 @@ func (p *plainConn) close(err error) {
 }
 
 func (p *plainState) dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
-	c, err := p.e.dialBlocking(ctx, network, ap, h)
+	c, err := p.e.dialBlocking(ctx, network, ap, h, func(c *Conn) { p.e.attachPlain(c) })
 	if err != nil {
 		return nil, err
 	}
-	p.e.attachPlain(c).run()
+	c.alt.(*plainConn).run()
 	return c, nil
 }
 

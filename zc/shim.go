@@ -1077,10 +1077,15 @@ func (q *shimQueue) finish(sc *shimConn) {
 
 // start attaches c (already added to the engine) to a queue and runs ready on the loop once
 // attached; it reports the attach error otherwise (the caller owns c.fd then).
+// prepare gives a new connection its queue (before the engine can see it).
+func (st *shimState) prepare(c *Conn) {
+	c.alt = &shimConn{c: c, q: st.pickQueue()}
+}
+
+// start attaches a prepared connection on its queue's loop.
 func (st *shimState) start(c *Conn, ready func(), failed func(error)) {
-	q := st.pickQueue()
-	sc := &shimConn{c: c, q: q}
-	c.alt = sc
+	sc := c.alt.(*shimConn)
+	q := sc.q
 	err := q.post(func() {
 		if err := q.attach(sc); err != nil {
 			failed(err)
@@ -1096,7 +1101,7 @@ func (st *shimState) start(c *Conn, ready func(), failed func(error)) {
 
 func (st *shimState) dial(ctx context.Context, network string, ap netip.AddrPort, h Handler) (*Conn, error) {
 	e := st.e
-	c, err := e.dialBlocking(ctx, network, ap, h)
+	c, err := e.dialBlocking(ctx, network, ap, h, st.prepare)
 	if err != nil {
 		return nil, err
 	}
@@ -1130,6 +1135,7 @@ func (st *shimState) serve(l *Listener, s *tcpglue.Socket) {
 		}
 		c := newConn(l.e, nil, fd, l.network)
 		c.fillAddrs()
+		st.prepare(c)
 		if !l.e.addConn(c) {
 			closeFD(fd)
 			continue
