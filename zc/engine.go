@@ -156,6 +156,9 @@ func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (
 	if h == nil {
 		return nil, &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil handler: %w", ErrInvalid)}
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, &OpError{Op: "dial", Net: network, Err: err}
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return nil, &OpError{Op: "dial", Net: network, Err: err}
