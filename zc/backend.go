@@ -3,6 +3,7 @@ package zc
 import (
 	"context"
 	"net/netip"
+	"time"
 
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -85,6 +86,37 @@ func (e *Engine) dialBlocking(ctx context.Context, network string, ap netip.Addr
 		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
 	}
 	return c, nil
+}
+
+// acceptBlocking accepts on s until the listener closes (the alternative backends' way).
+// Each connection gets its backend state from prepare before the engine can see it, then
+// start runs it.
+func (l *Listener) acceptBlocking(s *tcpglue.Socket, prepare, start func(c *Conn)) {
+	defer l.wg.Done()
+	for !l.closed.Load() {
+		ns, _, err := s.Accept()
+		if err != nil {
+			if l.closed.Load() {
+				return
+			}
+			l.acceptErrs.Add(1)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		fd, err := ns.Disown()
+		if err != nil {
+			ns.Close()
+			continue
+		}
+		c := newConn(l.e, nil, fd, l.network)
+		c.fillAddrs()
+		prepare(c)
+		if !l.e.addConn(c) {
+			closeFD(fd)
+			continue
+		}
+		start(c)
+	}
 }
 
 func (e *Engine) startAlt(b Backend, reason error) error {

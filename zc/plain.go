@@ -334,30 +334,8 @@ func (p *plainState) dial(ctx context.Context, network string, ap netip.AddrPort
 }
 
 func (p *plainState) serve(l *Listener, s *tcpglue.Socket) {
-	defer l.wg.Done()
-	for !l.closed.Load() {
-		ns, _, err := s.Accept()
-		if err != nil {
-			if l.closed.Load() {
-				return
-			}
-			l.acceptErrs.Add(1)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		fd, err := ns.Disown()
-		if err != nil {
-			ns.Close()
-			continue
-		}
+	l.acceptBlocking(s, func(c *Conn) { p.e.attachPlain(c) }, func(c *Conn) {
 		l.accepted.Add(1)
-		c := newConn(l.e, nil, fd, l.network)
-		c.fillAddrs()
-		pc := l.e.attachPlain(c)
-		if !l.e.addConn(c) {
-			closeFD(fd)
-			continue
-		}
 		h := l.accept(c)
 		refused := h == nil
 		if refused {
@@ -366,9 +344,9 @@ func (p *plainState) serve(l *Listener, s *tcpglue.Socket) {
 		if c.h == nil {
 			c.h = h
 		}
-		pc.run()
+		c.alt.(*plainConn).run()
 		if refused {
 			c.Close()
 		}
-	}
+	})
 }

@@ -1117,29 +1117,8 @@ func (st *shimState) dial(ctx context.Context, network string, ap netip.AddrPort
 }
 
 func (st *shimState) serve(l *Listener, s *tcpglue.Socket) {
-	defer l.wg.Done()
-	for !l.closed.Load() {
-		ns, _, err := s.Accept()
-		if err != nil {
-			if l.closed.Load() {
-				return
-			}
-			l.acceptErrs.Add(1)
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		fd, err := ns.Disown()
-		if err != nil {
-			ns.Close()
-			continue
-		}
-		c := newConn(l.e, nil, fd, l.network)
-		c.fillAddrs()
-		st.prepare(c)
-		if !l.e.addConn(c) {
-			closeFD(fd)
-			continue
-		}
+	l.acceptBlocking(s, st.prepare, func(c *Conn) {
+		fd := c.fd
 		st.start(c, func() {
 			l.accepted.Add(1)
 			h := l.accept(c)
@@ -1156,7 +1135,7 @@ func (st *shimState) serve(l *Listener, s *tcpglue.Socket) {
 			l.e.removeConn(c)
 			closeFD(fd)
 		})
-	}
+	})
 }
 
 func (st *shimState) numQueues() int { return len(st.queues) }
