@@ -23,7 +23,7 @@ import (
 // connection's stream checksummed end to end.
 func TestManyConnsRandomSizes(t *testing.T) {
 	total := 1 << 30
-	if testing.Short() || raceEnabled {
+	if testing.Short() {
 		total = 128 << 20
 	}
 	const conns = 256

@@ -1,5 +1,0 @@
-//go:build !race
-
-package zc
-
-const raceEnabled = false
