@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
@@ -113,6 +114,41 @@ func TestEchoSmall(t *testing.T) {
 	<-c.Done()
 }
 
+// sendRandomEchoed sends total bytes of random data as random-sized Sends from registered
+// buffers and checks that the collector k got the same stream back (SHA-256).
+func sendRandomEchoed(t *testing.T, c *Conn, k *collector, total int, seed uint64, wait time.Duration) {
+	t.Helper()
+	want := sha256.New()
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	for sent := 0; sent < total; {
+		b, err := c.BufferWait(wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := min(1+rng.IntN(len(b.Bytes())), total-sent)
+		p := b.Bytes()[:n]
+		for i := range p {
+			p[i] = byte(rng.Uint32())
+		}
+		want.Write(p)
+		if err := c.Send(b, n); err != nil {
+			t.Fatal(err)
+		}
+		sent += n
+	}
+	select {
+	case <-k.done:
+	case <-time.After(wait):
+		t.Fatalf("timeout: got %d of %d bytes back", k.n, total)
+	}
+	if k.err != nil {
+		t.Fatal(k.err)
+	}
+	if k.n != total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("got %d of %d bytes back, checksum equal=%v", k.n, total, bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)))
+	}
+}
+
 func TestBulkChecksummed(t *testing.T) {
 	for _, path := range []SendPath{SendAdaptive, SendCopy, SendZeroCopy} {
 		t.Run(path.String(), func(t *testing.T) {
@@ -128,36 +164,7 @@ func TestBulkChecksummed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := sha256.New()
-			rng := rand.New(rand.NewPCG(1, 2))
-			sent := 0
-			for sent < total {
-				b, err := c.BufferWait(10 * time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				n := min(1+rng.IntN(len(b.Bytes())), total-sent)
-				p := b.Bytes()[:n]
-				for i := range p {
-					p[i] = byte(rng.Uint32())
-				}
-				want.Write(p)
-				if err := c.Send(b, n); err != nil {
-					t.Fatal(err)
-				}
-				sent += n
-			}
-			select {
-			case <-k.done:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("timeout: got %d of %d, stats %+v", k.n, total, e.Stats())
-			}
-			if k.err != nil {
-				t.Fatal(k.err)
-			}
-			if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
-				t.Fatalf("got %d bytes, checksum mismatch=%v", k.n, string(k.sum.h.Sum(nil)) != string(want.Sum(nil)))
-			}
+			sendRandomEchoed(t, c, k, total, 1, 30*time.Second)
 			c.Close()
 			<-c.Done()
 			st := e.Stats()

@@ -163,8 +163,12 @@ func recvEvent[T any](t *testing.T, ch chan T, what string) T {
 	return zero
 }
 
-func TestPeerClosesMidStream(t *testing.T) {
-	e := newEngine(t, Config{})
+func TestPeerClosesMidStream(t *testing.T) { testPeerClosesMidStream(t, Config{}) }
+
+// testPeerClosesMidStream: a half-close from the peer is data then io.EOF, we can still answer,
+// and a local Close reaches the peer as EOF (every backend runs it).
+func testPeerClosesMidStream(t *testing.T, cfg Config) {
+	e := newEngine(t, cfg)
 	l, ev := listenEvents(t, e)
 	s := dialPlain(t, l.Addr().String())
 	c := recvEvent(t, ev.conn, "accept")
@@ -195,8 +199,12 @@ func TestPeerClosesMidStream(t *testing.T) {
 	}
 }
 
-func TestPeerReset(t *testing.T) {
-	e := newEngine(t, Config{})
+func TestPeerReset(t *testing.T) { testPeerReset(t, Config{}) }
+
+// testPeerReset: a reset surfaces as ECONNRESET in OnEOF and OnClose, and later writes and
+// sends fail without leaking the buffer (every backend runs it).
+func testPeerReset(t *testing.T, cfg Config) {
+	e := newEngine(t, cfg)
 	l, ev := listenEvents(t, e)
 	s := dialPlain(t, l.Addr().String())
 	c := recvEvent(t, ev.conn, "accept")

@@ -6,8 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"os"
 	"regexp"
 	"strings"
@@ -101,35 +99,7 @@ func TestShimBulk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sha256.New()
-	rng := rand.New(rand.NewPCG(3, 4))
-	for sent := 0; sent < total; {
-		b, err := c.BufferWait(20 * time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := min(1+rng.IntN(len(b.Bytes())), total-sent)
-		p := b.Bytes()[:n]
-		for i := range p {
-			p[i] = byte(rng.Uint32())
-		}
-		want.Write(p)
-		if err := c.Send(b, n); err != nil {
-			t.Fatal(err)
-		}
-		sent += n
-	}
-	select {
-	case <-k.done:
-	case <-time.After(120 * time.Second):
-		t.Fatalf("timeout: got %d of %d, stats %+v", k.n, total, cli.Stats())
-	}
-	if k.err != nil {
-		t.Fatal(k.err)
-	}
-	if k.n != total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
-		t.Fatalf("got %d bytes, checksum equal=%v", k.n, bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)))
-	}
+	sendRandomEchoed(t, c, k, total, 3, 120*time.Second)
 	c.Close()
 	<-c.Done()
 	cs := c.Stats()
@@ -391,58 +361,15 @@ func TestShimNettest(t *testing.T) {
 	nettest.TestConn(t, netPipe(t, shimCfg()))
 }
 
-// TestShimPeerCloses: a half-close from the peer is data then io.EOF, we can still answer,
-// and a local Close reaches the peer as EOF.
+// TestShimPeerCloses and TestShimPeerReset run the io_uring backend's tests over the shim.
 func TestShimPeerCloses(t *testing.T) {
 	needShim(t)
-	e := newEngine(t, shimCfg())
-	l, ev := listenEvents(t, e)
-	s := dialPlain(t, l.Addr().String())
-	c := recvEvent(t, ev.conn, "accept")
-	s.Write([]byte("partial message"))
-	s.Shutdown(unix.SHUT_WR)
-	if got := recvEvent(t, ev.data, "data"); string(got) != "partial message" {
-		t.Fatalf("got %q", got)
-	}
-	if err := recvEvent(t, ev.eof, "EOF"); err != io.EOF {
-		t.Fatalf("EOF event = %v", err)
-	}
-	if _, err := c.Write([]byte("reply")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 16)
-	n, _ := s.Read(buf)
-	if string(buf[:n]) != "reply" {
-		t.Fatalf("peer read %q", buf[:n])
-	}
-	c.Close()
-	if err := recvEvent(t, ev.closed, "close"); err != nil {
-		t.Fatalf("close after local Close = %v", err)
-	}
-	if n, err := s.Read(buf); n != 0 || err != io.EOF {
-		t.Fatalf("peer sees %d, %v after close; want EOF", n, err)
-	}
+	testPeerClosesMidStream(t, shimCfg())
 }
 
-// TestShimPeerReset: a reset is an error in OnEOF and in OnClose.
 func TestShimPeerReset(t *testing.T) {
 	needShim(t)
-	e := newEngine(t, shimCfg())
-	l, ev := listenEvents(t, e)
-	s := dialPlain(t, l.Addr().String())
-	recvEvent(t, ev.conn, "accept")
-	s.Write([]byte("x"))
-	recvEvent(t, ev.data, "data")
-	if err := unix.SetsockoptLinger(s.Fd(), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	if err := recvEvent(t, ev.eof, "EOF"); err == nil || err == io.EOF || !errors.Is(err, unix.ECONNRESET) {
-		t.Fatalf("EOF event after reset = %v, want ECONNRESET", err)
-	}
-	if err := recvEvent(t, ev.closed, "close"); err == nil {
-		t.Fatal("OnClose after reset reported no error")
-	}
+	testPeerReset(t, shimCfg())
 }
 
 // TestShimCloseStuckPeer: the peer never reads; Close gives up after CloseTimeout, the
