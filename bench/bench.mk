@@ -11,7 +11,7 @@ BENCH_ARGS ?= -json $(BENCH_OUT)/bench.json -png $(BENCH_OUT)/bench.png $(BENCH_
 
 zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
-	$(GO) build -o $(BUILD)/zcbench ./bench/cmd/zcbench
+	cd bench && $(GO) build -o $(BUILD)/zcbench ./cmd/zcbench
 
 # iperf3 is the outside reference; without it (no root for apt-get) zcbench says so and goes on.
 bench: zcbench

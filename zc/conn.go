@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
-	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -612,7 +612,7 @@ var errWriteClosed = errors.New("write side closed")
 
 // ---- loop side -------------------------------------------------------------------------
 
-func (c *Conn) ud(tag uint32) uint64 { return hwq.UserData(c.id, tag) }
+func (c *Conn) ud(tag uint32) uint64 { return loop.UserData(c.id, tag) }
 
 func (c *Conn) armRecv() {
 	if c.recvArmed || c.eof || c.closing || c.paused {
@@ -689,7 +689,7 @@ func (c *Conn) fillAddrs() {
 }
 
 // OnCQE handles the connection's completions (loop only).
-func (c *Conn) OnCQE(q *hwq.Queue, cqe uring.CQE) {
+func (c *Conn) OnCQE(q *loop.Queue, cqe uring.CQE) {
 	tag := uint32(cqe.UserData)
 	switch tag & 0xff {
 	case tagRecv:
@@ -983,7 +983,7 @@ func (c *Conn) sent(n int) {
 }
 
 // Flush is called by the queue loop after Schedule (loop only).
-func (c *Conn) Flush(q *hwq.Queue) {
+func (c *Conn) Flush(q *loop.Queue) {
 	c.scheduled.Store(false)
 	if c.finished {
 		return

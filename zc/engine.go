@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -34,7 +34,7 @@ type Engine struct {
 
 // equeue is one queue with the engine's per-queue counters (written by its loop only).
 type equeue struct {
-	*hwq.Queue
+	*loop.Queue
 	e     *Engine
 	idx   int
 	space chan struct{} // signalled when send buffers return to the region
@@ -103,7 +103,7 @@ func (e *Engine) startQueues() error {
 	}
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
-		q, err := hwq.New(hwq.Config{
+		q, err := loop.New(loop.Config{
 			ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin,
 			SendBufSize: e.cfg.SendBufSize, SendBufs: e.cfg.SendBufs,
 			RecvBufSize: e.cfg.RecvBufSize, RecvBufs: e.cfg.RecvBufs,

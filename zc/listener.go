@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
-	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -158,11 +158,11 @@ func (p *lpart) start() {
 func (p *lpart) arm() {
 	sqe := p.q.GetSQE()
 	sqe.PrepMultishotAccept(int32(p.fd), unix.SOCK_CLOEXEC)
-	sqe.UserData = hwq.UserData(p.id, tagRecv)
+	sqe.UserData = loop.UserData(p.id, tagRecv)
 	p.armed = true
 }
 
-func (p *lpart) OnCQE(q *hwq.Queue, c uring.CQE) {
+func (p *lpart) OnCQE(q *loop.Queue, c uring.CQE) {
 	if uint32(c.UserData)&0xff != tagRecv {
 		return
 	}
@@ -196,8 +196,8 @@ func (p *lpart) stop() {
 		return
 	}
 	sqe := p.q.GetSQE()
-	sqe.PrepCancel(hwq.UserData(p.id, tagRecv), 0)
-	sqe.UserData = hwq.UserData(p.id, tagIgnore)
+	sqe.PrepCancel(loop.UserData(p.id, tagRecv), 0)
+	sqe.UserData = loop.UserData(p.id, tagIgnore)
 }
 
 func (p *lpart) finish() {

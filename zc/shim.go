@@ -318,7 +318,7 @@ func (q *shimQueue) run() {
 	defer runtime.UnlockOSThread()
 	q.tid.Store(int32(unix.Gettid()))
 	if !q.st.e.cfg.NoPin {
-		// Like hwq's queues: one CPU per queue. Best effort (the CPU may be outside this
+		// Like internal/loop's queues: one CPU per queue. Best effort (the CPU may be outside this
 		// process's set).
 		var set unix.CPUSet
 		set.Set(q.idx % runtime.NumCPU())

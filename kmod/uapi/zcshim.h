@@ -4,7 +4,7 @@
  *
  * This header is the single source of truth for the ABI: the kernel module
  * (kmod/zcshim.c) includes it, and the Go structs in
- * kmod/internal/abi/zabi_linux_amd64.go are generated from it with
+ * kmod/internal/abi/zabi_linux.go are generated from it with
  * `go tool cgo -godefs` (see kmod/internal/abi/gen.go); a Go test compiles
  * this header with gcc and compares every size and offset.
  *

@@ -5,4 +5,4 @@
 // TestLayout compares every size and offset against gcc's view of the header.
 package abi
 
-//go:generate sh -c "go tool cgo -godefs -- -I../../uapi types_zcshim.go | gofmt > zabi_linux_amd64.go"
+//go:generate sh gen.sh

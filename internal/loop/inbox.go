@@ -1,4 +1,4 @@
-package hwq
+package loop
 
 import (
 	"sync"

@@ -1,4 +1,4 @@
-// Package hwq runs zcnet's queues. A Queue is one io_uring instance owned by one goroutine
+// Package loop runs zcnet's queues. A Queue is one io_uring instance owned by one goroutine
 // locked to one OS thread (so the ring can be SINGLE_ISSUER|DEFER_TASKRUN), with:
 //
 //   - a send region of mmap'd buffers registered as the ring's fixed buffers (zero-copy sends
@@ -14,4 +14,4 @@
 //
 // Queue.Close stops the loop: it waits (bounded) for zero-copy notifications still
 // outstanding, then closes the ring and unmaps the regions.
-package hwq
+package loop

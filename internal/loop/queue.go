@@ -1,4 +1,4 @@
-package hwq
+package loop
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 )
 
 // ErrClosed is returned for work posted to a closed queue.
-var ErrClosed = fmt.Errorf("hwq: queue closed: %w", os.ErrClosed)
+var ErrClosed = fmt.Errorf("loop: queue closed: %w", os.ErrClosed)
 
 // Config describes one queue. Zero fields take the defaults noted.
 type Config struct {
@@ -132,7 +132,7 @@ type Queue struct {
 func New(cfg Config) (*Queue, error) {
 	cfg.defaults()
 	if cfg.RecvBufs&(cfg.RecvBufs-1) != 0 || cfg.RecvBufs > 32768 {
-		return nil, fmt.Errorf("hwq: %d receive buffers: need a power of two <= 32768: %w", cfg.RecvBufs, unix.EINVAL)
+		return nil, fmt.Errorf("loop: %d receive buffers: need a power of two <= 32768: %w", cfg.RecvBufs, unix.EINVAL)
 	}
 	q := &Queue{cfg: cfg, efd: -1, done: make(chan struct{}), owners: make([]ownerSlot, 1, 64)}
 	ready := make(chan error, 1)
@@ -199,7 +199,7 @@ func (q *Queue) init() error {
 		return os.NewSyscallError("eventfd", err)
 	}
 	if err := q.ring.RegisterBuffersSparse(16); err != nil {
-		return fmt.Errorf("hwq: fixed-buffer table: %w", err)
+		return fmt.Errorf("loop: fixed-buffer table: %w", err)
 	}
 	q.send, err = memreg.New(memreg.Options{BufSize: q.cfg.SendBufSize, Count: q.cfg.SendBufs})
 	if err != nil {
