@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"strings"
 
@@ -26,7 +27,9 @@ var (
 	// type, attach type, helper). The programs need Linux 6.6 or newer
 	// (tcx links, sk_reuseport with bpf_sk_select_reuseport, cpumap
 	// programs).
-	ErrNotSupported = errors.New("not supported by this kernel (needs Linux 6.6 or newer with CONFIG_BPF_SYSCALL)")
+	// It is the one sentinel every zcnet package shares.
+	ErrNotSupported = errs.ErrNotSupported
+	errOldKernel    = errs.NotSupported("BPF programs", "Linux 6.6 or newer with CONFIG_BPF_SYSCALL", nil)
 
 	// ErrInvalid: a bad argument (queue out of range, unusable socket,
 	// unknown interface, malformed key). Nothing was changed.
@@ -67,7 +70,7 @@ func opErr(op string, err error) error {
 		err = fmt.Errorf("%w: %s: %w", ErrPermission, missingCaps(), err)
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EOPNOTSUPP),
 		errors.Is(err, unix.ENOSYS):
-		err = fmt.Errorf("%w: %w", ErrNotSupported, err)
+		err = fmt.Errorf("%w: %w", errOldKernel, err)
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
 	}

@@ -265,7 +265,7 @@ func (s *Steering) load() error {
 		if errors.As(err, &ve) {
 			// A program the verifier rejects on a kernel that has every
 			// feature is a bug; on older kernels it means a missing feature.
-			return opErr("load", fmt.Errorf("%w: %w", ErrNotSupported, err))
+			return opErr("load", fmt.Errorf("%w: %w", errOldKernel, err))
 		}
 		return opErr("load", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"strings"
 
@@ -17,7 +18,10 @@ const ModuleName = "zcshim"
 
 // Sentinel errors; see the package documentation.
 var (
-	ErrNotSupported    = errors.New("kernel has no loadable module support (CONFIG_MODULES=n); the shim needs a kernel that can load modules")
+	// ErrNotSupported: the kernel has no loadable module support (the one sentinel every
+	// zcnet package shares; the error wrapping it says so).
+	ErrNotSupported    = errs.ErrNotSupported
+	errNoModules       = errs.NotSupported("kernel modules", "a kernel built with CONFIG_MODULES=y; the shim needs a kernel that can load modules", nil)
 	ErrPermission      = errors.New("not permitted to load or unload modules (needs CAP_SYS_MODULE; check kernel.modules_disabled, lockdown and module signing)")
 	ErrVersionMismatch = errors.New("module was built for a different kernel: rebuild with make kmod KDIR=/lib/modules/$(uname -r)/build")
 	ErrInvalidModule   = errors.New("not a kernel module")
@@ -116,7 +120,7 @@ func LoadParams(path, params string) error {
 func load(path, params string) error {
 	fail := func(err error) error { return &Error{Op: "load", Path: path, Err: err} }
 	if !moduleSupport() {
-		return fail(kindErr(ErrNotSupported, unix.ENOSYS))
+		return fail(kindErr(errNoModules, unix.ENOSYS))
 	}
 	vm, err := Vermagic(path)
 	if err != nil {
@@ -143,7 +147,7 @@ func load(path, params string) error {
 	sys := os.NewSyscallError("finit_module", err)
 	switch errno {
 	case unix.ENOSYS:
-		return fail(kindErr(ErrNotSupported, sys))
+		return fail(kindErr(errNoModules, sys))
 	case unix.EPERM, unix.EACCES, unix.EKEYREJECTED, unix.ENOKEY, unix.EBADMSG:
 		return fail(kindErr(ErrPermission, sys))
 	case unix.EEXIST:
@@ -159,7 +163,7 @@ func load(path, params string) error {
 func Unload() error {
 	fail := func(err error) error { return &Error{Op: "unload", Err: err} }
 	if !moduleSupport() {
-		return fail(kindErr(ErrNotSupported, unix.ENOSYS))
+		return fail(kindErr(errNoModules, unix.ENOSYS))
 	}
 	var err error
 	for {
@@ -175,7 +179,7 @@ func Unload() error {
 	sys := os.NewSyscallError("delete_module", err)
 	switch errno {
 	case unix.ENOSYS:
-		return fail(kindErr(ErrNotSupported, sys))
+		return fail(kindErr(errNoModules, sys))
 	case unix.EPERM:
 		return fail(kindErr(ErrPermission, sys))
 	case unix.ENOENT:
@@ -192,7 +196,7 @@ func Loaded() (bool, error) {
 	f, err := os.Open("/proc/modules")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return false, &Error{Op: "loaded", Err: kindErr(ErrNotSupported, err)}
+			return false, &Error{Op: "loaded", Err: kindErr(errNoModules, err)}
 		}
 		return false, &Error{Op: "loaded", Err: err}
 	}

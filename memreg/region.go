@@ -3,6 +3,7 @@ package memreg
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,8 @@ var (
 	// ErrBusy: the region still has buffers lent to the kernel or registrations.
 	ErrBusy = errors.New("memreg: region busy")
 	// ErrNotSupported: hugepages were required but are not available.
-	ErrNotSupported = errors.New("memreg: not supported")
+	// It is the one sentinel every zcnet package shares.
+	ErrNotSupported = errs.ErrNotSupported
 	// ErrClosed: the region was closed.
 	ErrClosed = fmt.Errorf("memreg: region closed: %w", os.ErrClosed)
 )
@@ -116,7 +118,7 @@ func New(opt Options) (*Region, error) {
 			size = hsize
 		} else {
 			if opt.RequireHugePages {
-				return nil, fmt.Errorf("memreg: MAP_HUGETLB of %d bytes: %v (reserve pages via /proc/sys/vm/nr_hugepages): %w", hsize, err, ErrNotSupported)
+				return nil, fmt.Errorf("memreg: MAP_HUGETLB of %d bytes: %w", hsize, errs.NotSupported("huge pages", "reserved pages: /proc/sys/vm/nr_hugepages", err))
 			}
 			info.Fallback = fmt.Sprintf("MAP_HUGETLB failed (%v); using normal pages with MADV_HUGEPAGE", err)
 			mem = nil

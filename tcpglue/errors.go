@@ -3,6 +3,7 @@ package tcpglue
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"net"
 	"os"
 	"strings"
@@ -13,7 +14,8 @@ import (
 // ErrNotSupported means this kernel or machine cannot do what was asked
 // (for example an IPv6 socket on a host without IPv6, or TCP_ZEROCOPY_RECEIVE
 // on a kernel older than 4.18). Match it with errors.Is.
-var ErrNotSupported = errors.New("not supported by this kernel")
+// It is the one sentinel every zcnet package shares.
+var ErrNotSupported = errs.ErrNotSupported
 
 // OpError is the error type returned by every operation of this package that
 // fails. Op names the operation ("listen", "setsockopt TCP_NODELAY", ...),

@@ -3,12 +3,12 @@ package zc
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"net"
 	"runtime"
 	"time"
 
 	"github.com/zcnet/zcnet/bpf"
-	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -212,7 +212,7 @@ func (c *Config) validate() error {
 
 var (
 	// ErrNotSupported: this kernel or process cannot do what was asked (see the wrapped cause).
-	ErrNotSupported = uring.ErrNotSupported
+	ErrNotSupported = errs.ErrNotSupported
 	// ErrInvalid: a bad argument.
 	ErrInvalid = errors.New("invalid argument")
 	// ErrClosed is net.ErrClosed: the engine, listener or connection is closed.

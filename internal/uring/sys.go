@@ -3,6 +3,7 @@ package uring
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"runtime"
 	"unsafe"
@@ -11,8 +12,8 @@ import (
 )
 
 // ErrNotSupported is returned (wrapped) when this kernel or this process cannot do what was
-// asked. Match it with errors.Is.
-var ErrNotSupported = errors.New("not supported")
+// asked. Match it with errors.Is. It is the one sentinel every zcnet package shares.
+var ErrNotSupported = errs.ErrNotSupported
 
 // SetupError explains why io_uring_setup failed, with the likely cause and fix.
 type SetupError struct {

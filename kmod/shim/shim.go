@@ -3,6 +3,7 @@ package shim
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"sync/atomic"
 	"syscall"
@@ -29,7 +30,9 @@ const (
 var (
 	// ErrNotSupported: /dev/zcshim is absent (the module is not loaded, or
 	// this kernel cannot load modules: see kmod.Load).
-	ErrNotSupported = errors.New("zcshim: " + DevicePath + " not present (load zcshim.ko with kmod.Load; needs a kernel with module support)")
+	// It is the one sentinel every zcnet package shares.
+	ErrNotSupported = errs.ErrNotSupported
+	errNoDevice     = errs.NotSupported("zcshim", DevicePath+" (load zcshim.ko with kmod.Load; needs a kernel with module support)", nil)
 	// ErrSQFull: every SQ slot holds a prepared entry; call Submit.
 	ErrSQFull = errors.New("zcshim: submission queue full; call Submit")
 	// ErrCQFull: the kernel accepted nothing because the completion queue
@@ -151,7 +154,7 @@ func OpenPath(path string, cfg Config) (*Queue, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV) {
-			return nil, opErr("open", fmt.Errorf("%w: %w", ErrNotSupported, os.NewSyscallError("open", err)))
+			return nil, opErr("open", fmt.Errorf("%w: %w", errNoDevice, os.NewSyscallError("open", err)))
 		}
 		return nil, opErr("open", os.NewSyscallError("open", err))
 	}
@@ -430,7 +433,7 @@ func ReadStats() (Stats, error) {
 	fd, err := unix.Open(DevicePath, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return Stats{}, opErr("stats", ErrNotSupported)
+			return Stats{}, opErr("stats", errNoDevice)
 		}
 		return Stats{}, opErr("stats", os.NewSyscallError("open", err))
 	}

@@ -1,0 +1,79 @@
+// Package testutil holds the feature-probe helpers zcnet's tests share.
+//
+// The rule (cilium/ebpf's testutils.SkipIfNotSupported is the model): a test skips only
+// when the feature is truly absent, and fails when the kernel is new enough to have it but
+// the call still fails.
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/errs"
+)
+
+// KernelVersion returns the running kernel's major, minor and patch numbers.
+func KernelVersion() (major, minor, patch int) {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return 0, 0, 0
+	}
+	return parseVersion(unix.ByteSliceToString(u.Release[:]))
+}
+
+func parseVersion(rel string) (major, minor, patch int) {
+	// "6.18.0-1-cloud-amd64", "7.3.4+deb13-cloud-amd64"
+	f := strings.FieldsFunc(rel, func(r rune) bool { return r < '0' || r > '9' })
+	n := [3]int{}
+	for i := 0; i < len(f) && i < 3; i++ {
+		n[i], _ = strconv.Atoi(f[i])
+	}
+	return n[0], n[1], n[2]
+}
+
+// KernelAtLeast reports whether the running kernel is at least the version "X.Y".
+func KernelAtLeast(version string) bool {
+	wmaj, wmin, _ := parseVersion(version)
+	maj, min, _ := KernelVersion()
+	return maj > wmaj || (maj == wmaj && min >= wmin)
+}
+
+// SkipIfNotSupported skips the test when err says the feature is absent (it matches
+// ErrNotSupported) and the kernel is older than minKernel ("X.Y"; "" means any kernel may
+// lack it). On a kernel at least minKernel the same error fails the test: the feature should
+// be there. Any other non-nil error fails the test. It returns only when err is nil.
+func SkipIfNotSupported(tb testing.TB, err error, minKernel string) {
+	tb.Helper()
+	if err == nil {
+		return
+	}
+	if !errors.Is(err, errs.ErrNotSupported) {
+		tb.Fatalf("unexpected error (not a refusal): %v", err)
+		return
+	}
+	if minKernel != "" && KernelAtLeast(minKernel) {
+		tb.Fatalf("kernel %s is at least %s, which should support this: %v", release(), minKernel, err)
+		return
+	}
+	tb.Skipf("not supported here (kernel %s): %v", release(), err)
+}
+
+// RequireRoot skips the test unless the process runs as root. CI runs as root, so tests
+// that need root run there.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root")
+	}
+}
+
+func release() string {
+	maj, min, patch := KernelVersion()
+	return fmt.Sprintf("%d.%d.%d", maj, min, patch)
+}
