@@ -80,8 +80,13 @@ type Region struct {
 	gen    []uint32
 	free   []int32
 	lent   int
-	closed bool
-	regs   map[*uring.Ring]uint32 // ring -> first fixed-buffer slot
+	held   int  // buffers in the application's hands
+	closed bool // no more Get/Lend/Provide
+	// unmapped: the memory is gone. A region closed while the application still holds
+	// buffers stays mapped until the last of them is released (CloseWhenReleased).
+	unmapped bool
+	regs     map[*uring.Ring]uint32 // ring -> first fixed-buffer slot
+	pool     *Pool                  // the pool the region belongs to, if any
 
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
@@ -197,8 +202,19 @@ func (r *Region) Get() (Buf, error) {
 	idx := r.free[n-1]
 	r.free = r.free[:n-1]
 	r.state[idx] = Held
+	r.held++
 	return Buf{r: r, idx: idx, gen: r.gen[idx]}, nil
 }
+
+// Held returns how many buffers the application holds.
+func (r *Region) Held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held
+}
+
+// Pool returns the pool the region belongs to (nil for a region made with New).
+func (r *Region) Pool() *Pool { return r.pool }
 
 // Free returns how many buffers are free.
 func (r *Region) Free() int {
@@ -218,7 +234,7 @@ func (b Buf) check() error {
 	if b.r == nil {
 		return ErrStale
 	}
-	if b.r.closed {
+	if b.r.unmapped {
 		return ErrClosed
 	}
 	if b.r.state[b.idx] != Held || b.r.gen[b.idx] != b.gen {
@@ -272,7 +288,8 @@ func (b Buf) Release() error {
 		return err
 	}
 	r.gen[b.idx]++
-	if r.recycle != nil {
+	r.held--
+	if r.recycle != nil && !r.closed {
 		r.state[b.idx] = Kernel
 		r.lent++
 		r.mu.Unlock()
@@ -281,6 +298,7 @@ func (b Buf) Release() error {
 	}
 	r.state[b.idx] = Free
 	r.free = append(r.free, b.idx)
+	r.unmapIfDoneLocked()
 	r.mu.Unlock()
 	return nil
 }
@@ -297,8 +315,12 @@ func (b Buf) Lend() (Loan, error) {
 	if err := b.check(); err != nil {
 		return Loan{}, err
 	}
+	if r.closed {
+		return Loan{}, ErrClosed
+	}
 	r.gen[b.idx]++
 	r.state[b.idx] = Kernel
+	r.held--
 	r.lent++
 	return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
 }
@@ -330,7 +352,7 @@ func (l Loan) settle(to State) (Buf, error) {
 		return Buf{}, ErrStale
 	}
 	r.gen[l.idx]++
-	if to == Free && r.recycle != nil {
+	if to == Free && r.recycle != nil && !r.closed {
 		// A recycled region's buffers go back to their provider, still lent.
 		r.mu.Unlock()
 		r.recycle(int(l.idx))
@@ -338,11 +360,16 @@ func (l Loan) settle(to State) (Buf, error) {
 		return Buf{}, nil
 	}
 	r.lent--
+	if to == Held && r.closed {
+		to = Free
+	}
 	r.state[l.idx] = to
 	if to == Free {
 		r.free = append(r.free, l.idx)
+		r.unmapIfDoneLocked()
 		return Buf{}, nil
 	}
+	r.held++
 	return Buf{r: r, idx: l.idx, gen: r.gen[l.idx]}, nil
 }
 
@@ -393,6 +420,7 @@ func (r *Region) Received(idx int) (Buf, error) {
 	}
 	r.gen[idx]++
 	r.lent--
+	r.held++
 	r.state[idx] = Held
 	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
 }
@@ -423,11 +451,54 @@ func (r *Region) Close() error {
 	if len(r.regs) > 0 {
 		return fmt.Errorf("memreg: close while registered with %d rings: %w", len(r.regs), ErrBusy)
 	}
+	if r.held > 0 {
+		return fmt.Errorf("memreg: close with %d buffers held by the application: %w", r.held, ErrBusy)
+	}
 	r.closed = true
+	r.unmapLocked()
+	return nil
+}
+
+func (r *Region) unmapLocked() {
+	if r.unmapped {
+		return
+	}
+	r.unmapped = true
 	unix.Munmap(r.mem)
 	r.mem = nil
 	openRegions.Add(-1)
-	return nil
+}
+
+// unmapIfDoneLocked unmaps a region closed with CloseWhenReleased once nothing is held or lent.
+func (r *Region) unmapIfDoneLocked() {
+	if r.closed && !r.unmapped && r.held == 0 && r.lent == 0 && len(r.regs) == 0 {
+		r.unmapLocked()
+	}
+}
+
+// CloseWhenReleased closes the region for its owner (a queue going away): no more Get, Lend or
+// Provide. Loans and registrations are forgotten (the caller guarantees the kernel is done
+// with them: its rings are closed). Buffers the application still holds stay valid: the
+// memory is unmapped when the last of them is released, never under the application.
+// It returns whether the region was unmapped now. Idempotent.
+func (r *Region) CloseWhenReleased() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unmapped {
+		return true
+	}
+	r.closed = true
+	for i, st := range r.state {
+		if st == Kernel {
+			r.gen[i]++
+			r.state[i] = Free
+			r.free = append(r.free, int32(i))
+		}
+	}
+	r.lent = 0
+	clear(r.regs)
+	r.unmapIfDoneLocked()
+	return r.unmapped
 }
 
 // Abandon forgets every loan and registration: call it only after the rings that held them are
@@ -449,8 +520,23 @@ func (r *Region) Abandon() {
 // Data returns the lent buffer's memory for the code that performs the send (the plain
 // backend writes it with write(2)). It must not be modified while lent.
 func (l Loan) Data() []byte {
-	if l.r == nil || l.r.mem == nil {
+	if l.r == nil {
+		return nil
+	}
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	if l.r.mem == nil {
 		return nil
 	}
 	return l.r.slice(int(l.idx))
+}
+
+// Valid reports whether the loan still stands (the buffer was not returned or reclaimed).
+func (l Loan) Valid() bool {
+	if l.r == nil {
+		return false
+	}
+	l.r.mu.Lock()
+	defer l.r.mu.Unlock()
+	return !l.r.unmapped && l.r.state[l.idx] == Kernel && l.r.gen[l.idx] == l.gen
 }

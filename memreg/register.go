@@ -39,7 +39,7 @@ func (r *Region) Register(ring *uring.Ring, slot uint32) error {
 	}
 	if _, err := ring.UpdateBuffers(slot, r.iovecs(), nil); err != nil {
 		if errors.Is(err, unix.ENOMEM) {
-			return newMemlockError(len(r.mem), err)
+			return NewMemlockError(len(r.mem), err)
 		}
 		return fmt.Errorf("memreg: register %d bytes at fixed slot %d: %w", len(r.mem), slot, err)
 	}
@@ -97,15 +97,21 @@ type MemlockError struct {
 	Err       error
 }
 
-func newMemlockError(need int, err error) *MemlockError {
+// NewMemlockError describes a registration (of need bytes; 0 when unknown) refused by err for
+// lack of locked memory, with the current limits.
+func NewMemlockError(need int, err error) *MemlockError {
 	var rl unix.Rlimit
 	unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl)
 	return &MemlockError{Need: need, Limit: rl.Cur, HardLimit: rl.Max, Err: err}
 }
 
 func (e *MemlockError) Error() string {
-	return fmt.Sprintf("memreg: register %s: %v (RLIMIT_MEMLOCK is %s, hard limit %s; raise it with ulimit -l, LimitMEMLOCK= in a systemd unit, or memreg.RaiseMemlock)",
-		human(uint64(e.Need)), e.Err, human(e.Limit), human(e.HardLimit))
+	what := "register " + human(uint64(e.Need))
+	if e.Need == 0 {
+		what = "lock memory"
+	}
+	return fmt.Sprintf("memreg: %s: %v (RLIMIT_MEMLOCK is %s, hard limit %s; raise it with ulimit -l, LimitMEMLOCK= in a systemd unit, or memreg.RaiseMemlock)",
+		what, e.Err, human(e.Limit), human(e.HardLimit))
 }
 
 func (e *MemlockError) Unwrap() error { return e.Err }

@@ -1,17 +1,19 @@
-// Package loop runs zcnet's queues. A Queue is one io_uring instance owned by one goroutine
-// locked to one OS thread (so the ring can be SINGLE_ISSUER|DEFER_TASKRUN), with:
+// Package loop runs zcnet's queues: one event loop owned by one goroutine locked to one OS
+// thread (so an io_uring ring can be SINGLE_ISSUER|DEFER_TASKRUN), with
 //
-//   - a send region of mmap'd buffers registered as the ring's fixed buffers (zero-copy sends
-//     name them by index),
-//   - a receive region feeding a provided-buffer ring (multishot recv, bundles),
 //   - an inbox other goroutines push work into without locks (a Treiber stack drained in FIFO
-//     order) and a wake-up eventfd written only when the queue sleeps,
-//   - completion dispatch by user_data: the high 32 bits name an Owner registered with the
-//     queue, the low 32 bits are the owner's tag.
+//     order per producer) and a wake-up eventfd written only when the loop sleeps; once the
+//     queue stops, the inbox is sealed: Post fails with ErrClosed, never silently drops;
+//   - an operation table: every asynchronous operation (an io_uring SQE, an epoll
+//     registration, a shim module request) gets an id, user_data = generation<<32 | slot, with
+//     a 32-bit generation per slot, so a completion that arrives after its owner went away is
+//     recognised as stray (counted) and never reaches a new owner;
+//   - timers (a heap, loop only);
+//   - a Driver that waits for events: the io_uring driver (URing: a ring, a provided-buffer
+//     ring fed from a growing memreg.Pool, a fixed-buffer table) or the epoll driver (Epoll).
 //
-// Everything named "loop only" must be called on the queue's goroutine: from an Owner's
-// OnCQE, from a Flusher's Flush, or from a function passed to Post or Do.
+// Everything documented "loop only" must be called on the queue's goroutine: from an Owner's
+// OnEvent, a Flusher's Flush, a timer, or a function passed to Post or Do.
 //
-// Queue.Close stops the loop: it waits (bounded) for zero-copy notifications still
-// outstanding, then closes the ring and unmaps the regions.
+// This package is plumbing: nothing of it appears in zc's public API.
 package loop

@@ -5,138 +5,116 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/zcnet/zcnet/internal/uring"
-	"github.com/zcnet/zcnet/memreg"
 )
 
-// ErrClosed is returned for work posted to a closed queue.
+// ErrClosed is returned for work posted to a stopped queue.
 var ErrClosed = fmt.Errorf("loop: queue closed: %w", os.ErrClosed)
 
-// Config describes one queue. Zero fields take the defaults noted.
+// ErrWouldBlock: a call made on the queue's own goroutine would wait for that goroutine.
+var ErrWouldBlock = errors.New("loop: would block the queue's own goroutine")
+
+// Config describes one queue.
 type Config struct {
-	ID          int
-	Entries     uint32 // SQ entries (default 512; the CQ is twice as large)
-	CPU         int    // pin the queue's thread to this CPU; -1 (or NoPin) leaves it free
-	NoPin       bool
-	SendBufSize int // bytes per send buffer (default 64 KiB)
-	SendBufs    int // send buffers (default 256)
-	RecvBufSize int // bytes per receive buffer (default 32 KiB)
-	RecvBufs    int // receive buffers, a power of two (default 256)
-	NoBundles   bool
-	// Flags overrides the setup flags (default: SINGLE_ISSUER|DEFER_TASKRUN|TASKRUN_FLAG where
-	// supported, else COOP_TASKRUN|TASKRUN_FLAG).
-	Flags uint32
-	// CloseWait bounds how long Close waits for zero-copy notifications (default 2 s).
-	CloseWait time.Duration
+	ID    int
+	CPU   int  // pin the queue's thread to this CPU (unless NoPin)
+	NoPin bool // leave the thread free to run anywhere
 }
 
-func (c *Config) defaults() {
-	if c.Entries == 0 {
-		c.Entries = 512
-	}
-	if c.SendBufSize == 0 {
-		c.SendBufSize = 64 << 10
-	}
-	if c.SendBufs == 0 {
-		c.SendBufs = 256
-	}
-	if c.RecvBufSize == 0 {
-		c.RecvBufSize = 32 << 10
-	}
-	if c.RecvBufs == 0 {
-		c.RecvBufs = 256
-	}
-	if c.CloseWait == 0 {
-		c.CloseWait = 2 * time.Second
-	}
+// Driver waits for a queue's events and dispatches them (Queue.Dispatch). All its methods
+// run on the loop.
+type Driver interface {
+	// Wait submits prepared work and waits up to timeout (< 0: no limit, 0: do not block) for
+	// events, dispatching those that arrived. It must return soon after the queue's eventfd
+	// (Queue.WakeFD) becomes readable, and consume that readiness.
+	Wait(timeout time.Duration) error
+	// Close releases the driver's kernel objects. It runs after the last Wait.
+	Close()
 }
 
-// Owner receives the completions of the operations it submitted with UserData(id, tag).
+// Owner receives the events of the operations it registered with NewOp.
 type Owner interface {
-	OnCQE(q *Queue, c uring.CQE)
+	OnEvent(q *Queue, ev Event)
 }
 
-// Flusher is called on the loop before the queue submits, after MarkDirty.
+// Event is one completion or readiness report.
+type Event struct {
+	UD    uint64 // the operation's id
+	Tag   uint32 // the tag given to NewOp
+	Res   int32  // result (io_uring: cqe.res; epoll: 0)
+	Flags uint32 // io_uring: cqe.flags; epoll: the event mask
+	Big   [2]uint64
+}
+
+// Flusher is called on the loop before it next waits, after Schedule or MarkDirty.
 type Flusher interface {
 	Flush(q *Queue)
 }
 
-// Stats are a queue's counters, safe to read from any goroutine.
-type Stats struct {
-	Enters          uint64 // io_uring_enter calls
-	CQEs            uint64 // completions handled
-	Wakeups         uint64 // eventfd writes by other goroutines to wake the queue
-	OverflowFlushes uint64 // CQ overflowed and had to be flushed
-	RecvBufsOut     int64  // receive buffers held by the application or in flight to it
-	BufRingEmpty    uint64 // times a recv found the buffer ring empty (ENOBUFS)
-	BundleMismatch  uint64 // bundle CQEs whose first buffer id did not match the ring order
-	NotifsPending   int64  // zero-copy sends whose notification has not arrived
-	StrayCQEs       uint64 // completions for owners that no longer exist (a bug if non-zero)
+type opSlot struct {
+	gen   uint32
+	tag   uint32
+	owner Owner
 }
 
-type ownerSlot struct {
-	o   Owner
-	gen uint16
-}
-
+// Reserved operation ids (generation 0 is never handed out).
 const (
-	slotBits = 20
-	slotMask = 1<<slotBits - 1
-	selfTag  = 1 // eventfd read
+	UDIgnore uint64 = 0 // completions nobody waits for (cancel requests)
+	UDWake   uint64 = 1 // the wake-up eventfd
 )
 
-// Queue is one ring and its loop.
+// Stats are a queue's counters, safe to read from any goroutine.
+type Stats struct {
+	Waits     uint64 // driver waits (io_uring_enter / epoll_wait calls)
+	Events    uint64 // events dispatched
+	Wakeups   uint64 // eventfd writes by other goroutines to wake the queue
+	Stray     uint64 // events for operations that no longer exist
+	OpsLive   int64  // operations registered and not freed
+	Overflows uint64 // completion-queue overflows the driver had to flush
+}
+
+// Queue is one event loop.
 type Queue struct {
-	cfg  Config
-	ring *uring.Ring
+	cfg Config
+	drv Driver
 
 	inbox    inbox
 	sleeping atomic.Int32
 	efd      int
-	scratch  []byte // mmap'd page the kernel writes asynchronously (eventfd counter)
-
-	owners     []ownerSlot
-	freeOwners []uint32
-	dirty      []Flusher
-	bufWaiters []Flusher
-
-	send     *memreg.Region
-	recv     *memreg.Region
-	bufRing  *uring.BufRing
-	shadow   []uint16 // buffer id at each ring slot
-	rhead    uint32   // ring entries the kernel consumed
-	rtail    uint32   // ring entries added
-	addsOpen int      // added since the last Advance
-	bundles  bool
-
-	cqes     []uring.CQE
 	tid      atomic.Int32
-	stopping bool
-	stopReq  atomic.Bool
-	done     chan struct{}
-	closed   atomic.Bool
-	closeErr error
 
-	enters, cqeCount, wakeups, overflow, bufEmpty, mismatch, stray atomic.Uint64
-	recvOut, notifs                                                atomic.Int64
+	dirty   []Flusher
+	timers  timerHeap
+	ops     []opSlot
+	freeOps []uint32
+	onBuf   func(arg int32) // buffer-return tasks (see PostBuffer)
+	atStop  []func()
+
+	stopReq atomic.Bool
+	done    chan struct{}
+	closed  atomic.Bool
+	runErr  error
+	mu      sync.Mutex
+
+	waits, events, wakeups, stray, overflows atomic.Uint64
+	opsLive                                  atomic.Int64
 }
 
-// New starts a queue: its goroutine locks an OS thread, creates the ring there, registers the
-// regions and starts looping. It returns once the queue is ready or failed.
-func New(cfg Config) (*Queue, error) {
-	cfg.defaults()
-	if cfg.RecvBufs&(cfg.RecvBufs-1) != 0 || cfg.RecvBufs > 32768 {
-		return nil, fmt.Errorf("loop: %d receive buffers: need a power of two <= 32768: %w", cfg.RecvBufs, unix.EINVAL)
+// Start starts a queue: its goroutine locks an OS thread (pinned unless NoPin), creates the
+// driver there with init, and loops. It returns once the queue runs or init failed.
+func Start(cfg Config, init func(q *Queue) (Driver, error)) (*Queue, error) {
+	q := &Queue{cfg: cfg, efd: -1, done: make(chan struct{}), ops: make([]opSlot, 2, 64)}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC) // blocking: io_uring reads of an O_NONBLOCK file fail with EAGAIN
+	if err != nil {
+		return nil, os.NewSyscallError("eventfd", err)
 	}
-	q := &Queue{cfg: cfg, efd: -1, done: make(chan struct{}), owners: make([]ownerSlot, 1, 64)}
+	q.efd = efd
 	ready := make(chan error, 1)
-	go q.run(ready)
+	go q.run(init, ready)
 	if err := <-ready; err != nil {
 		<-q.done
 		return nil, err
@@ -144,114 +122,10 @@ func New(cfg Config) (*Queue, error) {
 	return q, nil
 }
 
-// OnLoop reports whether the caller runs on the queue's goroutine (its thread is locked to
-// it, so the thread id tells). Code that would block waiting for the loop uses it to fail
-// instead of deadlocking.
-func (q *Queue) OnLoop() bool { return int32(unix.Gettid()) == q.tid.Load() }
-
-// ID returns the queue's id.
-func (q *Queue) ID() int { return q.cfg.ID }
-
-// Ring returns the queue's ring (loop only).
-func (q *Queue) Ring() *uring.Ring { return q.ring }
-
-// SendRegion returns the region whose buffers the ring knows as fixed buffers.
-func (q *Queue) SendRegion() *memreg.Region { return q.send }
-
-// RecvRegion returns the region backing the provided-buffer ring.
-func (q *Queue) RecvRegion() *memreg.Region { return q.recv }
-
-// BufGroup returns the provided-buffer group id for multishot recv.
-func (q *Queue) BufGroup() uint16 { return 0 }
-
-// Bundles reports whether recv bundles are in use.
-func (q *Queue) Bundles() bool { return q.bundles }
-
-func (q *Queue) init() error {
-	caps := uring.DetectCapabilities()
-	if caps.Err != nil {
-		return caps.Err
-	}
-	flags := q.cfg.Flags
-	if flags == 0 {
-		if caps.SetupOK(uring.SetupSingleIssuer | uring.SetupDeferTaskrun) {
-			flags = uring.SetupSingleIssuer | uring.SetupDeferTaskrun | uring.SetupTaskrunFlag
-		} else if caps.SetupOK(uring.SetupCoopTaskrun | uring.SetupTaskrunFlag) {
-			flags = uring.SetupCoopTaskrun | uring.SetupTaskrunFlag
-		}
-		if caps.SetupOK(uring.SetupSubmitAll) {
-			flags |= uring.SetupSubmitAll
-		}
-	}
-	var err error
-	q.ring, err = uring.New(q.cfg.Entries, &uring.Options{Flags: flags})
-	if err != nil {
-		return err
-	}
-	q.cqes = make([]uring.CQE, q.ring.CQEntries())
-	q.bundles = !q.cfg.NoBundles && caps.Has(uring.FeatRecvsendBundle)
-	q.scratch, err = unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return os.NewSyscallError("mmap", err)
-	}
-	q.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		return os.NewSyscallError("eventfd", err)
-	}
-	if err := q.ring.RegisterBuffersSparse(16); err != nil {
-		return fmt.Errorf("loop: fixed-buffer table: %w", err)
-	}
-	q.send, err = memreg.New(memreg.Options{BufSize: q.cfg.SendBufSize, Count: q.cfg.SendBufs})
-	if err != nil {
-		return err
-	}
-	if err := q.send.Register(q.ring, 0); err != nil {
-		return err
-	}
-	q.recv, err = memreg.New(memreg.Options{BufSize: q.cfg.RecvBufSize, Count: q.cfg.RecvBufs})
-	if err != nil {
-		return err
-	}
-	q.bufRing, err = q.ring.RegisterBufRing(uint32(q.cfg.RecvBufs), q.BufGroup(), 0)
-	if err != nil {
-		return err
-	}
-	q.shadow = make([]uint16, q.cfg.RecvBufs)
-	q.recv.Provide(q.cfg.RecvBufs, func(l memreg.Loan) { q.addRecvBuf(l.Index()) })
-	q.publishRecvBufs()
-	q.recv.SetRecycler(q.recycle)
-	q.armEventfd()
-	return nil
-}
-
-func (q *Queue) teardown() {
-	if q.bufRing != nil {
-		q.bufRing.Close()
-	}
-	if q.ring != nil {
-		if q.send != nil {
-			q.send.Forget(q.ring)
-		}
-		q.ring.Close()
-	}
-	for _, r := range []*memreg.Region{q.send, q.recv} {
-		if r != nil {
-			r.Abandon()
-			r.Close()
-		}
-	}
-	if q.efd >= 0 {
-		unix.Close(q.efd)
-	}
-	if q.scratch != nil {
-		unix.Munmap(q.scratch)
-	}
-}
-
-func (q *Queue) run(ready chan<- error) {
+func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 	defer close(q.done)
-	// The thread stays locked until the goroutine exits; the runtime then retires the thread,
-	// taking its io_uring task context with it.
+	// The thread stays locked until the goroutine exits; the runtime then retires it, taking
+	// its io_uring task context with it.
 	runtime.LockOSThread()
 	q.tid.Store(int32(unix.Gettid()))
 	if !q.cfg.NoPin && q.cfg.CPU >= 0 {
@@ -259,94 +133,69 @@ func (q *Queue) run(ready chan<- error) {
 		set.Set(q.cfg.CPU)
 		unix.SchedSetaffinity(0, &set) // best effort: a cpuset may forbid it
 	}
-	if err := q.init(); err != nil {
-		q.teardown()
+	drv, err := init(q)
+	if err != nil {
+		q.closed.Store(true)
+		q.inbox.seal()
+		q.closeEventfd()
 		ready <- err
 		return
 	}
+	q.drv = drv
 	ready <- nil
 	q.loop()
-	q.drainNotifs()
-	q.teardown()
+	// Stopping: work posted before the seal still runs (a successful Post always runs).
+	for {
+		t := q.inbox.seal()
+		if t == nil {
+			break
+		}
+		q.runTasks(t)
+	}
+	for _, f := range q.atStop {
+		f()
+	}
+	q.drv.Close()
+	q.closeEventfd()
 }
 
 func (q *Queue) loop() {
 	for {
-		q.runInbox()
-		if q.stopReq.Load() && !q.stopping {
-			q.stopping = true
+		q.runTasks(q.inbox.takeAll())
+		q.runTimers()
+		if q.stopReq.Load() {
 			return
 		}
 		q.flush()
-		var wait uint32 = 1
+		timeout := q.nextTimeout()
 		if !q.inbox.empty() || len(q.dirty) > 0 {
-			wait = 0
-		} else {
+			timeout = 0
+		} else if timeout != 0 {
 			q.sleeping.Store(1)
-			if !q.inbox.empty() {
-				q.sleeping.Store(0)
-				wait = 0
+			if !q.inbox.empty() || q.stopReq.Load() {
+				timeout = 0
 			}
 		}
-		_, err := q.ring.SubmitAndWait(wait)
+		err := q.drv.Wait(timeout)
 		q.sleeping.Store(0)
-		q.enters.Add(1)
-		if err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
-			q.closeErr = err
+		q.waits.Add(1)
+		if err != nil {
+			q.runErr = err
 			return
 		}
-		q.reap()
 	}
 }
 
-// reap dispatches every ready completion.
-func (q *Queue) reap() {
-	for {
-		n := q.ring.PeekBatch(q.cqes)
-		if n == 0 {
-			return
-		}
-		q.cqeCount.Add(uint64(n))
-		for i := 0; i < n; i++ {
-			q.dispatch(q.cqes[i])
-		}
-	}
-}
-
-func (q *Queue) dispatch(c uring.CQE) {
-	id := uint32(c.UserData >> 32)
-	if id == 0 {
-		if uint32(c.UserData) == selfTag {
-			q.armEventfd()
-		}
-		return
-	}
-	slot, gen := id&slotMask, uint16(id>>slotBits)
-	if int(slot) >= len(q.owners) || q.owners[slot].o == nil || q.owners[slot].gen&0xfff != gen {
-		q.stray.Add(1)
-		return
-	}
-	q.owners[slot].o.OnCQE(q, c)
-}
-
-func (q *Queue) armEventfd() {
-	sqe := q.GetSQE()
-	sqe.PrepRead(int32(q.efd), uintptr(unsafe.Pointer(&q.scratch[0])), 8)
-	sqe.UserData = selfTag
-}
-
-// runInbox runs posted work in FIFO order.
-func (q *Queue) runInbox() {
-	t := q.inbox.takeAll()
+func (q *Queue) runTasks(t *task) {
 	for t != nil {
 		next := t.next
 		switch {
 		case t.fn != nil:
 			t.fn()
-		case t.owner != nil:
-			q.MarkDirty(t.owner)
-		default:
-			q.addRecvBuf(int(t.bid))
+		case t.f != nil:
+			q.MarkDirty(t.f)
+		case q.onBuf != nil:
+			q.onBuf(t.arg)
 		}
 		*t = task{}
 		taskPool.Put(t)
@@ -354,12 +203,8 @@ func (q *Queue) runInbox() {
 	}
 }
 
-// flush runs dirty flushers, publishes returned receive buffers and wakes conns that waited
-// for them.
+// flush runs the dirty flushers (loop only).
 func (q *Queue) flush() {
-	if q.addsOpen > 0 {
-		q.publishRecvBufs()
-	}
 	for len(q.dirty) > 0 {
 		d := q.dirty
 		q.dirty = nil
@@ -367,212 +212,181 @@ func (q *Queue) flush() {
 			f.Flush(q)
 		}
 		if q.dirty == nil {
+			clear(d)
 			q.dirty = d[:0]
 		}
 	}
 }
 
-// MarkDirty asks the loop to call f.Flush before it next submits (loop only).
+// ID returns the queue's id.
+func (q *Queue) ID() int { return q.cfg.ID }
+
+// OnLoop reports whether the caller runs on the queue's goroutine (its thread is locked to
+// it, so the thread id tells).
+func (q *Queue) OnLoop() bool { return int32(unix.Gettid()) == q.tid.Load() }
+
+// TID returns the loop thread's id.
+func (q *Queue) TID() int32 { return q.tid.Load() }
+
+// WakeFD returns the eventfd a driver must watch (loop only).
+func (q *Queue) WakeFD() int { return q.efd }
+
+// MarkDirty asks the loop to call f.Flush before it next waits (loop only).
 func (q *Queue) MarkDirty(f Flusher) { q.dirty = append(q.dirty, f) }
 
-// WaitBuffers calls f.Flush once receive buffers were returned to the ring (loop only).
-func (q *Queue) WaitBuffers(f Flusher) { q.bufWaiters = append(q.bufWaiters, f) }
+// AtStop registers f to run on the loop when it stops, before the driver closes (loop only).
+func (q *Queue) AtStop(f func()) { q.atStop = append(q.atStop, f) }
 
-// Post runs fn on the queue's goroutine. It never blocks and does not allocate beyond fn's
-// closure; it wakes the queue only if it sleeps.
+// Post runs fn on the queue's goroutine. It never blocks and wakes the queue only if it
+// sleeps. After the queue stopped it returns ErrClosed; a Post that returned nil always runs.
 func (q *Queue) Post(fn func()) error {
-	if q.closed.Load() {
-		return ErrClosed
-	}
 	t := taskPool.Get().(*task)
 	t.fn = fn
-	q.push(t)
-	return nil
+	return q.push(t)
 }
 
 // Schedule asks the loop to call f.Flush, from any goroutine, without allocating.
 func (q *Queue) Schedule(f Flusher) error {
-	if q.closed.Load() {
+	t := taskPool.Get().(*task)
+	t.f = f
+	return q.push(t)
+}
+
+// PostBuffer hands arg to the buffer-return hook (SetBufferHook) on the loop, without
+// allocating.
+func (q *Queue) PostBuffer(arg int32) error {
+	t := taskPool.Get().(*task)
+	t.arg = arg
+	return q.push(t)
+}
+
+// SetBufferHook sets what PostBuffer runs (before the queue starts taking work: in init).
+func (q *Queue) SetBufferHook(fn func(arg int32)) { q.onBuf = fn }
+
+func (q *Queue) push(t *task) error {
+	if !q.inbox.push(t) {
+		*t = task{}
+		taskPool.Put(t)
 		return ErrClosed
 	}
-	t := taskPool.Get().(*task)
-	t.owner = f
-	q.push(t)
+	if q.sleeping.Load() == 1 && q.sleeping.CompareAndSwap(1, 0) {
+		q.wake()
+	}
 	return nil
 }
 
-func (q *Queue) push(t *task) {
-	q.inbox.push(t)
-	if q.sleeping.Load() == 1 && q.sleeping.CompareAndSwap(1, 0) {
-		var one = [8]byte{1}
+// wake writes the eventfd. The lock keeps it from being closed (and its number reused) under
+// a waker that saw the loop asleep just before it exited.
+func (q *Queue) wake() {
+	var one = [8]byte{1}
+	q.mu.Lock()
+	if q.efd >= 0 {
 		unix.Write(q.efd, one[:])
-		q.wakeups.Add(1)
 	}
+	q.mu.Unlock()
+	q.wakeups.Add(1)
 }
 
-// Do runs fn on the queue's goroutine and waits for its result.
+func (q *Queue) closeEventfd() {
+	q.mu.Lock()
+	if q.efd >= 0 {
+		unix.Close(q.efd)
+		q.efd = -1
+	}
+	q.mu.Unlock()
+}
+
+// Do runs fn on the queue's goroutine and waits for its result. On the loop itself it runs
+// fn at once.
 func (q *Queue) Do(fn func() error) error {
+	if q.OnLoop() {
+		return fn()
+	}
 	ch := make(chan error, 1)
 	if err := q.Post(func() { ch <- fn() }); err != nil {
 		return err
 	}
-	select {
-	case err := <-ch:
-		return err
-	case <-q.done:
-		select {
-		case err := <-ch:
-			return err
-		default:
-			return ErrClosed
-		}
-	}
+	return <-ch // a successful Post always runs
 }
 
-// AddOwner registers o and returns its id for UserData (loop only).
-func (q *Queue) AddOwner(o Owner) uint32 {
+// NewOp registers an operation of owner o and returns its id (user_data) (loop only).
+func (q *Queue) NewOp(o Owner, tag uint32) uint64 {
 	var slot uint32
-	if n := len(q.freeOwners); n > 0 {
-		slot = q.freeOwners[n-1]
-		q.freeOwners = q.freeOwners[:n-1]
+	if n := len(q.freeOps); n > 0 {
+		slot = q.freeOps[n-1]
+		q.freeOps = q.freeOps[:n-1]
 	} else {
-		slot = uint32(len(q.owners))
-		q.owners = append(q.owners, ownerSlot{})
+		slot = uint32(len(q.ops))
+		q.ops = append(q.ops, opSlot{})
 	}
-	s := &q.owners[slot]
-	s.gen = (s.gen + 1) & 0xfff
-	s.o = o
-	return slot | uint32(s.gen)<<slotBits
+	s := &q.ops[slot]
+	s.gen++
+	if s.gen == 0 {
+		s.gen = 1
+	}
+	s.owner, s.tag = o, tag
+	q.opsLive.Add(1)
+	return uint64(s.gen)<<32 | uint64(slot)
 }
 
-// RemoveOwner unregisters an owner; completions still arriving for it are dropped and counted
-// as stray (loop only). Remove an owner only when it has nothing in flight.
-func (q *Queue) RemoveOwner(id uint32) {
-	slot := id & slotMask
-	if int(slot) < len(q.owners) && q.owners[slot].o != nil {
-		q.owners[slot].o = nil
-		q.freeOwners = append(q.freeOwners, slot)
-	}
-}
-
-// UserData builds the user_data for an owner's operation.
-func UserData(owner, tag uint32) uint64 { return uint64(owner)<<32 | uint64(tag) }
-
-// GetSQE returns a free SQE, submitting first when the SQ is full (loop only).
-func (q *Queue) GetSQE() *uring.SQE {
-	for {
-		if sqe := q.ring.GetSQE(); sqe != nil {
-			return sqe
-		}
-		if _, err := q.ring.Submit(); err != nil {
-			q.enters.Add(1)
-			q.reap()
-			continue
-		}
-		q.enters.Add(1)
-	}
-}
-
-// NotifStarted / NotifDone count zero-copy sends waiting for their notification (loop only).
-func (q *Queue) NotifStarted() { q.notifs.Add(1) }
-func (q *Queue) NotifDone()    { q.notifs.Add(-1) }
-
-func (q *Queue) addRecvBuf(idx int) {
-	q.bufRing.Add(q.recv.Addr(idx), uint32(q.cfg.RecvBufSize), uint16(idx), q.addsOpen)
-	q.shadow[(q.rtail+uint32(q.addsOpen))&uint32(len(q.shadow)-1)] = uint16(idx)
-	q.addsOpen++
-	if q.addsOpen == len(q.shadow) {
-		q.publishRecvBufs()
-	}
-}
-
-func (q *Queue) publishRecvBufs() {
-	q.rtail += uint32(q.addsOpen)
-	q.bufRing.Advance(q.addsOpen)
-	q.addsOpen = 0
-	if len(q.bufWaiters) > 0 {
-		q.dirty = append(q.dirty, q.bufWaiters...)
-		q.bufWaiters = q.bufWaiters[:0]
-	}
-}
-
-// recycle runs (on any goroutine) when the application releases a received buffer.
-func (q *Queue) recycle(idx int) {
-	q.recvOut.Add(-1)
-	if q.closed.Load() {
+// FreeOp unregisters an operation; events still arriving for it are counted as stray
+// (loop only). Idempotent for a given id.
+func (q *Queue) FreeOp(ud uint64) {
+	slot, gen := uint32(ud), uint32(ud>>32)
+	if gen == 0 || int(slot) >= len(q.ops) || q.ops[slot].gen != gen || q.ops[slot].owner == nil {
 		return
 	}
-	t := taskPool.Get().(*task)
-	t.bid = int32(idx)
-	q.push(t)
+	q.ops[slot].owner = nil
+	q.freeOps = append(q.freeOps, slot)
+	q.opsLive.Add(-1)
 }
 
-// Received hands the buffers a recv CQE consumed to fn, in order, as borrowed buffers with
-// their byte counts (loop only). It must be called for every CQE with the buffer flag.
-func (q *Queue) Received(c uring.CQE, fn func(b memreg.Buf, n int)) {
-	if !c.HasBuffer() {
+// OpLive reports whether ud is a registered operation (loop only).
+func (q *Queue) OpLive(ud uint64) bool {
+	slot, gen := uint32(ud), uint32(ud>>32)
+	return gen != 0 && int(slot) < len(q.ops) && q.ops[slot].gen == gen && q.ops[slot].owner != nil
+}
+
+// Dispatch hands an event to its operation's owner (drivers call it; loop only).
+func (q *Queue) Dispatch(ev Event) {
+	q.events.Add(1)
+	slot, gen := uint32(ev.UD), uint32(ev.UD>>32)
+	if gen == 0 {
+		return // UDIgnore, UDWake: handled by the driver
+	}
+	if int(slot) >= len(q.ops) || q.ops[slot].gen != gen || q.ops[slot].owner == nil {
+		q.stray.Add(1)
 		return
 	}
-	left := int(c.Res)
-	mask := uint32(len(q.shadow) - 1)
-	first := true
-	for {
-		bid := q.shadow[q.rhead&mask]
-		if first && bid != c.BufferID() {
-			// The ring order we track disagrees with the kernel: trust the kernel's id.
-			q.mismatch.Add(1)
-			bid = c.BufferID()
-		}
-		first = false
-		q.rhead++
-		n := min(left, q.cfg.RecvBufSize)
-		b, err := q.recv.Received(int(bid))
-		if err == nil {
-			q.recvOut.Add(1)
-			fn(b, n)
-		}
-		left -= n
-		if left <= 0 {
-			return
-		}
-	}
+	ev.Tag = q.ops[slot].tag
+	q.ops[slot].owner.OnEvent(q, ev)
 }
 
-// NoteBufRingEmpty counts a recv that ended with ENOBUFS.
-func (q *Queue) NoteBufRingEmpty() { q.bufEmpty.Add(1) }
+// NoteOverflow counts a completion-queue overflow flush (drivers).
+func (q *Queue) NoteOverflow() { q.overflows.Add(1) }
 
 // Stats returns the queue's counters.
 func (q *Queue) Stats() Stats {
-	return Stats{
-		Enters: q.enters.Load(), CQEs: q.cqeCount.Load(), Wakeups: q.wakeups.Load(),
-		RecvBufsOut: q.recvOut.Load(), BufRingEmpty: q.bufEmpty.Load(), BundleMismatch: q.mismatch.Load(),
-		NotifsPending: q.notifs.Load(), StrayCQEs: q.stray.Load(), OverflowFlushes: q.overflow.Load(),
-	}
-}
-
-// drainNotifs keeps reaping until no zero-copy notification is pending or CloseWait passed.
-func (q *Queue) drainNotifs() {
-	deadline := time.Now().Add(q.cfg.CloseWait)
-	for q.notifs.Load() > 0 && time.Now().Before(deadline) {
-		q.ring.SubmitAndWaitTimeout(1, 10*time.Millisecond)
-		q.reap()
-	}
+	return Stats{Waits: q.waits.Load(), Events: q.events.Load(), Wakeups: q.wakeups.Load(),
+		Stray: q.stray.Load(), OpsLive: q.opsLive.Load(), Overflows: q.overflows.Load()}
 }
 
 // Stopped is closed when the queue's loop has exited.
 func (q *Queue) Stopped() <-chan struct{} { return q.done }
 
-// Close stops the loop, waits (bounded) for zero-copy notifications, and frees the ring, the
-// regions and the fds. It is idempotent; later calls return ErrClosed.
+// Close stops the loop: posted work still runs, then the AtStop functions, then the driver
+// closes. It waits for all of that unless called on the loop itself (then the loop stops
+// after the current work and Close returns at once). Idempotent; later calls return
+// ErrClosed.
 func (q *Queue) Close() error {
 	if !q.closed.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
 	q.stopReq.Store(true)
-	t := taskPool.Get().(*task)
-	t.fn = func() {}
-	q.push(t)
-	unix.Write(q.efd, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	q.wake()
+	if q.OnLoop() {
+		return nil
+	}
 	<-q.done
-	return q.closeErr
+	return q.runErr
 }

@@ -4,14 +4,15 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/zcnet/zcnet/internal/leakcheck"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/leakcheck"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -24,9 +25,32 @@ func TestMain(m *testing.M) {
 	))
 }
 
-func newQueue(t testing.TB, cfg Config) *Queue {
+type driverKind int
+
+const (
+	kindURing driverKind = iota
+	kindEpoll
+)
+
+func (k driverKind) String() string { return [...]string{"uring", "epoll"}[k] }
+
+func startQueue(t testing.TB, k driverKind, init func(q *Queue, d Driver) error) *Queue {
 	t.Helper()
-	q, err := New(cfg)
+	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
+		var d Driver
+		var err error
+		if k == kindURing {
+			d, err = NewURing(q, URingConfig{})
+		} else {
+			d, err = NewEpoll(q)
+		}
+		if err == nil && init != nil {
+			if err = init(q, d); err != nil {
+				d.Close()
+			}
+		}
+		return d, err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,144 +59,297 @@ func newQueue(t testing.TB, cfg Config) *Queue {
 }
 
 func TestPostDoWake(t *testing.T) {
-	q := newQueue(t, Config{NoPin: true, SendBufs: 4, RecvBufs: 4})
-	// Posts from many goroutines run in per-producer order, and sleeping queues wake up.
-	var mu sync.Mutex
-	seen := map[int][]int{}
-	var wg sync.WaitGroup
-	for g := 0; g < 4; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			for i := 0; i < 500; i++ {
-				i := i
-				if err := q.Post(func() { mu.Lock(); seen[g] = append(seen[g], i); mu.Unlock() }); err != nil {
-					t.Error(err)
+	for _, k := range []driverKind{kindURing, kindEpoll} {
+		t.Run(k.String(), func(t *testing.T) {
+			q := startQueue(t, k, nil)
+			// Posts from many goroutines run in per-producer order, and sleeping queues wake up.
+			var mu sync.Mutex
+			seen := map[int][]int{}
+			var wg sync.WaitGroup
+			for g := 0; g < 4; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					for i := 0; i < 500; i++ {
+						if err := q.Post(func() { mu.Lock(); seen[g] = append(seen[g], i); mu.Unlock() }); err != nil {
+							t.Error(err)
+						}
+						if i%100 == 0 {
+							time.Sleep(time.Millisecond) // let the queue fall asleep
+						}
+					}
+				}(g)
+			}
+			wg.Wait()
+			if err := q.Do(func() error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			for g := 0; g < 4; g++ {
+				if len(seen[g]) != 500 {
+					t.Fatalf("producer %d: %d of 500 tasks ran", g, len(seen[g]))
 				}
-				if i%100 == 0 {
-					time.Sleep(time.Millisecond) // let the queue fall asleep
+				for i, v := range seen[g] {
+					if v != i {
+						t.Fatalf("producer %d: task %d ran as %d-th", g, v, i)
+					}
 				}
 			}
-		}(g)
-	}
-	wg.Wait()
-	if err := q.Do(func() error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	for g := 0; g < 4; g++ {
-		if len(seen[g]) != 500 {
-			t.Fatalf("producer %d: %d of 500 tasks ran", g, len(seen[g]))
-		}
-		for i, v := range seen[g] {
-			if v != i {
-				t.Fatalf("producer %d: task %d ran as %d-th", g, v, i)
+			if q.Stats().Wakeups == 0 {
+				t.Error("queue never needed a wakeup: the sleep path was not exercised")
 			}
-		}
-	}
-	if q.Stats().Wakeups == 0 {
-		t.Error("queue never needed a wakeup: the sleep path was not exercised")
-	}
-	want := errors.New("x")
-	if err := q.Do(func() error { return want }); err != want {
-		t.Fatalf("Do = %v", err)
-	}
-	if err := q.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Close(); !errors.Is(err, ErrClosed) {
-		t.Fatalf("second Close = %v", err)
-	}
-	if err := q.Post(func() {}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Post after Close = %v", err)
-	}
-	if err := q.Do(func() error { return nil }); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Do after Close = %v", err)
-	}
-}
-
-type recvOwner struct {
-	id    uint32
-	fd    int
-	got   bytes.Buffer
-	hold  []memreg.Buf
-	done  chan struct{}
-	want  int
-	arms  int
-	holdN int
-	err   error
-}
-
-func (o *recvOwner) arm(q *Queue) {
-	o.arms++
-	sqe := q.GetSQE()
-	sqe.PrepRecvMultishot(int32(o.fd), q.BufGroup(), 0, q.Bundles())
-	sqe.UserData = UserData(o.id, 1)
-}
-
-func (o *recvOwner) OnCQE(q *Queue, c uring.CQE) {
-	if o.want == 1<<62 {
-		return // finished; the cancelled recv's last CQE
-	}
-	switch {
-	case c.Res == -int32(unix.ENOBUFS):
-		q.NoteBufRingEmpty()
-		for _, b := range o.hold {
-			b.Release()
-		}
-		o.hold = nil
-	case c.Res < 0:
-		o.err = unix.Errno(-c.Res)
-		o.want = 1 << 62
-		close(o.done)
-		return
-	default:
-		q.Received(c, func(b memreg.Buf, n int) {
-			o.got.Write(b.Bytes()[:n])
-			if len(o.hold) < o.holdN {
-				o.hold = append(o.hold, b)
-			} else {
-				b.Release()
+			want := errors.New("x")
+			if err := q.Do(func() error { return want }); err != want {
+				t.Fatalf("Do = %v", err)
+			}
+			// Do on the loop runs inline instead of deadlocking.
+			if err := q.Do(func() error { return q.Do(func() error { return want }) }); err != want {
+				t.Fatalf("nested Do = %v", err)
+			}
+			if err := q.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Close(); !errors.Is(err, ErrClosed) {
+				t.Fatalf("second Close = %v", err)
+			}
+			if err := q.Post(func() {}); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Post after Close = %v", err)
+			}
+			if err := q.Do(func() error { return nil }); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Do after Close = %v", err)
 			}
 		})
 	}
-	if o.got.Len() >= o.want {
-		for _, b := range o.hold {
-			b.Release()
+}
+
+// A Post that returned nil always runs, even when it races Close: nothing is dropped.
+func TestPostRacingClose(t *testing.T) {
+	for round := 0; round < 50; round++ {
+		q := startQueue(t, driverKind(round%2), nil)
+		var accepted, ran atomic.Int64
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 200; i++ {
+					if q.Post(func() { ran.Add(1) }) == nil {
+						accepted.Add(1)
+					}
+				}
+			}()
 		}
-		o.hold = nil
-		q.GetSQE().PrepCancel(UserData(o.id, 1), 0)
-		close(o.done)
-		o.want = 1 << 62
-		return
-	}
-	if !c.More() {
-		if c.Res == -int32(unix.ENOBUFS) {
-			q.WaitBuffers(o)
-			return
+		time.Sleep(time.Duration(round%5) * 100 * time.Microsecond)
+		q.Close()
+		wg.Wait()
+		if accepted.Load() != ran.Load() {
+			t.Fatalf("round %d: %d posts accepted, %d ran", round, accepted.Load(), ran.Load())
 		}
-		o.arm(q)
 	}
 }
 
-func (o *recvOwner) Flush(q *Queue) {
-	o.arm(q)
+// Close from the loop itself returns at once and stops the loop after the current work.
+func TestCloseFromLoop(t *testing.T) {
+	q := startQueue(t, kindEpoll, nil)
+	done := make(chan error, 1)
+	q.Post(func() { done <- q.Close() })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-q.Stopped():
+	case <-time.After(10 * time.Second):
+		t.Fatal("loop did not stop")
+	}
 }
 
-func TestReceiveThroughBufferRing(t *testing.T) {
+type recOwner struct {
+	evs []Event
+}
+
+func (o *recOwner) OnEvent(q *Queue, ev Event) { o.evs = append(o.evs, ev) }
+
+// Operation ids carry a 32-bit generation: an event for a freed operation is stray, even after
+// its slot was reused many times.
+func TestOpGenerations(t *testing.T) {
+	q := startQueue(t, kindEpoll, nil)
+	err := q.Do(func() error {
+		a := &recOwner{}
+		ud := q.NewOp(a, 7)
+		q.FreeOp(ud)
+		q.FreeOp(ud) // idempotent
+		b := &recOwner{}
+		var last uint64
+		for i := 0; i < 10000; i++ {
+			last = q.NewOp(b, 9)
+			if uint32(last) != uint32(ud) {
+				return fmt.Errorf("slot not reused: %#x vs %#x", last, ud)
+			}
+			if i < 9999 {
+				q.FreeOp(last)
+			}
+		}
+		q.Dispatch(Event{UD: ud, Res: 1})
+		q.Dispatch(Event{UD: last, Res: 2})
+		if len(a.evs) != 0 || len(b.evs) != 1 || b.evs[0].Tag != 9 || b.evs[0].Res != 2 {
+			return fmt.Errorf("a %v b %v", a.evs, b.evs)
+		}
+		if q.Stats().Stray != 1 {
+			return fmt.Errorf("stray %d", q.Stats().Stray)
+		}
+		if !q.OpLive(last) || q.OpLive(ud) {
+			return errors.New("OpLive")
+		}
+		q.FreeOp(last)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := q.Stats().OpsLive; n != 0 {
+		t.Fatalf("%d ops live", n)
+	}
+}
+
+func TestTimers(t *testing.T) {
+	q := startQueue(t, kindURing, nil)
+	got := make(chan int, 3)
+	q.Post(func() {
+		q.After(30*time.Millisecond, func() { got <- 3 })
+		q.After(10*time.Millisecond, func() { got <- 1 })
+		stop := q.After(20*time.Millisecond, func() { got <- 2 })
+		if !stop.Stop() || stop.Stop() {
+			t.Error("Stop")
+		}
+	})
+	for _, want := range []int{1, 3} {
+		select {
+		case v := <-got:
+			if v != want {
+				t.Fatalf("timer %d fired, want %d", v, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("timer did not fire")
+		}
+	}
+}
+
+// epoll events reach their operation; after the operation is freed and the descriptor closed,
+// nothing more arrives.
+func TestEpollReadiness(t *testing.T) {
+	var ep *Epoll
+	q := startQueue(t, kindEpoll, func(q *Queue, d Driver) error { ep = d.(*Epoll); return nil })
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	got := make(chan []byte, 10)
+	o := &funcOwner{fn: func(q *Queue, ev Event) {
+		buf := make([]byte, 64)
+		n, _ := unix.Read(fds[1], buf)
+		if n > 0 {
+			got <- buf[:n]
+		}
+	}}
+	var ud uint64
+	q.Do(func() error {
+		ud = q.NewOp(o, 1)
+		return ep.Add(fds[1], unix.EPOLLIN, ud)
+	})
+	unix.Write(fds[0], []byte("hello"))
+	select {
+	case b := <-got:
+		if string(b) != "hello" {
+			t.Fatalf("got %q", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no readiness")
+	}
+	q.Do(func() error { ep.Del(fds[1]); q.FreeOp(ud); return unix.Close(fds[1]) })
+}
+
+type funcOwner struct{ fn func(q *Queue, ev Event) }
+
+func (o *funcOwner) OnEvent(q *Queue, ev Event) { o.fn(q, ev) }
+
+// A multishot recv through the provided-buffer ring: the pool starts with 4 buffers and
+// grows up to its cap while the receiver holds buffers; every byte arrives in order.
+func TestRecvRingGrows(t *testing.T) {
 	for _, bundles := range []bool{false, true} {
 		t.Run(fmt.Sprintf("bundles=%v", bundles), func(t *testing.T) {
-			q := newQueue(t, Config{NoPin: true, SendBufs: 4, RecvBufs: 8, RecvBufSize: 4096, NoBundles: !bundles})
+			var u *URing
+			var rr *RecvRing
+			q := startQueue(t, kindURing, func(q *Queue, d Driver) error {
+				u = d.(*URing)
+				var err error
+				rr, err = u.NewRecvRing(RecvRingConfig{BufSize: 4096, Initial: 4, MaxBytes: 64 * 4096, Bundles: bundles})
+				return err
+			})
 			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer unix.Close(fds[0])
-			defer unix.Close(fds[1])
 			const size = 2 << 20
-			o := &recvOwner{fd: fds[1], done: make(chan struct{}), want: size, holdN: 6}
-			if err := q.Do(func() error { o.id = q.AddOwner(o); o.arm(q); return nil }); err != nil {
-				t.Fatal(err)
+			var got bytes.Buffer
+			var hold []memreg.Buf
+			done := make(chan struct{})
+			arms := 0
+			var o *funcOwner
+			var ud uint64
+			arm := func() {
+				arms++
+				sqe := u.GetSQE()
+				sqe.PrepRecvMultishot(int32(fds[1]), rr.Group(), 0, rr.Bundles())
+				sqe.UserData = ud
 			}
+			rearm := &flushFunc{fn: arm}
+			o = &funcOwner{fn: func(q *Queue, ev Event) {
+				if got.Len() >= size {
+					return
+				}
+				switch {
+				case ev.Res == -int32(unix.ENOBUFS):
+				case ev.Res <= 0:
+					t.Errorf("recv: %d", ev.Res)
+					close(done)
+					return
+				default:
+					rr.Received(ev, func(b memreg.Buf, n int) {
+						got.Write(b.Bytes()[:n])
+						hold = append(hold, b)
+					})
+					// Hold up to 40 buffers, then release them all: the pool must grow past
+					// its 4 initial buffers to let that happen.
+					if len(hold) >= 40 {
+						for _, b := range hold {
+							b.Release()
+						}
+						hold = hold[:0]
+					}
+				}
+				if got.Len() >= size {
+					for _, b := range hold {
+						b.Release()
+					}
+					hold = nil
+					u.CancelOp(ud)
+					close(done)
+					return
+				}
+				if ev.Flags&uring.CQEFMore == 0 {
+					if ev.Res == -int32(unix.ENOBUFS) {
+						for _, b := range hold {
+							b.Release()
+						}
+						hold = hold[:0]
+						rr.WaitBuffers(rearm)
+						return
+					}
+					arm()
+				}
+			}}
+			q.Do(func() error { ud = q.NewOp(o, 1); arm(); return nil })
 			want := make([]byte, size)
 			for i := range want {
 				want[i] = byte(i*31 + i>>9)
@@ -187,29 +364,77 @@ func TestReceiveThroughBufferRing(t *testing.T) {
 				}
 			}()
 			select {
-			case <-o.done:
-			case <-time.After(5 * time.Second):
-				q.Post(func() {
-					t.Logf("got %d arms %d hold %d stats %+v free %d lent %d", o.got.Len(), o.arms, len(o.hold), q.Stats(), q.recv.Free(), q.recv.Lent())
-				})
-				time.Sleep(100 * time.Millisecond)
-				t.Fatal("timed out")
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("timed out: got %d, stats %+v", got.Len(), rr.Stats())
 			}
-			q.Do(func() error { return nil })
-			if !bytes.Equal(o.got.Bytes(), want) {
+			unix.Close(fds[1])
+			q.Do(func() error { q.FreeOp(ud); return nil })
+			if !bytes.Equal(got.Bytes(), want) {
 				t.Fatal("received data differs")
 			}
-			st := q.Stats()
-			if st.BundleMismatch != 0 || st.StrayCQEs != 0 {
+			st := rr.Stats()
+			if st.Mismatch != 0 || st.Out != 0 || st.Grows == 0 || st.Bytes <= 4*4096 || st.Bytes > 64*4096 {
 				t.Fatalf("stats %+v", st)
 			}
-			// Without bundles an empty ring ends the multishot recv with ENOBUFS; with bundles the
-			// kernel ends it without F_MORE once a bundle took the last buffers. Either way the
-			// recv must have been re-armed.
-			if st.BufRingEmpty == 0 && o.arms <= 1 {
-				t.Error("buffer ring never ran dry: re-arm path not exercised")
-			}
-			t.Logf("%d re-arms, stats %+v", o.arms, st)
+			t.Logf("%d arms, stats %+v", arms, st)
 		})
+	}
+}
+
+type flushFunc struct{ fn func() }
+
+func (f *flushFunc) Flush(q *Queue) { f.fn() }
+
+// An application buffer received before the queue closed stays usable after the close, and its
+// region goes away on release.
+func TestRecvBufferOutlivesQueue(t *testing.T) {
+	before := memreg.OpenRegions()
+	var u *URing
+	var rr *RecvRing
+	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
+		var err error
+		u, err = NewURing(q, URingConfig{})
+		if err != nil {
+			return nil, err
+		}
+		rr, err = u.NewRecvRing(RecvRingConfig{BufSize: 4096, Initial: 4, MaxBytes: 4 * 4096})
+		if err != nil {
+			u.Close()
+			return nil, err
+		}
+		return u, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds, _ := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	unix.Write(fds[0], []byte("payload"))
+	got := make(chan memreg.Buf, 1)
+	q.Do(func() error {
+		var ud uint64
+		ud = q.NewOp(&funcOwner{fn: func(q *Queue, ev Event) {
+			rr.Received(ev, func(b memreg.Buf, n int) { got <- b })
+			q.FreeOp(ud)
+		}}, 1)
+		sqe := u.GetSQE()
+		sqe.PrepRecvMultishot(int32(fds[1]), 0, 0, false)
+		sqe.UserData = ud
+		return nil
+	})
+	b := <-got
+	q.Close()
+	if string(b.Bytes()[:7]) != "payload" {
+		t.Fatalf("got %q", b.Bytes()[:7])
+	}
+	b.Bytes()[0] = 'P' // must not fault
+	if memreg.OpenRegions() != before+1 {
+		t.Fatal("region unmapped under a held buffer")
+	}
+	b.Release()
+	if memreg.OpenRegions() != before {
+		t.Fatal("region not unmapped after the release")
 	}
 }

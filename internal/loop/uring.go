@@ -1,0 +1,224 @@
+package loop
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// URingConfig configures the io_uring driver.
+type URingConfig struct {
+	Entries uint32 // SQ entries (default 256; the CQ is four times as large)
+	// Flags overrides the setup flags (default: SINGLE_ISSUER|DEFER_TASKRUN|TASKRUN_FLAG where
+	// supported, else COOP_TASKRUN|TASKRUN_FLAG; SUBMIT_ALL where supported).
+	Flags uint32
+	// FixedSlots is the size of the sparse fixed-buffer table (default 64 slots of up to
+	// 1 GiB each): registered regions take consecutive slots.
+	FixedSlots uint32
+	// Caps are the probed capabilities (default: uring.DetectCapabilities()).
+	Caps *uring.Capabilities
+}
+
+// URing is the io_uring driver: a ring owned by the queue's thread.
+type URing struct {
+	q       *Queue
+	ring    *uring.Ring
+	caps    *uring.Capabilities
+	cqes    []uring.CQE
+	scratch []byte // mmap'd: the kernel writes the eventfd counter here asynchronously
+	fixed   []bool // fixed-buffer slots in use
+	recv    *RecvRing
+}
+
+// NewURing creates the io_uring driver on the loop thread (call it from Start's init).
+func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
+	caps := cfg.Caps
+	if caps == nil {
+		caps = uring.DetectCapabilities()
+	}
+	if caps.Err != nil {
+		return nil, caps.Err
+	}
+	if cfg.Entries == 0 {
+		cfg.Entries = 256
+	}
+	if cfg.FixedSlots == 0 {
+		cfg.FixedSlots = 64
+	}
+	flags := cfg.Flags
+	if flags == 0 {
+		if caps.SetupOK(uring.SetupSingleIssuer | uring.SetupDeferTaskrun) {
+			flags = uring.SetupSingleIssuer | uring.SetupDeferTaskrun | uring.SetupTaskrunFlag
+		} else if caps.SetupOK(uring.SetupCoopTaskrun | uring.SetupTaskrunFlag) {
+			flags = uring.SetupCoopTaskrun | uring.SetupTaskrunFlag
+		}
+		if caps.SetupOK(uring.SetupSubmitAll) {
+			flags |= uring.SetupSubmitAll
+		}
+	}
+	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots)}
+	var err error
+	u.ring, err = uring.New(cfg.Entries, &uring.Options{Flags: flags | uring.SetupCQSize, CQEntries: 4 * cfg.Entries})
+	if err != nil {
+		if errors.Is(err, unix.ENOMEM) {
+			// The ring's own memory counts against RLIMIT_MEMLOCK on older kernels.
+			return nil, memreg.NewMemlockError(0, err)
+		}
+		return nil, err
+	}
+	fail := func(err error) (*URing, error) {
+		u.Close()
+		return nil, err
+	}
+	u.cqes = make([]uring.CQE, u.ring.CQEntries())
+	u.scratch, err = unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		u.scratch = nil
+		return fail(os.NewSyscallError("mmap", err))
+	}
+	if err := u.ring.RegisterBuffersSparse(cfg.FixedSlots); err != nil {
+		if errors.Is(err, unix.ENOMEM) {
+			return fail(memreg.NewMemlockError(0, err))
+		}
+		return fail(fmt.Errorf("loop: fixed-buffer table: %w", err))
+	}
+	if caps.Has(uring.FeatRegRegRing) {
+		u.ring.RegisterRingFd() // best effort: saves an fd lookup per enter
+	}
+	u.armWake()
+	return u, nil
+}
+
+// Ring returns the ring (loop only).
+func (u *URing) Ring() *uring.Ring { return u.ring }
+
+// Caps returns the capabilities the driver was built with.
+func (u *URing) Caps() *uring.Capabilities { return u.caps }
+
+// GetSQE returns a free SQE, submitting first when the SQ is full (loop only).
+func (u *URing) GetSQE() *uring.SQE {
+	for {
+		if sqe := u.ring.GetSQE(); sqe != nil {
+			return sqe
+		}
+		if _, err := u.ring.Submit(); err != nil {
+			u.reap()
+		}
+	}
+}
+
+// Submit hands prepared SQEs to the kernel now (loop only): before closing a descriptor that
+// prepared SQEs still name.
+func (u *URing) Submit() {
+	if u.ring.Pending() > 0 {
+		u.ring.Submit()
+	}
+}
+
+func (u *URing) armWake() {
+	sqe := u.GetSQE()
+	sqe.PrepRead(int32(u.q.WakeFD()), uintptr(unsafe.Pointer(&u.scratch[0])), 8)
+	sqe.UserData = UDWake
+}
+
+// Wait implements Driver.
+func (u *URing) Wait(timeout time.Duration) error {
+	var err error
+	switch {
+	case timeout == 0:
+		_, err = u.ring.Submit()
+	case timeout < 0:
+		_, err = u.ring.SubmitAndWait(1)
+	default:
+		_, err = u.ring.SubmitAndWaitTimeout(1, timeout)
+	}
+	if err != nil && !errors.Is(err, unix.ETIME) && !errors.Is(err, unix.EBUSY) &&
+		!errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+		return err
+	}
+	u.reap()
+	return nil
+}
+
+// reap dispatches every ready completion.
+func (u *URing) reap() {
+	before := u.ring.Stats().OverflowFlushes
+	for {
+		n := u.ring.PeekBatch(u.cqes)
+		if n == 0 {
+			break
+		}
+		for i := 0; i < n; i++ {
+			c := u.cqes[i]
+			switch c.UserData {
+			case UDWake:
+				u.armWake()
+				continue
+			case UDIgnore:
+				continue
+			}
+			u.q.Dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags})
+		}
+	}
+	if after := u.ring.Stats().OverflowFlushes; after != before {
+		for i := before; i < after; i++ {
+			u.q.NoteOverflow()
+		}
+	}
+}
+
+// RegisterRegion installs r in free fixed-buffer slots and returns the first (loop only).
+// A refusal for lack of locked memory is a *memreg.MemlockError.
+func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
+	need := r.Slots()
+	for first := 0; first+need <= len(u.fixed); first++ {
+		free := true
+		for i := first; i < first+need; i++ {
+			if u.fixed[i] {
+				free = false
+				break
+			}
+		}
+		if !free {
+			continue
+		}
+		if err := r.Register(u.ring, uint32(first)); err != nil {
+			return 0, err
+		}
+		for i := first; i < first+need; i++ {
+			u.fixed[i] = true
+		}
+		return uint32(first), nil
+	}
+	return 0, fmt.Errorf("loop: no %d free fixed-buffer slots of %d: %w", need, len(u.fixed), memreg.ErrExhausted)
+}
+
+// Close implements Driver: it closes the receive ring and the ring (the kernel drops its
+// references to registered memory).
+func (u *URing) Close() {
+	if u.ring != nil {
+		u.ring.Close()
+	}
+	if u.recv != nil {
+		u.recv.close()
+	}
+	if u.scratch != nil {
+		unix.Munmap(u.scratch)
+		u.scratch = nil
+	}
+}
+
+// CancelOp asks the kernel to cancel operation ud (loop only); the cancel's own completion is
+// ignored, the operation's arrives with -ECANCELED (or its real result if it won the race).
+func (u *URing) CancelOp(ud uint64) {
+	sqe := u.GetSQE()
+	sqe.PrepCancel(ud, 0)
+	sqe.UserData = UDIgnore
+}

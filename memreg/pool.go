@@ -1,0 +1,247 @@
+package memreg
+
+import (
+	"fmt"
+	"sync"
+)
+
+// PoolOptions configures a Pool.
+type PoolOptions struct {
+	BufSize int // bytes per buffer (> 0)
+	// Initial is the number of buffers of the first region (> 0).
+	Initial int
+	// MaxBytes caps the pool's memory (>= BufSize*Initial). Growth stops there.
+	MaxBytes int
+	// HugePages asks for MAP_HUGETLB regions (see Options).
+	HugePages bool
+	// OnGrow, if set, is called with every new region (the first one included) before its
+	// buffers are handed out: register it with a ring, give it a recycler, ... An error
+	// discards the region and fails the growth.
+	OnGrow func(r *Region, firstIndex int) error
+	// Tag identifies the pool's owner (an engine): Pool.Tag returns it.
+	Tag any
+}
+
+// Pool is a set of regions with buffers of one size that starts small and grows with demand,
+// doubling, up to MaxBytes. Buffers keep pointing at their own region, so a buffer returns
+// where it came from. Buffers are numbered across the pool (region k's buffer i is
+// FirstIndex(k)+i), which is what a provided-buffer ring needs for its 16-bit ids.
+type Pool struct {
+	opt PoolOptions
+
+	growMu  sync.Mutex // serializes growth (indices are handed out in order)
+	mu      sync.Mutex
+	regions []*Region
+	firsts  []int // first pool-wide index of each region
+	bufs    int
+	closed  bool
+	next    int // region to try first in Get
+}
+
+// ErrPoolCap: the pool reached MaxBytes.
+var ErrPoolCap = fmt.Errorf("memreg: pool at its size cap: %w", ErrExhausted)
+
+// NewPool creates a pool with its first region.
+func NewPool(opt PoolOptions) (*Pool, error) {
+	if opt.BufSize <= 0 || opt.Initial <= 0 {
+		return nil, &SizeError{What: "pool", BufSize: opt.BufSize, Count: opt.Initial, Reason: "buffer size and initial count must be > 0"}
+	}
+	if opt.MaxBytes < opt.BufSize*opt.Initial || opt.BufSize*opt.Initial/opt.Initial != opt.BufSize {
+		return nil, &SizeError{What: "pool", BufSize: opt.BufSize, Count: opt.Initial, Max: opt.MaxBytes,
+			Reason: "the first region does not fit under the pool's cap"}
+	}
+	p := &Pool{opt: opt}
+	if err := p.grow(opt.Initial); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// SizeError says why a region or pool geometry was refused, with the numbers.
+type SizeError struct {
+	What    string
+	BufSize int
+	Count   int
+	Max     int
+	Reason  string
+}
+
+func (e *SizeError) Error() string {
+	s := fmt.Sprintf("memreg: %s of %d buffers of %d bytes", e.What, e.Count, e.BufSize)
+	if e.Max > 0 {
+		s += fmt.Sprintf(" (cap %d bytes)", e.Max)
+	}
+	return s + ": " + e.Reason
+}
+
+// Tag returns PoolOptions.Tag.
+func (p *Pool) Tag() any { return p.opt.Tag }
+
+// BufSize returns the size of every buffer.
+func (p *Pool) BufSize() int { return p.opt.BufSize }
+
+// MaxBytes returns the cap.
+func (p *Pool) MaxBytes() int { return p.opt.MaxBytes }
+
+// Bytes returns the memory the pool has mapped.
+func (p *Pool) Bytes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bufs * p.opt.BufSize
+}
+
+// Buffers returns the number of buffers over all regions.
+func (p *Pool) Buffers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bufs
+}
+
+// Regions returns the pool's regions in growth order.
+func (p *Pool) Regions() []*Region {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*Region(nil), p.regions...)
+}
+
+// Owns reports whether r is one of the pool's regions.
+func (p *Pool) Owns(r *Region) bool { return r != nil && r.pool == p }
+
+// FirstIndex returns the pool-wide index of r's buffer 0.
+func (p *Pool) FirstIndex(r *Region) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, x := range p.regions {
+		if x == r {
+			return p.firsts[i]
+		}
+	}
+	return -1
+}
+
+// Locate maps a pool-wide buffer index to its region and the index inside it.
+func (p *Pool) Locate(idx int) (*Region, int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.regions) - 1; i >= 0; i-- {
+		if idx >= p.firsts[i] {
+			if j := idx - p.firsts[i]; j < p.regions[i].count {
+				return p.regions[i], j, true
+			}
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
+
+// Get hands out a free buffer from any region, or ErrExhausted (it does not grow the pool:
+// growing may need the owner's thread, see Grow).
+func (p *Pool) Get() (Buf, error) {
+	p.mu.Lock()
+	regs := p.regions
+	start := p.next
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return Buf{}, ErrClosed
+	}
+	n := len(regs)
+	for i := 0; i < n; i++ {
+		r := regs[(start+i)%n]
+		b, err := r.Get()
+		if err == nil {
+			if i != 0 {
+				p.mu.Lock()
+				p.next = (start + i) % n
+				p.mu.Unlock()
+			}
+			return b, nil
+		}
+	}
+	return Buf{}, ErrExhausted
+}
+
+// Free returns the free buffers over all regions.
+func (p *Pool) Free() int {
+	n := 0
+	for _, r := range p.Regions() {
+		n += r.Free()
+	}
+	return n
+}
+
+// CanGrow reports whether another region fits under the cap.
+func (p *Pool) CanGrow() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.closed && p.growCountLocked() > 0
+}
+
+// growCountLocked: the next region doubles the pool, within the cap.
+func (p *Pool) growCountLocked() int {
+	room := p.opt.MaxBytes/p.opt.BufSize - p.bufs
+	return min(max(p.bufs, 1), room)
+}
+
+// Grow adds a region (as many buffers as the pool has, within the cap) and returns how many
+// buffers it added; ErrPoolCap at the cap.
+func (p *Pool) Grow() (int, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return 0, ErrClosed
+	}
+	n := p.growCountLocked()
+	p.mu.Unlock()
+	if n <= 0 {
+		return 0, ErrPoolCap
+	}
+	if err := p.grow(n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func (p *Pool) grow(n int) error {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	r, err := New(Options{BufSize: p.opt.BufSize, Count: n, HugePages: p.opt.HugePages})
+	if err != nil {
+		return err
+	}
+	r.pool = p
+	p.mu.Lock()
+	first := p.bufs
+	p.mu.Unlock()
+	if p.opt.OnGrow != nil {
+		if err := p.opt.OnGrow(r, first); err != nil {
+			r.Abandon()
+			r.Close()
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		r.Abandon()
+		r.Close()
+		return ErrClosed
+	}
+	p.regions = append(p.regions, r)
+	p.firsts = append(p.firsts, first)
+	p.bufs += n
+	return nil
+}
+
+// CloseWhenReleased closes every region with Region.CloseWhenReleased: buffers the
+// application holds stay mapped until released. The caller guarantees the kernel is done with
+// the pool's memory (the rings that used it are closed). Idempotent.
+func (p *Pool) CloseWhenReleased() {
+	p.mu.Lock()
+	p.closed = true
+	regs := p.regions
+	p.mu.Unlock()
+	for _, r := range regs {
+		r.CloseWhenReleased()
+	}
+}
