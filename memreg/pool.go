@@ -20,6 +20,9 @@ type PoolOptions struct {
 	OnGrow func(r *Region, firstIndex int) error
 	// Tag identifies the pool's owner (an engine): Pool.Tag returns it.
 	Tag any
+	// OnFree, if set, is called (on the releasing goroutine, no lock held) whenever a buffer
+	// returns to a free list: someone waiting for a buffer can try again.
+	OnFree func()
 }
 
 // Pool is a set of regions with buffers of one size that starts small and grows with demand,
@@ -210,6 +213,7 @@ func (p *Pool) grow(n int) error {
 		return err
 	}
 	r.pool = p
+	r.onFree = p.opt.OnFree
 	p.mu.Lock()
 	first := p.bufs
 	p.mu.Unlock()

@@ -87,6 +87,7 @@ type Region struct {
 	unmapped bool
 	regs     map[*uring.Ring]uint32 // ring -> first fixed-buffer slot
 	pool     *Pool                  // the pool the region belongs to, if any
+	onFree   func()                 // called (unlocked) when a buffer returns to the free list
 
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
@@ -299,7 +300,11 @@ func (b Buf) Release() error {
 	r.state[b.idx] = Free
 	r.free = append(r.free, b.idx)
 	r.unmapIfDoneLocked()
+	onFree := r.onFree
 	r.mu.Unlock()
+	if onFree != nil {
+		onFree()
+	}
 	return nil
 }
 
@@ -367,6 +372,9 @@ func (l Loan) settle(to State) (Buf, error) {
 	if to == Free {
 		r.free = append(r.free, l.idx)
 		r.unmapIfDoneLocked()
+		if r.onFree != nil {
+			defer r.onFree() // runs after the unlock (deferred calls run last-in first-out)
+		}
 		return Buf{}, nil
 	}
 	r.held++
@@ -539,4 +547,14 @@ func (l Loan) Valid() bool {
 	l.r.mu.Lock()
 	defer l.r.mu.Unlock()
 	return !l.r.unmapped && l.r.state[l.idx] == Kernel && l.r.gen[l.idx] == l.gen
+}
+
+// Pointer returns the address of byte off of the lent buffer as a pointer, for building iovecs
+// of a send (the region's memory is mmap'd, never Go heap). It is nil when the region is
+// already unmapped.
+func (l Loan) Pointer(off int) *byte {
+	if l.r == nil || l.r.mem == nil || off < 0 || off >= l.r.bufSize {
+		return nil
+	}
+	return &l.r.mem[int(l.idx)*l.r.bufSize+off]
 }

@@ -1,10 +1,7 @@
 package zc
 
 import (
-	"errors"
 	"fmt"
-	"github.com/zcnet/zcnet/internal/errs"
-	"net"
 	"runtime"
 	"time"
 
@@ -19,7 +16,7 @@ const (
 	// SendAdaptive uses SEND_ZC for sends of at least ZCThreshold bytes until the kernel
 	// reports it copied them anyway, then copying sends, probing zero-copy again now and then.
 	SendAdaptive SendPath = iota
-	// SendCopy forces copying sends (IORING_OP_SEND).
+	// SendCopy forces copying sends.
 	SendCopy
 	// SendZeroCopy forces SEND_ZC for every send, whatever its size and whatever the kernel
 	// reports.
@@ -53,15 +50,27 @@ const (
 	RecvMapped
 )
 
+func (p RecvPath) String() string {
+	switch p {
+	case RecvRing:
+		return "ring"
+	case RecvMapped:
+		return "mapped"
+	}
+	return fmt.Sprintf("RecvPath(%d)", int(p))
+}
+
 // Backend selects the queue implementation.
 type Backend int
 
 const (
-	// BackendAuto uses io_uring, falling back to plain sockets unless NoFallback is set.
+	// BackendAuto uses io_uring, falling back to the zcshim module's queues (when loaded) and
+	// then to plain sockets, unless NoFallback is set.
 	BackendAuto Backend = iota
 	// BackendIOUring demands io_uring.
 	BackendIOUring
-	// BackendPlain uses blocking syscalls (a goroutine pair per connection).
+	// BackendPlain uses non-blocking sockets with epoll, one event loop per queue (no
+	// io_uring, no registered memory in the kernel).
 	BackendPlain
 	// BackendShim uses the zcshim kernel module's queues (/dev/zcshim, see kmod/).
 	BackendShim
@@ -81,16 +90,16 @@ func (b Backend) String() string {
 	return fmt.Sprintf("Backend(%d)", int(b))
 }
 
-// Config configures an Engine. The zero value is a good default.
+// Config configures an Engine. The zero value is a good default; a zero field takes the
+// default noted; a negative or nonsensical value is refused by New with a *ConfigError.
 type Config struct {
-	Queues  int // number of queues (default: one per CPU)
+	Queues  int // number of queues, each a goroutine on its own thread (default: one per CPU)
 	Backend Backend
-	// NoFallback makes New fail instead of falling back to plain sockets.
+	// NoFallback makes New fail instead of falling back to another backend.
 	NoFallback bool
 	SendPath   SendPath
 	// ZCThreshold is the smallest send that uses SEND_ZC in adaptive mode (default 32 KiB:
-	// below that, the page pinning and the extra notification cost more than the copy; see
-	// bench/ for the measurement on this kind of machine).
+	// below that, the page pinning and the extra notification cost more than the copy).
 	ZCThreshold int
 	// ZCReprobe is how many sends an adaptive connection makes by copy before trying
 	// zero-copy again after the kernel reported copies (default 256; doubles on every
@@ -104,17 +113,34 @@ type Config struct {
 	// buffer sizes, congestion control, pacing ... An error fails Listen or Dial.
 	SocketOptions func(s *tcpglue.Socket) error
 	// Nagle leaves Nagle's algorithm on (TCP_NODELAY off). Off by default, as in Go's net.
-	Nagle       bool
-	NoPin       bool // do not pin queue threads to CPUs
-	SendBufSize int  // bytes per send buffer (default 64 KiB)
-	SendBufs    int  // send buffers per queue (default 512)
-	RecvBufSize int  // bytes per receive buffer (default 32 KiB)
-	RecvBufs    int  // receive buffers per queue, a power of two (default 512)
-	// MaxQueuedBytes bounds the bytes one connection may have queued or in flight before
-	// Write blocks (default 4 MiB).
+	Nagle bool
+	// KeepAlive is the TCP keep-alive idle time and probe interval of accepted and dialed
+	// connections (9 probes), as in Go's net: default 15 s; negative disables keep-alive.
+	// ListenOptions and DialOptions override it per listener / dial.
+	KeepAlive time.Duration
+	NoPin     bool // do not pin queue threads to CPUs
+
+	// Memory. Each queue has a send pool (registered with the kernel: pinned, counted against
+	// RLIMIT_MEMLOCK) and a receive pool. Both start small and grow, doubling, with demand up
+	// to their caps.
+	SendBufSize int // bytes per send buffer (default 64 KiB, at most 16 MiB)
+	SendBufs    int // send buffers per queue at start (default 8)
+	SendPoolMax int // cap of a queue's send pool in bytes (default 32 MiB)
+	RecvBufSize int // bytes per receive buffer (default 32 KiB, at most 16 MiB)
+	RecvBufs    int // receive buffers per queue at start (default 16)
+	RecvPoolMax int // cap of a queue's receive pool in bytes (default 32 MiB; at most 32768 buffers)
+
+	// MaxQueuedBytes bounds the bytes one connection may have queued or in flight: Write
+	// blocks above it, Send and SendData still queue but make the sending side wait (see
+	// MaxRecvHeld) (default 4 MiB).
 	MaxQueuedBytes int
-	// CloseTimeout bounds how long Close waits for queued sends and zero-copy notifications
-	// (default 5 s).
+	// MaxRecvHeld bounds the receive-buffer bytes one connection may hold: Data not yet
+	// released, and Data forwarded by SendData and not yet sent. A connection at its bound
+	// stops receiving until some is released, so no connection can take every receive
+	// buffer of its queue (default 1 MiB).
+	MaxRecvHeld int
+	// CloseTimeout bounds how long Close waits for queued sends (then the connection is
+	// reset) and, again, for zero-copy notifications (default 5 s).
 	CloseTimeout time.Duration
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).
@@ -123,7 +149,7 @@ type Config struct {
 	// (default bpf.PolicyHash; bpf.PolicyCPU keeps a flow on the queue of the CPU that
 	// received its SYN).
 	SteerPolicy bpf.Policy
-	// Hooks are called when the engine falls back (for logging); optional.
+	// OnFallback is called when the engine falls back to another backend (for logging).
 	OnFallback func(reason error)
 }
 
@@ -160,94 +186,73 @@ func (m SteeringMode) String() string {
 	return fmt.Sprintf("SteeringMode(%d)", int(m))
 }
 
-func (c *Config) defaults() {
-	if c.Queues <= 0 {
-		c.Queues = runtime.NumCPU()
+const (
+	defaultKeepAlive = 15 * time.Second
+	maxBufSize       = 16 << 20
+	maxRingBufs      = 32768
+)
+
+// normalize checks every field and fills in defaults for the zero ones.
+func (c *Config) normalize() error {
+	bad := func(field string, v any, reason string) error {
+		return &ConfigError{Field: field, Value: v, Reason: reason}
 	}
-	if c.ZCThreshold <= 0 {
-		c.ZCThreshold = 32 << 10
+	type intField struct {
+		name string
+		p    *int
+		def  int
+		max  int
 	}
-	if c.ZCReprobe <= 0 {
-		c.ZCReprobe = 256
+	for _, f := range []intField{
+		{"Queues", &c.Queues, runtime.NumCPU(), 1024},
+		{"ZCThreshold", &c.ZCThreshold, 32 << 10, 1 << 30},
+		{"ZCReprobe", &c.ZCReprobe, 256, 64 << 10},
+		{"SendBufSize", &c.SendBufSize, 64 << 10, maxBufSize},
+		{"SendBufs", &c.SendBufs, 8, 1 << 20},
+		{"SendPoolMax", &c.SendPoolMax, 32 << 20, 1 << 40},
+		{"RecvBufSize", &c.RecvBufSize, 32 << 10, maxBufSize},
+		{"RecvBufs", &c.RecvBufs, 16, maxRingBufs},
+		{"RecvPoolMax", &c.RecvPoolMax, 32 << 20, 1 << 40},
+		{"MaxQueuedBytes", &c.MaxQueuedBytes, 4 << 20, 1 << 40},
+		{"MaxRecvHeld", &c.MaxRecvHeld, 1 << 20, 1 << 40},
+	} {
+		switch {
+		case *f.p < 0:
+			return bad(f.name, *f.p, "negative (0 takes the default)")
+		case *f.p == 0:
+			*f.p = f.def
+		case *f.p > f.max:
+			return bad(f.name, *f.p, fmt.Sprintf("at most %d", f.max))
+		}
 	}
-	if c.SendBufSize <= 0 {
-		c.SendBufSize = 64 << 10
-	}
-	if c.SendBufs <= 0 {
-		c.SendBufs = 512
-	}
-	if c.RecvBufSize <= 0 {
-		c.RecvBufSize = 32 << 10
-	}
-	if c.RecvBufs <= 0 {
-		c.RecvBufs = 512
-	}
-	if c.MaxQueuedBytes <= 0 {
-		c.MaxQueuedBytes = 4 << 20
-	}
-	if c.CloseTimeout <= 0 {
+	switch {
+	case c.CloseTimeout < 0:
+		return bad("CloseTimeout", c.CloseTimeout, "negative (0 takes the default, 5s)")
+	case c.CloseTimeout == 0:
 		c.CloseTimeout = 5 * time.Second
 	}
-}
-
-func (c *Config) validate() error {
+	if c.KeepAlive == 0 {
+		c.KeepAlive = defaultKeepAlive
+	}
 	switch {
-	case c.Queues > 1024:
-		return fmt.Errorf("zc: %d queues (at most 1024): %w", c.Queues, ErrInvalid)
 	case c.SendPath < SendAdaptive || c.SendPath > SendZeroCopy:
-		return fmt.Errorf("zc: unknown send path %d: %w", c.SendPath, ErrInvalid)
+		return bad("SendPath", c.SendPath, "unknown send path")
 	case c.Backend < BackendAuto || c.Backend > BackendShim:
-		return fmt.Errorf("zc: unknown backend %d: %w", c.Backend, ErrInvalid)
-	case c.RecvBufs&(c.RecvBufs-1) != 0 || c.RecvBufs > 32768:
-		return fmt.Errorf("zc: %d receive buffers (a power of two, at most 32768): %w", c.RecvBufs, ErrInvalid)
-	case c.SendBufs > 1<<20 || c.SendBufSize > 1<<30 || c.RecvBufSize > 1<<30:
-		return fmt.Errorf("zc: buffer geometry too large: %w", ErrInvalid)
+		return bad("Backend", c.Backend, "unknown backend")
 	case c.RecvPath < RecvRing || c.RecvPath > RecvMapped:
-		return fmt.Errorf("zc: unknown receive path %d: %w", c.RecvPath, ErrInvalid)
+		return bad("RecvPath", c.RecvPath, "unknown receive path")
 	case c.Steering < SteerAuto || c.Steering > SteerSingleListener:
-		return fmt.Errorf("zc: unknown steering mode %d: %w", c.Steering, ErrInvalid)
+		return bad("Steering", c.Steering, "unknown steering mode")
+	case c.SteerPolicy < 0:
+		return bad("SteerPolicy", c.SteerPolicy, "unknown policy")
+	case c.SendBufs*c.SendBufSize > c.SendPoolMax:
+		return bad("SendPoolMax", c.SendPoolMax, fmt.Sprintf("smaller than the initial send pool (%d buffers of %d bytes)", c.SendBufs, c.SendBufSize))
+	case c.RecvBufs*c.RecvBufSize > c.RecvPoolMax:
+		return bad("RecvPoolMax", c.RecvPoolMax, fmt.Sprintf("smaller than the initial receive pool (%d buffers of %d bytes)", c.RecvBufs, c.RecvBufSize))
+	case c.RecvPoolMax/c.RecvBufSize > maxRingBufs:
+		return bad("RecvPoolMax", c.RecvPoolMax, fmt.Sprintf("more than %d receive buffers of %d bytes (a provided-buffer ring's limit): raise RecvBufSize or lower the cap", maxRingBufs, c.RecvBufSize))
+	case c.MaxRecvHeld < c.RecvBufSize:
+		return bad("MaxRecvHeld", c.MaxRecvHeld, fmt.Sprintf("below one receive buffer (%d bytes)", c.RecvBufSize))
 	}
 	return nil
 }
-
-var (
-	// ErrNotSupported: this kernel or process cannot do what was asked (see the wrapped cause).
-	ErrNotSupported = errs.ErrNotSupported
-	// ErrInvalid: a bad argument.
-	ErrInvalid = errors.New("invalid argument")
-	// ErrClosed is net.ErrClosed: the engine, listener or connection is closed.
-	ErrClosed = net.ErrClosed
-	// ErrTooLarge: a send larger than its buffer.
-	ErrTooLarge = errors.New("send larger than its buffer")
-)
-
-// OpError is the error type of zc operations. It matches *net.OpError's fields so callers can
-// treat both alike, and unwraps to Err.
-type OpError struct {
-	Op   string   // "dial", "listen", "accept", "send", "read", "write", "close", "new"
-	Net  string   // "tcp", "tcp4", "tcp6"
-	Addr net.Addr // remote (or local for listen) address, when known
-	Err  error
-}
-
-func (e *OpError) Error() string {
-	s := "zc: " + e.Op
-	if e.Net != "" {
-		s += " " + e.Net
-	}
-	if e.Addr != nil {
-		s += " " + e.Addr.String()
-	}
-	return s + ": " + e.Err.Error()
-}
-
-func (e *OpError) Unwrap() error { return e.Err }
-
-// Timeout reports whether the error is a timeout (net.Error).
-func (e *OpError) Timeout() bool {
-	var t interface{ Timeout() bool }
-	return errors.As(e.Err, &t) && t.Timeout()
-}
-
-// Temporary is part of net.Error; always false.
-func (e *OpError) Temporary() bool { return false }

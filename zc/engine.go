@@ -1,124 +1,156 @@
 package zc
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
-	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/memreg"
 )
 
 // Engine owns queues, listeners and connections.
 type Engine struct {
 	cfg      Config
 	backend  Backend
-	fallback error // why the engine fell back to plain sockets (nil when it did not)
-	queues   []*equeue
-	alt      altBackend // the backend when io_uring is not used
+	fallback error // why the engine fell back to another backend (nil when it did not)
+	queues   []*queue
+	rr       atomic.Uint32
 
 	mu        sync.Mutex
-	conns     map[*Conn]struct{}
 	listeners map[*Listener]struct{}
 	closed    atomic.Bool
-	rr        atomic.Uint32
+	done      chan struct{}
+	closeErr  error
 
 	steerFallbacks atomic.Uint64
 }
 
-// equeue is one queue with the engine's per-queue counters (written by its loop only).
-type equeue struct {
-	*loop.Queue
-	e     *Engine
-	idx   int
-	space chan struct{} // signalled when send buffers return to the region
-	ctr   counters
+// allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
+// or taskset may have narrowed), so queue i is pinned to the i-th of them.
+func allowedCPUs() []int {
+	var set unix.CPUSet
+	var cpus []int
+	if unix.SchedGetaffinity(0, &set) == nil {
+		for c := 0; c < 1024 && len(cpus) < set.Count(); c++ {
+			if set.IsSet(c) {
+				cpus = append(cpus, c)
+			}
+		}
+	}
+	if len(cpus) == 0 {
+		for c := 0; c < runtime.NumCPU(); c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
 }
 
-// counters are written by one goroutine (a queue loop, or a plain connection's goroutines
-// through atomics) and read by anyone.
-type counters struct {
-	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
-	recvRing, recvPlain, sentPlain                 atomic.Uint64
-	recvMapped, recvMappedCopied, mappedFallbacks  atomic.Uint64
-	zcSwitches, zcProbes, bufEmpty                 atomic.Uint64
-}
-
-// New creates an engine: its queues, each on its own locked OS thread.
+// New creates an engine: its queues, each on its own locked OS thread. A bad Config is
+// refused with a *ConfigError (matching ErrInvalid); a backend that cannot start falls back
+// (io_uring → zcshim → plain sockets) unless NoFallback or a specific Backend is asked for.
 func New(cfg Config) (*Engine, error) {
-	cfg.defaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.normalize(); err != nil {
 		return nil, &OpError{Op: "new", Err: err}
 	}
-	e := &Engine{cfg: cfg, conns: map[*Conn]struct{}{}, listeners: map[*Listener]struct{}{}}
-	if cfg.Backend == BackendPlain || cfg.Backend == BackendShim {
-		if err := e.startAlt(cfg.Backend, nil); err != nil {
+	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
+	switch cfg.Backend {
+	case BackendPlain, BackendShim:
+		if err := e.startQueues(cfg.Backend); err != nil {
 			return nil, &OpError{Op: "new", Err: err}
 		}
 		return e, nil
 	}
-	err := e.startQueues()
+	err := e.startQueues(BackendIOUring)
 	if err == nil {
-		e.backend = BackendIOUring
 		return e, nil
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
 	}
 	// Fall back: the kernel-queue shim when its module is loaded, else plain sockets.
+	reason := err
 	started := false
-	if shimBackend != nil && shimAvailable() == nil {
-		if serr := e.startAlt(BackendShim, err); serr == nil {
+	if shimAvailable() == nil {
+		if serr := e.startQueues(BackendShim); serr == nil {
 			started = true
 		} else {
-			// The module is there but its queues could not start (locked-memory limit, ...):
-			// plain sockets, with both reasons in the fallback report.
-			err = fmt.Errorf("%w; zcshim: %v", err, serr)
+			reason = fmt.Errorf("%w; zcshim: %v", err, serr)
 		}
 	}
 	if !started {
-		if ferr := e.startAlt(BackendPlain, err); ferr != nil {
-			return nil, &OpError{Op: "new", Err: ferr}
+		if perr := e.startQueues(BackendPlain); perr != nil {
+			return nil, &OpError{Op: "new", Err: fmt.Errorf("%v; plain: %w", reason, perr)}
 		}
 	}
+	e.fallback = reason
 	if cfg.OnFallback != nil {
-		cfg.OnFallback(err)
+		cfg.OnFallback(reason)
 	}
 	return e, nil
 }
 
-func (e *Engine) startQueues() error {
-	caps := uring.DetectCapabilities()
-	if caps.Err != nil {
-		return caps.Err
+func (e *Engine) startQueues(b Backend) error {
+	var caps *uring.Capabilities
+	if b == BackendIOUring {
+		// Probe again: io_uring may have been enabled (or blocked) since the last engine.
+		caps = uring.Reprobe()
+		if caps.Err != nil {
+			return caps.Err
+		}
+		if err := caps.NeedOp(uring.OpSendZC, "SEND_ZC", "6.0"); err != nil && e.cfg.SendPath == SendZeroCopy {
+			return err
+		}
 	}
-	if err := caps.NeedOp(uring.OpSendZC, "SEND_ZC", "6.0"); err != nil && e.cfg.SendPath == SendZeroCopy {
-		return err
+	if b == BackendShim {
+		if err := shimAvailable(); err != nil {
+			return err
+		}
 	}
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
-		q, err := loop.New(loop.Config{
-			ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin,
-			SendBufSize: e.cfg.SendBufSize, SendBufs: e.cfg.SendBufs,
-			RecvBufSize: e.cfg.RecvBufSize, RecvBufs: e.cfg.RecvBufs,
-			NoBundles: e.cfg.NoBundles, CloseWait: e.cfg.CloseTimeout,
+		q := &queue{e: e, idx: i, space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
+		lq, err := loop.Start(loop.Config{ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin}, func(lq *loop.Queue) (loop.Driver, error) {
+			q.Queue = lq
+			lq.AtStop(q.abortAll)
+			switch b {
+			case BackendIOUring:
+				return newURingBackend(q, caps)
+			case BackendShim:
+				return newShimBackend(q)
+			default:
+				return newPlainBackend(q)
+			}
 		})
 		if err != nil {
-			for _, eq := range e.queues {
-				eq.Close()
-			}
-			e.queues = nil
+			e.stopQueues()
 			return err
 		}
-		e.queues = append(e.queues, &equeue{Queue: q, e: e, idx: i, space: make(chan struct{}, 1)})
+		q.Queue = lq
+		e.queues = append(e.queues, q)
 	}
+	e.backend = b
 	return nil
+}
+
+func (e *Engine) stopQueues() error {
+	var first error
+	for _, q := range e.queues {
+		if err := q.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, q := range e.queues {
+		q.be.close()
+	}
+	e.queues = nil
+	return first
 }
 
 // Backend returns the backend in use.
@@ -127,183 +159,124 @@ func (e *Engine) Backend() Backend { return e.backend }
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 
-func (e *Engine) pickQueue() *equeue {
+func (e *Engine) pickQueue() *queue {
 	return e.queues[int(e.rr.Add(1)-1)%len(e.queues)]
 }
 
-func (e *Engine) addConn(c *Conn) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed.Load() {
-		return false
-	}
-	e.conns[c] = struct{}{}
-	return true
-}
-
-func (e *Engine) removeConn(c *Conn) {
-	e.mu.Lock()
-	delete(e.conns, c)
-	e.mu.Unlock()
-}
-
-// Dial connects to address ("host:port") and returns a connection served by one of the
-// engine's queues; h receives its events. The connect itself goes through io_uring.
-func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (*Conn, error) {
-	if e.closed.Load() {
-		return nil, &OpError{Op: "dial", Net: network, Err: ErrClosed}
-	}
-	if h == nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil handler: %w", ErrInvalid)}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: err}
-	}
-	ap, err := tcpglue.Resolve(network, address)
-	if err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Err: err}
-	}
-	raddr := net.TCPAddrFromAddrPort(ap)
-	if e.alt != nil {
-		return e.alt.dial(ctx, network, ap, h)
-	}
-	family := familyOf(ap)
-	s, err := tcpglue.NewSocket(family, false)
-	if err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
-	}
-	if e.cfg.SocketOptions != nil {
-		if err := e.cfg.SocketOptions(s); err != nil {
-			s.Close()
-			return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
+// onAnyLoop reports whether the caller runs on one of the engine's queue goroutines.
+func (e *Engine) onAnyLoop() bool {
+	tid := int32(unix.Gettid())
+	for _, q := range e.queues {
+		if q.TID() == tid {
+			return true
 		}
 	}
-	fd, err := s.Disown()
-	if err != nil {
-		s.Close()
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
-	}
-	sa, err := tcpglue.NewRawSockaddr(ap, family)
-	if err != nil {
-		closeFD(fd)
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
-	}
-	q := e.pickQueue()
-	c := newConn(e, q, fd, network)
-	c.h = h
-	c.raddr = raddr
-	if !e.addConn(c) {
-		closeFD(fd)
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: ErrClosed}
-	}
-	res := make(chan error, 1)
-	c.connectDone = res
-	c.connectSA = sa
-	if err := q.Post(c.startConnect); err != nil {
-		e.removeConn(c)
-		closeFD(fd)
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: ErrClosed}
-	}
-	select {
-	case err = <-res:
-	case <-ctx.Done():
-		q.Post(c.cancelConnect)
-		err = <-res
-		if err == nil {
-			// Connected just before the cancel took effect: honour the context anyway.
-			c.Close()
-			<-c.done
-			err = ctx.Err()
-		} else if errors.Is(err, errCanceled) {
-			err = ctx.Err()
-		}
-	}
-	if err != nil {
-		return nil, &OpError{Op: "dial", Net: network, Addr: raddr, Err: err}
-	}
-	return c, nil
+	return false
 }
 
-func familyOf(ap netip.AddrPort) int {
-	if ap.Addr().Is4() || ap.Addr().Is4In6() {
-		return 2 // AF_INET
+// checkOwn accepts memory from this engine's pools only.
+func (e *Engine) checkOwn(r *memreg.Region) error {
+	if r == nil || r.Pool() == nil || r.Pool().Tag() != e {
+		return ErrForeignBuffer
 	}
-	return 10 // AF_INET6
+	return nil
 }
 
 // Close closes listeners and connections (letting queued sends go out and zero-copy
-// notifications arrive, bounded by CloseTimeout), then the queues, regions and rings.
-// It is idempotent; later calls return an error wrapping ErrClosed.
+// notifications arrive, bounded by CloseTimeout), then the queues. Memory the application
+// still holds (a Buf, a Data) stays valid until released. It is idempotent; later calls
+// return an error wrapping ErrClosed. Called from a handler (a queue goroutine) it cannot
+// wait for its own queue: it starts the close in the background and returns nil (Done
+// tells when it finished).
 func (e *Engine) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return &OpError{Op: "close", Err: ErrClosed}
 	}
+	if e.onAnyLoop() {
+		go e.shutdown()
+		return nil
+	}
+	e.shutdown()
+	return e.closeErr
+}
+
+// Done is closed when Close has finished.
+func (e *Engine) Done() <-chan struct{} { return e.done }
+
+func (e *Engine) shutdown() {
+	defer close(e.done)
 	e.mu.Lock()
 	ls := make([]*Listener, 0, len(e.listeners))
 	for l := range e.listeners {
 		ls = append(ls, l)
 	}
-	cs := make([]*Conn, 0, len(e.conns))
-	for c := range e.conns {
-		cs = append(cs, c)
-	}
 	e.mu.Unlock()
 	for _, l := range ls {
 		l.Close()
 	}
-	for _, c := range cs {
-		c.Close()
-	}
-	deadline := time.After(e.cfg.CloseTimeout + time.Second)
-	for _, c := range cs {
-		select {
-		case <-c.done:
-		case <-deadline:
-		}
-	}
-	var first error
 	for _, q := range e.queues {
-		if err := q.Close(); err != nil && first == nil {
-			first = err
+		q.Post(q.closeAll)
+	}
+	deadline := time.Now().Add(2*e.cfg.CloseTimeout + time.Second)
+	for _, q := range e.queues {
+		for q.nconns.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
 		}
 	}
-	if e.alt != nil {
-		e.alt.close()
-	}
-	return first
+	e.closeErr = e.stopQueues()
 }
 
 // Stats are engine-wide counters.
 type Stats struct {
 	Backend  string
-	Fallback string // why the engine fell back to plain sockets; "" when it did not
+	Fallback string // why the engine fell back to another backend; "" when it did not
 	Queues   int
 	Conns    int
 
-	BytesSentZC    uint64 // sent with SEND_ZC, and the kernel did not copy them
-	BytesZCCopied  uint64 // sent with SEND_ZC, but the kernel reported it copied them
-	BytesSentCopy  uint64 // sent with a copying SEND
-	BytesSentPlain uint64 // sent by the plain-socket backend (write(2))
+	BytesSentZC    uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
+	BytesZCCopied  uint64 // sent zero-copy, but the kernel reported it copied them
+	BytesSentCopy  uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
 	BytesRecvRing  uint64 // received through the provided-buffer ring
-	BytesRecvPlain uint64 // received by the plain-socket backend (read(2))
+	BytesRecvPlain uint64 // received with read(2) (plain backend)
+	BytesRecvShim  uint64 // received through the zcshim module
 	// BytesRecvMapped / BytesRecvMappedCopied: received through the mapped window (RecvMapped),
 	// as mapped pages / copied because they could not be mapped.
 	BytesRecvMapped       uint64
 	BytesRecvMappedCopied uint64
 	RecvMappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
-	SendOps               uint64 // copying SEND operations
-	SendZCOps             uint64 // SEND_ZC operations
+	SendOps               uint64 // copying send operations (one may carry many buffers)
+	SendZCOps             uint64 // zero-copy send operations
 	ZCSwitches            uint64 // times an adaptive connection switched to copying sends
 	ZCProbes              uint64 // times an adaptive connection tried zero-copy again
 
-	Enters         uint64 // io_uring_enter calls
-	CQEs           uint64
+	Waits          uint64 // io_uring_enter / epoll_wait calls
+	Events         uint64 // completions and readiness events handled
 	Wakeups        uint64 // cross-goroutine wake-ups of sleeping queues
 	CQOverflows    uint64
-	BufRingEmpty   uint64 // recvs that found no provided buffer (ENOBUFS)
-	NotifsPending  int64  // zero-copy notifications outstanding
+	StrayEvents    uint64 // events for operations already gone (a bug if it grows without closes)
+	BufRingEmpty   uint64 // receives that found no receive buffer (the pool at its cap)
 	BundleMismatch uint64
-	StrayCQEs      uint64
+	// NotifsPending: zero-copy notifications outstanding (never negative; Close waits for
+	// them). NotifsUnexpected: notifications for no known send (0 expected).
+	NotifsPending    int64
+	NotifsUnexpected uint64
+
+	CreditPauses   uint64 // times a connection stopped receiving at MaxRecvHeld
+	CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
+	HandlerPanics  uint64 // handler methods that panicked (their connections were closed)
+	AcceptErrors   uint64
+	AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
+
+	// Memory: what the pools have mapped (send pools are registered with the kernel: pinned)
+	// and their caps; how often they grew and failed to.
+	SendPoolBytes    uint64
+	SendPoolMax      uint64
+	RecvPoolBytes    uint64
+	RecvPoolMax      uint64
+	PoolGrows        uint64
+	PoolGrowFailures uint64
+	PoolGrowError    string // the last growth failure
+
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
 	SteeringFallbacks uint64
@@ -313,9 +286,9 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesSentZC += c.sentZC.Load()
 	s.BytesZCCopied += c.zcCopied.Load()
 	s.BytesSentCopy += c.sentCopy.Load()
-	s.BytesSentPlain += c.sentPlain.Load()
 	s.BytesRecvRing += c.recvRing.Load()
 	s.BytesRecvPlain += c.recvPlain.Load()
+	s.BytesRecvShim += c.recvShim.Load()
 	s.BytesRecvMapped += c.recvMapped.Load()
 	s.BytesRecvMappedCopied += c.recvMappedCopied.Load()
 	s.RecvMappedFallbacks += c.mappedFallbacks.Load()
@@ -324,34 +297,53 @@ func (s *Stats) addCounters(c *counters) {
 	s.ZCSwitches += c.zcSwitches.Load()
 	s.ZCProbes += c.zcProbes.Load()
 	s.BufRingEmpty += c.bufEmpty.Load()
+	s.CreditPauses += c.creditPauses.Load()
+	s.CloseTimeouts += c.closeTimeouts.Load()
+	s.HandlerPanics += c.handlerPanics.Load()
+	s.NotifsUnexpected += c.notifsUnexpected.Load()
+	s.AcceptErrors += c.acceptErrs.Load()
+	s.AcceptBackoffs += c.acceptBackoffs.Load()
+	s.PoolGrows += c.sendPoolGrows.Load()
+	s.PoolGrowFailures += c.sendPoolGrowFails.Load()
 }
 
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
 	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load()}
-	if nq, ok := e.alt.(interface{ numQueues() int }); ok {
-		s.Queues = nq.numQueues()
-	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}
-	e.mu.Lock()
-	s.Conns = len(e.conns)
-	e.mu.Unlock()
 	for _, q := range e.queues {
+		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)
-		qs := q.Stats()
-		s.Enters += qs.Enters
-		s.CQEs += qs.CQEs
-		s.Wakeups += qs.Wakeups
-		s.CQOverflows += qs.OverflowFlushes
-		s.BufRingEmpty += qs.BufRingEmpty
-		s.NotifsPending += qs.NotifsPending
-		s.BundleMismatch += qs.BundleMismatch
-		s.StrayCQEs += qs.StrayCQEs
-	}
-	if e.alt != nil {
-		s.addCounters(e.alt.counters())
+		ls := q.Queue.Stats()
+		s.Waits += ls.Waits
+		s.Events += ls.Events
+		s.Wakeups += ls.Wakeups
+		s.CQOverflows += ls.Overflows
+		s.StrayEvents += ls.Stray
+		s.NotifsPending += q.notifsPending.Load()
+		s.SendPoolBytes += uint64(q.send.Bytes())
+		s.SendPoolMax += uint64(q.send.MaxBytes())
+		if p := q.be.recvPool(); p != nil {
+			s.RecvPoolBytes += uint64(p.Bytes())
+			s.RecvPoolMax += uint64(p.MaxBytes())
+		}
+		if ge := q.growErr.Load(); ge != nil {
+			s.PoolGrowError = (*ge).Error()
+		}
+		if rs, ok := q.be.(interface{ ringStats() loop.RecvRingStats }); ok {
+			r := rs.ringStats()
+			s.BufRingEmpty += uint64(r.Empty)
+			s.BundleMismatch += uint64(r.Mismatch)
+			s.PoolGrows += uint64(r.Grows)
+			s.PoolGrowFailures += uint64(r.GrowFails)
+			if r.LastError != nil {
+				s.PoolGrowError = r.LastError.Error()
+			}
+		}
 	}
 	return s
 }
+
+var errEngineClosed = errors.New("engine closed")

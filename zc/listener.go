@@ -3,96 +3,129 @@ package zc
 import (
 	"fmt"
 	"net"
-	"runtime"
+	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
-	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
-// or taskset may have narrowed), so queue i is pinned to the i-th of them.
-func allowedCPUs() []int {
-	var set unix.CPUSet
-	var cpus []int
-	if unix.SchedGetaffinity(0, &set) == nil {
-		for c := 0; c < 1024 && len(cpus) < set.Count(); c++ {
-			if set.IsSet(c) {
-				cpus = append(cpus, c)
-			}
-		}
-	}
-	if len(cpus) == 0 {
-		for c := 0; c < runtime.NumCPU(); c++ {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus
-}
-
 // Listener accepts connections on every queue: one listening socket per queue in one
-// SO_REUSEPORT group (or a single socket, see SteeringMode), each with a multishot accept.
+// SO_REUSEPORT group (or a single socket, see SteeringMode).
 type Listener struct {
 	e       *Engine
 	network string
 	addr    *net.TCPAddr
 	accept  func(*Conn) Handler
+	family  int
 	socks   []*tcpglue.Socket
 	parts   []*lpart
 	closed  atomic.Bool
 	wg      sync.WaitGroup
 	rr      atomic.Uint32
+	done    chan struct{}
 
 	acceptErrs atomic.Uint64
 	accepted   atomic.Uint64
+	backoffs   atomic.Uint64
 
 	steer    *bpf.Steering // nil without BPF steering
 	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
 }
 
+// lpart is one listening socket served by one queue.
 type lpart struct {
 	l       *Listener
-	q       *equeue
+	q       *queue
 	fd      int
-	id      uint32
+	ud      uint64
 	armed   bool
 	closing bool
+	stopped atomic.Bool
+	backoff time.Duration
+	timer   *loop.Timer
 }
+
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
 
 // Listen listens on address and serves accepted connections on the engine's queues. accept
 // runs on the owning queue's goroutine for each new connection and returns its Handler (nil
-// closes the connection).
+// closes the connection). Listening on an address something else already listens on fails
+// with EADDRINUSE (see ListenOptions.Shared).
 func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (*Listener, error) {
+	return e.ListenWith(ListenOptions{}, network, address, accept)
+}
+
+// ListenWith is Listen with per-listener options.
+func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept func(c *Conn) Handler) (*Listener, error) {
+	fail := func(a net.Addr, err error) (*Listener, error) {
+		return nil, &OpError{Op: "listen", Net: network, Addr: a, Err: err}
+	}
 	if e.closed.Load() {
-		return nil, &OpError{Op: "listen", Net: network, Err: ErrClosed}
+		return fail(nil, ErrClosed)
 	}
 	if accept == nil {
-		return nil, &OpError{Op: "listen", Net: network, Err: fmt.Errorf("nil accept func: %w", ErrInvalid)}
+		return fail(nil, fmt.Errorf("nil accept func: %w", ErrInvalid))
+	}
+	if opts.Backlog < 0 {
+		return fail(nil, fmt.Errorf("negative backlog %d: %w", opts.Backlog, ErrInvalid))
+	}
+	if opts.Backlog == 0 {
+		opts.Backlog = 4096
+	}
+	ap, err := tcpglue.Resolve(network, address)
+	if err != nil {
+		return fail(nil, err)
 	}
 	n := len(e.queues)
-	if e.alt != nil || e.cfg.Steering == SteerSingleListener {
+	if e.cfg.Steering == SteerSingleListener {
 		n = 1
 	}
-	opts := tcpglue.ListenOptions{ReusePort: n > 1, Backlog: 4096, Control: e.cfg.SocketOptions}
-	socks, err := tcpglue.ListenGroup(network, address, n, opts)
-	if err != nil {
-		return nil, &OpError{Op: "listen", Net: network, Err: err}
+	ka := e.keepAliveFor(opts.KeepAlive)
+	lopts := tcpglue.ListenOptions{ReusePort: true, Backlog: opts.Backlog, Nonblock: true,
+		Control: func(s *tcpglue.Socket) error {
+			if e.cfg.SocketOptions != nil {
+				if err := e.cfg.SocketOptions(s); err != nil {
+					return err
+				}
+			}
+			return keepAlive(s, ka) // accepted sockets inherit it
+		}}
+	var probe *tcpglue.Socket
+	if !opts.Shared && ap.Port() != 0 {
+		// Our sockets join any SO_REUSEPORT group on the address; refuse instead, unless asked
+		// to share. The probe stays bound (not listening) until the group is up, so nobody can
+		// slip in between; with SO_REUSEADDR on both sides it does not conflict with ours.
+		probe, err = probeAddr(network, ap)
+		if err != nil {
+			return fail(net.TCPAddrFromAddrPort(ap), err)
+		}
 	}
-	l := &Listener{e: e, network: network, accept: accept, socks: socks}
-	if ap, err := socks[0].LocalAddr(); err == nil {
-		l.addr = net.TCPAddrFromAddrPort(ap)
+	socks, err := tcpglue.ListenGroup(network, ap.String(), n, lopts)
+	if probe != nil {
+		probe.Close()
+	}
+	if err != nil {
+		return fail(net.TCPAddrFromAddrPort(ap), err)
+	}
+	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
+	if la, err := socks[0].LocalAddr(); err == nil {
+		l.addr = net.TCPAddrFromAddrPort(la)
 	}
 	if n > 1 && (e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF) {
 		l.steer, l.steerErr = bpf.NewSteering(l.FDs(), &bpf.Options{Policy: e.cfg.SteerPolicy})
 		if l.steerErr != nil {
 			if e.cfg.Steering == SteerBPF {
 				l.closeSockets()
-				return nil, &OpError{Op: "listen", Net: network, Addr: l.addr, Err: fmt.Errorf("BPF steering: %w", l.steerErr)}
+				return fail(l.addr, fmt.Errorf("BPF steering: %w", l.steerErr))
 			}
 			e.steerFallbacks.Add(1)
 		}
@@ -101,24 +134,44 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (
 	if e.closed.Load() {
 		e.mu.Unlock()
 		l.closeSockets()
-		return nil, &OpError{Op: "listen", Net: network, Err: ErrClosed}
+		return fail(l.addr, ErrClosed)
 	}
 	e.listeners[l] = struct{}{}
 	e.mu.Unlock()
-	if e.alt != nil {
-		l.wg.Add(1)
-		go e.alt.serve(l, socks[0])
-		return l, nil
-	}
 	for i, s := range socks {
 		p := &lpart{l: l, q: e.queues[i], fd: s.Fd()}
 		l.parts = append(l.parts, p)
 		l.wg.Add(1)
 		if err := p.q.Post(p.start); err != nil {
-			l.wg.Done()
+			p.finish()
 		}
 	}
 	return l, nil
+}
+
+// probeAddr binds a throwaway socket (SO_REUSEADDR, not SO_REUSEPORT) to ap: EADDRINUSE when
+// something listens there.
+func probeAddr(network string, ap netip.AddrPort) (*tcpglue.Socket, error) {
+	s, err := tcpglue.NewSocket(tcpglue.AddrFamily(ap), false)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.SetReuseAddr(true); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.Family() == unix.AF_INET6 {
+		v6only := 1
+		if network == "tcp" && ap.Addr().IsUnspecified() || ap.Addr().Is4In6() {
+			v6only = 0
+		}
+		s.Control(func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only) })
+	}
+	if err := s.Bind(ap); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Steering returns the listener's BPF steering (flow table, drain, statistics), or nil when
@@ -146,44 +199,64 @@ func (l *Listener) FDs() []int {
 	return fds
 }
 
-// Accepted returns how many connections were accepted, and AcceptErrors how many accepts failed.
-func (l *Listener) Accepted() uint64     { return l.accepted.Load() }
-func (l *Listener) AcceptErrors() uint64 { return l.acceptErrs.Load() }
+// Accepted returns how many connections were accepted; AcceptErrors how many accepts
+// failed; AcceptBackoffs how often accepting paused because the process (or system) ran out
+// of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
+func (l *Listener) Accepted() uint64       { return l.accepted.Load() }
+func (l *Listener) AcceptErrors() uint64   { return l.acceptErrs.Load() }
+func (l *Listener) AcceptBackoffs() uint64 { return l.backoffs.Load() }
 
 func (p *lpart) start() {
-	p.id = p.q.AddOwner(p)
-	p.arm()
-}
-
-func (p *lpart) arm() {
-	sqe := p.q.GetSQE()
-	sqe.PrepMultishotAccept(int32(p.fd), unix.SOCK_CLOEXEC)
-	sqe.UserData = loop.UserData(p.id, tagRecv)
-	p.armed = true
-}
-
-func (p *lpart) OnCQE(q *loop.Queue, c uring.CQE) {
-	if uint32(c.UserData)&0xff != tagRecv {
+	if p.closing {
+		p.finish()
 		return
 	}
-	if c.Res >= 0 {
-		if p.closing {
-			closeFD(int(c.Res))
-		} else {
-			p.l.accepted.Add(1)
-			p.l.handoff(p.q, int(c.Res))
-		}
-	} else if c.Res != -int32(unix.ECANCELED) {
-		p.l.acceptErrs.Add(1)
+	p.q.be.listen(p)
+}
+
+// accepted takes one accepted descriptor (loop only).
+func (p *lpart) accepted(fd int) {
+	if p.closing || p.l.e.closed.Load() {
+		unix.Close(fd)
+		return
 	}
-	if !c.More() {
-		p.armed = false
-		if p.closing {
+	p.backoff = 0
+	p.l.accepted.Add(1)
+	p.l.handoff(p.q, fd)
+}
+
+// acceptFailed handles an accept error; it reports whether accepting should pause (the
+// backend then calls resume later through the timer).
+func (p *lpart) acceptFailed(err unix.Errno) bool {
+	if err == unix.ECANCELED || p.closing {
+		return false
+	}
+	p.l.acceptErrs.Add(1)
+	p.q.ctr.acceptErrs.Add(1)
+	switch err {
+	case unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM:
+		// Out of descriptors or memory: retrying at once would spin. Back off like net/http.
+		p.backoff = min(max(2*p.backoff, acceptBackoffMin), acceptBackoffMax)
+		p.l.backoffs.Add(1)
+		p.q.ctr.acceptBackoffs.Add(1)
+		return true
+	}
+	return false
+}
+
+// pauseAccept re-arms accepting after the backoff (loop only).
+func (p *lpart) pauseAccept() {
+	if p.timer != nil || p.closing {
+		return
+	}
+	p.timer = p.q.After(p.backoff, func() {
+		p.timer = nil
+		if !p.closing {
+			p.q.be.listen(p)
+		} else if !p.armed {
 			p.finish()
-		} else {
-			p.arm()
 		}
-	}
+	})
 }
 
 func (p *lpart) stop() {
@@ -191,83 +264,125 @@ func (p *lpart) stop() {
 		return
 	}
 	p.closing = true
-	if !p.armed {
-		p.finish()
-		return
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
 	}
-	sqe := p.q.GetSQE()
-	sqe.PrepCancel(loop.UserData(p.id, tagRecv), 0)
-	sqe.UserData = loop.UserData(p.id, tagIgnore)
+	p.q.be.stopListen(p)
 }
 
+// finish: the part no longer accepts (loop only).
 func (p *lpart) finish() {
-	p.q.RemoveOwner(p.id)
-	p.l.wg.Done()
+	if p.stopped.CompareAndSwap(false, true) {
+		p.l.wg.Done()
+	}
 }
 
-// handoff creates the connection for an accepted fd on the queue that will own it.
-func (l *Listener) handoff(from *equeue, fd int) {
+// handoff creates the connection for an accepted descriptor on the queue that will own it.
+func (l *Listener) handoff(from *queue, fd int) {
 	target := from
 	if len(l.e.queues) > 1 && len(l.socks) == 1 {
 		target = l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
 	}
-	create := func() {
-		c := newConn(l.e, target, fd, l.network)
-		if !l.e.addConn(c) {
-			closeFD(fd)
-			return
-		}
-		c.fillAddrs()
-		if l.steer != nil {
-			if k, err := bpf.FlowKeyFromFD(fd); err == nil {
-				c.steer, c.flow = l.steer, k
-			}
-		}
-		c.id = target.AddOwner(c)
-		c.started = true
-		h := l.accept(c)
-		if h == nil {
-			c.h = HandlerFuncs{}
-			c.closeReq.Store(true)
-			c.beginClose(nil)
-			return
-		}
-		if c.h == nil {
-			c.h = h
-		}
-		c.setupRecvPath()
-		c.armRecv()
-	}
 	if target == from {
-		create()
+		l.create(target, fd)
 		return
 	}
-	if err := target.Post(create); err != nil {
-		closeFD(fd)
+	if err := target.Post(func() { l.create(target, fd) }); err != nil {
+		unix.Close(fd)
 	}
 }
 
+// create makes the connection on its queue and asks the accept function for its handler.
+func (l *Listener) create(q *queue, fd int) {
+	if l.e.closed.Load() {
+		unix.Close(fd)
+		return
+	}
+	s, err := tcpglue.FromAcceptedFD(fd, l.family, q.be.name() != BackendIOUring)
+	if err != nil {
+		unix.Close(fd)
+		return
+	}
+	c := newConn(l.e, q, s, fd, l.network)
+	c.fillAddrs()
+	if l.steer != nil {
+		if k, err := bpf.FlowKeyFromFD(fd); err == nil {
+			c.steer, c.flow = l.steer, k
+		}
+	}
+	q.addConn(c)
+	if err := q.be.start(c); err != nil {
+		c.h = HandlerFuncs{}
+		c.started = true
+		c.fail(c.opErr("accept", err))
+		return
+	}
+	c.started = true
+	h, err := l.callAccept(c)
+	if c.finished {
+		return
+	}
+	if err != nil || h == nil {
+		if c.h == nil {
+			c.h = HandlerFuncs{}
+		}
+		if err != nil {
+			c.fail(c.opErr("accept", err))
+		} else {
+			c.Close()
+			c.service()
+		}
+		return
+	}
+	if c.h == nil {
+		c.h = h
+	}
+	c.setupRecvPath()
+	c.armRecv()
+	c.service() // sends queued by the accept function
+}
+
+func (l *Listener) callAccept(c *Conn) (h Handler, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.q.ctr.handlerPanics.Add(1)
+			h, err = nil, newPanicError("accept", v)
+		}
+	}()
+	return l.accept(c), nil
+}
+
 // Close stops accepting and closes the listening sockets. Accepted connections stay open.
-// A second Close returns an error wrapping net.ErrClosed.
+// A second Close returns an error wrapping ErrClosed. Called from a handler it returns at
+// once and the sockets close in the background (Done tells when).
 func (l *Listener) Close() error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return &OpError{Op: "close", Net: l.network, Addr: l.addr, Err: ErrClosed}
 	}
 	for _, p := range l.parts {
 		if err := p.q.Post(p.stop); err != nil {
-			l.wg.Done()
+			p.finish() // the queue is gone: nothing accepts any more
 		}
 	}
-	if l.e.alt != nil {
-		// Unblock the accept goroutine.
-		l.socks[0].Shutdown(unix.SHUT_RDWR)
+	if l.e.onAnyLoop() {
+		go l.finishClose()
+		return nil
 	}
+	l.finishClose()
+	return nil
+}
+
+// Done is closed once the listener's sockets are closed.
+func (l *Listener) Done() <-chan struct{} { return l.done }
+
+func (l *Listener) finishClose() {
 	l.wg.Wait()
 	l.closeSockets()
 	l.e.mu.Lock()
 	delete(l.e.listeners, l)
 	l.e.mu.Unlock()
-	return nil
+	close(l.done)
 }
 
 func (l *Listener) closeSockets() {
@@ -276,5 +391,20 @@ func (l *Listener) closeSockets() {
 	}
 	for _, s := range l.socks {
 		s.Close()
+	}
+}
+
+// fillAddrs reads the connection's addresses and sets TCP_NODELAY (as Go's net does).
+func (c *Conn) fillAddrs() {
+	if !c.e.cfg.Nagle {
+		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
+	if sa, err := unix.Getsockname(c.fd); err == nil {
+		c.laddr = tcpglue.TCPAddrFromSockaddr(sa)
+	}
+	if c.raddr == nil {
+		if sa, err := unix.Getpeername(c.fd); err == nil {
+			c.raddr = tcpglue.TCPAddrFromSockaddr(sa)
+		}
 	}
 }

@@ -3,11 +3,12 @@ package zc
 import (
 	"errors"
 	"io"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -16,18 +17,21 @@ import (
 // readable; the loop then calls TCP_ZEROCOPY_RECEIVE (tcpglue.RecvWindow) itself, handing
 // the mapped pages and the copied remainder to OnData. The window's pages stay valid until the
 // next receive call, so the loop reads again only once the handler released everything it
-// got; closing waits for that too, so a handler never reads unmapped memory.
+// got; closing defers the window's unmap until then too, so a handler never reads unmapped
+// memory.
 
 const mappedWindow = 1 << 20
 
 type mappedRecv struct {
-	sock     *tcpglue.Socket
 	w        *tcpglue.RecvWindow
 	copyBuf  []byte
 	out      atomic.Int32 // Data handed out and not released
 	wantRead bool
 	posted   atomic.Bool
 	c        *Conn
+
+	mu     sync.Mutex
+	closed bool // the connection finished: unmap once out drops to zero
 }
 
 type mappedData struct {
@@ -48,9 +52,20 @@ func (d *mappedData) release() error {
 	if !d.released.CompareAndSwap(false, true) {
 		return memreg.ErrStale
 	}
-	if d.m.out.Add(-1) == 0 && d.m.posted.CompareAndSwap(false, true) {
-		if d.m.c.q.Post(d.m.c.mappedResume) != nil {
-			d.m.posted.Store(false)
+	m := d.m
+	if m.out.Add(-1) != 0 {
+		return nil
+	}
+	m.mu.Lock()
+	closed := m.closed
+	if closed && m.w != nil {
+		m.w.Close()
+		m.w = nil
+	}
+	m.mu.Unlock()
+	if !closed && m.posted.CompareAndSwap(false, true) {
+		if m.c.q.Post(m.c.mappedResume) != nil {
+			m.posted.Store(false)
 		}
 	}
 	return nil
@@ -58,47 +73,30 @@ func (d *mappedData) release() error {
 
 // setupRecvPath prepares the mapped window when RecvMapped is asked for (loop only).
 func (c *Conn) setupRecvPath() {
-	if c.e.cfg.RecvPath != RecvMapped || c.q == nil {
+	if c.e.cfg.RecvPath != RecvMapped {
 		return
 	}
-	fallback := func() {
+	if c.q.be.name() != BackendIOUring {
 		c.q.ctr.mappedFallbacks.Add(1)
-	}
-	if err := unix.SetNonblock(c.fd, true); err != nil {
-		fallback()
 		return
 	}
-	s, err := tcpglue.FromFD(c.fd)
+	if err := c.sock.SetNonblocking(true); err != nil {
+		c.q.ctr.mappedFallbacks.Add(1)
+		return
+	}
+	w, err := tcpglue.NewRecvWindow(c.sock, mappedWindow)
 	if err != nil {
-		fallback()
+		c.sock.SetNonblocking(false)
+		c.q.ctr.mappedFallbacks.Add(1)
 		return
 	}
-	w, err := tcpglue.NewRecvWindow(s, mappedWindow)
-	if err != nil {
-		s.Disown()
-		fallback()
-		return
-	}
-	c.m = &mappedRecv{sock: s, w: w, copyBuf: make([]byte, 64<<10), c: c}
+	c.m = &mappedRecv{w: w, copyBuf: make([]byte, 64<<10), c: c}
 }
 
-func (c *Conn) recvTag() uint32 {
-	if c.m != nil {
-		return tagPoll
-	}
-	return tagRecv
-}
-
-func (c *Conn) onPoll(cqe uring.CQE) {
-	if !cqe.More() {
-		c.recvArmed = false
-	}
-	if cqe.Res < 0 {
-		if cqe.Res != -int32(unix.ECANCELED) && !c.eof {
-			err := c.opErr("read", unix.Errno(-cqe.Res))
-			c.eof = true
-			c.h.OnEOF(c, err)
-			c.beginClose(err)
+func (c *Conn) onPoll(ev loop.Event) {
+	if ev.Res < 0 {
+		if ev.Res != -int32(unix.ECANCELED) {
+			c.gotEOF(unix.Errno(-ev.Res))
 		}
 		return
 	}
@@ -116,12 +114,14 @@ func (c *Conn) mappedResume() {
 	}
 	c.m.posted.Store(false)
 	c.mappedRead()
-	c.maybeFinishClose()
+	if c.closing {
+		c.advanceClose()
+	}
 }
 
 func (c *Conn) mappedRead() {
 	m := c.m
-	for m.wantRead && m.out.Load() == 0 && !c.closing && !c.paused && !c.eof && !c.finished {
+	for m.wantRead && m.out.Load() == 0 && !c.closing && c.paused == 0 && !c.eof && !c.finished {
 		res, err := m.w.Recv(m.copyBuf)
 		if errors.Is(err, unix.EAGAIN) {
 			m.wantRead = false
@@ -134,15 +134,11 @@ func (c *Conn) mappedRead() {
 			c.deliverMapped(m.copyBuf[:res.Copied], false)
 		}
 		if err == io.EOF {
-			c.eof = true
-			c.h.OnEOF(c, io.EOF)
+			c.gotEOF(nil)
 			return
 		}
 		if err != nil {
-			rerr := c.opErr("read", err)
-			c.eof = true
-			c.h.OnEOF(c, rerr)
-			c.beginClose(rerr)
+			c.gotEOF(err)
 			return
 		}
 	}
@@ -158,20 +154,16 @@ func (c *Conn) deliverMapped(b []byte, mapped bool) {
 		c.q.ctr.recvMappedCopied.Add(n)
 	}
 	c.m.out.Add(1)
-	c.h.OnData(c, Data{n: len(b), mr: &mappedData{m: c.m, b: b, mapped: mapped}})
+	c.callData(Data{n: len(b), mr: &mappedData{m: c.m, b: b, mapped: mapped}})
 }
 
-// closeWindow unmaps the window once the handler released everything (or when wait is
-// false: the close deadline passed). It reports whether the window is gone.
-func (m *mappedRecv) closeWindow(c *Conn, wait bool) bool {
-	if m.w == nil {
-		return true
+// close drops the window once the handler released everything it holds (loop only).
+func (m *mappedRecv) close(c *Conn) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	if m.out.Load() == 0 && m.w != nil {
+		m.w.Close()
+		m.w = nil
 	}
-	if m.out.Load() > 0 && wait {
-		return false
-	}
-	m.w.Close()
-	m.w = nil
-	m.sock.Disown()
-	return true
 }

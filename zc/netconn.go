@@ -13,9 +13,9 @@ import (
 
 // The net.Conn face: a connection whose Handler queues received buffers for Read, with
 // deadlines and *net.OpError errors. Read copies out of the borrowed receive buffers (the one
-// copy the interface demands); Write copies into send buffers.
-
-const maxQueuedReads = 16 // receive buffers queued before the connection stops receiving
+// copy the interface demands); Write copies into send buffers. Flow control is the engine's:
+// the queued buffers count toward MaxRecvHeld, so a reader that falls behind stops the
+// connection's receiving, not the queue's.
 
 type netConn struct {
 	c *Conn
@@ -24,7 +24,6 @@ type netConn struct {
 	rq      []Data
 	roff    int
 	rerr    error
-	paused  bool
 	closed  bool
 	readyCh chan struct{}
 
@@ -50,7 +49,7 @@ func newNetConn(c *Conn) *netConn {
 	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{})}
 }
 
-func (n *netConn) signal(ch chan struct{}) {
+func signal(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
@@ -67,15 +66,8 @@ func (n *netConn) OnData(c *Conn, d Data) {
 		return
 	}
 	n.rq = append(n.rq, d)
-	pause := len(n.rq) >= maxQueuedReads && !n.paused
-	if pause {
-		n.paused = true
-	}
 	n.mu.Unlock()
-	if pause {
-		c.setPaused(true)
-	}
-	n.signal(n.readyCh)
+	signal(n.readyCh)
 }
 
 func (n *netConn) OnEOF(c *Conn, err error) {
@@ -84,7 +76,7 @@ func (n *netConn) OnEOF(c *Conn, err error) {
 		n.rerr = err
 	}
 	n.mu.Unlock()
-	n.signal(n.readyCh)
+	signal(n.readyCh)
 }
 
 func (n *netConn) OnClose(c *Conn, err error) {
@@ -96,7 +88,7 @@ func (n *netConn) OnClose(c *Conn, err error) {
 		n.rerr = err
 	}
 	n.mu.Unlock()
-	n.signal(n.readyCh)
+	signal(n.readyCh)
 }
 
 func (n *netConn) opErr(op string, err error) error {
@@ -118,7 +110,7 @@ func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
 }
 
 // Read reads received bytes, blocking until some arrive, the deadline passes or the
-// connection closes.
+// connection closes. On a queue goroutine it returns ErrWouldBlock instead of waiting.
 func (n *netConn) Read(p []byte) (int, error) {
 	for {
 		n.mu.Lock()
@@ -129,40 +121,47 @@ func (n *netConn) Read(p []byte) (int, error) {
 		if len(n.rq) > 0 {
 			got := 0
 			for got < len(p) && len(n.rq) > 0 {
-				b := n.rq[0].Bytes()[n.roff:]
-				k := copy(p[got:], b)
+				b := n.rq[0].Bytes()
+				if b == nil || n.roff >= len(b) {
+					// Released elsewhere or consumed: drop it (never spin on it).
+					n.rq[0].Release()
+					n.rq[0] = Data{}
+					n.rq = n.rq[1:]
+					n.roff = 0
+					continue
+				}
+				k := copy(p[got:], b[n.roff:])
 				got += k
 				n.roff += k
-				if n.roff == n.rq[0].Len() {
+				if n.roff == len(b) {
 					n.rq[0].Release()
 					n.rq[0] = Data{}
 					n.rq = n.rq[1:]
 					n.roff = 0
 				}
 			}
-			resume := n.paused && len(n.rq) < maxQueuedReads/2
-			if resume {
-				n.paused = false
-			}
 			more := len(n.rq) > 0 || n.rerr != nil
 			n.mu.Unlock()
 			if more {
-				n.signal(n.readyCh) // another reader may proceed
+				signal(n.readyCh) // another reader may proceed
 			}
-			if resume {
-				n.c.setPaused(false)
+			if got > 0 || len(p) == 0 {
+				return got, nil
 			}
-			return got, nil
+			continue
 		}
 		if n.rerr != nil {
 			err := n.rerr
 			n.mu.Unlock()
-			n.signal(n.readyCh)
+			signal(n.readyCh)
 			return 0, n.opErr("read", err)
 		}
 		n.mu.Unlock()
 		if len(p) == 0 {
 			return 0, nil
+		}
+		if n.c.onLoop() {
+			return 0, n.opErr("read", ErrWouldBlock)
 		}
 		if err := n.wait(n.readyCh, &n.rdl); err != nil {
 			return 0, n.opErr("read", err)
@@ -190,7 +189,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	case <-changed:
 		return nil
 	case <-n.c.done:
-		n.signal(ch)
+		signal(ch)
 		return nil
 	case <-t:
 		return os.ErrDeadlineExceeded
@@ -214,7 +213,7 @@ func (n *netConn) Write(p []byte) (int, error) {
 		written += k
 		p = p[k:]
 		if err != nil {
-			if errors.Is(err, errDeadline) {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return written, n.opErr("write", os.ErrDeadlineExceeded)
 			}
 			if errors.Is(err, ErrClosed) {
@@ -245,9 +244,9 @@ func (n *netConn) Close() error {
 		d.Release()
 	}
 	err := n.c.Close()
-	n.signal(n.readyCh)
+	signal(n.readyCh)
 	n.deadlineChanged()
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrClosed) {
 		return n.opErr("close", err)
 	}
 	return nil
@@ -263,7 +262,7 @@ func (n *netConn) SetDeadline(t time.Time) error {
 	n.rdl.Store(&t)
 	n.wdl.Store(&t)
 	n.deadlineChanged()
-	n.signal(n.c.space)
+	n.c.wakeWriters()
 	return nil
 }
 
@@ -275,12 +274,20 @@ func (n *netConn) SetReadDeadline(t time.Time) error {
 
 func (n *netConn) SetWriteDeadline(t time.Time) error {
 	n.wdl.Store(&t)
-	n.signal(n.c.space)
+	n.c.wakeWriters()
 	return nil
 }
 
 // Zc returns the underlying connection (counters, socket options).
 func (n *netConn) Zc() *Conn { return n.c }
+
+// wakeWriters wakes writers blocked in Write (a deadline changed).
+func (c *Conn) wakeWriters() {
+	c.mu.Lock()
+	ch := c.spaceLocked()
+	c.mu.Unlock()
+	signal(ch)
+}
 
 // NetConn is the net.Conn face of a connection; it also exposes the zc Conn.
 type NetConn interface {
@@ -291,9 +298,8 @@ type NetConn interface {
 
 // NetDial dials like Dial and returns a net.Conn.
 func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
-	var nc *netConn
-	h := &lazyHandler{}
-	c, err := e.Dial(ctx, network, address, h)
+	nc := newNetConn(nil)
+	c, err := e.Dial(ctx, network, address, nc)
 	if err != nil {
 		var zerr *OpError
 		if errors.As(err, &zerr) {
@@ -301,45 +307,9 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 		}
 		return nil, err
 	}
-	nc = newNetConn(c)
-	h.set(nc)
+	nc.c = c
 	return nc, nil
 }
-
-// lazyHandler buffers events that arrive before the net.Conn exists (data can arrive right
-// after connect, before Dial returns).
-type lazyHandler struct {
-	mu    sync.Mutex
-	h     Handler
-	early []func(Handler)
-}
-
-func (l *lazyHandler) set(h Handler) {
-	l.mu.Lock()
-	l.h = h
-	early := l.early
-	l.early = nil
-	l.mu.Unlock()
-	for _, f := range early {
-		f(h)
-	}
-}
-
-func (l *lazyHandler) do(f func(Handler)) {
-	l.mu.Lock()
-	if l.h == nil {
-		l.early = append(l.early, f)
-		l.mu.Unlock()
-		return
-	}
-	h := l.h
-	l.mu.Unlock()
-	f(h)
-}
-
-func (l *lazyHandler) OnData(c *Conn, d Data)     { l.do(func(h Handler) { h.OnData(c, d) }) }
-func (l *lazyHandler) OnEOF(c *Conn, err error)   { l.do(func(h Handler) { h.OnEOF(c, err) }) }
-func (l *lazyHandler) OnClose(c *Conn, err error) { l.do(func(h Handler) { h.OnClose(c, err) }) }
 
 // netListener is the net.Listener face.
 type netListener struct {
@@ -367,7 +337,7 @@ func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 	if err != nil {
 		var zerr *OpError
 		if errors.As(err, &zerr) {
-			return nil, &net.OpError{Op: "listen", Net: network, Err: zerr.Err}
+			return nil, &net.OpError{Op: "listen", Net: network, Addr: zerr.Addr, Err: zerr.Err}
 		}
 		return nil, err
 	}

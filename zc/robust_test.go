@@ -27,7 +27,7 @@ func TestManyConnsRandomSizes(t *testing.T) {
 		total = 128 << 20
 	}
 	const conns = 256
-	cfg := Config{Queues: 2, SendBufs: 1024, RecvBufs: 1024, NoPin: true}
+	cfg := Config{Queues: 2, NoPin: true}
 	srv, cli := newPair(t, cfg)
 	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
 	if err != nil {
@@ -52,7 +52,7 @@ func TestManyConnsRandomSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := srv.Stats()
-	if st.StrayCQEs != 0 || st.BundleMismatch != 0 {
+	if st.NotifsUnexpected != 0 || st.BundleMismatch != 0 || st.NotifsPending < 0 {
 		t.Fatalf("server stats %+v", st)
 	}
 	t.Logf("server: %+v", st)
@@ -241,7 +241,7 @@ func testPeerReset(t *testing.T, cfg Config) {
 func TestCloseWithZeroCopyInFlight(t *testing.T) {
 	// A connection with zero-copy sends in flight is closed; its buffers come back only after
 	// the notifications, and nothing leaks (TestMain checks rings, regions and fds).
-	srv, cli := newPair(t, Config{SendPath: SendZeroCopy, SendBufs: 32})
+	srv, cli := newPair(t, Config{SendPath: SendZeroCopy, SendBufs: 32, SendPoolMax: 32 << 16})
 	l2, err := srv.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} })
 	if err != nil {
 		t.Fatal(err)
@@ -267,8 +267,8 @@ func TestCloseWithZeroCopyInFlight(t *testing.T) {
 		t.Fatal("close with zero-copy sends in flight did not finish")
 	}
 	q := cli.queues[c.Queue()]
-	if free := q.SendRegion().Free(); free != q.SendRegion().Count() {
-		t.Fatalf("%d of %d send buffers came back", free, q.SendRegion().Count())
+	if free := q.send.Free(); free != q.send.Buffers() {
+		t.Fatalf("%d of %d send buffers came back", free, q.send.Buffers())
 	}
 	if st := c.Stats(); st.NotifsPending != 0 || st.SendZCOps == 0 {
 		t.Fatalf("conn stats %+v", st)
@@ -281,7 +281,7 @@ func TestCloseWithZeroCopyInFlight(t *testing.T) {
 func TestMutateAfterRelease(t *testing.T) {
 	for _, path := range []SendPath{SendZeroCopy, SendCopy} {
 		t.Run(path.String(), func(t *testing.T) {
-			e := newEngine(t, Config{SendPath: path, SendBufs: 4, SendBufSize: 4096})
+			e := newEngine(t, Config{SendPath: path, SendBufs: 4, SendBufSize: 4096, SendPoolMax: 4 * 4096})
 			l, _ := listenEvents(t, e)
 			_ = l
 			srv, err := New(Config{Queues: 1, SendBufs: 4, RecvBufs: 64, NoPin: true})
@@ -393,7 +393,7 @@ func TestAdaptiveSwitchesToCopy(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	for _, cfg := range []Config{
-		{Queues: 5000}, {SendPath: 9}, {Backend: 7}, {RecvBufs: 100}, {Steering: 5},
+		{Queues: 5000}, {SendPath: 9}, {Backend: 7}, {RecvBufs: -1}, {Steering: 5},
 	} {
 		if _, err := New(cfg); !errors.Is(err, ErrInvalid) {
 			t.Errorf("New(%+v) = %v, want ErrInvalid", cfg, err)

@@ -107,11 +107,11 @@ func shimFallbackChild() error {
 	st = cli.Stats()
 	switch want {
 	case BackendShim:
-		if st.SendZCOps == 0 || st.BytesSentZC+st.BytesZCCopied < size || st.BytesRecvRing < size || st.BytesSentPlain != 0 {
+		if st.SendZCOps == 0 || st.BytesSentZC+st.BytesZCCopied < size || st.BytesRecvShim < size || st.BytesSentCopy != 0 {
 			return fmt.Errorf("shim counters do not show the traffic: %+v", st)
 		}
 	default:
-		if st.BytesSentPlain < size || st.BytesRecvPlain < size {
+		if st.BytesSentCopy < size || st.BytesRecvPlain < size {
 			return fmt.Errorf("plain counters do not show the traffic: %+v", st)
 		}
 	}

@@ -107,17 +107,10 @@ func TestShimBulk(t *testing.T) {
 		t.Fatalf("conn counters: %+v", cs)
 	}
 	st := cli.Stats()
-	if st.Backend != "shim" || st.BytesSentPlain != 0 || st.BytesRecvRing != total {
+	if st.Backend != "shim" || st.BytesSentCopy != 0 || st.BytesRecvShim != total {
 		t.Fatalf("engine counters: %+v", st)
 	}
-	r := cli.alt.sendRegion()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Free() != r.Count() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if r.Free() != r.Count() {
-		t.Fatalf("%d of %d send buffers back", r.Free(), r.Count())
-	}
+	waitSendBuffersBack(t, cli)
 	t.Logf("client %+v", st)
 	t.Logf("server %+v", srv.Stats())
 }
@@ -404,14 +397,7 @@ func TestShimCloseStuckPeer(t *testing.T) {
 		t.Fatalf("Close did not finish: %+v", c.Stats())
 	}
 	t.Logf("closed in %v with the peer not reading", time.Since(start))
-	r := e.alt.sendRegion()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Free() != r.Count() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if r.Free() != r.Count() {
-		t.Fatalf("%d of %d send buffers back", r.Free(), r.Count())
-	}
+	waitSendBuffersBack(t, e)
 }
 
 // TestShimWriteFromHandler: a handler's blocking call on its own queue goroutine gets
@@ -567,41 +553,10 @@ func shimKlogCheck(t *testing.T) {
 	}
 }
 
-// shimDump describes the shim queues' state (for failure messages), gathered on each loop.
+// shimDump describes the engine's state and the module's (for failure messages).
 func shimDump(e *Engine) string {
-	st, ok := e.alt.(*shimState)
-	if !ok {
-		return "not a shim engine"
-	}
 	var sb strings.Builder
-	for _, q := range st.queues {
-		ch := make(chan string, 1)
-		err := q.post(func() {
-			s := fmt.Sprintf("queue %d: conns %d sendRes %d recvRes %d prepared %d sqspace %d ready %d starved %d blocked %d closing %d ops %d free %d\n",
-				q.idx, len(q.conns), q.sendRes, q.recvRes, q.tx.Prepared(), q.tx.SQSpace(), q.tx.Ready()+q.rx.Ready(), len(q.starved), len(q.blocked), q.closing, len(q.ops), len(q.freeOps))
-			st.fmu.Lock()
-			s += fmt.Sprintf("  free recv bufs %d, send region free %d\n", len(st.free), st.send.Free())
-			st.fmu.Unlock()
-			for sc := range q.conns {
-				sc.c.wmu.Lock()
-				wp, qd, busy := len(sc.c.wpending), sc.c.queued, sc.c.busy
-				sc.c.wmu.Unlock()
-				s += fmt.Sprintf("  conn fd %d: inflight %d notifs %d pending %d recvOut %v ready %v starved %v blocked %v closing %v eof %v wpending %d queued %d busy %v kicked %v\n",
-					sc.c.fd, sc.inflight, sc.notifs, len(sc.pending), sc.recvOut, sc.ready, sc.starved, sc.blocked, sc.closing, sc.eof, wp, qd, busy, sc.kicked.Load())
-			}
-			ch <- s
-		})
-		if err != nil {
-			sb.WriteString(fmt.Sprintf("queue %d: %v\n", q.idx, err))
-			continue
-		}
-		select {
-		case s := <-ch:
-			sb.WriteString(s)
-		case <-time.After(2 * time.Second):
-			sb.WriteString(fmt.Sprintf("queue %d: loop not responding\n", q.idx))
-		}
-	}
+	sb.WriteString(engineDump(e))
 	if ms, err := shim.ReadStats(); err == nil {
 		sb.WriteString(fmt.Sprintf("module: %+v\n", ms))
 	}

@@ -147,3 +147,10 @@ func (s *SQE) PrepPollAdd(fd int32, events uint32, multishot bool) {
 }
 
 const pollAddMulti = 1 << 0
+
+// PrepSendmsg prepares a copying sendmsg(2) of msg (a struct msghdr). Keep the msghdr, its
+// iovec array and the buffers valid and unmoved until the operation completes.
+func (s *SQE) PrepSendmsg(fd int32, msg unsafe.Pointer, msgFlags uint32) {
+	s.prepRW(OpSendmsg, fd, uintptr(msg), 1, 0)
+	s.OpFlags = msgFlags
+}

@@ -171,16 +171,30 @@ func (c *Capabilities) Has(feat uint32) bool { return c.Err == nil && c.Features
 func (c *Capabilities) SetupOK(flags uint32) bool { return c.Err == nil && c.SetupFlags&flags == flags }
 
 var (
-	capsOnce sync.Once
-	caps     *Capabilities
+	capsMu sync.Mutex
+	caps   *Capabilities
 )
 
 // DetectCapabilities probes io_uring once per process (later calls return the cached answer):
 // whether a ring can be set up at all, the feature word, the opcode probe, and which of the
-// setup flags zcnet uses are accepted.
+// setup flags zcnet uses are accepted. Reprobe refreshes the answer.
 func DetectCapabilities() *Capabilities {
-	capsOnce.Do(func() { caps = detect() })
+	capsMu.Lock()
+	defer capsMu.Unlock()
+	if caps == nil {
+		caps = detect()
+	}
 	return caps
+}
+
+// Reprobe probes again (io_uring may have been enabled or disabled since, by sysctl or a
+// seccomp filter) and caches the new answer.
+func Reprobe() *Capabilities {
+	c := detect()
+	capsMu.Lock()
+	caps = c
+	capsMu.Unlock()
+	return c
 }
 
 func detect() *Capabilities {

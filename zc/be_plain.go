@@ -1,0 +1,412 @@
+package zc
+
+import (
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// The plain backend: non-blocking sockets driven by epoll, one event loop per queue (the
+// same queues, handlers and flow control as io_uring; no per-connection goroutine). Reads go
+// into buffers of the queue's receive pool; sends are writev(2) of every queued buffer.
+// epollCommon is what it shares with the zcshim backend: listening, dialing, registrations.
+
+type epollCommon struct {
+	q  *queue
+	ep *loop.Epoll
+}
+
+// econn is Conn seen as the loop.Owner of its epoll registration.
+type econn Conn
+
+// epart is lpart seen as the loop.Owner of its listening socket's registration.
+type epart lpart
+
+// evMask is what a connection wants to hear about now.
+func evMask(c *Conn) uint32 {
+	m := uint32(unix.EPOLLRDHUP)
+	if c.recvArmed {
+		m |= unix.EPOLLIN
+	}
+	if c.wantOut {
+		m |= unix.EPOLLOUT
+	}
+	return m
+}
+
+// register adds the connection's socket to epoll (with nothing wanted yet).
+func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
+	c.ops++
+	c.recvUD = b.q.NewOp(owner, tagRecv)
+	if err := b.ep.Add(c.fd, evMask(c), c.recvUD); err != nil {
+		b.q.FreeOp(c.recvUD)
+		c.recvUD = 0
+		c.ops--
+		return err
+	}
+	return nil
+}
+
+func (b *epollCommon) update(c *Conn) {
+	if c.recvUD != 0 && !c.fdClosed {
+		b.ep.Mod(c.fd, evMask(c), c.recvUD)
+	}
+}
+
+// unregister removes the socket from epoll before it is closed.
+func (b *epollCommon) unregister(c *Conn) {
+	if c.recvUD != 0 {
+		b.ep.Del(c.fd)
+		b.q.FreeOp(c.recvUD)
+		c.recvUD = 0
+		c.ops--
+	}
+}
+
+func (b *epollCommon) freeOp(c *Conn, ud uint64) {
+	if b.q.OpLive(ud) {
+		b.q.FreeOp(ud)
+		c.ops--
+	}
+}
+
+// ---- dialing -------------------------------------------------------------------------
+
+func (b *epollCommon) dial(c *Conn) {
+	cs := c.connect
+	sa, err := cs.sa.Sockaddr()
+	if err == nil {
+		err = unix.Connect(c.fd, sa)
+	}
+	switch err {
+	case nil:
+		c.dialDone(0)
+		return
+	case unix.EINPROGRESS, unix.EINTR, unix.EALREADY:
+	default:
+		c.dialDone(-int32(err.(unix.Errno)))
+		return
+	}
+	c.ops++
+	cs.ud = b.q.NewOp((*econn)(c), tagDial)
+	if err := b.ep.Add(c.fd, unix.EPOLLOUT, cs.ud); err != nil {
+		b.freeOp(c, cs.ud)
+		c.dialDone(-int32(unix.EINVAL))
+	}
+}
+
+func (b *epollCommon) cancelDial(c *Conn) {
+	if c.connect == nil || !b.q.OpLive(c.connect.ud) {
+		return
+	}
+	b.ep.Del(c.fd)
+	b.freeOp(c, c.connect.ud)
+	c.connect.cancel = true
+	c.dialDone(-int32(unix.ECANCELED))
+}
+
+// dialReady: the connecting socket is writable: the connect finished.
+func (b *epollCommon) dialReady(c *Conn, ud uint64) {
+	b.ep.Del(c.fd)
+	b.freeOp(c, ud)
+	soerr, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		soerr = int(err.(unix.Errno))
+	}
+	c.dialDone(-int32(soerr))
+}
+
+// ---- listening -----------------------------------------------------------------------
+
+func (b *epollCommon) listen(p *lpart) {
+	if p.armed || p.closing {
+		return
+	}
+	p.ud = b.q.NewOp((*epart)(p), tagAccept)
+	if err := b.ep.Add(p.fd, unix.EPOLLIN, p.ud); err != nil {
+		b.q.FreeOp(p.ud)
+		p.acceptFailed(unix.ENOMEM)
+		p.pauseAccept()
+		return
+	}
+	p.armed = true
+}
+
+func (b *epollCommon) stopListen(p *lpart) {
+	if p.armed {
+		b.ep.Del(p.fd)
+		b.q.FreeOp(p.ud)
+		p.armed = false
+	}
+	p.finish()
+}
+
+func (ep *epart) OnEvent(lq *loop.Queue, ev loop.Event) {
+	p := (*lpart)(ep)
+	b := p.q.be.(interface{ common() *epollCommon }).common()
+	for i := 0; i < 64 && p.armed && !p.closing; i++ {
+		fd, _, err := unix.Accept4(p.fd, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+		if err == unix.EINTR || err == unix.ECONNABORTED {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if err != nil {
+			if p.acceptFailed(err.(unix.Errno)) {
+				b.ep.Del(p.fd)
+				b.q.FreeOp(p.ud)
+				p.armed = false
+				p.pauseAccept()
+			}
+			return
+		}
+		p.accepted(fd)
+	}
+}
+
+// ---- the plain backend -----------------------------------------------------------------
+
+type plainBackend struct {
+	epollCommon
+	recv    *memreg.Pool
+	iov     [maxIov]unix.Iovec
+	starved []*Conn // waiting for a receive buffer
+	wakeReq atomic.Bool
+}
+
+func newPlainBackend(q *queue) (loop.Driver, error) {
+	cfg := &q.e.cfg
+	ep, err := loop.NewEpoll(q.Queue)
+	if err != nil {
+		return nil, err
+	}
+	b := &plainBackend{epollCommon: epollCommon{q: q, ep: ep}}
+	b.recv, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: b.bufferFreed})
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, Tag: q.e})
+	if err != nil {
+		b.recv.CloseWhenReleased()
+		ep.Close()
+		return nil, err
+	}
+	q.be = b
+	return ep, nil
+}
+
+func (b *plainBackend) common() *epollCommon          { return &b.epollCommon }
+func (b *plainBackend) name() Backend                 { return BackendPlain }
+func (b *plainBackend) zeroCopy() bool                { return false }
+func (b *plainBackend) recvPool() *memreg.Pool        { return b.recv }
+func (b *plainBackend) sending(c *Conn) bool          { return c.wantOut }
+func (b *plainBackend) inFlightSegs(c *Conn) int      { return 0 }
+func (b *plainBackend) start(c *Conn) error           { return b.register(c, (*econn)(c)) }
+func (b *plainBackend) freeOp(c *Conn, ud uint64)     { b.epollCommon.freeOp(c, ud) }
+func (b *plainBackend) dial(c *Conn)                  { b.epollCommon.dial(c) }
+func (b *plainBackend) cancelDial(c *Conn)            { b.epollCommon.cancelDial(c) }
+func (b *plainBackend) listen(p *lpart)               { b.epollCommon.listen(p) }
+func (b *plainBackend) stopListen(p *lpart)           { b.epollCommon.stopListen(p) }
+
+func (b *plainBackend) close() {
+	b.recv.CloseWhenReleased()
+	b.q.send.CloseWhenReleased()
+}
+
+func (b *plainBackend) armRecv(c *Conn) {
+	c.recvArmed = true
+	b.update(c)
+}
+
+func (b *plainBackend) stopRecv(c *Conn) {
+	c.recvArmed = false
+	b.update(c)
+}
+
+func (b *plainBackend) closeSocket(c *Conn) {
+	b.unregister(c)
+	c.wantOut = false
+	c.sock.Close()
+	c.fd = -1
+}
+
+// send writes the queued buffers with writev until they are out or the socket is full (then
+// it waits for EPOLLOUT).
+func (b *plainBackend) send(c *Conn) {
+	progress := false
+	for len(c.pend) > 0 && !c.fdClosed {
+		n := 0
+		for n < len(c.pend) && n < maxIov {
+			s := &c.pend[n]
+			b.iov[n].Base = s.loan.Pointer(int(s.off))
+			b.iov[n].SetLen(int(s.n - s.off))
+			n++
+		}
+		w, err := writev(c.fd, b.iov[:n])
+		clear(b.iov[:n])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil {
+			c.fail(c.opErr("write", err))
+			return
+		}
+		c.ctr.sendOps.Add(1)
+		b.q.ctr.sendOps.Add(1)
+		c.advance(w)
+		progress = true
+	}
+	want := len(c.pend) > 0 && !c.fdClosed
+	if want != c.wantOut {
+		c.wantOut = want
+		b.update(c)
+	}
+	if progress && !c.wantOut {
+		// Completed synchronously: OnWritable runs from the loop, not from inside Send.
+		b.q.MarkDirty((*plainWritable)(c))
+	}
+}
+
+func writev(fd int, iov []unix.Iovec) (int, error) {
+	n, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+type plainWritable Conn
+
+func (w *plainWritable) Flush(*loop.Queue) {
+	c := (*Conn)(w)
+	if !c.finished && !c.closing {
+		c.sendProgress()
+	} else if c.closing {
+		c.advanceClose()
+	}
+}
+
+func (ec *econn) OnEvent(lq *loop.Queue, ev loop.Event) {
+	c := (*Conn)(ec)
+	switch b := c.q.be.(type) {
+	case *plainBackend:
+		if ev.Tag == tagDial {
+			b.dialReady(c, ev.UD)
+			return
+		}
+		b.onEvent(c, ev.Flags)
+	case *shimBackend:
+		if ev.Tag == tagDial {
+			b.dialReady(c, ev.UD)
+			return
+		}
+		b.onReadable(c, ev.Flags)
+	}
+}
+
+func (b *plainBackend) onEvent(c *Conn, events uint32) {
+	if events&unix.EPOLLOUT != 0 && c.wantOut {
+		b.send(c)
+		if !c.wantOut {
+			c.sendProgress()
+		}
+	}
+	if c.finished {
+		return
+	}
+	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.recvArmed {
+		b.read(c)
+	}
+	if c.closing {
+		c.advanceClose()
+	}
+}
+
+// read reads what the socket has (up to 16 buffers, then the loop serves others).
+func (b *plainBackend) read(c *Conn) {
+	for i := 0; i < 16 && c.recvArmed && !c.fdClosed; i++ {
+		buf, err := b.getBuf()
+		if err != nil {
+			// At the pool's cap: wait for a release.
+			b.stopRecv(c)
+			c.needArm = true
+			b.starved = append(b.starved, c)
+			b.q.ctr.bufEmpty.Add(1)
+			return
+		}
+		mem := buf.Bytes()
+		n, err := unix.Read(c.fd, mem)
+		if err == unix.EINTR {
+			buf.Release()
+			continue
+		}
+		if n <= 0 {
+			buf.Release()
+			if err == unix.EAGAIN {
+				return
+			}
+			if n == 0 && err == nil {
+				b.stopRecv(c)
+				c.gotEOF(nil)
+			} else {
+				b.stopRecv(c)
+				c.gotEOF(err)
+			}
+			return
+		}
+		b.q.ctr.recvPlain.Add(uint64(n))
+		c.deliver(Data{buf: buf, n: n})
+		if c.finished {
+			return
+		}
+		c.checkCredit()
+		if n < len(mem) {
+			return // drained
+		}
+	}
+}
+
+// getBuf takes a receive buffer, growing the pool when it may.
+func (b *plainBackend) getBuf() (memreg.Buf, error) {
+	buf, err := b.recv.Get()
+	if err != nil && b.recv.CanGrow() {
+		if _, gerr := b.recv.Grow(); gerr == nil {
+			b.q.ctr.sendPoolGrows.Add(1)
+			buf, err = b.recv.Get()
+		}
+	}
+	return buf, err
+}
+
+// bufferFreed runs on any goroutine when a receive buffer returns: starved connections
+// try again on the loop.
+func (b *plainBackend) bufferFreed() {
+	if b.wakeReq.CompareAndSwap(false, true) {
+		if b.q.Post(b.retryStarved) != nil {
+			b.wakeReq.Store(false)
+		}
+	}
+}
+
+func (b *plainBackend) retryStarved() {
+	b.wakeReq.Store(false)
+	st := b.starved
+	b.starved = nil
+	for _, c := range st {
+		if c.needArm {
+			c.needArm = false
+			c.armRecv()
+		}
+	}
+}

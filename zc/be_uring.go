@@ -1,0 +1,372 @@
+package zc
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// The io_uring backend: multishot recv into a provided-buffer ring, one send operation in
+// flight per connection carrying every queued buffer (SEND for one, SENDMSG with an iovec for
+// several), SEND_ZC from the registered send pool for large buffers when the adaptive policy
+// says so, CONNECT and multishot ACCEPT.
+
+const (
+	tagRecv uint32 = iota + 1
+	tagSend
+	tagSendZC
+	tagConnect
+	tagPoll
+	tagAccept
+	tagDial // epoll: connect readiness
+	tagShim // shim module completions
+)
+
+const (
+	maxIov       = 64      // buffers per SENDMSG
+	maxSendBatch = 1 << 20 // bytes per SENDMSG (latency stays low behind a big batch)
+	sendFlags    = unix.MSG_WAITALL | unix.MSG_NOSIGNAL
+)
+
+type iovBuf struct {
+	iov [maxIov]unix.Iovec
+	msg unix.Msghdr
+}
+
+type uringBackend struct {
+	q    *queue
+	u    *loop.URing
+	rr   *loop.RecvRing
+	iovs []*iovBuf
+}
+
+// uconn is Conn seen as the loop.Owner of its io_uring operations.
+type uconn Conn
+
+func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
+	cfg := &q.e.cfg
+	u, err := loop.NewURing(q.Queue, loop.URingConfig{Caps: caps})
+	if err != nil {
+		return nil, err
+	}
+	b := &uringBackend{q: q, u: u}
+	b.rr, err = u.NewRecvRing(loop.RecvRingConfig{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, Bundles: !cfg.NoBundles, Tag: q.e})
+	if err != nil {
+		u.Close()
+		return nil, err
+	}
+	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnGrow: func(r *memreg.Region, _ int) error {
+			_, err := u.RegisterRegion(r)
+			return err
+		}})
+	if err != nil {
+		u.Close()
+		return nil, err
+	}
+	q.be = b
+	return u, nil
+}
+
+func (b *uringBackend) name() Backend               { return BackendIOUring }
+func (b *uringBackend) zeroCopy() bool              { return true }
+func (b *uringBackend) recvPool() *memreg.Pool      { return b.rr.Pool() }
+func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
+func (b *uringBackend) start(c *Conn) error         { return nil }
+func (b *uringBackend) sending(c *Conn) bool        { return c.sendUD != 0 }
+
+func (b *uringBackend) inFlightSegs(c *Conn) int {
+	if c.sendUD == 0 {
+		return 0
+	}
+	return c.sendSegs
+}
+
+func (b *uringBackend) close() {
+	b.q.send.CloseWhenReleased()
+}
+
+func (b *uringBackend) newOp(c *Conn, tag uint32) uint64 {
+	c.ops++
+	return b.q.NewOp((*uconn)(c), tag)
+}
+
+func (b *uringBackend) freeOp(c *Conn, ud uint64) {
+	if b.q.OpLive(ud) {
+		b.q.FreeOp(ud)
+		c.ops--
+	}
+}
+
+func (b *uringBackend) armRecv(c *Conn) {
+	sqe := b.u.GetSQE()
+	if c.m != nil {
+		c.recvUD = b.newOp(c, tagPoll)
+		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
+	} else {
+		c.recvUD = b.newOp(c, tagRecv)
+		sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
+	}
+	sqe.UserData = c.recvUD
+	c.recvArmed = true
+	c.needArm = false
+}
+
+func (b *uringBackend) stopRecv(c *Conn) {
+	if c.recvArmed && c.recvUD != 0 {
+		b.u.CancelOp(c.recvUD)
+	}
+}
+
+func (b *uringBackend) send(c *Conn) {
+	if c.sendUD != 0 || len(c.pend) == 0 || c.fdClosed {
+		return
+	}
+	head := &c.pend[0]
+	left := int(head.n - head.off)
+	if c.zc.use(left) {
+		addr := head.loan.Addr() + uintptr(head.off)
+		ud := b.newOp(c, tagSendZC)
+		sqe := b.u.GetSQE()
+		if idx, ok := head.loan.Region().FixedIndex(b.u.Ring(), addr, left); ok {
+			sqe.PrepSendZCFixed(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage, idx)
+		} else {
+			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
+		}
+		sqe.UserData = ud
+		c.sendUD, c.sendSegs, c.sendZC = ud, 1, true
+		c.zcStart(ud)
+		c.ctr.sendZCOps.Add(1)
+		b.q.ctr.sendZCOps.Add(1)
+		return
+	}
+	// Every queued buffer (up to maxIov, maxSendBatch bytes) in one copying send.
+	n, bytes := 0, 0
+	for n < len(c.pend) && n < maxIov && bytes < maxSendBatch {
+		s := &c.pend[n]
+		if n > 0 && c.zc.wouldUse(int(s.n-s.off)) {
+			break // a large buffer the policy sends zero-copy: on its own, next
+		}
+		bytes += int(s.n - s.off)
+		n++
+	}
+	ud := b.newOp(c, tagSend)
+	sqe := b.u.GetSQE()
+	if n == 1 {
+		sqe.PrepSend(int32(c.fd), head.loan.Addr()+uintptr(head.off), uint32(left), sendFlags)
+	} else {
+		iv := b.getIov()
+		for i := 0; i < n; i++ {
+			s := &c.pend[i]
+			iv.iov[i].Base = s.loan.Pointer(int(s.off))
+			iv.iov[i].SetLen(int(s.n - s.off))
+		}
+		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
+		iv.msg.SetIovlen(n)
+		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
+		c.iov = iv
+	}
+	sqe.UserData = ud
+	c.sendUD, c.sendSegs, c.sendZC = ud, n, false
+	c.ctr.sendOps.Add(1)
+	b.q.ctr.sendOps.Add(1)
+}
+
+func (b *uringBackend) getIov() *iovBuf {
+	if n := len(b.iovs); n > 0 {
+		iv := b.iovs[n-1]
+		b.iovs = b.iovs[:n-1]
+		return iv
+	}
+	return new(iovBuf)
+}
+
+func (b *uringBackend) putIov(c *Conn) {
+	if c.iov != nil {
+		clear(c.iov.iov[:])
+		b.iovs = append(b.iovs, c.iov)
+		c.iov = nil
+	}
+}
+
+// closeSocket closes the descriptor. io_uring requests hold their own reference to the file:
+// the receive is cancelled so the socket really goes (a FIN, or a RST after SO_LINGER 0);
+// prepared SQEs naming the descriptor are submitted first, so the number cannot be reused
+// under them.
+func (b *uringBackend) closeSocket(c *Conn) {
+	b.stopRecv(c)
+	b.u.Submit()
+	c.sock.Close()
+	c.fd = -1
+}
+
+func (b *uringBackend) dial(c *Conn) {
+	cs := c.connect
+	cs.ud = b.newOp(c, tagConnect)
+	sqe := b.u.GetSQE()
+	sqe.PrepConnect(int32(c.fd), uintptr(cs.sa.Pointer()), cs.sa.Len())
+	sqe.UserData = cs.ud
+	b.u.Ring().Keep(cs.sa)
+}
+
+func (b *uringBackend) cancelDial(c *Conn) {
+	if c.connect != nil && b.q.OpLive(c.connect.ud) {
+		b.u.CancelOp(c.connect.ud)
+	}
+}
+
+// OnEvent handles the connection's completions.
+func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
+	c := (*Conn)(uc)
+	b := c.q.be.(*uringBackend)
+	more := ev.Flags&uring.CQEFMore != 0
+	switch ev.Tag {
+	case tagRecv:
+		b.onRecv(c, ev, more)
+	case tagSend:
+		b.freeOp(c, ev.UD)
+		c.sendUD, c.sendSegs = 0, 0
+		b.putIov(c)
+		if ev.Res > 0 {
+			c.advance(int(ev.Res))
+		} else if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
+			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+		}
+		c.sendProgress()
+	case tagSendZC:
+		if ev.Flags&uring.CQEFNotif != 0 {
+			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
+			return
+		}
+		c.sendUD, c.sendSegs, c.sendZC = 0, 0, false
+		// A notification follows when the kernel says so (F_MORE), and also for a send cancelled
+		// because an earlier linked request failed: that one completes with -ECANCELED without
+		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,
+		// but the count must expect it).
+		notif := more || ev.Res == -int32(unix.ECANCELED)
+		c.zcCompleted(ev.UD, int(ev.Res), notif)
+		if ev.Res > 0 {
+			c.sentBytes(int(ev.Res))
+		} else if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
+			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+		}
+		if !c.finished {
+			c.sendProgress()
+		}
+	case tagConnect:
+		b.freeOp(c, ev.UD)
+		c.dialDone(ev.Res)
+	case tagPoll:
+		if !more {
+			b.freeOp(c, ev.UD)
+			c.recvUD = 0
+			c.recvArmed = false
+		}
+		c.onPoll(ev)
+		if c.closing {
+			c.advanceClose()
+		}
+	}
+}
+
+func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
+	if !more {
+		b.freeOp(c, ev.UD)
+		c.recvUD = 0
+		c.recvArmed = false
+	}
+	switch res := ev.Res; {
+	case res > 0:
+		b.q.ctr.recvRing.Add(uint64(res))
+		b.rr.Received(ev, func(buf memreg.Buf, n int) { c.deliver(Data{buf: buf, n: n}) })
+	case res == 0:
+		c.gotEOF(nil)
+	case res == -int32(unix.ENOBUFS):
+		if !c.recvArmed && !c.closing {
+			c.needArm = true
+			b.rr.WaitBuffers((*rearm)(c))
+		}
+		return
+	case res == -int32(unix.ECANCELED):
+	default:
+		c.gotEOF(unix.Errno(-res))
+	}
+	if c.finished {
+		return
+	}
+	c.checkCredit()
+	if c.closing {
+		c.advanceClose()
+		return
+	}
+	if !c.recvArmed {
+		c.armRecv()
+	}
+}
+
+// rearm is Conn as the loop.Flusher the receive ring calls once buffers are back.
+type rearm Conn
+
+func (r *rearm) Flush(*loop.Queue) {
+	c := (*Conn)(r)
+	if c.needArm {
+		c.needArm = false
+		c.armRecv()
+	}
+}
+
+// ---- listening -------------------------------------------------------------------------
+
+// upart is lpart seen as the loop.Owner of its multishot accept.
+type upart lpart
+
+func (b *uringBackend) listen(p *lpart) {
+	if p.armed || p.closing {
+		return
+	}
+	p.ud = b.q.NewOp((*upart)(p), tagAccept)
+	sqe := b.u.GetSQE()
+	sqe.PrepMultishotAccept(int32(p.fd), unix.SOCK_CLOEXEC)
+	sqe.UserData = p.ud
+	p.armed = true
+}
+
+func (b *uringBackend) stopListen(p *lpart) {
+	if p.armed {
+		b.u.CancelOp(p.ud)
+		return
+	}
+	p.finish()
+}
+
+func (up *upart) OnEvent(lq *loop.Queue, ev loop.Event) {
+	p := (*lpart)(up)
+	b := p.q.be.(*uringBackend)
+	pause := false
+	if ev.Res >= 0 {
+		p.accepted(int(ev.Res))
+	} else {
+		pause = p.acceptFailed(unix.Errno(-ev.Res))
+		if pause && ev.Flags&uring.CQEFMore != 0 {
+			b.u.CancelOp(ev.UD) // stop the multishot: resume after the backoff
+		}
+	}
+	if ev.Flags&uring.CQEFMore != 0 {
+		return
+	}
+	b.q.FreeOp(ev.UD)
+	p.armed = false
+	switch {
+	case p.closing:
+		p.finish()
+	case pause || p.backoff > 0 && ev.Res < 0:
+		p.pauseAccept()
+	default:
+		b.listen(p)
+	}
+}

@@ -1,0 +1,598 @@
+package zc
+
+import (
+	"io"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+// The connection core: everything below runs on the connection's queue goroutine and is the
+// same for every backend. A backend only moves bytes: it arms and stops receiving, sends the
+// head of c.pend, closes the socket, and reports back through deliver / advance / notified /
+// opDone / fail.
+
+// connSched is Conn seen by the loop as a loop.Flusher (a conversion, no allocation; it keeps
+// Flush out of Conn's public method set).
+type connSched Conn
+
+func (s *connSched) Flush(q *loop.Queue) {
+	c := (*Conn)(s)
+	c.scheduled.Store(false)
+	c.service()
+}
+
+// service looks at the producer side: close requests, new sends, a half-close.
+func (c *Conn) service() {
+	if c.finished || !c.started {
+		return
+	}
+	c.mu.Lock()
+	closeReq := c.closeReq
+	c.mu.Unlock()
+	if closeReq && !c.closing {
+		c.beginClose(nil)
+		return
+	}
+	c.pump()
+	if c.closing {
+		c.advanceClose()
+	}
+}
+
+// takeWork moves the producer's queue to c.pend; when there is nothing at all it clears
+// kicked, so the next producer kicks the loop again.
+func (c *Conn) takeWork() {
+	c.mu.Lock()
+	if len(c.out) == 0 {
+		c.flushStageLocked()
+	}
+	if len(c.out) == 0 {
+		if len(c.pend) == 0 && !c.q.be.sending(c) {
+			c.kicked = false
+		}
+		c.mu.Unlock()
+		return
+	}
+	c.pend = append(c.pend, c.out...)
+	clear(c.out)
+	c.out = c.out[:0]
+	c.mu.Unlock()
+}
+
+// pump hands pending segments to the backend.
+func (c *Conn) pump() {
+	if c.fdClosed || !c.started || c.connect != nil {
+		return
+	}
+	c.takeWork()
+	if len(c.pend) > 0 {
+		c.q.be.send(c)
+	}
+	if len(c.pend) == 0 && !c.q.be.sending(c) {
+		c.maybeShutdownWrite()
+	}
+}
+
+// popPend removes the head segment.
+func (c *Conn) popPend() seg {
+	s := c.pend[0]
+	c.pend[0] = seg{}
+	c.pend = c.pend[1:]
+	if len(c.pend) == 0 {
+		c.pend = c.pend[:0:0]
+	}
+	return s
+}
+
+// advance accounts res bytes a copying send took from the head of c.pend: fully sent
+// segments go back to their pools.
+func (c *Conn) advance(res int) {
+	left := res
+	for left > 0 && len(c.pend) > 0 {
+		s := &c.pend[0]
+		k := min(left, int(s.n-s.off))
+		s.off += int32(k)
+		left -= k
+		if s.off == s.n {
+			c.finishSeg(c.popPend())
+		}
+	}
+	c.ctr.sentCopy.Add(uint64(res))
+	c.q.ctr.sentCopy.Add(uint64(res))
+	c.sentBytes(res)
+}
+
+// finishSeg returns a sent (or abandoned) segment's buffer.
+func (c *Conn) finishSeg(s seg) {
+	size := int64(s.loan.Region().BufSize())
+	s.loan.Return()
+	if s.src != nil {
+		s.src.releaseHeld(size)
+	} else {
+		c.q.signalSpace()
+	}
+}
+
+// sentBytes accounts n bytes that left the queue (sent or dropped) and wakes whoever waits
+// for room.
+func (c *Conn) sentBytes(n int) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	c.queued -= n
+	var waiters []*Conn
+	if len(c.destWaits) > 0 && c.queued <= c.e.cfg.MaxQueuedBytes/2 {
+		waiters = c.destWaits
+		c.destWaits = nil
+	}
+	ch := c.spaceCh
+	c.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	for _, s := range waiters {
+		s.resumeFromDest()
+	}
+}
+
+// sendProgress runs after sends completed: more work, the half-close, OnWritable.
+func (c *Conn) sendProgress() {
+	c.pump()
+	if c.closing {
+		c.advanceClose()
+		return
+	}
+	c.writable()
+}
+
+// writable calls OnWritable when the handler has it and less than half of MaxQueuedBytes is
+// queued.
+func (c *Conn) writable() {
+	w, ok := c.h.(Writable)
+	if !ok || c.closing || c.finished {
+		return
+	}
+	c.mu.Lock()
+	low := c.queued < c.e.cfg.MaxQueuedBytes/2 && c.werr == nil
+	c.mu.Unlock()
+	if low {
+		c.callWritable(w)
+	}
+}
+
+// ---- zero-copy bookkeeping -------------------------------------------------------------
+
+// zcStart records a zero-copy send of the head segment, submitted as operation ud.
+func (c *Conn) zcStart(ud uint64) {
+	c.zwait = append(c.zwait, zcWait{ud: ud})
+}
+
+func (c *Conn) zcFind(ud uint64) int {
+	for i := range c.zwait {
+		if c.zwait[i].ud == ud {
+			return i
+		}
+	}
+	return -1
+}
+
+// zcCompleted: the zero-copy send ud completed with res, taking the head segment; notif says
+// whether its notification is still to come.
+func (c *Conn) zcCompleted(ud uint64, res int, notif bool) {
+	i := c.zcFind(ud)
+	if i < 0 {
+		return
+	}
+	w := &c.zwait[i]
+	if len(c.pend) > 0 {
+		w.s = c.popPend()
+		// The rest of a segment cut short is lost with the connection (an error follows).
+		c.sentBytes(int(w.s.n - w.s.off))
+	}
+	if res > 0 {
+		w.sent = res
+	}
+	w.done = true
+	switch {
+	case w.early:
+		c.zcFinish(i, w.copied) // the notification already came
+	case notif:
+		w.notif = true
+		c.notifsOut.Add(1)
+		c.q.notifsPending.Add(1)
+	default:
+		// No notification will come: the pages were never queued (a failed send).
+		c.zc.abandoned()
+		c.zcFinish(i, false)
+	}
+}
+
+// zcNotified: the notification of zero-copy send ud arrived (copied: the kernel copied the
+// pages anyway).
+func (c *Conn) zcNotified(ud uint64, copied bool) {
+	i := c.zcFind(ud)
+	if i < 0 {
+		c.q.ctr.notifsUnexpected.Add(1)
+		return
+	}
+	w := &c.zwait[i]
+	if !w.done {
+		// Before the completion (not seen on Linux, but harmless): remember it.
+		w.early, w.copied, w.notif = true, copied, true
+		c.notifsOut.Add(1)
+		c.q.notifsPending.Add(1)
+		return
+	}
+	c.zcFinish(i, copied)
+}
+
+// zcFinish retires entry i: its buffer goes back and the adaptive policy hears the verdict.
+func (c *Conn) zcFinish(i int, copied bool) {
+	w := c.zwait[i]
+	last := len(c.zwait) - 1
+	c.zwait[i] = c.zwait[last]
+	c.zwait[last] = zcWait{}
+	c.zwait = c.zwait[:last]
+	if len(c.zwait) == 0 {
+		c.zwait = c.zwait[:0:0]
+	}
+	if w.notif {
+		c.notifsOut.Add(-1)
+		c.q.notifsPending.Add(-1)
+		if copied {
+			c.ctr.zcCopied.Add(uint64(w.sent))
+			c.q.ctr.zcCopied.Add(uint64(w.sent))
+		} else {
+			c.ctr.sentZC.Add(uint64(w.sent))
+			c.q.ctr.sentZC.Add(uint64(w.sent))
+		}
+		if c.zc.notified(copied) {
+			c.q.ctr.zcSwitches.Add(1)
+		}
+	}
+	c.q.be.freeOp(c, w.ud)
+	if w.s.loan.Region() != nil {
+		c.finishSeg(w.s)
+	}
+	if c.finished {
+		return
+	}
+	if c.closing {
+		c.advanceClose()
+		return
+	}
+	// A buffer came back: a Writable sender that ran out of buffers hears about it here.
+	if !c.q.be.sending(c) {
+		c.writable()
+	}
+}
+
+// ---- receiving -------------------------------------------------------------------------
+
+// deliver hands a received buffer to the handler, charging it to the receive credit.
+func (c *Conn) deliver(d Data) {
+	c.ctr.recv.Add(uint64(d.n))
+	if c.closing || c.finished {
+		d.c = nil
+		d.Release()
+		return
+	}
+	d.c = c
+	c.held.Add(int64(d.buf.Region().BufSize()))
+	c.callData(d)
+}
+
+// checkCredit pauses receiving while the connection holds MaxRecvHeld bytes or more.
+func (c *Conn) checkCredit() {
+	if c.paused&pauseCredit == 0 && c.held.Load() >= int64(c.e.cfg.MaxRecvHeld) {
+		c.q.ctr.creditPauses.Add(1)
+		c.pause(pauseCredit)
+		// A release may have come in between: look again on the loop.
+		if c.held.Load() < int64(c.e.cfg.MaxRecvHeld) {
+			c.postResume()
+		}
+	}
+}
+
+// releaseHeld returns receive credit (any goroutine).
+func (c *Conn) releaseHeld(n int64) {
+	v := c.held.Add(-n)
+	if v < int64(c.e.cfg.MaxRecvHeld)/2 || v <= 0 {
+		c.postResume()
+	}
+}
+
+func (c *Conn) postResume() {
+	if !c.creditPaused() {
+		return
+	}
+	if c.resumeReq.CompareAndSwap(false, true) {
+		if c.q.Post(c.resumeCredit) != nil {
+			c.resumeReq.Store(false)
+		}
+	}
+}
+
+func (c *Conn) creditPaused() bool { return c.credPaused.Load() }
+
+func (c *Conn) resumeCredit() {
+	c.resumeReq.Store(false)
+	if c.paused&pauseCredit != 0 && c.held.Load() < int64(c.e.cfg.MaxRecvHeld) {
+		c.unpause(pauseCredit)
+	}
+}
+
+// pauseForDest stops receiving because a SendData destination is over its bound (any
+// goroutine); resumeFromDest undoes one such pause.
+func (c *Conn) pauseForDest() {
+	f := func() {
+		c.destPauses++
+		c.pause(pauseDest)
+	}
+	if c.q.OnLoop() {
+		f()
+	} else if c.q.Post(f) != nil {
+		return
+	}
+}
+
+func (c *Conn) resumeFromDest() {
+	f := func() {
+		if c.destPauses > 0 {
+			c.destPauses--
+		}
+		if c.destPauses == 0 {
+			c.unpause(pauseDest)
+		}
+	}
+	if c.q.OnLoop() {
+		f()
+	} else {
+		c.q.Post(f)
+	}
+}
+
+func (c *Conn) pause(reason int) {
+	if c.paused&reason != 0 {
+		return
+	}
+	c.paused |= reason
+	if reason == pauseCredit {
+		c.credPaused.Store(true)
+	}
+	if c.recvArmed {
+		c.q.be.stopRecv(c)
+	}
+}
+
+func (c *Conn) unpause(reason int) {
+	if c.paused&reason == 0 {
+		return
+	}
+	c.paused &^= reason
+	if reason == pauseCredit {
+		c.credPaused.Store(false)
+	}
+	if c.paused == 0 {
+		c.armRecv()
+	}
+}
+
+// armRecv (re)starts receiving unless something says not to.
+func (c *Conn) armRecv() {
+	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil {
+		return
+	}
+	c.q.be.armRecv(c)
+}
+
+// gotEOF: the peer closed its side (err nil) or receiving failed.
+func (c *Conn) gotEOF(err error) {
+	if c.eof {
+		return
+	}
+	c.eof = true
+	if err == nil {
+		if !c.closing {
+			c.callEOF(io.EOF)
+		}
+		return
+	}
+	rerr := c.opErr("read", err)
+	if !c.closing {
+		c.callEOF(rerr)
+	}
+	c.fail(rerr)
+}
+
+// ---- half-close --------------------------------------------------------------------------
+
+func (c *Conn) maybeShutdownWrite() {
+	if c.wrShut || c.fdClosed {
+		return
+	}
+	c.mu.Lock()
+	want := c.shutReq && len(c.out) == 0 && !c.hasStage
+	c.mu.Unlock()
+	if want && len(c.pend) == 0 && !c.q.be.sending(c) {
+		c.wrShut = true
+		unix.Shutdown(c.fd, unix.SHUT_WR)
+	}
+}
+
+// ---- closing ---------------------------------------------------------------------------
+
+// fail closes the connection because of err (a send or receive error, a handler panic).
+func (c *Conn) fail(err error) { c.beginClose(err) }
+
+// beginClose starts closing: err == nil is a graceful Close (queued sends go out first,
+// bounded by CloseTimeout); an error aborts (queued sends are dropped, the peer gets a RST).
+func (c *Conn) beginClose(err error) {
+	if c.finished {
+		return
+	}
+	if c.closing {
+		if err != nil && c.closeErr == nil {
+			// An error while closing gracefully: stop waiting for the sends.
+			c.closeErr = err
+			c.abortSends()
+			c.advanceClose()
+		}
+		return
+	}
+	c.closing = true
+	c.closeErr = err
+	c.mu.Lock()
+	c.closeReq = true
+	if c.werr == nil || c.werr == errWriteClosed || (err != nil && c.werr == ErrClosed) {
+		c.werr = ErrClosed
+		if err != nil {
+			c.werr = err
+		}
+	}
+	c.mu.Unlock()
+	c.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+	c.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
+	if c.recvArmed {
+		c.q.be.stopRecv(c)
+	}
+	if err != nil {
+		c.abortSends()
+	}
+	c.pump()
+	c.advanceClose()
+}
+
+func (c *Conn) closeTimer() {
+	c.timer = nil
+	c.advanceClose()
+	if !c.finished && c.timer == nil {
+		// Still waiting (zero-copy notifications): look again until the second deadline.
+		c.timer = c.q.After(min(c.e.cfg.CloseTimeout, 100*time.Millisecond), c.closeTimer)
+	}
+}
+
+// abortSends drops every send not yet in the kernel and makes the close reset the
+// connection, so the stack frees its write queue (and the zero-copy pages) at once.
+func (c *Conn) abortSends() {
+	// Segments in flight stay until their completion; the rest go now.
+	keep := c.q.be.inFlightSegs(c)
+	for len(c.pend) > keep {
+		i := len(c.pend) - 1
+		s := c.pend[i]
+		c.pend[i] = seg{}
+		c.pend = c.pend[:i]
+		c.sentBytes(int(s.n - s.off))
+		c.finishSeg(s)
+	}
+	c.dropProducer()
+	if !c.fdClosed {
+		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	}
+}
+
+// dropProducer abandons what Send/Write queued and the loop has not taken yet.
+func (c *Conn) dropProducer() {
+	c.mu.Lock()
+	out := c.out
+	c.out = nil
+	n := 0
+	if c.hasStage {
+		c.hasStage = false
+		n += c.stageN
+		c.stage.Release()
+	}
+	for _, s := range out {
+		n += int(s.n - s.off)
+	}
+	c.mu.Unlock()
+	c.sentBytes(n)
+	for _, s := range out {
+		c.finishSeg(s)
+	}
+}
+
+func (c *Conn) dropSeg(s seg) {
+	c.finishSeg(s)
+}
+
+// advanceClose moves a closing connection on.
+func (c *Conn) advanceClose() {
+	if !c.closing || c.finished {
+		return
+	}
+	now := time.Now()
+	if !c.fdClosed {
+		c.mu.Lock()
+		producer := len(c.out) > 0 || c.hasStage
+		c.mu.Unlock()
+		sending := len(c.pend) > 0 || c.q.be.sending(c) || producer
+		if sending && c.closeErr == nil && now.Before(c.deadline) {
+			return // the sends' completions come back here
+		}
+		if sending {
+			// CloseTimeout passed: the peer is not reading. Reset.
+			c.q.ctr.closeTimeouts.Add(1)
+			c.abortSends()
+		}
+		if c.recvArmed {
+			c.q.be.stopRecv(c)
+		}
+		c.q.be.closeSocket(c)
+		c.fdClosed = true
+	}
+	if c.ops > 0 && now.Before(c.deadline.Add(c.e.cfg.CloseTimeout)) {
+		return // operations in the kernel: their completions come back here
+	}
+	if len(c.zwait) > 0 && now.Before(c.deadline.Add(c.e.cfg.CloseTimeout)) {
+		return // notifications outstanding
+	}
+	c.finish()
+}
+
+// finish completes the close: OnClose, Done. Zero-copy sends whose notification never came
+// keep their operations registered, so a late notification still returns the buffer; the
+// buffers stay lent until then.
+func (c *Conn) finish() {
+	if c.finished {
+		return
+	}
+	c.finished = true
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if !c.fdClosed {
+		c.q.be.closeSocket(c)
+		c.fdClosed = true
+	}
+	for len(c.pend) > 0 {
+		s := c.popPend()
+		c.sentBytes(int(s.n - s.off))
+		c.finishSeg(s)
+	}
+	c.dropProducer()
+	if c.m != nil {
+		c.m.close(c)
+	}
+	if c.steer != nil {
+		c.steer.Forget(c.flow) // no stale flow entries after churn
+	}
+	c.mu.Lock()
+	waiters := c.destWaits
+	c.destWaits = nil
+	c.mu.Unlock()
+	for _, s := range waiters {
+		s.resumeFromDest()
+	}
+	c.q.removeConn(c)
+	c.callClose(c.closeErr)
+	close(c.done)
+}

@@ -1,0 +1,215 @@
+package zc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// connectState is a connection that is still connecting.
+type connectState struct {
+	sa     *tcpglue.RawSockaddr
+	ctx    context.Context
+	stop   func() bool // stops the context watcher
+	h      Handler
+	done   func(*Conn, error)
+	ud     uint64
+	cancel bool // the context ended: the result is the context's error
+}
+
+// Dial connects to address ("host:port", a literal IP; names are resolved once) and returns a
+// connection served by one of the engine's queues; h receives its events (data may arrive
+// before Dial returns). The connect goes through the queue (io_uring CONNECT, or a
+// non-blocking connect). On a queue goroutine (in a handler) Dial returns ErrWouldBlock: use
+// DialAsync there.
+func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (*Conn, error) {
+	return e.DialWith(ctx, DialOptions{}, network, address, h)
+}
+
+// DialWith is Dial with per-dial options.
+func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, address string, h Handler) (*Conn, error) {
+	if e.onAnyLoop() {
+		return nil, &OpError{Op: "dial", Net: network, Err: fmt.Errorf("Dial from a queue goroutine (use DialAsync): %w", ErrWouldBlock)}
+	}
+	type result struct {
+		c   *Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	if err := e.dialAsync(ctx, opts, network, address, h, func(c *Conn, err error) { ch <- result{c, err} }); err != nil {
+		return nil, err
+	}
+	r := <-ch // every started dial reports exactly once: connected, failed, cancelled or closed
+	return r.c, r.err
+}
+
+// DialAsync starts connecting and returns at once; done runs on the connection's queue
+// goroutine with the connection, or with nil and the error (which wraps the context's error
+// when ctx ended first, ErrClosed when the engine closed). It is the form to use from a
+// handler. An error returned by DialAsync itself (a bad address, a closed engine) means done
+// will not run.
+func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handler, done func(*Conn, error)) error {
+	if done == nil {
+		return &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil done func: %w", ErrInvalid)}
+	}
+	return e.dialAsync(ctx, DialOptions{}, network, address, h, done)
+}
+
+func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, address string, h Handler, done func(*Conn, error)) error {
+	fail := func(a net.Addr, err error) error { return &OpError{Op: "dial", Net: network, Addr: a, Err: err} }
+	if e.closed.Load() {
+		return fail(nil, ErrClosed)
+	}
+	if h == nil {
+		return fail(nil, fmt.Errorf("nil handler: %w", ErrInvalid))
+	}
+	if ctx == nil {
+		return fail(nil, fmt.Errorf("nil context: %w", ErrInvalid))
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(nil, err)
+	}
+	ap, err := tcpglue.Resolve(network, address)
+	if err != nil {
+		return fail(nil, err)
+	}
+	raddr := net.TCPAddrFromAddrPort(ap)
+	if ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return fail(raddr, fmt.Errorf("cannot dial an unspecified address or port 0: %w", ErrInvalid))
+	}
+	family := tcpglue.AddrFamily(ap)
+	s, err := tcpglue.NewSocket(family, true)
+	if err != nil {
+		return fail(raddr, err)
+	}
+	setup := func() error {
+		if e.cfg.SocketOptions != nil {
+			if err := e.cfg.SocketOptions(s); err != nil {
+				return err
+			}
+		}
+		if err := keepAlive(s, e.keepAliveFor(opts.KeepAlive)); err != nil {
+			return err
+		}
+		if opts.LocalAddr.IsValid() {
+			return s.Bind(opts.LocalAddr)
+		}
+		return nil
+	}
+	if err := setup(); err != nil {
+		s.Close()
+		return fail(raddr, err)
+	}
+	sa, err := tcpglue.NewRawSockaddr(ap, family)
+	if err != nil {
+		s.Close()
+		return fail(raddr, err)
+	}
+	q := e.pickQueue()
+	c := newConn(e, q, s, s.Fd(), network)
+	c.raddr = raddr
+	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
+	c.connect = cs
+	if err := q.Post(func() { c.startDial() }); err != nil {
+		s.Close()
+		return fail(raddr, ErrClosed)
+	}
+	cs.stop = context.AfterFunc(ctx, func() {
+		q.Post(func() {
+			if c.connect == cs {
+				cs.cancel = true
+				c.q.be.cancelDial(c)
+			}
+		})
+	})
+	return nil
+}
+
+func (c *Conn) startDial() {
+	c.q.addConn(c)
+	if c.e.closed.Load() {
+		c.dialFailed(ErrClosed)
+		return
+	}
+	c.q.be.dial(c)
+}
+
+// dialDone completes a connect (loop only): res is 0 or a negative errno.
+func (c *Conn) dialDone(res int32) {
+	cs := c.connect
+	if cs == nil {
+		return
+	}
+	if res < 0 {
+		err := error(unix.Errno(-res))
+		if cs.cancel || errors.Is(err, unix.ECANCELED) {
+			if cerr := cs.ctx.Err(); cerr != nil {
+				err = cerr
+			} else {
+				err = ErrClosed
+			}
+		}
+		c.dialFailed(err)
+		return
+	}
+	if err := cs.ctx.Err(); err != nil || c.e.closed.Load() {
+		// Connected just as the context ended (or the engine closed): honour that.
+		if err == nil {
+			err = ErrClosed
+		}
+		c.dialFailed(err)
+		return
+	}
+	if cs.stop != nil {
+		cs.stop()
+	}
+	c.connect = nil
+	c.fillAddrs()
+	if err := c.q.be.start(c); err != nil {
+		c.connect = cs
+		c.dialFailed(err)
+		return
+	}
+	c.h = cs.h
+	c.started = true
+	c.setupRecvPath()
+	c.armRecv()
+	cs.done(c, nil)
+	c.service() // sends queued meanwhile, a Close from done
+}
+
+// dialFailed ends a connection that never connected (loop only) and reports err to the dialer.
+func (c *Conn) dialFailed(err error) {
+	cs := c.connect
+	if cs == nil || c.finished {
+		return
+	}
+	if cs.stop != nil {
+		cs.stop()
+	}
+	if c.ops > 0 {
+		// The connect is still in the kernel: cancel it; its completion comes back here.
+		c.q.be.cancelDial(c)
+		cs.cancel = true
+		if c.e.closed.Load() {
+			// The queue is stopping: it will not wait for the completion.
+			c.q.be.freeOp(c, cs.ud)
+		} else {
+			return
+		}
+	}
+	c.connect = nil
+	c.finished = true
+	c.fdClosed = true
+	c.sock.Close()
+	c.fd = -1
+	c.q.removeConn(c)
+	close(c.done)
+	c.dropProducer()
+	cs.done(nil, c.opErr("dial", err))
+}

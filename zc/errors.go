@@ -1,0 +1,101 @@
+package zc
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+
+	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+var (
+	// ErrNotSupported: this kernel or process cannot do what was asked (see the wrapped
+	// cause). It is the one sentinel every zcnet package shares: a refusal from tcpglue, bpf,
+	// memreg or kmod matches it too.
+	ErrNotSupported = errs.ErrNotSupported
+	// ErrInvalid: a bad argument or configuration value.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrClosed is net.ErrClosed: the engine, listener or connection is closed.
+	ErrClosed = net.ErrClosed
+	// ErrTooLarge: a send longer than its buffer.
+	ErrTooLarge = errors.New("send larger than its buffer")
+	// ErrEmpty: a send of zero bytes (a Data or buffer with nothing in it).
+	ErrEmpty = errors.New("empty send")
+	// ErrForeignBuffer: a buffer (or Data) that belongs to another engine. Its memory is not
+	// this engine's to lend: copy it (Write) instead.
+	ErrForeignBuffer = errors.New("buffer of another engine")
+	// ErrWouldBlock: a call made on one of the engine's queue goroutines (from a Handler, an
+	// accept function or a posted function) would have to wait for a queue goroutine.
+	// Handlers must not block: use the asynchronous forms (DialAsync, Buffer instead of
+	// BufferWait, OnWritable instead of a blocking Write).
+	ErrWouldBlock = loop.ErrWouldBlock
+)
+
+// OpError is the error type of zc operations. It matches *net.OpError's fields so callers can
+// treat both alike, and unwraps to Err.
+type OpError struct {
+	Op   string   // "dial", "listen", "accept", "send", "read", "write", "close", "new", ...
+	Net  string   // "tcp", "tcp4", "tcp6"
+	Addr net.Addr // remote (or local for listen) address, when known
+	Err  error
+}
+
+func (e *OpError) Error() string {
+	s := "zc: " + e.Op
+	if e.Net != "" {
+		s += " " + e.Net
+	}
+	if e.Addr != nil {
+		s += " " + e.Addr.String()
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the error is a timeout (net.Error).
+func (e *OpError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
+// Temporary is part of net.Error; always false.
+func (e *OpError) Temporary() bool { return false }
+
+// ConfigError names the Config field that was refused, with the value and the reason.
+type ConfigError struct {
+	Field  string
+	Value  any
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("Config.%s = %v: %s", e.Field, e.Value, e.Reason)
+}
+
+// Unwrap makes a ConfigError match ErrInvalid.
+func (e *ConfigError) Unwrap() error { return ErrInvalid }
+
+// PanicError is the error a connection closes with when one of its handler methods panicked:
+// the engine recovers, counts it (Stats.HandlerPanics) and closes only that connection.
+type PanicError struct {
+	Method string // "OnData", "OnEOF", "OnWritable", "accept", ...
+	Value  any    // what the handler panicked with
+	Stack  []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("handler %s panicked: %v", e.Method, e.Value)
+}
+
+func newPanicError(method string, v any) *PanicError {
+	return &PanicError{Method: method, Value: v, Stack: debug.Stack()}
+}
+
+// timeoutError is os.ErrDeadlineExceeded's behaviour for zc's own waits.
+var errTimeout error = os.ErrDeadlineExceeded
+
+var errWriteClosed = errors.New("write side closed")

@@ -1,0 +1,148 @@
+package zc
+
+import (
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// Handler receives a connection's events. Its methods run on the connection's queue
+// goroutine, one at a time, on every backend: they must not block (a call that would wait for
+// a queue goroutine returns ErrWouldBlock there). They may call the connection's methods. A
+// panic in a handler method closes that connection with a *PanicError; the engine goes on.
+type Handler interface {
+	// OnData delivers received bytes. d is borrowed until d.Release (or until it is passed
+	// to SendData). A connection holds at most Config.MaxRecvHeld bytes of received data:
+	// at the bound it stops receiving until some is released.
+	OnData(c *Conn, d Data)
+	// OnEOF reports that the receive side ended: io.EOF when the peer closed its side, or
+	// the error. Sending may still work after io.EOF.
+	OnEOF(c *Conn, err error)
+	// OnClose reports that the connection is closed and its resources freed: err is nil
+	// after a local Close, otherwise the error that ended it.
+	OnClose(c *Conn, err error)
+}
+
+// Writable is an optional Handler extension: OnWritable runs on the connection's queue
+// goroutine whenever sends completed (or a zero-copy buffer came back) and less than half of
+// MaxQueuedBytes is queued, so a sender can produce its next buffers right there. Start a
+// sender with Conn.Post. It is the event-loop way to stream, and to resume a relay.
+type Writable interface {
+	OnWritable(c *Conn)
+}
+
+// HandlerFuncs adapts functions to Handler (and Writable). A nil Data releases the data
+// unread; the other nil functions do nothing.
+type HandlerFuncs struct {
+	Data     func(c *Conn, d Data)
+	EOF      func(c *Conn, err error)
+	Close    func(c *Conn, err error)
+	Writable func(c *Conn)
+}
+
+func (h HandlerFuncs) OnData(c *Conn, d Data) {
+	if h.Data != nil {
+		h.Data(c, d)
+	} else {
+		d.Release()
+	}
+}
+
+func (h HandlerFuncs) OnEOF(c *Conn, err error) {
+	if h.EOF != nil {
+		h.EOF(c, err)
+	}
+}
+
+func (h HandlerFuncs) OnClose(c *Conn, err error) {
+	if h.Close != nil {
+		h.Close(c, err)
+	}
+}
+
+func (h HandlerFuncs) OnWritable(c *Conn) {
+	if h.Writable != nil {
+		h.Writable(c)
+	}
+}
+
+// Data is a borrowed receive buffer.
+type Data struct {
+	c   *Conn // the connection that received it (its receive credit)
+	buf memreg.Buf
+	n   int
+	mr  *mappedData // set for data from the mapped receive window
+}
+
+// Bytes returns the received bytes, or nil after Release.
+func (d Data) Bytes() []byte {
+	if d.mr != nil {
+		return d.mr.bytes()
+	}
+	b := d.buf.Bytes()
+	if b == nil {
+		return nil
+	}
+	return b[:d.n]
+}
+
+// Len returns the number of bytes received.
+func (d Data) Len() int { return d.n }
+
+// Mapped reports whether the bytes are pages of the socket's receive queue mapped into the
+// connection's window (RecvMapped), rather than a copy in a receive buffer.
+func (d Data) Mapped() bool { return d.mr != nil && d.mr.mapped }
+
+// Release gives the buffer back (to the queue's receive pool, or the mapped window). A second
+// Release returns memreg.ErrStale. Releasing works after the engine closed: the memory stays
+// mapped until the last buffer is released.
+func (d Data) Release() error {
+	if d.mr != nil {
+		return d.mr.release()
+	}
+	if err := d.buf.Release(); err != nil {
+		return err
+	}
+	if d.c != nil {
+		d.c.releaseHeld(int64(d.buf.Region().BufSize()))
+	}
+	return nil
+}
+
+// ---- dispatch (loop only) ------------------------------------------------------------
+
+// The handler calls below recover a panic and close the connection with it.
+
+func (c *Conn) callData(d Data) {
+	defer c.recoverHandler("OnData")
+	c.h.OnData(c, d)
+}
+
+func (c *Conn) callEOF(err error) {
+	defer c.recoverHandler("OnEOF")
+	c.h.OnEOF(c, err)
+}
+
+func (c *Conn) callWritable(w Writable) {
+	defer c.recoverHandler("OnWritable")
+	w.OnWritable(c)
+}
+
+func (c *Conn) callClose(err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.q.ctr.handlerPanics.Add(1)
+		}
+	}()
+	c.h.OnClose(c, err)
+}
+
+func (c *Conn) callPosted(fn func()) {
+	defer c.recoverHandler("posted function")
+	fn()
+}
+
+func (c *Conn) recoverHandler(method string) {
+	if v := recover(); v != nil {
+		c.q.ctr.handlerPanics.Add(1)
+		c.fail(c.opErr(method, newPanicError(method, v)))
+	}
+}

@@ -1,0 +1,151 @@
+package zc
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// backend is how one queue moves bytes. Every method runs on the queue's goroutine.
+type backend interface {
+	name() Backend
+	// start attaches a connected socket to the queue (epoll registration, module attach).
+	start(c *Conn) error
+	armRecv(c *Conn)  // start receiving (sets c.recvArmed)
+	stopRecv(c *Conn) // stop receiving; what is in flight still completes
+	// send hands the head of c.pend to the kernel, as much as the backend takes at once.
+	send(c *Conn)
+	sending(c *Conn) bool     // a send is in the kernel
+	inFlightSegs(c *Conn) int // how many head segments of c.pend it covers
+	// closeSocket detaches and closes the socket; operations in flight then complete.
+	closeSocket(c *Conn)
+	freeOp(c *Conn, ud uint64)
+	zeroCopy() bool // sends can be zero-copy
+	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
+	dial(c *Conn)
+	cancelDial(c *Conn)
+	// listen starts accepting on p's socket; stopListen stops it (p.stopped() when done).
+	listen(p *lpart)
+	stopListen(p *lpart)
+	// recvPool is the pool receive buffers come from.
+	recvPool() *memreg.Pool
+	close()
+}
+
+// counters are written by one queue (or its connections) and read by anyone.
+type counters struct {
+	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
+	recvRing, recvPlain, recvShim                  atomic.Uint64
+	recvMapped, recvMappedCopied, mappedFallbacks  atomic.Uint64
+	zcSwitches, zcProbes, bufEmpty                 atomic.Uint64
+	creditPauses, closeTimeouts, handlerPanics     atomic.Uint64
+	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
+	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
+}
+
+// queue is one of the engine's queues: an event loop, its backend, its send pool and its
+// connections.
+type queue struct {
+	*loop.Queue
+	e     *Engine
+	idx   int
+	be    backend
+	send  *memreg.Pool
+	space chan struct{} // signalled when send buffers return
+
+	conns  map[*Conn]struct{} // loop only
+	nconns atomic.Int64
+
+	notifsPending atomic.Int64
+	growErr       atomic.Pointer[error]
+	ctr           counters
+}
+
+func (q *queue) signalSpace() {
+	select {
+	case q.space <- struct{}{}:
+	default:
+	}
+}
+
+// getSendBuf takes a send buffer, growing the pool (on the loop: registration needs the
+// ring's thread) when it is empty and may grow.
+func (q *queue) getSendBuf() (memreg.Buf, error) {
+	for {
+		b, err := q.send.Get()
+		if err == nil || !errors.Is(err, memreg.ErrExhausted) {
+			return b, err
+		}
+		if !q.send.CanGrow() {
+			return b, memreg.ErrPoolCap
+		}
+		grow := func() error {
+			if q.send.Free() > 0 {
+				return nil // someone released or grew meanwhile
+			}
+			_, err := q.send.Grow()
+			if err != nil {
+				q.ctr.sendPoolGrowFails.Add(1)
+				q.growErr.Store(&err)
+			} else {
+				q.ctr.sendPoolGrows.Add(1)
+			}
+			return err
+		}
+		if err := q.Do(grow); err != nil {
+			if errors.Is(err, loop.ErrClosed) {
+				return memreg.Buf{}, ErrClosed
+			}
+			return memreg.Buf{}, err
+		}
+	}
+}
+
+func (q *queue) addConn(c *Conn) {
+	q.conns[c] = struct{}{}
+	q.nconns.Add(1)
+}
+
+func (q *queue) removeConn(c *Conn) {
+	if _, ok := q.conns[c]; ok {
+		delete(q.conns, c)
+		q.nconns.Add(-1)
+	}
+}
+
+// closeAll closes every connection of the queue (Engine.Close): graceful, bounded by
+// CloseTimeout; connections still dialing fail with ErrClosed.
+func (q *queue) closeAll() {
+	for c := range q.conns {
+		if c.connect != nil {
+			c.dialFailed(ErrClosed)
+			continue
+		}
+		c.mu.Lock()
+		c.closeReq = true
+		if c.werr == nil {
+			c.werr = ErrClosed
+		}
+		c.mu.Unlock()
+		c.beginClose(nil)
+	}
+}
+
+// abortAll finishes whatever is left when the queue stops (AtStop): the kernel objects go
+// away with the driver right after.
+func (q *queue) abortAll() {
+	for c := range q.conns {
+		if c.connect != nil {
+			c.dialFailed(ErrClosed)
+			continue
+		}
+		if !c.closing {
+			c.beginClose(ErrClosed)
+		}
+		c.deadline = c.deadline.Add(-2 * c.e.cfg.CloseTimeout)
+		c.advanceClose()
+		c.finish()
+	}
+}

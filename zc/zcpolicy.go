@@ -1,0 +1,132 @@
+package zc
+
+import "sync/atomic"
+
+// zcPolicy is the adaptive zero-copy decision of one connection (loop only, except the
+// counters): SEND_ZC for large sends until the kernel says it copied them anyway, then copying
+// sends, probing zero-copy again after reprobe sends, doubling the interval after every
+// failed probe (up to 64 Ki sends).
+type zcPolicy struct {
+	path      SendPath
+	threshold int
+	base      int
+
+	state     zcState
+	copySends int
+	reprobe   int
+	streak    int // consecutive notifications that said "copied" while on
+
+	switches, probes atomic.Uint64
+	stateView        atomic.Int32 // state, for Stats from other goroutines
+}
+
+type zcState int32
+
+const (
+	zcFresh zcState = iota // nothing tried yet
+	zcProbe                // one zero-copy send is out; copy until its notification decides
+	zcOn                   // the kernel really sends our pages: use SEND_ZC
+	zcOff                  // the kernel copied: copy, and probe again after reprobe sends
+)
+
+func (p *zcPolicy) init(cfg *Config) {
+	p.path, p.threshold, p.base, p.reprobe = cfg.SendPath, cfg.ZCThreshold, cfg.ZCReprobe, cfg.ZCReprobe
+}
+
+func (p *zcPolicy) set(s zcState) {
+	p.state = s
+	p.stateView.Store(int32(s))
+}
+
+// on reports whether a large send would go zero-copy now (any goroutine).
+func (p *zcPolicy) on() bool {
+	switch p.path {
+	case SendCopy:
+		return false
+	case SendZeroCopy:
+		return true
+	}
+	return zcState(p.stateView.Load()) != zcOff
+}
+
+// use decides the path of one send of n bytes.
+func (p *zcPolicy) use(n int) bool {
+	switch p.path {
+	case SendCopy:
+		return false
+	case SendZeroCopy:
+		return true
+	}
+	if n < p.threshold {
+		return false
+	}
+	switch p.state {
+	case zcOn:
+		return true
+	case zcProbe:
+		return false
+	case zcFresh:
+		p.set(zcProbe)
+		return true
+	}
+	p.copySends++
+	if p.copySends >= p.reprobe {
+		p.copySends = 0
+		p.set(zcProbe)
+		p.probes.Add(1)
+		return true
+	}
+	return false
+}
+
+// wouldUse reports whether use(n) would pick zero-copy now, without changing anything.
+func (p *zcPolicy) wouldUse(n int) bool {
+	switch p.path {
+	case SendCopy:
+		return false
+	case SendZeroCopy:
+		return true
+	}
+	return n >= p.threshold && (p.state == zcOn || p.state == zcFresh || (p.state == zcOff && p.copySends+1 >= p.reprobe))
+}
+
+// notified applies the kernel's verdict on one zero-copy send; it reports whether the
+// connection switched to copying.
+func (p *zcPolicy) notified(copied bool) bool {
+	if p.path != SendAdaptive {
+		return false
+	}
+	if !copied {
+		p.streak = 0
+		p.reprobe = p.base
+		if p.state == zcProbe {
+			p.set(zcOn)
+		}
+		return false
+	}
+	p.streak++
+	switch {
+	case p.state == zcProbe:
+		// The probe was copied: back to copying, probing less often each time.
+		if p.switches.Load() > 0 {
+			p.reprobe = min(p.reprobe*2, 64<<10)
+		}
+		p.set(zcOff)
+		p.switches.Add(1)
+		return true
+	case p.state == zcOn && p.streak >= 2:
+		p.set(zcOff)
+		p.copySends = 0
+		p.switches.Add(1)
+		return true
+	}
+	return false
+}
+
+// abandoned says a zero-copy probe ended without a verdict (the send failed or was
+// cancelled): probe again next time.
+func (p *zcPolicy) abandoned() {
+	if p.state == zcProbe {
+		p.set(zcFresh)
+	}
+}
