@@ -203,18 +203,18 @@ func newPlainBackend(q *queue) (loop.Driver, error) {
 	return ep, nil
 }
 
-func (b *plainBackend) common() *epollCommon          { return &b.epollCommon }
-func (b *plainBackend) name() Backend                 { return BackendPlain }
-func (b *plainBackend) zeroCopy() bool                { return false }
-func (b *plainBackend) recvPool() *memreg.Pool        { return b.recv }
-func (b *plainBackend) sending(c *Conn) bool          { return c.wantOut }
-func (b *plainBackend) inFlightSegs(c *Conn) int      { return 0 }
-func (b *plainBackend) start(c *Conn) error           { return b.register(c, (*econn)(c)) }
-func (b *plainBackend) freeOp(c *Conn, ud uint64)     { b.epollCommon.freeOp(c, ud) }
-func (b *plainBackend) dial(c *Conn)                  { b.epollCommon.dial(c) }
-func (b *plainBackend) cancelDial(c *Conn)            { b.epollCommon.cancelDial(c) }
-func (b *plainBackend) listen(p *lpart)               { b.epollCommon.listen(p) }
-func (b *plainBackend) stopListen(p *lpart)           { b.epollCommon.stopListen(p) }
+func (b *plainBackend) common() *epollCommon      { return &b.epollCommon }
+func (b *plainBackend) name() Backend             { return BackendPlain }
+func (b *plainBackend) zeroCopy() bool            { return false }
+func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
+func (b *plainBackend) sending(c *Conn) bool      { return c.wantOut }
+func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }
+func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn)(c)) }
+func (b *plainBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
+func (b *plainBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
+func (b *plainBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
+func (b *plainBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
+func (b *plainBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 
 func (b *plainBackend) close() {
 	b.recv.CloseWhenReleased()

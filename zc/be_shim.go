@@ -129,15 +129,15 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	return ep, nil
 }
 
-func (b *shimBackend) common() *epollCommon     { return &b.epollCommon }
-func (b *shimBackend) name() Backend            { return BackendShim }
-func (b *shimBackend) zeroCopy() bool           { return true }
-func (b *shimBackend) recvPool() *memreg.Pool   { return b.recv }
-func (b *shimBackend) sending(c *Conn) bool     { return c.shim != nil && c.shim.inflight > 0 }
-func (b *shimBackend) dial(c *Conn)             { b.epollCommon.dial(c) }
-func (b *shimBackend) cancelDial(c *Conn)       { b.epollCommon.cancelDial(c) }
-func (b *shimBackend) listen(p *lpart)          { b.epollCommon.listen(p) }
-func (b *shimBackend) stopListen(p *lpart)      { b.epollCommon.stopListen(p) }
+func (b *shimBackend) common() *epollCommon      { return &b.epollCommon }
+func (b *shimBackend) name() Backend             { return BackendShim }
+func (b *shimBackend) zeroCopy() bool            { return true }
+func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
+func (b *shimBackend) sending(c *Conn) bool      { return c.shim != nil && c.shim.inflight > 0 }
+func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
+func (b *shimBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
+func (b *shimBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
+func (b *shimBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 
 func (b *shimBackend) inFlightSegs(c *Conn) int {

@@ -73,12 +73,12 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	return u, nil
 }
 
-func (b *uringBackend) name() Backend               { return BackendIOUring }
-func (b *uringBackend) zeroCopy() bool              { return true }
-func (b *uringBackend) recvPool() *memreg.Pool      { return b.rr.Pool() }
+func (b *uringBackend) name() Backend                 { return BackendIOUring }
+func (b *uringBackend) zeroCopy() bool                { return true }
+func (b *uringBackend) recvPool() *memreg.Pool        { return b.rr.Pool() }
 func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
-func (b *uringBackend) start(c *Conn) error         { return nil }
-func (b *uringBackend) sending(c *Conn) bool        { return c.sendUD != 0 }
+func (b *uringBackend) start(c *Conn) error           { return nil }
+func (b *uringBackend) sending(c *Conn) bool          { return c.sendUD != 0 }
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
 	if c.sendUD == 0 {

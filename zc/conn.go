@@ -82,12 +82,12 @@ type Conn struct {
 	spaceCh   chan struct{} // made on the first blocked writer
 	destWaits []*Conn       // sources paused until our queue drains (SendData)
 
-	scheduled atomic.Bool
-	done      chan struct{}
-	held      atomic.Int64 // receive-buffer bytes held
-	resumeReq  atomic.Bool // a credit resume is posted
-	credPaused atomic.Bool // paused for MaxRecvHeld (what releaseHeld looks at)
-	notifsOut atomic.Int64
+	scheduled  atomic.Bool
+	done       chan struct{}
+	held       atomic.Int64 // receive-buffer bytes held
+	resumeReq  atomic.Bool  // a credit resume is posted
+	credPaused atomic.Bool  // paused for MaxRecvHeld (what releaseHeld looks at)
+	notifsOut  atomic.Int64
 
 	// Loop side.
 	h          Handler

@@ -207,7 +207,7 @@ type RecvRingStats struct {
 	Mismatch  int64 // bundle CQEs whose first id did not match the ring order (0 expected)
 	Grows     int64 // regions added
 	GrowFails int64
-	Bytes     int   // memory the pool has mapped
+	Bytes     int // memory the pool has mapped
 	MaxBytes  int
 	LastError error // the last growth failure
 }
