@@ -21,12 +21,12 @@ type Link struct {
 func (c *Client) Links() ([]Link, error) {
 	const op = "links"
 	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.closed {
+		c.mu.Unlock()
 		return nil, opErr(op, "", os.ErrClosed)
 	}
 	msgs, err := c.rt.Link.List()
+	c.mu.Unlock()
 	if err != nil {
 		return nil, opErr(op, "", err)
 	}

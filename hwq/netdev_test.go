@@ -191,3 +191,51 @@ func TestClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentUseAndClose: requests from several goroutines interleave correctly (each
+// gets its own answer) and a Close racing them makes them fail with os.ErrClosed, never
+// with a wrong reply.
+func TestConcurrentUseAndClose(t *testing.T) {
+	e := newVeth(t, 3)
+	idx := mustIfindex(t, e.c, e.a)
+	errc := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			for i := 0; ; i++ {
+				var err error
+				switch (g + i) % 3 {
+				case 0:
+					var ch Channels
+					if ch, err = e.c.Channels(e.a); err == nil && ch.RX != 3 {
+						err = errors.New("wrong channels reply")
+					}
+				case 1:
+					var qs []Queue
+					if qs, err = e.c.Queues(idx); err == nil && len(qs) != 6 {
+						err = errors.New("wrong queue-get reply")
+					}
+				default:
+					_, err = e.c.Rings(e.a)
+					if errors.Is(err, ErrNotSupported) {
+						err = nil
+					}
+				}
+				if err != nil {
+					if errors.Is(err, os.ErrClosed) && i > 0 {
+						err = nil
+					}
+					errc <- err
+					return
+				}
+				if i == 200 {
+					e.c.Close()
+				}
+			}
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+}
