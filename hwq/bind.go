@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/internal/errs"
 )
 
@@ -205,8 +207,13 @@ func (c *Client) Bind(ifname string, flow Flow, opts BindOptions) (*Binding, err
 	b := &Binding{Ifname: ifname, Ifindex: idx, Queue: uint32(queue), Flow: flow, client: c}
 	if qs, err := c.Queues(idx); err == nil {
 		for _, q := range qs {
-			if q.Type == QueueRX && q.ID == b.Queue {
-				b.NAPIID = q.NAPIID
+			if q.Type != QueueRX || q.ID != b.Queue {
+				continue
+			}
+			b.NAPIID = q.NAPIID
+			if q.IOUring || q.DMABuf != 0 || q.XSK {
+				return nil, opErr(op, ifname, fmt.Errorf("rx queue %d is in use (io_uring %v, dmabuf %d, af_xdp %v): %w",
+					q.ID, q.IOUring, q.DMABuf, q.XSK, unix.EBUSY))
 			}
 		}
 	}
