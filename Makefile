@@ -44,5 +44,6 @@ endef
 -include kmod/kmod.mk
 -include bpf/bpf.mk
 -include bench/bench.mk
+-include hwq/hwq.mk
 
 test: vet gotest $(TEST_EXTRA)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -21,6 +22,12 @@ type Capabilities struct {
 	MappedRecv     error  // TCP_ZEROCOPY_RECEIVE
 	BPFSteering    error  // the sk_reuseport/sockops/XDP/tc programs load
 	Shim           error  // the zcshim module's /dev/zcshim is usable
+
+	// NICs is the per-NIC report of the caller's network namespace (hwq.ProbeAll): queues,
+	// header split, ntuple, RSS, zcrx, devmem, AF_XDP zero-copy, hardware timestamps and
+	// the "special NIC" flag, each with its reason. NICsErr says why it is missing.
+	NICs    []hwq.NIC
+	NICsErr error
 }
 
 // Probe probes the machine once per call (io_uring's part is cached per process).
@@ -43,6 +50,7 @@ func Probe() Capabilities {
 	c.MappedRecv = tcpglue.ProbeZeroCopyReceive()
 	c.BPFSteering = bpf.Probe()
 	c.Shim = shimAvailable()
+	c.NICs, c.NICsErr = hwq.ProbeAll()
 	return c
 }
 
@@ -66,5 +74,11 @@ func (c Capabilities) String() string {
 	line("mapped recv", c.MappedRecv)
 	line("bpf steering", c.BPFSteering)
 	line("zcshim", c.Shim)
+	if c.NICsErr != nil {
+		line("nics", c.NICsErr)
+	}
+	for _, n := range c.NICs {
+		fmt.Fprintf(&b, "nic %s", n)
+	}
 	return b.String()
 }

@@ -23,4 +23,15 @@ func TestProbe(t *testing.T) {
 	if !strings.Contains(s, "io_uring") || !strings.Contains(s, "zcshim") {
 		t.Fatalf("report lacks lines:\n%s", s)
 	}
+	// Every namespace has a loopback device, and the report has a section for it.
+	if c.NICsErr != nil {
+		t.Fatalf("per-NIC report: %v", c.NICsErr)
+	}
+	lo := false
+	for _, n := range c.NICs {
+		lo = lo || n.Loopback
+	}
+	if !lo || !strings.Contains(s, "nic lo (") || !strings.Contains(s, "  zcrx ") {
+		t.Fatalf("per-NIC section missing:\n%s", s)
+	}
 }
