@@ -13,13 +13,14 @@ import (
 
 // connectState is a connection that is still connecting.
 type connectState struct {
-	sa     *tcpglue.RawSockaddr
-	ctx    context.Context
-	stop   func() bool // stops the context watcher
-	h      Handler
-	done   func(*Conn, error)
-	ud     uint64
-	cancel bool // the context ended: the result is the context's error
+	sa      *tcpglue.RawSockaddr
+	ctx     context.Context
+	stop    func() bool // stops the context watcher
+	h       Handler
+	done    func(*Conn, error)
+	ud      uint64
+	cancel  bool // the context ended: the result is the context's error
+	started bool // the connect is under way
 }
 
 // Dial connects to address ("host:port", a literal IP; names are resolved once) and returns a
@@ -115,28 +116,38 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	c.raddr = raddr
 	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
 	c.connect = cs
-	if err := q.Post(func() { c.startDial() }); err != nil {
-		s.Close()
-		return fail(raddr, ErrClosed)
-	}
+	// The watcher may fire before the connect starts: it marks the dial cancelled on the loop,
+	// and startDial looks at that first.
 	cs.stop = context.AfterFunc(ctx, func() {
 		q.Post(func() {
 			if c.connect == cs {
 				cs.cancel = true
-				c.q.be.cancelDial(c)
+				if cs.started {
+					c.q.be.cancelDial(c)
+				}
 			}
 		})
 	})
+	if err := q.Post(func() { c.startDial() }); err != nil {
+		cs.stop()
+		s.Close()
+		return fail(raddr, ErrClosed)
+	}
 	return nil
 }
 
 func (c *Conn) startDial() {
 	c.q.addConn(c)
-	if c.e.closed.Load() {
+	cs := c.connect
+	switch {
+	case c.e.closed.Load():
 		c.dialFailed(ErrClosed)
-		return
+	case cs.cancel:
+		c.dialFailed(cs.ctx.Err())
+	default:
+		cs.started = true
+		c.q.be.dial(c)
 	}
-	c.q.be.dial(c)
 }
 
 // dialDone completes a connect (loop only): res is 0 or a negative errno.
