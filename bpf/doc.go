@@ -15,7 +15,7 @@
 //     class -> queue, receiving CPU -> queue), then the kernel's keyed hash
 //     of the 4-tuple scaled onto the queues (not sport % N: ephemeral ports
 //     are mostly even). Drained queues are passed over; with every queue
-//     drained SYNs are dropped. Records the choice in the learned table.
+//     drained new connections are refused (RST). Records the choice in the learned table.
 //   - zc_sockops (SOCK_OPS on a cgroup v2): on established connections
 //     applies the congestion-control / TCP_NODELAY policy chosen by the
 //     peer's address (longest prefix), keeps RTT and retransmit statistics

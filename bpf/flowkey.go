@@ -39,6 +39,12 @@ func (k FlowKey) raw() (steerFlowKey, error) {
 	if k.Local.Port() == 0 {
 		return r, fmt.Errorf("%w: flow key %v: local port 0", ErrInvalid, k)
 	}
+	if ra.IsUnspecified() || la.IsUnspecified() {
+		return r, fmt.Errorf("%w: flow key %v: unspecified address (a flow key matches one connection exactly: no wildcards)", ErrInvalid, k)
+	}
+	if ra.IsMulticast() || ra.Unmap() == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return r, fmt.Errorf("%w: flow key %v: a TCP peer cannot be a multicast or broadcast address", ErrInvalid, k)
+	}
 	r.Remote = ra.As16()
 	r.Local = la.As16()
 	r.RemotePort = k.Remote.Port()

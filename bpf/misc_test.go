@@ -505,3 +505,23 @@ func TestLeakCheckSeesObjects(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A flow key names one peer (remote port 0: every port of it): an unspecified, multicast or
+// broadcast address can never match a connection and is refused.
+func TestFlowKeyRefusesWildcards(t *testing.T) {
+	local := netip.MustParseAddrPort("10.0.0.1:80")
+	for _, k := range []FlowKey{
+		{Remote: netip.MustParseAddrPort("0.0.0.0:1234"), Local: local},
+		{Remote: netip.MustParseAddrPort("[::]:1234"), Local: netip.MustParseAddrPort("[fd00::1]:80")},
+		{Remote: netip.MustParseAddrPort("10.0.0.2:1234"), Local: netip.MustParseAddrPort("0.0.0.0:80")},
+		{Remote: netip.MustParseAddrPort("224.0.0.1:1234"), Local: local},
+		{Remote: netip.MustParseAddrPort("255.255.255.255:1234"), Local: local},
+	} {
+		if _, err := k.raw(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%v: %v, want ErrInvalid", k, err)
+		}
+	}
+	if _, err := (FlowKey{Remote: netip.MustParseAddrPort("10.0.0.2:0"), Local: local}).raw(); err != nil {
+		t.Errorf("peer-wide key refused: %v", err)
+	}
+}

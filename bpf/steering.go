@@ -535,7 +535,9 @@ func (s *Steering) Learned() (map[FlowKey]int, error) {
 // while drained, the queue's flow-table entries and policy choices are
 // passed over for new connections (the hash probes on to the next queue),
 // and its existing connections are untouched. With every queue drained,
-// SYNs are dropped.
+// new connections are refused: the program returns SK_DROP, which the kernel
+// turns into a lookup failure, so the SYN is answered with a RST (the client
+// sees ECONNREFUSED), not silently dropped.
 func (s *Steering) Drain(queue int, on bool) error {
 	const op = "drain"
 	if err := s.lock(op); err != nil {
@@ -891,7 +893,7 @@ type Stats struct {
 	ReuseportFlow, ReuseportDSCP, ReuseportCPU, ReuseportHash uint64
 
 	DrainSkips      uint64 // a choice passed over because its queue was drained
-	AllDrainedDrops uint64 // SYNs dropped because every queue was drained
+	AllDrainedDrops uint64 // SYNs refused (answered with a RST) because every queue was drained
 	NoListener      uint64 // chosen slot empty: the kernel's own hash was used
 	BadPacket       uint64 // unreadable headers: the kernel's own hash was used
 
