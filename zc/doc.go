@@ -4,36 +4,79 @@
 // # Two faces
 //
 // The event-loop face is for full speed. Listen and Dial take a Handler whose methods run on
-// the connection's queue goroutine (they must not block). Received data arrives as Data:
-// borrowed buffers from a registered region, valid until Release. Sends take memreg buffers
-// (Conn.Buffer, then Conn.Send): ownership passes to the library until the kernel is done
-// with them; for a zero-copy send that is its notification, not its completion, and the
-// handle you passed is stale from the moment Send returns, so the memory cannot be written
-// while the kernel may still read it. Many sends and receives go into one io_uring_enter.
+// the connection's queue goroutine, one at a time, on every backend. Received data arrives as
+// Data: borrowed buffers from the queue's receive pool, valid until Release. Sends take
+// memreg buffers (Conn.Buffer, then Conn.Send), or forward received Data as is
+// (Conn.SendData): ownership passes to the engine until the kernel is done with the memory —
+// for a zero-copy send that is its notification, not its completion — and the handle you
+// passed is stale from the moment Send returns, so the memory cannot be written while the
+// kernel may still read it. Every buffer queued on a connection leaves in one kernel send
+// (SENDMSG with an iovec) while no send is in flight, so small sends cost what big ones cost.
 //
 // The net.Conn face (Engine.NetListen, Engine.NetDial) wraps the same connections in
 // net.Conn / net.Listener, copying where that interface demands it, with deadlines and
 // *net.OpError errors.
 //
+// # Handlers must not block
+//
+// A handler runs on a queue goroutine; a call that would wait for a queue goroutine returns
+// ErrWouldBlock there instead of deadlocking: Dial (use DialAsync), BufferWait (use Buffer),
+// Write over MaxQueuedBytes (send from OnWritable), a net.Conn Read with nothing to read.
+// Engine.Close and Listener.Close called from a handler return at once and finish in the
+// background (Engine.Done, Listener.Done). A panic in a handler closes only its connection,
+// with a *PanicError.
+//
+// # Flow control
+//
+// A connection holds at most Config.MaxRecvHeld bytes of receive buffers (Data not yet
+// released, or forwarded by SendData and not yet sent); at the bound it stops receiving until
+// some is released, so no connection can take every buffer of its queue. SendData counts
+// toward the destination's MaxQueuedBytes; above it the source connection stops receiving
+// until the destination drains to half of it (OnWritable runs there then). A relay written
+// with SendData both ways therefore needs no flow-control code and cannot deadlock.
+//
+// # Memory
+//
+// Each queue has a send pool (registered with the kernel, so pinned and counted against
+// RLIMIT_MEMLOCK) and a receive pool. Both start small (by default 512 KiB each per queue)
+// and grow, doubling, with demand up to their caps (Config.SendPoolMax, RecvPoolMax); Stats
+// reports their sizes. Memory the application still holds when the engine closes (a Buf, a
+// Data) stays mapped until it is released: Close never unmaps memory under the application.
+//
+// # Backends and fallbacks
+//
+// Every backend has the same queues, handlers, flow control and close semantics; only the
+// way bytes reach the kernel differs: io_uring (the default), the zcshim kernel module
+// (/dev/zcshim) where io_uring is blocked, and plain non-blocking sockets with epoll. When
+// io_uring cannot be set up (disabled by sysctl, blocked by seccomp, locked-memory limit),
+// New falls back to the shim (if its module is loaded) and then to plain sockets, and says so
+// in Stats.Fallback and Config.OnFallback; with Config.NoFallback, or a specific Backend, it
+// returns the error instead. The capability probe runs again at every New, so a process
+// follows io_uring being enabled or disabled.
+//
 // # Send paths
 //
-// Each send picks SEND_ZC (from the queue's fixed buffers) or a copying SEND. With
-// SendAdaptive (the default), sends of at least ZCThreshold bytes start as zero-copy; when the
-// kernel reports that it copied them anyway (IORING_NOTIF_USAGE_ZC_COPIED: always the case on
-// loopback and veth), the connection switches to copying sends and probes zero-copy again with
-// exponential backoff. SendCopy and SendZeroCopy force a path. Counters (Stats, Conn.Stats)
-// say how many bytes went which way and why.
+// With SendAdaptive (the default), sends of at least ZCThreshold bytes start as zero-copy;
+// when the kernel reports that it copied them anyway (IORING_NOTIF_USAGE_ZC_COPIED: always
+// the case on loopback and veth), the connection switches to copying sends and probes
+// zero-copy again with exponential backoff. SendCopy and SendZeroCopy force a path. Counters
+// (Stats, Conn.Stats) say how many bytes went which way and why.
 //
-// # Fallbacks
+// # Lifetimes
 //
-// When io_uring cannot be set up (disabled by sysctl, blocked by seccomp, locked-memory limit),
-// New falls back to a plain-socket backend with the same API (blocking syscalls, a goroutine
-// pair per connection) and says so in Capabilities and Stats.Fallback; with
-// Config.NoFallback it returns the error instead. Every fallback is visible; none is silent.
+// A connection's descriptor is owned by a reference-counted socket: Conn.Socket and
+// CloseWrite never act on a descriptor number that was closed and reused. Close is
+// asynchronous and idempotent (OnClose and Done tell when it finished); after it every
+// operation returns an error matching ErrClosed. A graceful close lets queued sends go out
+// for up to CloseTimeout, then resets the connection; zero-copy notifications still
+// outstanding get another CloseTimeout (their buffers stay lent until they arrive).
+// TCP keep-alive is on by default (15 s, as Go's net).
 //
 // # Errors
 //
-// Errors returned by Dial/Listen/Send are *OpError values (Op, Net, Addr, Err) that unwrap
-// to the cause: net.ErrClosed after Close, ErrNotSupported for a path this kernel cannot do,
-// memreg errors for buffer misuse (memreg.ErrStale), syscall errnos. io.EOF stays bare.
+// Errors are *OpError values (Op, Net, Addr, Err) that unwrap to the cause: ErrClosed after
+// Close, ErrNotSupported for what this kernel cannot do (the one sentinel every zcnet package
+// shares), ErrInvalid and *ConfigError for bad arguments, ErrWouldBlock, ErrEmpty,
+// ErrTooLarge, ErrForeignBuffer, memreg errors for buffer misuse (memreg.ErrStale,
+// memreg.ErrExhausted, *memreg.MemlockError), syscall errnos. io.EOF stays bare.
 package zc

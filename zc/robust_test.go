@@ -515,3 +515,73 @@ func TestIPv6Echo(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestForeignBuffers(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testForeignBuffers(t, Config{Backend: b, Queues: 2, NoPin: true}) })
+	}
+}
+
+// testForeignBuffers sends buffers of one queue's pool on a connection of another queue
+// (allowed: copied or sent from the address), and refuses buffers of another engine.
+func testForeignBuffers(t *testing.T, cfg Config) {
+	srv, cli := newPair(t, cfg)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const rounds = 16
+	k := newCollector(rounds * (48 << 10))
+	// Two connections: round-robin puts them on different queues.
+	other, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Queue() == other.Queue() {
+		t.Fatalf("both connections on queue %d", c.Queue())
+	}
+	want := sha256.New()
+	for i := 0; i < rounds; i++ {
+		b, err := other.BufferWait(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := b.Bytes()[:48<<10]
+		for j := range p {
+			p[j] = byte(i*7 + j/4096)
+		}
+		want.Write(p)
+		if err := c.Send(b, len(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-k.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timeout: got %d\n%s", k.n, engineDump(cli))
+	}
+	if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+		t.Fatal("echoed stream differs")
+	}
+	// Another engine's buffer: refused, and released back to its own pool.
+	b, err := srv.queues[0].getSendBuf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := srv.queues[0].send.Free()
+	if err := c.Send(b, 10); !errors.Is(err, ErrForeignBuffer) {
+		t.Fatalf("Send of another engine's buffer: %v, want ErrForeignBuffer", err)
+	}
+	if srv.queues[0].send.Free() != before+1 {
+		t.Fatal("the refused buffer was not released")
+	}
+	c.Close()
+	<-c.Done()
+	waitSendBuffersBack(t, cli)
+}

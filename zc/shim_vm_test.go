@@ -18,7 +18,6 @@ import (
 
 	"github.com/zcnet/zcnet/kmod"
 	"github.com/zcnet/zcnet/kmod/shim"
-	"github.com/zcnet/zcnet/memreg"
 )
 
 // The shim backend over the real module. These need /dev/zcshim: they run in the VM
@@ -296,57 +295,11 @@ func TestShimWritable(t *testing.T) {
 	}
 }
 
-// TestShimForeignBuffer: a buffer from a region the shim queues do not know (here one of 200
-// KiB, larger than a send buffer) is copied into registered buffers, in order.
+// TestShimForeignBuffer: buffers of another queue are copied into this queue's registered
+// ones, in order; buffers of another engine are refused.
 func TestShimForeignBuffer(t *testing.T) {
 	needShim(t)
-	srv, cli := newPair(t, shimCfg())
-	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	foreign, err := memreg.New(memreg.Options{BufSize: 200 << 10, Count: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer foreign.Close()
-	const rounds = 8
-	k := newCollector(rounds * (200 << 10))
-	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := sha256.New()
-	for i := 0; i < rounds; i++ {
-		var b memreg.Buf
-		for {
-			if b, err = foreign.Get(); err == nil {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-		for j := range b.Bytes() {
-			b.Bytes()[j] = byte(i*7 + j/4096)
-		}
-		want.Write(b.Bytes())
-		if err := c.Send(b, len(b.Bytes())); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-k.done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("timeout: got %d", k.n)
-	}
-	if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
-		t.Fatal("echoed stream differs")
-	}
-	c.Close()
-	<-c.Done()
-	if foreign.Free() != 4 {
-		t.Fatalf("%d of 4 foreign buffers back", foreign.Free())
-	}
+	testForeignBuffers(t, shimCfg())
 }
 
 func TestShimNettest(t *testing.T) {
@@ -406,6 +359,7 @@ func TestShimWriteFromHandler(t *testing.T) {
 	needShim(t)
 	cfg := shimCfg()
 	cfg.SendBufs = 4
+	cfg.SendPoolMax = 4 * 64 << 10
 	e := newEngine(t, cfg)
 	l, ev := listenEvents(t, e)
 	s := dialPlain(t, l.Addr().String())
