@@ -350,11 +350,19 @@ func (l Loan) settle(to State) (Buf, error) {
 	if l.r == nil {
 		return Buf{}, ErrStale
 	}
+	b, freed, err := l.settleLocked(to)
+	if freed && l.r.onFree != nil {
+		l.r.onFree() // after the unlock: it may take buffers from this region
+	}
+	return b, err
+}
+
+func (l Loan) settleLocked(to State) (b Buf, freed bool, err error) {
 	r := l.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.state[l.idx] != Kernel || r.gen[l.idx] != l.gen {
-		return Buf{}, ErrStale
+		return Buf{}, false, ErrStale
 	}
 	r.gen[l.idx]++
 	if to == Free && r.recycle != nil && !r.closed {
@@ -362,7 +370,7 @@ func (l Loan) settle(to State) (Buf, error) {
 		r.mu.Unlock()
 		r.recycle(int(l.idx))
 		r.mu.Lock()
-		return Buf{}, nil
+		return Buf{}, false, nil
 	}
 	r.lent--
 	if to == Held && r.closed {
@@ -372,13 +380,10 @@ func (l Loan) settle(to State) (Buf, error) {
 	if to == Free {
 		r.free = append(r.free, l.idx)
 		r.unmapIfDoneLocked()
-		if r.onFree != nil {
-			defer r.onFree() // runs after the unlock (deferred calls run last-in first-out)
-		}
-		return Buf{}, nil
+		return Buf{}, true, nil
 	}
 	r.held++
-	return Buf{r: r, idx: l.idx, gen: r.gen[l.idx]}, nil
+	return Buf{r: r, idx: l.idx, gen: r.gen[l.idx]}, false, nil
 }
 
 // Return is called when the kernel released the buffer (for a zero-copy send: its

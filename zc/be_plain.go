@@ -193,7 +193,7 @@ func newPlainBackend(q *queue) (loop.Driver, error) {
 		return nil, err
 	}
 	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e})
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed})
 	if err != nil {
 		b.recv.CloseWhenReleased()
 		ep.Close()

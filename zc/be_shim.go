@@ -107,7 +107,7 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 		return fail(err)
 	}
 	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnGrow: func(r *memreg.Region, _ int) error {
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
 			k, err := b.tx.RegisterRegion(r.Base(), r.Info().Size, 0)
 			if err == nil {
 				b.txKeys[r] = k

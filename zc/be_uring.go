@@ -61,7 +61,7 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 		return nil, err
 	}
 	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnGrow: func(r *memreg.Region, _ int) error {
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
 			_, err := u.RegisterRegion(r)
 			return err
 		}})
@@ -149,8 +149,11 @@ func (b *uringBackend) send(c *Conn) {
 	n, bytes := 0, 0
 	for n < len(c.pend) && n < maxIov && bytes < maxSendBatch {
 		s := &c.pend[n]
-		if n > 0 && c.zc.wouldUse(int(s.n-s.off)) {
-			break // a large buffer the policy sends zero-copy: on its own, next
+		if n > 0 {
+			if c.zc.wouldUse(int(s.n - s.off)) {
+				break // a large buffer the policy sends zero-copy: on its own, next
+			}
+			c.zc.countCopy(int(s.n - s.off))
 		}
 		bytes += int(s.n - s.off)
 		n++
@@ -250,9 +253,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		// but the count must expect it).
 		notif := more || ev.Res == -int32(unix.ECANCELED)
 		c.zcCompleted(ev.UD, int(ev.Res), notif)
-		if ev.Res > 0 {
-			c.sentBytes(int(ev.Res))
-		} else if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
+		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
 		if !c.finished {

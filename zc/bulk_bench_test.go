@@ -47,7 +47,7 @@ func (s *source) OnWritable(c *Conn) {
 
 func BenchmarkBulkZC(b *testing.B) {
 	const size = 64 << 10
-	srv, cli := newPair(b, Config{Queues: 1, SendBufs: 256, RecvBufs: 256})
+	srv, cli := newPair(b, Config{Queues: 1})
 	k := &sink{want: b.N * size, done: make(chan struct{})}
 	done := k.done
 	l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k })

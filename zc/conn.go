@@ -234,39 +234,30 @@ func (c *Conn) Buffer() (memreg.Buf, error) {
 	return b, nil
 }
 
-// BufferWait is Buffer that waits (up to timeout, 0 = forever) for a buffer to come back. On
-// a queue goroutine it returns ErrWouldBlock instead of waiting.
+// BufferWait is Buffer that waits (up to timeout, 0 = forever) for a buffer to come back;
+// waiters are served in arrival order. On a queue goroutine it returns ErrWouldBlock instead
+// of waiting.
 func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
-	var t <-chan time.Time
+	b, err := c.q.getSendBuf()
+	if err == nil {
+		return b, nil
+	}
+	if !errors.Is(err, memreg.ErrExhausted) {
+		return b, c.opErr("buffer", err)
+	}
+	if c.onLoop() {
+		return b, c.opErr("buffer", ErrWouldBlock)
+	}
+	var dl func() time.Time
 	if timeout > 0 {
-		tm := time.NewTimer(timeout)
-		defer tm.Stop()
-		t = tm.C
+		d := time.Now().Add(timeout)
+		dl = func() time.Time { return d }
 	}
-	for {
-		b, err := c.q.getSendBuf()
-		if err == nil {
-			return b, nil
-		}
-		if !errors.Is(err, memreg.ErrExhausted) {
-			return b, c.opErr("buffer", err)
-		}
-		if c.onLoop() {
-			return b, c.opErr("buffer", ErrWouldBlock)
-		}
-		tick := time.NewTimer(10 * time.Millisecond)
-		select {
-		case <-c.q.space:
-		case <-tick.C:
-		case <-c.done:
-			tick.Stop()
-			return memreg.Buf{}, c.opErr("buffer", ErrClosed)
-		case <-t:
-			tick.Stop()
-			return memreg.Buf{}, c.opErr("buffer", errTimeout)
-		}
-		tick.Stop()
+	b, err = c.q.waitSendBuf(c.done, dl)
+	if err != nil {
+		return b, c.opErr("buffer", err)
 	}
+	return b, nil
 }
 
 // ---- sending ---------------------------------------------------------------------------
@@ -422,11 +413,12 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 				if !errors.Is(err, memreg.ErrExhausted) {
 					return written, c.opErr("write", err)
 				}
-				if err := c.waitSpace(c.q.space, dl); err != nil {
+				if c.onLoop() {
+					return written, c.opErr("write", ErrWouldBlock)
+				}
+				if b, err = c.q.waitSendBuf(c.done, dl); err != nil {
 					return written, c.opErr("write", err)
 				}
-				c.mu.Lock()
-				continue
 			}
 			c.mu.Lock()
 			if c.hasStage || c.werr != nil {

@@ -108,11 +108,9 @@ func (c *Conn) advance(res int) {
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
 	size := int64(s.loan.Region().BufSize())
-	s.loan.Return()
+	s.loan.Return() // a send buffer's return reaches waiters through the pool's OnFree
 	if s.src != nil {
 		s.src.releaseHeld(size)
-	} else {
-		c.q.signalSpace()
 	}
 }
 

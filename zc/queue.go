@@ -2,7 +2,9 @@ package zc
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
@@ -55,6 +57,10 @@ type queue struct {
 	send  *memreg.Pool
 	space chan struct{} // signalled when send buffers return
 
+	wmu     sync.Mutex
+	waiters []chan memreg.Buf // goroutines waiting for a send buffer, oldest first
+	nwait   atomic.Int32
+
 	conns  map[*Conn]struct{} // loop only
 	nconns atomic.Int64
 
@@ -68,6 +74,104 @@ func (q *queue) signalSpace() {
 	case q.space <- struct{}{}:
 	default:
 	}
+}
+
+// sendBufFreed runs (any goroutine) when a send buffer returns to the pool: the oldest
+// waiters get buffers first, so a crowd of senders cannot starve one of them.
+func (q *queue) sendBufFreed() {
+	if q.nwait.Load() == 0 {
+		q.signalSpace()
+		return
+	}
+	q.wmu.Lock()
+	for len(q.waiters) > 0 {
+		b, err := q.send.Get()
+		if err != nil {
+			break
+		}
+		ch := q.waiters[0]
+		q.waiters[0] = nil
+		q.waiters = q.waiters[1:]
+		q.nwait.Add(-1)
+		ch <- b // buffered: never blocks
+	}
+	q.wmu.Unlock()
+	q.signalSpace()
+}
+
+// waitSendBuf waits for a send buffer in FIFO order with the other waiters, until done is
+// closed or the deadline dl returns passes (re-read while waiting: a deadline may change).
+func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+	ch := make(chan memreg.Buf, 1)
+	q.wmu.Lock()
+	q.waiters = append(q.waiters, ch)
+	q.nwait.Add(1)
+	q.wmu.Unlock()
+	leave := func() (memreg.Buf, bool) {
+		q.wmu.Lock()
+		defer q.wmu.Unlock()
+		for i, w := range q.waiters {
+			if w == ch {
+				q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+				q.nwait.Add(-1)
+				return memreg.Buf{}, false
+			}
+		}
+		return <-ch, true // handed a buffer just now
+	}
+	// A buffer may have come back (or the pool grown) before we queued up.
+	if b, err := q.send.Get(); err == nil {
+		if got, ok := leave(); ok {
+			got.Release()
+		}
+		return b, nil
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var t <-chan time.Time
+		if dl != nil {
+			if d := dl(); !d.IsZero() {
+				left := time.Until(d)
+				if left <= 0 {
+					if b, ok := leave(); ok {
+						return b, nil
+					}
+					return memreg.Buf{}, errTimeout
+				}
+				tm := time.NewTimer(left)
+				defer tm.Stop()
+				t = tm.C
+			}
+		}
+		select {
+		case b := <-ch:
+			return b, nil
+		case <-done:
+			if b, ok := leave(); ok {
+				b.Release()
+			}
+			return memreg.Buf{}, ErrClosed
+		case <-t:
+		case <-tick.C:
+			// The pool may have grown (or a release missed the hand-off): try once more,
+			// keeping our place.
+			if q.send.Free() > 0 && q.oldest(ch) {
+				if b, err := q.send.Get(); err == nil {
+					if got, ok := leave(); ok {
+						got.Release()
+					}
+					return b, nil
+				}
+			}
+		}
+	}
+}
+
+func (q *queue) oldest(ch chan memreg.Buf) bool {
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	return len(q.waiters) > 0 && q.waiters[0] == ch
 }
 
 // getSendBuf takes a send buffer, growing the pool (on the loop: registration needs the

@@ -49,7 +49,7 @@ func TestManyConnsRandomSizes(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatal(err)
+		t.Fatalf("%v\nclient: %s\nserver: %s", err, engineDump(cli), engineDump(srv))
 	}
 	st := srv.Stats()
 	if st.NotifsUnexpected != 0 || st.BundleMismatch != 0 || st.NotifsPending < 0 {

@@ -90,6 +90,14 @@ func (p *zcPolicy) wouldUse(n int) bool {
 	return n >= p.threshold && (p.state == zcOn || p.state == zcFresh || (p.state == zcOff && p.copySends+1 >= p.reprobe))
 }
 
+// countCopy counts a buffer of n bytes sent by copy along with the one use decided for (a
+// batch): every large buffer counts toward the next probe.
+func (p *zcPolicy) countCopy(n int) {
+	if p.path == SendAdaptive && p.state == zcOff && n >= p.threshold {
+		p.copySends++
+	}
+}
+
 // notified applies the kernel's verdict on one zero-copy send; it reports whether the
 // connection switched to copying.
 func (p *zcPolicy) notified(copied bool) bool {
