@@ -101,7 +101,7 @@ func TestPerRun(t *testing.T) {
 		if d < 200*time.Millisecond || d > 10*time.Second {
 			t.Errorf("perRun(%v, %d, %v) = %v out of bounds", tc.budget, tc.timed, tc.fixed, d)
 		}
-		if total := time.Duration(tc.timed)*(d+60*time.Millisecond) + tc.fixed; tc.budget >= time.Minute &&
+		if total := time.Duration(tc.timed)*(d+120*time.Millisecond) + tc.fixed; tc.budget >= time.Minute &&
 			d > 200*time.Millisecond && total > tc.budget*11/10 {
 			t.Errorf("perRun(%v, %d, %v) = %v: estimated total %v", tc.budget, tc.timed, tc.fixed, d, total)
 		}

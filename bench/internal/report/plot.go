@@ -23,8 +23,20 @@ import (
 // in a column of its own on the right (a mode has the same color and marker in every
 // panel), so that no legend covers data.
 
-// style gives each mode of the run its color and marker, in first-seen order.
+// style gives each mode its color and marker: fixed ones for the modes zcbench knows
+// (the same in every run and every panel), a cycle for others.
 type style struct{ modes []string }
+
+// known lists the modes zcbench knows, with their colors (net black as the baseline,
+// the zc modes in warm colors).
+var known = []struct {
+	mode string
+	rgb  uint32
+}{
+	{"net", 0x000000}, {"syscall", 0x9c755f}, {"netpoll", 0x2ca02c}, {"iperf3", 0x7f7f7f},
+	{"zc", 0xd62728}, {"zc-copy", 0xff7f0e}, {"zc-sendzc", 0x9467bd}, {"zc-mmap", 0xe377c2},
+	{"zc-hash", 0xbcbd22}, {"zc-cpu", 0x17becf}, {"zc-net", 0x1f77b4},
+}
 
 func newStyle(rows []Row) *style {
 	s := &style{}
@@ -38,9 +50,32 @@ func newStyle(rows []Row) *style {
 
 func (s *style) index(mode string) int { return slices.Index(s.modes, mode) }
 
-func (s *style) color(mode string) color.Color { return plotutil.Color(s.index(mode)) }
+// key is the mode's place among the known modes, or after them.
+func (s *style) key(mode string) int {
+	for i, k := range known {
+		if k.mode == mode {
+			return i
+		}
+	}
+	return len(known) + s.index(mode)
+}
 
-func (s *style) shape(mode string) draw.GlyphDrawer { return plotutil.Shape(s.index(mode)) }
+func (s *style) color(mode string) color.Color {
+	k := s.key(mode)
+	if k < len(known) {
+		c := known[k].rgb
+		return color.RGBA{R: uint8(c >> 16), G: uint8(c >> 8), B: uint8(c), A: 255}
+	}
+	return plotutil.Color(k)
+}
+
+func (s *style) shape(mode string) draw.GlyphDrawer { return plotutil.Shape(s.key(mode)) }
+
+// dodge is a mode's offset from its category's x position (-0.35..0.35 of the gap
+// between categories), so that points and bars of different modes do not overlap.
+func (s *style) dodge(mode string, width float64) float64 {
+	return width*(float64(s.index(mode))+0.5)/float64(len(s.modes)) - width/2
+}
 
 // human prints a tick value compactly: 150, 2.5k, 1.2M.
 func human(v float64) string {
@@ -154,7 +189,7 @@ func bulkPlot(rows []Row, st *style, f Figure, title, ylabel string) (*plot.Plot
 				continue
 			}
 			x := math.Log2(float64(r.Size))
-			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: s.Median})
+			ep.XYs = append(ep.XYs, plotter.XY{X: x + st.dodge(mode, 0.5), Y: s.Median})
 			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
 			if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
 				ticks = append(ticks, plot.Tick{Value: x, Label: SizeString(r.Size)})
@@ -236,7 +271,7 @@ func categoryPlot(rows []Row, st *style, cats []category, title, ylabel string, 
 			if q.mode != mode {
 				continue
 			}
-			x := float64(q.ci) + 0.7*(float64(st.index(mode))+0.5)/float64(len(st.modes)) - 0.35
+			x := float64(q.ci) + st.dodge(mode, 0.7)
 			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: q.med})
 			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{q.med - q.lo, q.hi - q.med})
 			lo, hi = min(lo, q.lo), max(hi, q.hi)
