@@ -197,8 +197,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "zcbench:", err)
 		return 2
 	}
-	if n := idleLimit(cfg, variants); n != "" {
-		notes = append(notes, n)
+	variants, note := fdLimit(variants)
+	if note != "" {
+		notes = append(notes, note)
 	}
 	if cfg.dur == 0 {
 		timed, fixed := 0, time.Duration(0)
@@ -386,24 +387,24 @@ func (f *frameFiles) removeAll() {
 	}
 }
 
-// idleLimit makes room for the idle scenario's connections under RLIMIT_NOFILE (every
-// child inherits the limit; Go raises its soft limit to the hard one): it raises the
-// hard limit when it can, and otherwise lowers the connection count of the idle
-// variants to fit, saying so.
-func idleLimit(cfg config, vs []harness.Variant) string {
+// fdLimit makes room under RLIMIT_NOFILE for the connections of the idle and
+// multi-core variants (every child inherits the limit; Go raises its soft limit to the
+// hard one): it raises the hard limit when it can; otherwise it lowers the idle
+// connection count to fit and drops the multi-core variants that do not, saying so.
+func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 	need := 0
 	for _, v := range vs {
-		if v.Scenario == harness.Idle {
+		if v.Scenario == harness.Idle || v.Scenario == harness.MultiCore {
 			need = max(need, v.Conns)
 		}
 	}
 	if need == 0 {
-		return ""
+		return vs, ""
 	}
 	const spare = 256 // the child's own descriptors: listener, rings, epoll, pipes
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		return "idle: cannot read RLIMIT_NOFILE: " + err.Error()
+		return vs, "cannot read RLIMIT_NOFILE: " + err.Error()
 	}
 	want := uint64(need + spare)
 	if lim.Max >= want {
@@ -411,20 +412,31 @@ func idleLimit(cfg config, vs []harness.Variant) string {
 			lim.Cur = lim.Max
 			_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
 		}
-		return ""
+		return vs, ""
 	}
 	old := lim.Max
 	lim.Cur, lim.Max = want, want
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
-		return fmt.Sprintf("idle: raised RLIMIT_NOFILE from %d to %d for %d connections", old, want, need)
+		return vs, fmt.Sprintf("raised RLIMIT_NOFILE from %d to %d for %d connections", old, want, need)
 	}
-	fit := int(old) - spare
-	for i := range vs {
-		if vs[i].Scenario == harness.Idle {
-			vs[i].Conns = max(1, fit)
+	fit := max(1, int(old)-spare)
+	var out []harness.Variant
+	var dropped []string
+	for _, v := range vs {
+		switch {
+		case v.Scenario == harness.Idle && v.Conns > fit:
+			v.Conns = fit
+		case v.Scenario == harness.MultiCore && v.Conns > fit:
+			dropped = append(dropped, fmt.Sprintf("%s ×%d", v.Mode, v.Conns))
+			continue
 		}
+		out = append(out, v)
 	}
-	return fmt.Sprintf("idle: RLIMIT_NOFILE is %d and cannot be raised (not root?): %d idle connections instead of %d", old, max(1, fit), need)
+	note := fmt.Sprintf("RLIMIT_NOFILE is %d and cannot be raised (not root?): idle runs with at most %d connections", old, fit)
+	if len(dropped) > 0 {
+		note += "; multicore variants left out: " + strings.Join(dropped, ", ")
+	}
+	return out, note
 }
 
 // fixedCost is how long a run that does not follow the traffic time takes, roughly

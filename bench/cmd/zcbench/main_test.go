@@ -161,3 +161,17 @@ func TestPlan(t *testing.T) {
 		t.Error("bad -mc-conns accepted")
 	}
 }
+
+// fdLimit leaves the plan alone where RLIMIT_NOFILE has room (this test's limit is
+// raised only up to its hard limit, never lowered).
+func TestFDLimit(t *testing.T) {
+	vs := []harness.Variant{{Scenario: harness.Idle, Mode: "net", Size: 64, Conns: 100},
+		{Scenario: harness.MultiCore, Mode: "net", Size: 64, Conns: 200}, {Scenario: harness.Bulk, Mode: "net", Size: 4096, Conns: 1}}
+	out, note := fdLimit(slices.Clone(vs))
+	if !slices.Equal(out, vs) || note != "" {
+		t.Errorf("fdLimit changed a plan that fits: %v %q", out, note)
+	}
+	if out, note := fdLimit(vs[2:]); len(out) != 1 || note != "" {
+		t.Errorf("no connections to make room for: %v %q", out, note)
+	}
+}
