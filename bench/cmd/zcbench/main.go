@@ -596,7 +596,13 @@ func perRun(budget time.Duration, timed int, fixed time.Duration) time.Duration 
 func describe(topology string) string {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
-	return fmt.Sprintf("Linux %s, %d CPUs, %s, %s, %s UTC",
+	load := ""
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			load = ", load average " + f[0] + " at the start"
+		}
+	}
+	return fmt.Sprintf("Linux %s, %d CPUs, %s, %s, %s UTC%s",
 		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), runtime.Version(), topology,
-		time.Now().UTC().Format("2006-01-02 15:04"))
+		time.Now().UTC().Format("2006-01-02 15:04"), load)
 }

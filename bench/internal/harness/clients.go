@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -433,6 +434,12 @@ func SendFile(c Case, m *Meter, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// What io.Copy can use: the connection's io.ReaderFrom (Go net: sendfile), or the
+	// file's WriteTo finding a socket; else a 32 KiB Read/Write loop.
+	_, rf := w.(io.ReaderFrom)
+	_, wt := w.(io.WriterTo)
+	m.Note("io.ReaderFrom", strconv.FormatBool(rf))
+	m.Note("io.WriterTo", strconv.FormatBool(wt))
 	src := m.NewSource()
 	m.Start()
 	n, err := io.Copy(w, f)

@@ -163,12 +163,24 @@ func Results(rows []Row) []Result {
 	return out
 }
 
-// notes returns the server notes of the last repetition.
+// notes returns the notes of the last repetition: the server's, and the client's
+// with "client " before their keys.
 func notes(r Row) map[string]string {
 	if len(r.Reps) == 0 {
 		return nil
 	}
-	return r.Reps[len(r.Reps)-1].Server.Notes
+	last := r.Reps[len(r.Reps)-1]
+	if len(last.Client.Notes) == 0 {
+		return last.Server.Notes
+	}
+	n := maps.Clone(last.Server.Notes)
+	if n == nil {
+		n = map[string]string{}
+	}
+	for k, v := range last.Client.Notes {
+		n["client "+k] = v
+	}
+	return n
 }
 
 // RunInfo describes the run in the JSON file.
@@ -538,10 +550,15 @@ func Goals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 	case zf == nil || nf == nil:
 		gs = append(gs, notRun(5, name, missing(harness.FileSend, "file send of zc-net and net")))
 	default:
+		note := ""
+		if n := notes(*zf); n["client io.ReaderFrom"] != "" {
+			note = fmt.Sprintf("zc-net's connection implements io.ReaderFrom: %s, io.WriterTo: %s (net's: %s, %s)",
+				n["client io.ReaderFrom"], n["client io.WriterTo"], notes(*nf)["client io.ReaderFrom"], notes(*nf)["client io.WriterTo"])
+		}
 		gs = append(gs, verdict(5, name, []Check{
 			compare("HTTP: zc-net / net", zh, nh, MsgsPerS, "req/s", 1.0, true),
 			compare("file send: zc-net / net", zf, nf, Gbps, "Gbit/s", 1.0, true),
-		}, ""))
+		}, note))
 	}
 
 	// 6. Adaptive zero-copy never costs more than copying.
