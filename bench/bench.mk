@@ -1,13 +1,15 @@
-# zcbench (issue 4). Included by the top-level Makefile.
-#   make bench        the full run, about 3 minutes: table on stdout, JSON and PNG in build/bench/
-#   make bench-quick  the same in about 60 s
+# zcbench (issues 4 and 10). Included by the top-level Makefile.
+#   make bench        the full run, about 4 minutes: table on stdout, JSON and PNG in build/bench/
+#   make bench-quick  the same in about a minute
 #   make bench-netns  the full run across two network namespaces joined by a veth pair (root)
+#   make bench-kit    build/bench-kit/: what a machine without Go needs to run the benchmark
 # Extra flags: make bench BENCH_FLAGS='-modes net,zc -reps 7'
 BENCH_OUT ?= $(BUILD)/bench
 BENCH_FLAGS ?=
 BENCH_ARGS ?= -json $(BENCH_OUT)/bench.json -png $(BENCH_OUT)/bench.png $(BENCH_FLAGS)
+BENCH_KIT ?= $(BUILD)/bench-kit
 
-.PHONY: zcbench bench-quick bench-netns
+.PHONY: zcbench bench-quick bench-netns bench-kit
 
 zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
@@ -25,3 +27,20 @@ bench-quick: zcbench
 bench-netns: zcbench
 	-$(call apt_need,iperf3,iperf3)
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
+
+# A static zcbench (no Go, no C library needed there), iperf3 with its libraries from this
+# machine's Debian packages (apt-get download + dpkg -x: nothing is installed, here or there)
+# and run.sh, which puts them on PATH / LD_LIBRARY_PATH and writes bench.json, bench.png and
+# bench.txt beside itself. Copy the folder to the machine and run ./run.sh there (as root:
+# the zc-cpu steering mode needs BPF); extra arguments go to zcbench.
+BENCH_KIT_DEBS := iperf3 libiperf0 libsctp1 libssl3
+bench-kit:
+	rm -rf $(BENCH_KIT)
+	mkdir -p $(BENCH_KIT)/debs $(BENCH_KIT)/root
+	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o $(BENCH_KIT)/zcbench ./cmd/zcbench
+	cd $(BENCH_KIT)/debs && apt-get download $(BENCH_KIT_DEBS)
+	for d in $(BENCH_KIT)/debs/*.deb; do dpkg -x "$$d" $(BENCH_KIT)/root || exit 1; done
+	rm -rf $(BENCH_KIT)/debs $(BENCH_KIT)/root/usr/share
+	cp bench/run-kit.sh $(BENCH_KIT)/run.sh
+	chmod +x $(BENCH_KIT)/run.sh
+	@du -sh $(BENCH_KIT)

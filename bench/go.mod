@@ -3,6 +3,7 @@ module github.com/zcnet/zcnet/bench
 go 1.26.0
 
 require (
+	github.com/cloudwego/netpoll v0.7.2
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/zcnet/zcnet v0.0.0
 	golang.org/x/sys v0.49.0
@@ -16,7 +17,9 @@ require (
 	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
 	git.sr.ht/~sbinet/gg v0.7.0 // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
+	github.com/bytedance/gopkg v0.1.1 // indirect
 	github.com/cilium/ebpf v0.22.0 // indirect
+	github.com/cloudwego/gopkg v0.1.4 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/jsimonetti/rtnetlink/v2 v2.0.2 // indirect

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -59,6 +60,11 @@ type config struct {
 	corruptSeq int64
 	profileDir string
 	pin        bool
+	mcQueues   int
+	mcConns    string
+	idleConns  int
+	fileSize   int64
+	fileDir    string
 }
 
 // run is zcbench with its arguments; it returns the exit status: 0 done, 1 error,
@@ -68,11 +74,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("zcbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.BoolVar(&cfg.quick, "quick", false, "short run: about 60 s, 3 repetitions")
-	fs.DurationVar(&cfg.budget, "budget", 0, "target total run time (default 3m, or 60s with -quick)")
+	fs.DurationVar(&cfg.budget, "budget", 0, "target total run time (default 4m, or 60s with -quick)")
 	fs.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
 	fs.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
 	fs.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
-	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: bulk,echo,pingpong,stream)")
+	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+")")
+	fs.IntVar(&cfg.mcQueues, "mc-queues", 4, "multicore: server queues, one CPU each (at most half the CPUs; the load runs on the others)")
+	fs.StringVar(&cfg.mcConns, "mc-conns", "512,4096", "multicore: comma-separated connection counts")
+	fs.IntVar(&cfg.idleConns, "idle-conns", 10000, "idle: connections held open (RLIMIT_NOFILE is raised for them when it can be)")
+	fs.Int64Var(&cfg.fileSize, "file-size", 0, "filesend: file size in bytes (default 1 GiB, 256 MiB with -quick)")
+	fs.StringVar(&cfg.fileDir, "file-dir", "", "filesend: where the frame file is made (default /dev/shm, else the temp dir)")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write results as JSON to `FILE`")
 	fs.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
 	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
@@ -87,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if cfg.budget == 0 {
-		cfg.budget = 3 * time.Minute
+		cfg.budget = 4 * time.Minute
 		if cfg.quick {
 			cfg.budget = time.Minute
 		}
@@ -98,6 +109,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 			cfg.reps = 3
 		}
 	}
+	if cfg.fileSize == 0 {
+		cfg.fileSize = 1 << 30
+		if cfg.quick {
+			cfg.fileSize = 256 << 20
+		}
+	}
+	if cfg.fileDir == "" {
+		cfg.fileDir = os.TempDir()
+		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
+			cfg.fileDir = "/dev/shm"
+		}
+	}
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -106,10 +129,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	procs := &harness.Procs{}
 	env := &harness.Env{Exe: exe, ServerHost: "127.0.0.1", Procs: procs}
-	env.Client.CPU, env.Server.CPU = harness.PickCPUs()
-	if !cfg.pin {
-		env.Client.CPU, env.Server.CPU = -1, -1
+	if cli, srv := harness.PickCPUs(); cfg.pin && cli >= 0 {
+		env.Client.CPUs, env.Server.CPUs = []int{cli}, []int{srv}
 	}
+	files := &frameFiles{dir: cfg.fileDir, size: cfg.fileSize, corrupt: cfg.corruptSeq}
 
 	// Every exit path ends the children (by PID) and removes the namespaces.
 	var pair *netns.Pair
@@ -117,6 +140,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cleanup := func() {
 		cleanOnce.Do(func() {
 			procs.KillAll()
+			files.removeAll()
 			if err := pair.Close(); err != nil {
 				fmt.Fprintln(stderr, "zcbench: cleanup:", err)
 			}
@@ -160,30 +184,47 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	variants, notes, err := plan(cfg)
+	// The multi-core scenario: server and load on disjoint CPU sets.
+	mcEnv := *env
+	mcServer, mcLoad, mcErr := harness.SplitCPUs(harness.AllowedCPUs(), cfg.mcQueues)
+	mcEnv.Server.CPUs, mcEnv.Client.CPUs = mcServer, mcLoad
+	skipped := map[harness.Scenario]string{}
+	if mcErr != nil && wantScenario(cfg, harness.MultiCore) {
+		skipped[harness.MultiCore] = mcErr.Error()
+	}
+	variants, notes, err := plan(cfg, skipped)
 	if err != nil {
 		fmt.Fprintln(stderr, "zcbench:", err)
 		return 2
 	}
-	nIperf := 0
-	for _, v := range variants {
-		if v.Mode == iperf.Name {
-			nIperf++
-		}
+	variants, note := fdLimit(variants)
+	if note != "" {
+		notes = append(notes, note)
 	}
 	if cfg.dur == 0 {
-		cfg.dur = perRun(cfg.budget, (len(variants)-nIperf)*cfg.reps, nIperf*cfg.reps)
+		timed, fixed := 0, time.Duration(0)
+		for _, v := range variants {
+			if c, ok := fixedCost(cfg, v); ok {
+				fixed += c
+			} else {
+				timed++
+			}
+		}
+		cfg.dur = perRun(cfg.budget, timed*cfg.reps, fixed*time.Duration(cfg.reps))
 	}
 	runs := harness.Interleave(variants, cfg.reps)
 
 	title := describe(topology)
 	fmt.Fprintf(stdout, "zcbench: %s\n", title)
 	placement := "client and server not pinned"
-	if env.Client.CPU >= 0 {
-		placement = fmt.Sprintf("client on CPU %d, server on CPU %d", env.Client.CPU, env.Server.CPU)
+	if len(env.Client.CPUs) > 0 {
+		placement = fmt.Sprintf("client on CPU %v, server on CPU %v", env.Client.CPUs, env.Server.CPUs)
 	}
 	fmt.Fprintf(stdout, "%d variants × %d repetitions, interleaved; %v of traffic per repetition (iperf3: %d s); %s\n",
 		len(variants), cfg.reps, cfg.dur, iperf.Seconds(cfg.dur), placement)
+	if mcErr == nil && slices.ContainsFunc(variants, func(v harness.Variant) bool { return v.Scenario == harness.MultiCore }) {
+		fmt.Fprintf(stdout, "multicore: server on CPUs %v, load generator on CPUs %v\n", mcServer, mcLoad)
+	}
 	for _, n := range notes {
 		fmt.Fprintln(stdout, n)
 	}
@@ -214,7 +255,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var failures []string
 	for _, r := range runs {
 		bar.Describe(fmt.Sprintf("%-8s %-8s %-7s ×%-2d rep %d/%d", r.Scenario, r.Mode, report.SizeString(r.Size), r.Conns, r.Rep+1, cfg.reps))
-		rep, err := runOne(ctx, env, cfg, r.Variant)
+		renv := env
+		if r.Scenario == harness.MultiCore {
+			renv = &mcEnv
+		}
+		rep, err := runOne(ctx, renv, cfg, r.Variant, files)
+		rep.Round = r.Rep
 		if errors.Is(err, frame.ErrCorrupt) {
 			// A fast wrong answer: nothing of this run can be trusted.
 			bar.Exit()
@@ -237,12 +283,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	bar.Finish()
 	fmt.Fprintln(stdout)
 	report.Table(stdout, rows)
-	report.PrintGoals(stdout, report.Goals(rows))
-	fmt.Fprintln(stdout, "Ratios are of medians (mode/net). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
+	goals := report.Goals(rows, skipped)
+	report.PrintGoals(stdout, goals)
+	fmt.Fprintln(stdout, "Ratios are of medians (mode/net unless named). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 
 	status := 0
 	if cfg.jsonPath != "" {
-		if err := report.WriteJSON(cfg.jsonPath, rows); err != nil {
+		run := report.RunInfo{Title: title, Reps: cfg.reps, Duration: cfg.dur.String(), Placement: placement,
+			Skipped: map[string]string{}, Notes: notes}
+		for s, why := range skipped {
+			run.Skipped[string(s)] = why
+		}
+		if mcErr == nil {
+			run.MultiCoreServerCPUs, run.MultiCoreLoadCPUs = mcServer, mcLoad
+		}
+		if err := report.WriteJSON(cfg.jsonPath, run, rows, goals); err != nil {
 			fmt.Fprintln(stderr, "zcbench: -json:", err)
 			status = 1
 		} else {
@@ -275,7 +330,7 @@ func countReps(rows []report.Row) int {
 	return n
 }
 
-func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant) (harness.Rep, error) {
+func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant, files *frameFiles) (harness.Rep, error) {
 	if v.Mode == iperf.Name {
 		return iperf.Run(ctx, env, v.Size, cfg.dur)
 	}
@@ -283,7 +338,122 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 		Scenario: v.Scenario, Mode: v.Mode, Size: v.Size, Conns: v.Conns,
 		RecvBuf: recvBuf(v.Size), Duration: cfg.dur, CorruptSeq: cfg.corruptSeq, ProfileDir: cfg.profileDir,
 	}
+	switch v.Scenario {
+	case harness.MultiCore:
+		c.Queues = len(env.Server.CPUs)
+	case harness.FileSend:
+		f, err := files.get(v.Size)
+		if err != nil {
+			return harness.Rep{}, fmt.Errorf("frame file: %w", err)
+		}
+		c.File = f
+	}
 	return harness.RunPair(ctx, env, c)
+}
+
+// frameFiles makes the FileSend files (one per frame size, on first use) and removes
+// them at the end.
+type frameFiles struct {
+	dir     string
+	size    int64
+	corrupt int64
+	mu      sync.Mutex
+	paths   map[int]string
+}
+
+func (f *frameFiles) get(frameSize int) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p, ok := f.paths[frameSize]; ok {
+		return p, nil
+	}
+	p, err := harness.MakeFrameFile(f.dir, frameSize, f.size, f.corrupt)
+	if err != nil {
+		return "", err
+	}
+	if f.paths == nil {
+		f.paths = map[int]string{}
+	}
+	f.paths[frameSize] = p
+	return p, nil
+}
+
+func (f *frameFiles) removeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, p := range f.paths {
+		os.Remove(p)
+		delete(f.paths, k)
+	}
+}
+
+// fdLimit makes room under RLIMIT_NOFILE for the connections of the idle and
+// multi-core variants (every child inherits the limit; Go raises its soft limit to the
+// hard one): it raises the hard limit when it can; otherwise it lowers the idle
+// connection count to fit and drops the multi-core variants that do not, saying so.
+func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
+	need := 0
+	for _, v := range vs {
+		if v.Scenario == harness.Idle || v.Scenario == harness.MultiCore {
+			need = max(need, v.Conns)
+		}
+	}
+	if need == 0 {
+		return vs, ""
+	}
+	const spare = 256 // the child's own descriptors: listener, rings, epoll, pipes
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return vs, "cannot read RLIMIT_NOFILE: " + err.Error()
+	}
+	want := uint64(need + spare)
+	if lim.Max >= want {
+		if lim.Cur < want {
+			lim.Cur = lim.Max
+			_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+		}
+		return vs, ""
+	}
+	old := lim.Max
+	lim.Cur, lim.Max = want, want
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+		return vs, fmt.Sprintf("raised RLIMIT_NOFILE from %d to %d for %d connections", old, want, need)
+	}
+	fit := max(1, int(old)-spare)
+	var out []harness.Variant
+	var dropped []string
+	for _, v := range vs {
+		switch {
+		case v.Scenario == harness.Idle && v.Conns > fit:
+			v.Conns = fit
+		case v.Scenario == harness.MultiCore && v.Conns > fit:
+			dropped = append(dropped, fmt.Sprintf("%s ×%d", v.Mode, v.Conns))
+			continue
+		}
+		out = append(out, v)
+	}
+	note := fmt.Sprintf("RLIMIT_NOFILE is %d and cannot be raised (not root?): idle runs with at most %d connections", old, fit)
+	if len(dropped) > 0 {
+		note += "; multicore variants left out: " + strings.Join(dropped, ", ")
+	}
+	return out, note
+}
+
+// fixedCost is how long a run that does not follow the traffic time takes, roughly
+// (false: it follows it).
+func fixedCost(cfg config, v harness.Variant) (time.Duration, bool) {
+	switch {
+	case v.Mode == iperf.Name:
+		return time.Duration(iperf.Seconds(cfg.dur))*time.Second + 200*time.Millisecond, true
+	case v.Scenario == harness.FileSend:
+		// about 0.8 GB/s end to end with the receiver's check on a loaded 2-CPU VM, plus
+		// the processes
+		return time.Duration(cfg.fileSize)*13/10 + 200*time.Millisecond, true
+	case v.Scenario == harness.Idle:
+		// connect and close, a little over 50 µs per connection, plus the settle time
+		return time.Duration(v.Conns)*120*time.Microsecond + harness.IdleSettle + 300*time.Millisecond, true
+	}
+	return 0, false
 }
 
 // recvBuf is the read size of stream receivers, the same in every mode: the write
@@ -298,8 +468,22 @@ func allModeNames() []string {
 	return append(ns, iperf.Name)
 }
 
-// plan lists the variants of the run and notes about modes left out.
-func plan(cfg config) ([]harness.Variant, []string, error) {
+// wantScenario reports whether -scenarios asks for s (no -scenarios: all).
+func wantScenario(cfg config, s harness.Scenario) bool {
+	return cfg.scenarios == "" || slices.Contains(strings.Split(cfg.scenarios, ","), string(s))
+}
+
+func scenarioNames() []string {
+	var ns []string
+	for _, s := range harness.Scenarios {
+		ns = append(ns, string(s))
+	}
+	return ns
+}
+
+// plan lists the variants of the run and notes about modes and scenarios left out
+// (skipped: scenarios this machine cannot run, and why).
+func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, []string, error) {
 	var notes []string
 	wantMode := func(string) bool { return true }
 	if cfg.modes != "" {
@@ -355,6 +539,10 @@ func plan(cfg config) ([]harness.Variant, []string, error) {
 		}
 	}
 	for _, s := range scens {
+		if why, ok := skipped[s]; ok {
+			notes = append(notes, fmt.Sprintf("scenario %s: not run: %s", s, why))
+			continue
+		}
 		switch s {
 		case harness.Bulk:
 			for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
@@ -367,6 +555,23 @@ func plan(cfg config) ([]harness.Variant, []string, error) {
 			add(s, 64, 1)
 		case harness.Stream:
 			add(s, 64, 1)
+		case harness.MultiCore:
+			for _, f := range strings.Split(cfg.mcConns, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || n < 1 {
+					return nil, nil, fmt.Errorf("-mc-conns: bad count %q", f)
+				}
+				add(s, 64, n)
+			}
+		case harness.HTTP:
+			add(s, 64, 32)
+		case harness.FileSend:
+			add(s, 64<<10, 1)
+		case harness.Idle:
+			if cfg.idleConns < 1 {
+				return nil, nil, fmt.Errorf("-idle-conns %d < 1", cfg.idleConns)
+			}
+			add(s, 64, cfg.idleConns)
 		}
 	}
 	if len(vs) == 0 {
@@ -375,26 +580,29 @@ func plan(cfg config) ([]harness.Variant, []string, error) {
 	return vs, notes, nil
 }
 
-// perRun spreads the budget over the runs: each of ours costs its traffic time plus
-// about 0.06 s (two processes, connections, checks); iperf3 runs whole seconds plus
-// about 0.2 s.
-func perRun(budget time.Duration, ours, iperfs int) time.Duration {
-	const ourCost, iperfCost = 60 * time.Millisecond, 200 * time.Millisecond
-	if ours == 0 {
+// perRun spreads the budget over the runs: each timed run costs its traffic time plus
+// about 0.12 s (two processes, engines, connections, the drain after the client
+// stops); fixed is what the other runs (iperf3's whole seconds, file sends, idle
+// connections) take in all.
+func perRun(budget time.Duration, timed int, fixed time.Duration) time.Duration {
+	const ourCost = 120 * time.Millisecond
+	if timed == 0 {
 		return time.Second
 	}
-	d := (budget - time.Duration(iperfs)*(time.Second+iperfCost)) / time.Duration(ours)
-	d -= ourCost
-	if d >= time.Second { // iperf3 runs as long as ours: share evenly
-		d = budget/time.Duration(ours+iperfs) - ourCost
-	}
+	d := (budget-fixed)/time.Duration(timed) - ourCost
 	return min(max(d, 200*time.Millisecond), 10*time.Second).Round(10 * time.Millisecond)
 }
 
 func describe(topology string) string {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
-	return fmt.Sprintf("Linux %s, %d CPUs, %s, %s, %s UTC",
+	load := ""
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			load = ", load average " + f[0] + " at the start"
+		}
+	}
+	return fmt.Sprintf("Linux %s, %d CPUs, %s, %s, %s UTC%s",
 		unix.ByteSliceToString(u.Release[:]), runtime.NumCPU(), runtime.Version(), topology,
-		time.Now().UTC().Format("2006-01-02 15:04"))
+		time.Now().UTC().Format("2006-01-02 15:04"), load)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ func TestTinyRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 	}
-	for _, s := range []string{"BULK", "PING-PONG", "GOALS", "n/a (mode not available)"} {
+	for _, s := range []string{"BULK", "PING-PONG", "GOALS (issue 10)", "NOT RUN (zc bulk 4 KiB not measured)",
+		"NOT RUN (multicore 512 conns of zc and net not measured)"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q:\n%s", s, out.String())
 		}
@@ -37,15 +39,25 @@ func TestTinyRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res []struct {
-		Scenario string   `json:"scenario"`
-		Mode     string   `json:"mode"`
-		Reps     int      `json:"reps"`
-		Gbps     *float64 `json:"gbps"`
-		P99      *float64 `json:"p99_us"`
+	var doc struct {
+		Results []struct {
+			Scenario string   `json:"scenario"`
+			Mode     string   `json:"mode"`
+			Reps     int      `json:"reps"`
+			Gbps     *float64 `json:"gbps"`
+			P99      *float64 `json:"p99_us"`
+		} `json:"results"`
+		Goals []struct {
+			ID     int    `json:"id"`
+			Status string `json:"status"`
+		} `json:"goals"`
 	}
-	if err := json.Unmarshal(b, &res); err != nil {
+	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
+	}
+	res := doc.Results
+	if len(doc.Goals) != 6 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") {
+		t.Errorf("goals: %+v", doc.Goals)
 	}
 	// bulk: 3 sizes × 2 modes; pingpong: 2 modes.
 	if len(res) != 8 {
@@ -80,18 +92,86 @@ func TestSelftestCorruptFails(t *testing.T) {
 
 func TestPerRun(t *testing.T) {
 	for _, tc := range []struct {
-		budget       time.Duration
-		ours, iperfs int
-	}{{3 * time.Minute, 70, 15}, {3 * time.Minute, 210, 15}, {time.Minute, 135, 9}, {time.Second, 100, 0}} {
-		d := perRun(tc.budget, tc.ours, tc.iperfs)
+		budget time.Duration
+		timed  int
+		fixed  time.Duration
+	}{{3 * time.Minute, 70, 18 * time.Second}, {4 * time.Minute, 215, 70 * time.Second}, {time.Minute, 135, 10 * time.Second},
+		{time.Second, 100, 0}, {time.Minute, 10, 2 * time.Minute}} {
+		d := perRun(tc.budget, tc.timed, tc.fixed)
 		if d < 200*time.Millisecond || d > 10*time.Second {
-			t.Errorf("perRun(%v, %d, %d) = %v out of bounds", tc.budget, tc.ours, tc.iperfs, d)
+			t.Errorf("perRun(%v, %d, %v) = %v out of bounds", tc.budget, tc.timed, tc.fixed, d)
 		}
-		if tc.budget >= time.Minute {
-			total := time.Duration(tc.ours)*(d+60*time.Millisecond) + time.Duration(tc.iperfs)*(max(time.Second, d)+200*time.Millisecond)
-			if total > tc.budget*11/10 {
-				t.Errorf("perRun(%v, %d, %d) = %v: estimated total %v", tc.budget, tc.ours, tc.iperfs, d, total)
+		if total := time.Duration(tc.timed)*(d+120*time.Millisecond) + tc.fixed; tc.budget >= time.Minute &&
+			d > 200*time.Millisecond && total > tc.budget*11/10 {
+			t.Errorf("perRun(%v, %d, %v) = %v: estimated total %v", tc.budget, tc.timed, tc.fixed, d, total)
+		}
+	}
+}
+
+// The plan of a default run on this machine: every scenario with the modes that fit it,
+// multicore left out (with the reason) where there are fewer than 4 CPUs.
+func TestPlan(t *testing.T) {
+	cfg := config{mcConns: "512,4096", idleConns: 10000}
+	skipped := map[harness.Scenario]string{harness.MultiCore: "needs ≥ 4 CPUs"}
+	vs, notes, err := plan(cfg, skipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(s harness.Scenario, mode string, size, conns int) bool {
+		return slices.Contains(vs, harness.Variant{Scenario: s, Mode: mode, Size: size, Conns: conns})
+	}
+	for _, v := range []harness.Variant{
+		{Scenario: harness.Bulk, Mode: "netpoll", Size: 64 << 10, Conns: 1},
+		{Scenario: harness.Echo, Mode: "netpoll", Size: 64, Conns: 64},
+		{Scenario: harness.PingPong, Mode: "netpoll", Size: 64, Conns: 1},
+		{Scenario: harness.Stream, Mode: "net", Size: 64, Conns: 1},
+		{Scenario: harness.HTTP, Mode: "net", Size: 64, Conns: 32},
+		{Scenario: harness.FileSend, Mode: "net", Size: 64 << 10, Conns: 1},
+		{Scenario: harness.Idle, Mode: "net", Size: 64, Conns: 10000},
+		{Scenario: harness.Idle, Mode: "netpoll", Size: 64, Conns: 10000},
+	} {
+		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
+			t.Errorf("plan lacks %+v", v)
+		}
+	}
+	for _, v := range vs {
+		if v.Scenario == harness.MultiCore {
+			t.Errorf("multicore planned although skipped: %+v", v)
+		}
+		if v.Mode == "syscall" && (v.Scenario == harness.Idle || v.Scenario == harness.HTTP) {
+			t.Errorf("syscall planned for %s", v.Scenario)
+		}
+	}
+	if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "multicore: not run: needs ≥ 4 CPUs") }) {
+		t.Errorf("notes lack the multicore reason: %q", notes)
+	}
+	// With the CPUs, multicore runs both connection counts for net, netpoll and zc.
+	vs, _, err = plan(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"net", "netpoll", "zc", "zc-hash"} {
+		for _, n := range []int{512, 4096} {
+			if !slices.Contains(vs, harness.Variant{Scenario: harness.MultiCore, Mode: m, Size: 64, Conns: n}) {
+				t.Errorf("multicore %s ×%d not planned", m, n)
 			}
 		}
+	}
+	if _, _, err := plan(config{mcConns: "512,x", idleConns: 1}, nil); err == nil {
+		t.Error("bad -mc-conns accepted")
+	}
+}
+
+// fdLimit leaves the plan alone where RLIMIT_NOFILE has room (this test's limit is
+// raised only up to its hard limit, never lowered).
+func TestFDLimit(t *testing.T) {
+	vs := []harness.Variant{{Scenario: harness.Idle, Mode: "net", Size: 64, Conns: 100},
+		{Scenario: harness.MultiCore, Mode: "net", Size: 64, Conns: 200}, {Scenario: harness.Bulk, Mode: "net", Size: 4096, Conns: 1}}
+	out, note := fdLimit(slices.Clone(vs))
+	if !slices.Equal(out, vs) || note != "" {
+		t.Errorf("fdLimit changed a plan that fits: %v %q", out, note)
+	}
+	if out, note := fdLimit(vs[2:]); len(out) != 1 || note != "" {
+		t.Errorf("no connections to make room for: %v %q", out, note)
 	}
 }

@@ -131,8 +131,44 @@ func (s *Source) Stamp(buf []byte) uint64 {
 // Sent records that one stamped frame was handed to the kernel completely.
 func (s *Source) Sent() { s.sent++ }
 
+// SentFrames records that n stamped frames were handed to the kernel (a sender that
+// writes many frames in one call, such as a file send).
+func (s *Source) SentFrames(n uint64) { s.sent += n }
+
 // Frames is the number of frames recorded with Sent.
 func (s *Source) Frames() uint64 { return s.sent }
+
+// Check checks one whole frame on its own (magic, size, the two sequence numbers agree,
+// payload CRC), without the stream order a Verifier enforces: for servers whose
+// requests arrive in no fixed order per connection (HTTP). It returns the frame's
+// sequence number.
+func Check(p []byte, size int) (uint64, error) {
+	if size < MinSize {
+		return 0, fmt.Errorf("frame size %d below minimum %d", size, MinSize)
+	}
+	if len(p) != size {
+		return 0, fmt.Errorf("%w: %d bytes, want one frame of %d", ErrCorrupt, len(p), size)
+	}
+	if m := binary.LittleEndian.Uint32(p[0:]); m != magic {
+		return 0, fmt.Errorf("%w: bad magic %#08x", ErrCorrupt, m)
+	}
+	if n := binary.LittleEndian.Uint32(p[4:]); n != uint32(size) {
+		return 0, fmt.Errorf("%w: frame size %d, want %d", ErrCorrupt, n, size)
+	}
+	seq := binary.LittleEndian.Uint64(p[8:])
+	t := p[size-trlLen:]
+	if s := binary.LittleEndian.Uint64(t[0:]); s != seq {
+		return seq, fmt.Errorf("%w: frame %d: trailer sequence %d", ErrCorrupt, seq, s)
+	}
+	want := payloadOf(size).crc
+	if c := binary.LittleEndian.Uint32(t[8:]); c != want || crc32.Checksum(p[hdrLen:size-trlLen], castagnoli) != want {
+		return seq, fmt.Errorf("%w: frame %d: payload CRC-32C (sender says %08x), want %08x", ErrCorrupt, seq, c, want)
+	}
+	if m := binary.LittleEndian.Uint32(t[12:]); m != magic {
+		return seq, fmt.Errorf("%w: frame %d: bad trailer magic %#08x", ErrCorrupt, seq, m)
+	}
+	return seq, nil
+}
 
 // Verifier checks the byte stream of one connection. It is not safe for concurrent
 // use.

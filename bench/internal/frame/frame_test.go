@@ -182,3 +182,34 @@ func BenchmarkVerify64K(b *testing.B) {
 		}
 	}
 }
+
+// Check accepts every frame a Source makes, in any order, and rejects any single
+// flipped byte, a short frame and a frame of another size.
+func TestCheck(t *testing.T) {
+	for _, size := range []int{MinSize, 64, 1000} {
+		b := stream(t, size, 5, -1)
+		for i := 4; i >= 0; i-- { // reverse order: Check keeps no state
+			seq, err := Check(b[i*size:(i+1)*size], size)
+			if err != nil || seq != uint64(i) {
+				t.Fatalf("size %d frame %d: seq %d, %v", size, i, seq, err)
+			}
+		}
+		f := append([]byte(nil), b[:size]...)
+		for pos := range f {
+			f[pos] ^= 0x20
+			if _, err := Check(f, size); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("size %d: byte %d flipped: err = %v", size, pos, err)
+			}
+			f[pos] ^= 0x20
+		}
+		if _, err := Check(f[:size-1], size); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("short frame: %v", err)
+		}
+	}
+	if _, err := Check(stream(t, 64, 1, -1), 65); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("frame of another size: %v", err)
+	}
+	if _, err := Check(stream(t, 64, 1, 0), 64); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupted CRC accepted: %v", err)
+	}
+}

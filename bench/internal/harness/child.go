@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,6 +30,11 @@ const (
 
 	exitCorrupt = 3 // the payload check failed
 	exitTimeout = 4 // the child's own watchdog fired
+
+	// Idle: the server writes idleLine once it has sampled its memory; the parent then
+	// writes releaseLine to the client's stdin, and the client closes its connections.
+	idleLine    = "IDLE-SAMPLED"
+	releaseLine = "RELEASE"
 )
 
 // IsChild reports whether args (os.Args) start a child role.
@@ -94,19 +100,41 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 		}()
 	}
 	out := bufio.NewWriter(stdout)
+	var outMu sync.Mutex
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		fmt.Fprintf(out, format, args...)
+		out.Flush()
+		outMu.Unlock()
+	}
 	ctx := context.Background()
 	var err error
 	var meter *Meter
 	switch *role {
 	case "server":
 		meter = newMeter(c, false)
+		meter.onIdle = func() { say("%s\n", idleLine) }
 		err = m.Server(ctx, c, meter, func(addr string) {
-			fmt.Fprintf(out, "READY %s\n", addr)
-			out.Flush()
+			if c.Scenario == Idle {
+				meter.sampleBefore()
+			}
+			say("READY %s\n", addr)
 		})
+		if err == nil {
+			err = meter.CheckErr()
+		}
 	case "client":
 		meter = newMeter(c, true)
-		err = m.Client(ctx, c, meter)
+		switch c.Scenario {
+		case MultiCore:
+			err = loadClient(ctx, c, meter)
+		case Idle:
+			err = idleClient(ctx, c, meter, os.Stdin)
+		case HTTP:
+			err = httpClient(ctx, c, meter)
+		default:
+			err = m.Client(ctx, c, meter)
+		}
 	default:
 		fmt.Fprintf(stderr, "zcbench: unknown role %q\n", *role)
 		return 2
@@ -129,6 +157,8 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 		}
 	}
 	b, _ := json.Marshal(side)
+	outMu.Lock()
+	defer outMu.Unlock()
 	fmt.Fprintf(out, "RESULT %s\n", b)
 	if err := out.Flush(); err != nil {
 		return 1

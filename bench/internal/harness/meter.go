@@ -1,6 +1,11 @@
 package harness
 
 import (
+	"bufio"
+	"bytes"
+	"maps"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,12 +40,31 @@ type Meter struct {
 
 	zc, copied         atomic.Uint64
 	rxMapped, rxCopied atomic.Uint64
+
+	// frames checked one by one (CheckFrame), and the first integrity error there
+	checked, checkedBytes atomic.Uint64
+	checkErr              error // under mu
+
+	notes map[string]string // under mu
+
+	// Idle: memory before the first connection and once c.Conns are accepted
+	conns    atomic.Int64
+	idleOnce sync.Once
+	before   memSample
+	after    memSample
+	idleDone chan struct{}
+	// onIdle is called (once, from the sampling goroutine) after the idle sample
+	onIdle func()
 }
 
 func newMeter(c Case, client bool) *Meter {
 	frame.Payload(c.Size) // build the payload now, outside any measured window
-	return &Meter{c: c, client: client}
+	return &Meter{c: c, client: client, idleDone: make(chan struct{})}
 }
+
+// IdleSettle is how long an Idle server waits after its last accepted connection
+// before it samples its memory (goroutines and handlers settle into their idle state).
+var IdleSettle = 300 * time.Millisecond
 
 // Start opens the measured window: wall time and CPU are counted from here. Later
 // calls do nothing. A client calls it when its connections are up; on a server the
@@ -81,7 +105,9 @@ func (m *Meter) NewSource() *frame.Source {
 	return s
 }
 
-// NewVerifier returns the verifier of one connection's received bytes.
+// NewVerifier returns the verifier of one connection's received bytes. A server asks
+// for one per accepted connection: in the Idle scenario the c.Conns-th call starts the
+// memory sample.
 func (m *Meter) NewVerifier() *frame.Verifier {
 	v, err := frame.NewVerifier(m.c.Size, m.Start)
 	if err != nil {
@@ -90,7 +116,61 @@ func (m *Meter) NewVerifier() *frame.Verifier {
 	m.mu.Lock()
 	m.verifiers = append(m.verifiers, v)
 	m.mu.Unlock()
+	if !m.client && m.c.Scenario == Idle && m.conns.Add(1) == int64(m.c.Conns) {
+		m.idleOnce.Do(func() { go m.sampleIdle() })
+	}
 	return v
+}
+
+// sampleBefore takes the memory sample before any connection (ChildMain calls it when
+// the server is listening).
+func (m *Meter) sampleBefore() { m.before = readMem() }
+
+func (m *Meter) sampleIdle() {
+	time.Sleep(IdleSettle)
+	m.mu.Lock()
+	m.after = readMem()
+	m.mu.Unlock()
+	close(m.idleDone)
+	if m.onIdle != nil {
+		m.onIdle()
+	}
+}
+
+// CheckFrame checks one whole request frame on its own (frame.Check: servers whose
+// requests arrive in no fixed order, HTTP) and counts it as verified; the first error
+// is kept and also returned by the server side's result. Safe for concurrent use.
+func (m *Meter) CheckFrame(p []byte) error {
+	m.Start()
+	if _, err := frame.Check(p, m.c.Size); err != nil {
+		m.mu.Lock()
+		if m.checkErr == nil {
+			m.checkErr = err
+		}
+		m.mu.Unlock()
+		return err
+	}
+	m.checked.Add(1)
+	m.checkedBytes.Add(uint64(len(p)))
+	return nil
+}
+
+// CheckErr returns the first error CheckFrame found, or nil.
+func (m *Meter) CheckErr() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.checkErr
+}
+
+// Note records a fact about this side (how a zc server steered its connections), shown
+// in the results.
+func (m *Meter) Note(key, value string) {
+	m.mu.Lock()
+	if m.notes == nil {
+		m.notes = map[string]string{}
+	}
+	m.notes[key] = value
+	m.mu.Unlock()
 }
 
 // NewRecorder returns the round-trip latency recorder of one client connection.
@@ -148,6 +228,20 @@ func (m *Meter) finish(role string) Side {
 		s.Frames += v.Frames()
 		s.Bytes += v.Bytes()
 	}
+	s.Frames += m.checked.Load()
+	s.Bytes += m.checkedBytes.Load()
+	if len(m.notes) > 0 {
+		s.Notes = maps.Clone(m.notes)
+	}
+	if !m.client && m.c.Scenario == Idle {
+		s.Accepted = int(m.conns.Load())
+		select {
+		case <-m.idleDone:
+			s.RSSBefore, s.RSSAfter = m.before.rss, m.after.rss
+			s.PinBefore, s.PinAfter = m.before.pin, m.after.pin
+		default:
+		}
+	}
 	s.Lat = stats.Merge(m.recs...)
 	s.ZCBytes = m.zc.Load()
 	s.CopiedBytes = m.copied.Load()
@@ -180,7 +274,57 @@ type Side struct {
 	RxCopiedBytes uint64 `json:"rx_copied_bytes"`
 	CPUs          []int  `json:"cpus"`
 	GOMAXPROCS    int    `json:"gomaxprocs"`
+
+	// Idle server: connections accepted, and VmRSS / VmPin (bytes) before the first
+	// connection and once all were accepted and settled (0: not sampled).
+	Accepted            int    `json:"accepted,omitempty"`
+	RSSBefore, RSSAfter uint64 `json:",omitempty"`
+	PinBefore, PinAfter uint64 `json:",omitempty"`
+	// Notes: facts a mode reports about this side (Meter.Note).
+	Notes map[string]string `json:"notes,omitempty"`
 }
 
 // CPU is the process CPU time of the window.
 func (s Side) CPU() time.Duration { return s.User + s.Sys }
+
+// memSample is what /proc/self/status says about this process's memory, in bytes.
+type memSample struct{ rss, pin uint64 }
+
+// readMem reads VmRSS (resident memory) and VmPin (pinned pages: io_uring's registered
+// buffers count there) from /proc/self/status; a missing field reads as 0.
+func readMem() memSample {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return memSample{}
+	}
+	return parseStatus(b)
+}
+
+func parseStatus(b []byte) memSample {
+	var m memSample
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := bytes.Cut(sc.Bytes(), []byte(":"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseUint(string(f[0]), 10, 64)
+		if err != nil {
+			continue
+		}
+		if len(f) > 1 && string(f[1]) == "kB" {
+			n *= 1024
+		}
+		switch string(k) {
+		case "VmRSS":
+			m.rss = n
+		case "VmPin":
+			m.pin = n
+		}
+	}
+	return m
+}

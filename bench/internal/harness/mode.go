@@ -31,14 +31,40 @@ const (
 	Echo Scenario = "echo"
 	// PingPong: Echo with one connection; the figure is the round-trip latency.
 	PingPong Scenario = "pingpong"
+	// MultiCore: Echo with many connections (Case.Conns: 512, 4096), the server on
+	// Case.Queues CPUs of its own and the load generated from the other CPUs by the
+	// harness's load generator (the same for every mode: only the server differs).
+	MultiCore Scenario = "multicore"
+	// HTTP: net/http over the mode's listener (the server differs, the client is always
+	// net/http on Go net): Case.Conns keep-alive clients POST a frame of Case.Size bytes
+	// and get it back.
+	HTTP Scenario = "http"
+	// FileSend: one connection; the client sends the file Case.File (frames of
+	// Case.Size bytes) with io.Copy from an *os.File, as users of net.Conn do; the server
+	// receives like Bulk.
+	FileSend Scenario = "filesend"
+	// Idle: Case.Conns connections opened by the harness (raw sockets, mode-independent)
+	// and left idle; the server's resident memory is sampled before the first and after
+	// the last was accepted.
+	Idle Scenario = "idle"
 )
 
 // Scenarios lists all scenarios in report order.
-var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream}
+var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream, MultiCore, HTTP, FileSend, Idle}
 
-// RequestResponse reports whether s is a request/response scenario (Echo, PingPong)
-// rather than a one-way stream (Bulk, Stream).
-func (s Scenario) RequestResponse() bool { return s == Echo || s == PingPong }
+// RequestResponse reports whether s is a request/response scenario (Echo, PingPong,
+// MultiCore, HTTP) rather than a one-way stream (Bulk, Stream, FileSend) or Idle.
+func (s Scenario) RequestResponse() bool {
+	return s == Echo || s == PingPong || s == MultiCore || s == HTTP
+}
+
+// OneWay reports whether s streams frames from the client to the server.
+func (s Scenario) OneWay() bool { return s == Bulk || s == Stream || s == FileSend }
+
+// HarnessClient reports whether the client side of s is the harness's own
+// (mode-independent) client rather than the mode's: the multi-core load generator, the
+// net/http client and the idle-connection opener. Only the server differs by mode.
+func (s Scenario) HarnessClient() bool { return s == MultiCore || s == Idle || s == HTTP }
 
 // Case is one run of one mode, as each side sees it.
 type Case struct {
@@ -63,12 +89,17 @@ type Case struct {
 	// ProfileDir, when set, makes each side write a CPU profile there
 	// (<mode>-<scenario>-<size>-<role>.pprof; a later repetition overwrites).
 	ProfileDir string `json:"profile_dir,omitempty"`
+	// File is the frame file of FileSend (frames of Size bytes, sequence 0, 1, ...).
+	File string `json:"file,omitempty"`
+	// Queues is how many CPUs the server has (MultiCore: one queue or poller per CPU);
+	// 0 elsewhere (the server has one CPU).
+	Queues int `json:"queues,omitempty"`
 }
 
 // Validate reports a Case that cannot run.
 func (c Case) Validate() error {
 	switch c.Scenario {
-	case Bulk, Stream, Echo, PingPong:
+	case Bulk, Stream, Echo, PingPong, MultiCore, HTTP, FileSend, Idle:
 	default:
 		return fmt.Errorf("unknown scenario %q", c.Scenario)
 	}
@@ -78,8 +109,11 @@ func (c Case) Validate() error {
 	if c.Conns < 1 {
 		return fmt.Errorf("conns %d < 1", c.Conns)
 	}
-	if !c.Scenario.RequestResponse() && c.Conns != 1 {
+	if c.Scenario.OneWay() && c.Conns != 1 {
 		return fmt.Errorf("%s runs on one connection, not %d", c.Scenario, c.Conns)
+	}
+	if c.Scenario == FileSend && c.File == "" {
+		return fmt.Errorf("%s needs a file", c.Scenario)
 	}
 	if c.RecvBuf < 1 {
 		return fmt.Errorf("recv_buf %d < 1", c.RecvBuf)
@@ -100,8 +134,10 @@ func (c Case) Validate() error {
 //     before each send, call Source.Sent when the kernel has taken the whole frame);
 //   - the server passes every received byte, in order, to its connection's
 //     Meter.NewVerifier and returns the Verifier's error;
-//   - Echo/PingPong servers send back exactly the bytes of each request;
-//   - Bulk/Stream receivers read with buffers of Case.RecvBuf bytes;
+//   - Echo/PingPong/MultiCore servers send back exactly the bytes of each request
+//     (and serve Idle: connections that never send);
+//   - HTTP servers run ServeHTTP (net/http) on the mode's net.Listener;
+//   - Bulk/Stream/FileSend receivers read with buffers of Case.RecvBuf bytes;
 //   - a side whose teardown is costly (closing an engine) calls Meter.Stop when its
 //     traffic is over, so that the teardown is not measured.
 type Mode interface {
@@ -114,8 +150,10 @@ type Mode interface {
 	// it returns when all are done.
 	//   Bulk/Stream: read into RecvBuf-sized buffers, Feed the verifier, until EOF;
 	//   then Verifier.Close.
-	//   Echo/PingPong: read a whole request of c.Size bytes, Feed it, send it back;
-	//   until EOF at a request boundary.
+	//   Echo/PingPong/MultiCore/Idle: read a whole request of c.Size bytes, Feed it,
+	//   send it back; until EOF at a request boundary. One Verifier per accepted
+	//   connection (Idle counts them).
+	//   HTTP: ServeHTTP(c, m, listener, ready) with the mode's net.Listener.
 	Server(ctx context.Context, c Case, m *Meter, ready func(addr string)) error
 	// Client dials c.Conns connections to c.Addr, calls m.Start, drives c.Scenario on
 	// each until m.Stopped (checked after each frame: every connection sends at least
@@ -124,6 +162,8 @@ type Mode interface {
 	//   Echo/PingPong: per connection one request in flight: Stamp, note the time, send,
 	//   receive the c.Size byte response into the connection's Verifier, record the
 	//   round trip in the connection's latency Recorder.
+	//   FileSend: io.Copy(conn, file) of c.File, then Meter.SentFrames.
+	//   MultiCore, Idle, HTTP: never called (the harness's own clients run them).
 	Client(ctx context.Context, c Case, m *Meter) error
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os/exec"
@@ -41,8 +42,18 @@ type Rep struct {
 	P50us, P99us, P999us float64
 	// CPU seconds per GB of payload of the sending and the receiving side.
 	CPUSndPerGB, CPURcvPerGB float64
-	// CPU microseconds per message, both sides together (Echo, PingPong).
-	CPUusPerMsg float64
+	// CPU microseconds per message, both sides together, and the server's alone
+	// (request/response scenarios).
+	CPUusPerMsg, SrvCPUusPerMsg float64
+	// Idle: connections the server held when it sampled its memory, its resident
+	// memory growth per connection ((VmRSS after − before) / conns, bytes), and its
+	// pinned memory (VmPin, bytes) with all connections open.
+	IdleConns        int
+	IdleBytesPerConn float64
+	IdlePinned       float64
+	// Round is the repetition (0-based) this Rep belongs to: variants interleave, so
+	// the Reps of one round ran side by side.
+	Round       int
 	Bytes       uint64
 	ZCBytes     uint64
 	CopiedBytes uint64
@@ -97,6 +108,8 @@ func RunPair(ctx context.Context, env *Env, c Case) (Rep, error) {
 		return Rep{}, err
 	}
 	defer cli.kill()
+	// Idle: the client holds its connections until the server has sampled its memory.
+	srv.onIdle = cli.release
 
 	var wg sync.WaitGroup
 	var cliSide, srvSide Side
@@ -133,13 +146,23 @@ func RunPair(ctx context.Context, env *Env, c Case) (Rep, error) {
 func compute(c Case, srv, cli Side) (Rep, error) {
 	nan := math.NaN()
 	r := Rep{Gbps: nan, MsgsPerS: nan, P50us: nan, P99us: nan, P999us: nan,
-		CPUSndPerGB: nan, CPURcvPerGB: nan, CPUusPerMsg: nan, Server: srv, Client: cli}
+		CPUSndPerGB: nan, CPURcvPerGB: nan, CPUusPerMsg: nan, SrvCPUusPerMsg: nan,
+		IdleBytesPerConn: nan, IdlePinned: nan, Server: srv, Client: cli}
 	r.ZCBytes = srv.ZCBytes + cli.ZCBytes
 	r.CopiedBytes = srv.CopiedBytes + cli.CopiedBytes
 	r.RxMappedBytes = srv.RxMappedBytes + cli.RxMappedBytes
 	r.RxCopiedBytes = srv.RxCopiedBytes + cli.RxCopiedBytes
 	bad := func(format string, args ...any) (Rep, error) {
 		return Rep{}, &IntegrityError{Case: c, Msg: fmt.Sprintf(format, args...)}
+	}
+	if c.Scenario == Idle {
+		if srv.Accepted != c.Conns || srv.RSSAfter == 0 {
+			return Rep{}, fmt.Errorf("%s idle: the server accepted %d of %d connections, memory sampled: %v", c.Mode, srv.Accepted, c.Conns, srv.RSSAfter != 0)
+		}
+		r.IdleConns = srv.Accepted
+		r.IdleBytesPerConn = (float64(srv.RSSAfter) - float64(srv.RSSBefore)) / float64(srv.Accepted)
+		r.IdlePinned = float64(srv.PinAfter)
+		return r, nil
 	}
 	if c.Scenario.RequestResponse() {
 		if cli.Frames != cli.Sent || srv.Frames != cli.Sent {
@@ -154,6 +177,7 @@ func compute(c Case, srv, cli Side) (Rep, error) {
 		r.P99us = us(cli.Lat.P99)
 		r.P999us = us(cli.Lat.P999)
 		r.CPUusPerMsg = (cli.CPU() + srv.CPU()).Seconds() * 1e6 / float64(cli.Frames)
+		r.SrvCPUusPerMsg = srv.CPU().Seconds() * 1e6 / float64(cli.Frames)
 		return r, nil
 	}
 	if srv.Frames != cli.Sent {
@@ -179,15 +203,22 @@ type child struct {
 	cmd    *exec.Cmd
 	procs  *Procs
 	lines  *bufio.Scanner
+	stdin  io.WriteCloser
 	stderr *tailBuffer
 	once   sync.Once
 	waited chan error
+	// onIdle runs when the server says it has sampled its idle memory.
+	onIdle func()
 }
 
 func startChild(env *Env, role string, c Case, p Placement) (*child, error) {
 	cmd := exec.Command(env.Exe, childArgs(role, c)...)
 	cmd.Env = append(cmd.Environ(), env.ExtraEnv...)
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +229,13 @@ func startChild(env *Env, role string, c Case, p Placement) (*child, error) {
 	}
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	return &child{role: role, c: c, cmd: cmd, procs: env.Procs, lines: sc, stderr: tb}, nil
+	return &child{role: role, c: c, cmd: cmd, procs: env.Procs, lines: sc, stdin: in, stderr: tb}, nil
+}
+
+// release tells a client that holds its connections (Idle) to close them.
+func (ch *child) release() {
+	_, _ = io.WriteString(ch.stdin, releaseLine+"\n")
+	_ = ch.stdin.Close()
 }
 
 // ready waits for the server's READY line.
@@ -230,6 +267,10 @@ func (ch *child) result() (Side, error) {
 	var side Side
 	var found bool
 	for ch.lines.Scan() {
+		if ch.lines.Text() == idleLine && ch.onIdle != nil {
+			ch.onIdle()
+			continue
+		}
 		if b, ok := strings.CutPrefix(ch.lines.Text(), "RESULT "); ok {
 			if err := json.Unmarshal([]byte(b), &side); err != nil {
 				return side, fmt.Errorf("%s %s: bad result: %w", ch.c.Mode, ch.role, err)
@@ -270,6 +311,7 @@ func (ch *child) wait() error {
 
 // kill ends the child (by its PID; harmless once it has exited) and reaps it.
 func (ch *child) kill() {
+	_ = ch.stdin.Close()
 	_ = ch.cmd.Process.Kill()
 	_ = ch.wait()
 }

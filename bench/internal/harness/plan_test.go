@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -43,5 +44,72 @@ func TestCaseValidate(t *testing.T) {
 		if c.Validate() == nil {
 			t.Errorf("case %d accepted: %+v", i, c)
 		}
+	}
+}
+
+func TestSplitCPUs(t *testing.T) {
+	seq := func(n int) []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = i
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		cpus, queues int
+		server, load int
+	}{{16, 4, 4, 12}, {8, 4, 4, 4}, {6, 4, 3, 3}, {4, 4, 2, 2}, {64, 4, 4, 60}, {16, 1, 1, 15}} {
+		srv, load, err := SplitCPUs(seq(tc.cpus), tc.queues)
+		if err != nil || len(srv) != tc.server || len(load) != tc.load || srv[0] != 0 || load[0] != tc.server {
+			t.Errorf("%d CPUs, %d queues: server %v, load %v, %v", tc.cpus, tc.queues, srv, load, err)
+		}
+	}
+	for _, n := range []int{0, 1, 2, 3} {
+		if _, _, err := SplitCPUs(seq(n), 4); !errors.Is(err, ErrFewCPUs) || !strings.Contains(err.Error(), "needs ≥ 4 CPUs") {
+			t.Errorf("%d CPUs: %v", n, err)
+		}
+	}
+	if _, _, err := SplitCPUs(seq(8), 0); err == nil {
+		t.Error("0 queues accepted")
+	}
+}
+
+func TestParseStatus(t *testing.T) {
+	m := parseStatus([]byte("Name:\tx\nVmPeak:\t  100 kB\nVmPin:\t    2048 kB\nVmRSS:\t   51200 kB\nThreads:\t7\n"))
+	if m.rss != 51200*1024 || m.pin != 2048*1024 {
+		t.Errorf("parsed %+v", m)
+	}
+	if m := parseStatus([]byte("garbage\nVmRSS: x kB\n")); m != (memSample{}) {
+		t.Errorf("garbage parsed as %+v", m)
+	}
+	if m := readMem(); m.rss == 0 {
+		t.Error("VmRSS of this process reads 0")
+	}
+}
+
+func TestCaseValidateNewScenarios(t *testing.T) {
+	for _, c := range []Case{
+		{Scenario: MultiCore, Size: 64, Conns: 512, RecvBuf: 1, Duration: 1, Queues: 4},
+		{Scenario: HTTP, Size: 64, Conns: 32, RecvBuf: 1, Duration: 1},
+		{Scenario: Idle, Size: 64, Conns: 10000, RecvBuf: 1, Duration: 1},
+		{Scenario: FileSend, Size: 65536, Conns: 1, RecvBuf: 1, Duration: 1, File: "/x"},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", c.Scenario, err)
+		}
+	}
+	for _, c := range []Case{
+		{Scenario: FileSend, Size: 65536, Conns: 1, RecvBuf: 1, Duration: 1},
+		{Scenario: FileSend, Size: 65536, Conns: 2, RecvBuf: 1, Duration: 1, File: "/x"},
+	} {
+		if c.Validate() == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+	if !HTTP.HarnessClient() || !Idle.HarnessClient() || !MultiCore.HarnessClient() || Echo.HarnessClient() {
+		t.Error("HarnessClient")
+	}
+	if !FileSend.OneWay() || Idle.OneWay() || Idle.RequestResponse() || !MultiCore.RequestResponse() {
+		t.Error("OneWay/RequestResponse")
 	}
 }

@@ -5,16 +5,17 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// Placement says where a child process runs: on which CPU (-1: anywhere) and in which
-// network namespace (nil: this process's).
+// Placement says where a child process runs: on which CPUs (none: anywhere) and in
+// which network namespace (nil: this process's).
 type Placement struct {
-	CPU   int
+	CPUs  []int
 	NetNS *os.File
 }
 
@@ -76,7 +77,7 @@ func (ps *Procs) KillAll() {
 }
 
 func startPlaced(cmd *exec.Cmd, p Placement) error {
-	if p.CPU < 0 && p.NetNS == nil {
+	if len(p.CPUs) == 0 && p.NetNS == nil {
 		return cmd.Start()
 	}
 	// Pdeathsig fires when the forking thread exits: keep that thread alive by
@@ -84,16 +85,18 @@ func startPlaced(cmd *exec.Cmd, p Placement) error {
 	// its state failed, in which case it must die with this goroutine.
 	runtime.LockOSThread()
 	var oldMask unix.CPUSet
-	if p.CPU >= 0 {
+	if len(p.CPUs) > 0 {
 		if err := unix.SchedGetaffinity(0, &oldMask); err != nil {
 			runtime.UnlockOSThread()
 			return fmt.Errorf("sched_getaffinity: %w", err)
 		}
 		var m unix.CPUSet
-		m.Set(p.CPU)
+		for _, c := range p.CPUs {
+			m.Set(c)
+		}
 		if err := unix.SchedSetaffinity(0, &m); err != nil {
 			runtime.UnlockOSThread()
-			return fmt.Errorf("sched_setaffinity cpu %d: %w", p.CPU, err)
+			return fmt.Errorf("sched_setaffinity cpus %v: %w", p.CPUs, err)
 		}
 	}
 	var oldNS *os.File
@@ -122,7 +125,7 @@ func startPlaced(cmd *exec.Cmd, p Placement) error {
 			return startErr
 		}
 	}
-	if p.CPU >= 0 {
+	if len(p.CPUs) > 0 {
 		if err := unix.SchedSetaffinity(0, &oldMask); err != nil {
 			return fmt.Errorf("restore affinity: %w", err) // thread stays locked and dies
 		}
@@ -131,21 +134,48 @@ func startPlaced(cmd *exec.Cmd, p Placement) error {
 	return startErr
 }
 
-// PickCPUs returns the CPUs for the client and the server: the first two this process
-// may run on, or -1, -1 when there are fewer than two.
-func PickCPUs() (client, server int) {
+// AllowedCPUs lists the CPUs this process may run on (sched_getaffinity), in order.
+func AllowedCPUs() []int {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return -1, -1
+		return nil
 	}
 	var cpus []int
-	for i := 0; i < 1024 && len(cpus) < 2; i++ {
+	for i := 0; i < 1024; i++ {
 		if set.IsSet(i) {
 			cpus = append(cpus, i)
 		}
 	}
+	return cpus
+}
+
+// PickCPUs returns the CPUs for the client and the server: the first two this process
+// may run on, or -1, -1 when there are fewer than two.
+func PickCPUs() (client, server int) {
+	cpus := AllowedCPUs()
 	if len(cpus) < 2 {
 		return -1, -1
 	}
 	return cpus[0], cpus[1]
+}
+
+// MinMultiCoreCPUs is the fewest CPUs the MultiCore scenario runs on.
+const MinMultiCoreCPUs = 4
+
+// ErrFewCPUs is SplitCPUs' answer on a machine with fewer than MinMultiCoreCPUs CPUs.
+var ErrFewCPUs = fmt.Errorf("needs ≥ %d CPUs", MinMultiCoreCPUs)
+
+// SplitCPUs splits the allowed CPUs between a MultiCore server and its load
+// generator: the server gets the first min(queues, len/2) CPUs (so that the load has at
+// least as many), the load generator all the others: on 16 CPUs with queues 4, 4 and 12;
+// on 4 CPUs, 2 and 2. Fewer than MinMultiCoreCPUs CPUs: ErrFewCPUs.
+func SplitCPUs(allowed []int, queues int) (server, load []int, err error) {
+	if len(allowed) < MinMultiCoreCPUs {
+		return nil, nil, fmt.Errorf("%w (this machine lets zcbench use %d)", ErrFewCPUs, len(allowed))
+	}
+	if queues < 1 {
+		return nil, nil, fmt.Errorf("multi-core server queues %d < 1", queues)
+	}
+	n := min(queues, len(allowed)/2)
+	return slices.Clone(allowed[:n]), slices.Clone(allowed[n:]), nil
 }

@@ -22,10 +22,17 @@ import (
 // Name is the mode name of iperf3 in results.
 const Name = "iperf3"
 
-// Available returns nil if an iperf3 binary is on PATH.
+// Available returns nil if an iperf3 binary is on PATH and runs (its libraries load:
+// the benchmark kit carries them unpacked from Debian packages).
 func Available() error {
-	if _, err := exec.LookPath("iperf3"); err != nil {
+	path, err := exec.LookPath("iperf3")
+	if err != nil {
 		return errors.New("iperf3 not installed (make bench installs it: apt-get install iperf3)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput(); err != nil {
+		return fmt.Errorf("%s --version: %v: %s", path, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

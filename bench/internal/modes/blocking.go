@@ -1,12 +1,15 @@
-// Package modes holds the zcbench modes that do not need package zc: "net" (Go
-// net.Conn, a goroutine per connection) and "syscall" (blocking send/recv on raw
-// file descriptors). Both share the blocking loops in this file.
+// Package modes holds zcbench's modes: "net" (Go net.Conn, a goroutine per
+// connection), "syscall" (blocking send/recv on raw file descriptors), "netpoll"
+// (cloudwego/netpoll's event loop and nocopy API), and the zc modes (zc.go, zcnet.go).
+// net, syscall and zc-net (zc's net.Conn face) share the blocking loops of this file.
 package modes
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -118,18 +121,37 @@ func drive(c harness.Case, m *harness.Meter, dial func() (stream, error)) error 
 	})
 }
 
-// source sends frames back to back until the meter says stop (at least one).
+// source sends frames back to back until the meter says stop (at least one); FileSend
+// sends the file instead. The small-message stream over a net.Conn goes through a
+// bufio.Writer (its default 4 KiB), as net.Conn users write many small messages; raw
+// sockets (syscall) write each message with its own write(2).
 func source(c harness.Case, m *harness.Meter, s stream) error {
+	if c.Scenario == harness.FileSend {
+		return harness.SendFile(c, m, s)
+	}
+	var w io.Writer = s
+	var bw *bufio.Writer
+	if _, isNetConn := s.(net.Conn); isNetConn && c.Scenario == harness.Stream {
+		bw = bufio.NewWriter(s)
+		w = bw
+	}
 	src := m.NewSource()
 	buf := make([]byte, c.Size)
 	src.Fill(buf)
 	for {
 		src.Stamp(buf)
-		if _, err := s.Write(buf); err != nil {
+		if _, err := w.Write(buf); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
+		// Buffered frames count as sent: the flush at the end hands them over, and the
+		// receiver's count is the figure.
 		src.Sent()
 		if m.Stopped() {
+			if bw != nil {
+				if err := bw.Flush(); err != nil {
+					return fmt.Errorf("flush: %w", err)
+				}
+			}
 			return nil
 		}
 	}
@@ -189,4 +211,24 @@ var registered []harness.Mode
 // All returns every mode of this package.
 func All() []harness.Mode {
 	return append([]harness.Mode{Net{}, Syscall{}}, registered...)
+}
+
+// errs keeps the first error of many handlers.
+type errs struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (e *errs) set(err error) {
+	e.mu.Lock()
+	if e.err == nil {
+		e.err = err
+	}
+	e.mu.Unlock()
+}
+
+func (e *errs) get() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,19 +31,43 @@ func testEnv(t *testing.T) *harness.Env {
 		t.Fatal(err)
 	}
 	env := &harness.Env{Exe: exe, ServerHost: "127.0.0.1", Procs: &harness.Procs{}}
-	env.Client.CPU, env.Server.CPU = harness.PickCPUs()
+	if cli, srv := harness.PickCPUs(); cli >= 0 {
+		env.Client.CPUs, env.Server.CPUs = []int{cli}, []int{srv}
+	}
 	t.Cleanup(env.Procs.KillAll)
 	return env
 }
 
-func tinyCase(mode string, s harness.Scenario) harness.Case {
+// frameFile makes a FileSend file of n frames of size bytes for the test.
+func frameFile(t *testing.T, size, n int, corrupt int64) string {
+	t.Helper()
+	p, err := harness.MakeFrameFile(t.TempDir(), size, int64(size*n), corrupt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// tinyCase is a fast case of every scenario: the plumbing, not the speed. MultiCore
+// runs its load generator and a one-queue server on the test's one-CPU placements.
+func tinyCase(t *testing.T, mode string, s harness.Scenario) harness.Case {
 	c := harness.Case{Scenario: s, Mode: mode, Size: 4096, Conns: 1, RecvBuf: 64 << 10,
 		Duration: 40 * time.Millisecond, CorruptSeq: -1}
-	if s.RequestResponse() {
+	switch s {
+	case harness.Echo:
+		c.Size, c.Conns = 64, 8
+	case harness.PingPong, harness.HTTP:
 		c.Size = 64
-	}
-	if s == harness.Echo {
-		c.Conns = 8
+		if s == harness.HTTP {
+			c.Conns = 4
+		}
+	case harness.MultiCore:
+		c.Size, c.Conns, c.Queues = 64, 24, 2 // two queues (not pinned) on the server's CPU: steering is exercised
+	case harness.Idle:
+		c.Size, c.Conns = 64, 40
+	case harness.FileSend:
+		c.Size = 64 << 10
+		c.File = frameFile(t, c.Size, 48, -1)
 	}
 	return c
 }
@@ -55,7 +80,15 @@ func checkSane(t *testing.T, c harness.Case, r harness.Rep, env *harness.Env) {
 			t.Errorf("%s = %v, want a positive number", name, v)
 		}
 	}
-	if c.Scenario.RequestResponse() {
+	if c.Scenario == harness.Idle {
+		if r.IdleConns != c.Conns || r.Server.RSSAfter == 0 || r.Server.RSSBefore == 0 || math.IsNaN(r.IdleBytesPerConn) {
+			t.Errorf("idle: %d of %d connections, RSS %d -> %d, %v bytes/conn", r.IdleConns, c.Conns,
+				r.Server.RSSBefore, r.Server.RSSAfter, r.IdleBytesPerConn)
+		}
+		if !math.IsNaN(r.MsgsPerS) || !math.IsNaN(r.Gbps) {
+			t.Errorf("idle reports traffic: %v msgs/s, %v Gbit/s", r.MsgsPerS, r.Gbps)
+		}
+	} else if c.Scenario.RequestResponse() {
 		pos("msgs/s", r.MsgsPerS)
 		pos("p50", r.P50us)
 		if !(r.P50us <= r.P99us && r.P99us <= r.P999us) {
@@ -74,13 +107,18 @@ func checkSane(t *testing.T, c harness.Case, r harness.Rep, env *harness.Env) {
 		if r.Server.Frames != r.Client.Sent || r.Bytes != r.Client.Sent*uint64(c.Size) {
 			t.Errorf("server verified %d frames (%d bytes), client sent %d", r.Server.Frames, r.Bytes, r.Client.Sent)
 		}
+		if c.Scenario == harness.FileSend {
+			if st, err := os.Stat(c.File); err != nil || int64(r.Bytes) != st.Size() {
+				t.Errorf("file send: %d bytes verified of a %v-byte file (%v)", r.Bytes, st.Size(), err)
+			}
+		}
 	}
-	if r.Server.Wall <= 0 || r.Client.Wall <= 0 {
+	if c.Scenario != harness.Idle && (r.Server.Wall <= 0 || r.Client.Wall <= 0) {
 		t.Errorf("wall times %v %v", r.Server.Wall, r.Client.Wall)
 	}
-	if env.Client.CPU >= 0 {
-		if !slices.Equal(r.Client.CPUs, []int{env.Client.CPU}) || !slices.Equal(r.Server.CPUs, []int{env.Server.CPU}) {
-			t.Errorf("pinning: client on %v (want %d), server on %v (want %d)", r.Client.CPUs, env.Client.CPU, r.Server.CPUs, env.Server.CPU)
+	if len(env.Client.CPUs) > 0 {
+		if !slices.Equal(r.Client.CPUs, env.Client.CPUs) || !slices.Equal(r.Server.CPUs, env.Server.CPUs) {
+			t.Errorf("pinning: client on %v (want %v), server on %v (want %v)", r.Client.CPUs, env.Client.CPUs, r.Server.CPUs, env.Server.CPUs)
 		}
 	}
 }
@@ -105,7 +143,7 @@ func TestModesEndToEnd(t *testing.T) {
 			}
 			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
 				skipUnavailable(t, m, s)
-				c := tinyCase(m.Name(), s)
+				c := tinyCase(t, m.Name(), s)
 				r, err := harness.RunPair(context.Background(), env, c)
 				if err != nil {
 					t.Fatal(err)
@@ -114,8 +152,25 @@ func TestModesEndToEnd(t *testing.T) {
 				if m.Name() == "zc-mmap" {
 					checkMapped(t, s, r)
 				}
+				if s == harness.MultiCore && strings.HasPrefix(m.Name(), "zc") {
+					checkSteering(t, m.Name(), r)
+				}
 			})
 		}
+	}
+}
+
+// checkSteering: a multi-core zc server says how its listener steered, and that is
+// what its configuration asked for.
+func checkSteering(t *testing.T, mode string, r harness.Rep) {
+	t.Helper()
+	st := r.Server.Notes["steering"]
+	want := map[string]string{"zc-hash": "hash (reuseport-hash)", "zc-cpu": "bpf (cpu policy)"}[mode]
+	if st == "" || (want != "" && !strings.HasPrefix(st, want)) {
+		t.Errorf("%s steering note %q, want %q", mode, st, want)
+	}
+	if q := r.Server.Notes["per_queue"]; !strings.Contains(q, "q") {
+		t.Errorf("%s per-queue note %q", mode, q)
 	}
 }
 
@@ -138,13 +193,13 @@ func checkMapped(t *testing.T, s harness.Scenario, r harness.Rep) {
 func TestCorruptionFailsTheRun(t *testing.T) {
 	env := testEnv(t)
 	for _, m := range All() {
-		if m.Name() != "net" && m.Name() != "syscall" && m.Name() != "zc" && m.Name() != "zc-mmap" {
+		if !slices.Contains([]string{"net", "syscall", "netpoll", "zc", "zc-mmap"}, m.Name()) {
 			continue // one of each kind keeps the test short; all modes share the check
 		}
 		for _, s := range []harness.Scenario{harness.Bulk, harness.Echo} {
 			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
 				skipUnavailable(t, m, s)
-				c := tinyCase(m.Name(), s)
+				c := tinyCase(t, m.Name(), s)
 				c.CorruptSeq = 2
 				_, err := harness.RunPair(context.Background(), env, c)
 				if !errors.Is(err, frame.ErrCorrupt) {
@@ -156,6 +211,35 @@ func TestCorruptionFailsTheRun(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The harness's own clients and the file send find corrupted frames too: the load
+// generator's and the HTTP client's requests, and a frame file with a bad frame.
+func TestCorruptionHarnessScenarios(t *testing.T) {
+	env := testEnv(t)
+	for _, tc := range []struct {
+		mode string
+		s    harness.Scenario
+	}{{"net", harness.MultiCore}, {"net", harness.HTTP}, {"net", harness.FileSend}, {"zc-net", harness.FileSend}} {
+		t.Run(tc.mode+"/"+string(tc.s), func(t *testing.T) {
+			var m harness.Mode
+			for _, x := range All() {
+				if x.Name() == tc.mode {
+					m = x
+				}
+			}
+			skipUnavailable(t, m, tc.s)
+			c := tinyCase(t, tc.mode, tc.s)
+			c.CorruptSeq = 2
+			if tc.s == harness.FileSend {
+				c.File = frameFile(t, c.Size, 16, 2)
+			}
+			_, err := harness.RunPair(context.Background(), env, c)
+			if !errors.Is(err, frame.ErrCorrupt) {
+				t.Fatalf("err = %v, want ErrCorrupt", err)
+			}
+		})
 	}
 }
 
@@ -171,7 +255,7 @@ func TestNetns(t *testing.T) {
 	env := testEnv(t)
 	env.ServerHost = netns.ServerIP
 	env.Server.NetNS, env.Client.NetNS = p.ServerNS, p.ClientNS
-	c := tinyCase("syscall", harness.Bulk)
+	c := tinyCase(t, "syscall", harness.Bulk)
 	r, err := harness.RunPair(context.Background(), env, c)
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,9 @@ import (
 // Net is Go's net package: net.TCPConn, one goroutine per connection, the runtime's
 // netpoller. It is what zc users switch from, in its best simple configuration: plain
 // TCP (MPTCP off, which Go 1.26 turns on by default), TCP_NODELAY (Go's default),
-// the same write and read sizes as every other mode.
+// the same write and read sizes as every other mode; the way its users write it where
+// that matters: a bufio.Writer for the small-message stream, io.Copy from the
+// *os.File for a file send (sendfile), net/http for HTTP.
 type Net struct{}
 
 // Name implements harness.Mode.
@@ -26,6 +28,9 @@ func (Net) Server(ctx context.Context, c harness.Case, m *harness.Meter, ready f
 	l, err := lc.Listen(ctx, "tcp", c.Addr)
 	if err != nil {
 		return err
+	}
+	if c.Scenario == harness.HTTP {
+		return harness.ServeHTTP(c, m, l, ready)
 	}
 	return serve(c, m, netListener{l.(*net.TCPListener)}, ready)
 }

@@ -192,3 +192,14 @@ func (c *fdConn) Close() error {
 	c.closed = true
 	return unix.Close(c.fd) // never retried on EINTR
 }
+
+// Supports implements harness.ScenarioSupporter: a thread per connection is the C-style
+// baseline for one stream and 64 echo connections, not for thousands of connections, a
+// file send or HTTP.
+func (Syscall) Supports(s harness.Scenario) bool {
+	switch s {
+	case harness.Bulk, harness.Stream, harness.Echo, harness.PingPong:
+		return true
+	}
+	return false
+}

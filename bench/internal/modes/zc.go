@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,17 +16,26 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/frame"
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/bench/internal/stats"
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
 )
 
 func init() {
+	const (
+		b, e, p, s = harness.Bulk, harness.Echo, harness.PingPong, harness.Stream
+		mc, idle   = harness.MultiCore, harness.Idle
+	)
 	registered = append(registered,
-		ZC{name: "zc", path: zc.SendAdaptive},
-		ZC{name: "zc-copy", path: zc.SendCopy},
-		ZC{name: "zc-sendzc", path: zc.SendZeroCopy},
-		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true},
+		ZC{name: "zc", path: zc.SendAdaptive, scens: []harness.Scenario{b, e, p, s, mc, idle}},
+		ZC{name: "zc-copy", path: zc.SendCopy, scens: []harness.Scenario{b, e, p, s}},
+		ZC{name: "zc-sendzc", path: zc.SendZeroCopy, scens: []harness.Scenario{b}},
+		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true, scens: []harness.Scenario{b}},
+		// Steering set explicitly (the default "zc" takes Config's default steering).
+		ZC{name: "zc-hash", steer: zc.SteerReuseportHash, scens: []harness.Scenario{mc}},
+		ZC{name: "zc-cpu", steer: zc.SteerBPF, cpuPolicy: true, scens: []harness.Scenario{mc}},
+		ZCNet{},
 	)
 }
 
@@ -54,20 +66,38 @@ func init() {
 //
 // Queue threads are not pinned by zc (NoPin): zcbench has already pinned the whole
 // process to its CPU, and zc pins to absolute CPU numbers.
+//
+// Multi-core servers ("zc", "zc-hash", "zc-cpu") run Case.Queues queues, pinned by zc
+// (zcbench gives the server CPUs 0..Queues-1 when it can, which is where zc pins them;
+// otherwise NoPin, noted in the results), and note how their listener steered
+// connections and how many each queue got. "zc-hash" sets Config.Steering to
+// SteerReuseportHash, "zc-cpu" to SteerBPF with SteerPolicy bpf.PolicyCPU (root: the
+// programs must load); "zc" leaves Config's default.
 type ZC struct {
-	name string
-	path zc.SendPath
-	mmap bool
+	name      string
+	path      zc.SendPath
+	mmap      bool
+	steer     zc.SteeringMode
+	cpuPolicy bool
+	scens     []harness.Scenario
 }
 
 // Name implements harness.Mode.
 func (z ZC) Name() string { return z.name }
+
+// Supports implements harness.ScenarioSupporter.
+func (z ZC) Supports(s harness.Scenario) bool { return slices.Contains(z.scens, s) }
 
 // Available implements harness.Mode: an io_uring engine must start.
 func (z ZC) Available() error {
 	if z.mmap {
 		if err := tcpglue.ProbeZeroCopyReceive(); err != nil {
 			return fmt.Errorf("TCP_ZEROCOPY_RECEIVE: %w", err)
+		}
+	}
+	if z.steer == zc.SteerBPF {
+		if err := zc.Probe().BPFSteering; err != nil {
+			return fmt.Errorf("BPF steering: %w", err)
 		}
 	}
 	cfg := zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true,
@@ -119,7 +149,15 @@ func directSend(c harness.Case) bool { return c.Size >= 4096 }
 
 // config is the engine configuration of one side of c.
 func (z ZC) config(c harness.Case, server bool) zc.Config {
-	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path}
+	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path,
+		Steering: z.steer}
+	if z.cpuPolicy {
+		cfg.SteerPolicy = bpf.PolicyCPU
+	}
+	if c.Queues > 0 && server {
+		cfg.Queues = c.Queues
+		cfg.NoPin = !firstCPUs(c.Queues)
+	}
 	if z.mmap {
 		// The kernel maps received pages only when each segment's payload is whole
 		// order-0 pages: a 4096-byte payload per segment (TCP_MAXSEG 4108 with the
@@ -133,7 +171,7 @@ func (z ZC) config(c harness.Case, server bool) zc.Config {
 		cfg.SocketOptions = func(s *tcpglue.Socket) error { return s.SetMaxSeg(mmapMaxSeg) }
 	}
 	budget := regionBudget()
-	if !c.Scenario.RequestResponse() {
+	if c.Scenario.OneWay() {
 		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf, budget)
 		if directSend(c) {
 			cfg.SendBufSize, cfg.SendBufs = c.Size, bufCount(c.Size, budget)
@@ -153,24 +191,69 @@ func (z ZC) config(c harness.Case, server bool) zc.Config {
 	return cfg
 }
 
-// errs keeps the first error of many handlers.
-type errs struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (e *errs) set(err error) {
-	e.mu.Lock()
-	if e.err == nil {
-		e.err = err
+// firstCPUs reports whether this process runs on exactly CPUs 0..n-1, where zc pins
+// its n queues (queue i on CPU i).
+func firstCPUs(n int) bool {
+	cpus := harness.AllowedCPUs()
+	if len(cpus) != n {
+		return false
 	}
-	e.mu.Unlock()
+	for i, c := range cpus {
+		if c != i {
+			return false
+		}
+	}
+	return true
 }
 
-func (e *errs) get() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.err
+// queueCount counts accepted connections per queue.
+type queueCount struct {
+	mu sync.Mutex
+	n  map[int]int
+}
+
+func (q *queueCount) add(queue int) {
+	q.mu.Lock()
+	if q.n == nil {
+		q.n = map[int]int{}
+	}
+	q.n[queue]++
+	q.mu.Unlock()
+}
+
+func (q *queueCount) String() string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	keys := slices.Sorted(maps.Keys(q.n))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("q%d:%d", k, q.n[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// noteSteering records how a multi-core server's listener steered (BPF with its policy,
+// or the kernel's hash and why) and the connections per queue.
+func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount) {
+	cfg := e.Config()
+	how := "bpf"
+	switch {
+	case e.Stats().Queues == 1:
+		how = "one queue (nothing to steer)"
+	case l.Steering() != nil && cfg.SteerPolicy == bpf.PolicyCPU:
+		how = "bpf (cpu policy)"
+	case l.Steering() != nil:
+		how = "bpf (hash policy)"
+	case l.SteeringFallback() != "":
+		how = "hash (fallback: " + l.SteeringFallback() + ")"
+	default:
+		how = "hash (" + cfg.Steering.String() + ")"
+	}
+	if cfg.NoPin {
+		how += ", queues not pinned"
+	}
+	m.Note("steering", how)
+	m.Note("per_queue", q.String())
 }
 
 // addZCStats reports the send side (zc_bytes: sent zero-copy; copied_bytes: sent by
@@ -193,10 +276,12 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	var wg sync.WaitGroup
 	wg.Add(c.Conns)
 	var accepted atomic.Int32
+	var perQueue queueCount
 	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
 		if accepted.Add(1) > int32(c.Conns) {
 			return nil // not ours: closed
 		}
+		perQueue.add(conn.Queue())
 		s := &zcServerConn{c: c, v: m.NewVerifier(), fail: fail.set, done: wg.Done, mapped: z.mmap}
 		return s
 	})
@@ -206,6 +291,9 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	ready(l.Addr().String())
 	wg.Wait()
 	m.Stop()
+	if c.Scenario == harness.MultiCore {
+		noteSteering(m, e, l, &perQueue)
+	}
 	l.Close()
 	addZCStats(m, e)
 	if st := e.Stats(); z.mmap && st.RecvMappedFallbacks > 0 {

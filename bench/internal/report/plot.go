@@ -2,13 +2,16 @@ package report
 
 import (
 	"fmt"
+	"image/color"
 	"math"
 	"os"
 	"slices"
 
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -16,15 +19,149 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/harness"
 )
 
-// modesOf lists the modes of the rows of one scenario, in first-seen order.
-func modesOf(rows []Row, s harness.Scenario) []string {
-	var ms []string
+// The figure: a title line, the panels in two columns, and one legend for all of them
+// in a column of its own on the right (a mode has the same color and marker in every
+// panel), so that no legend covers data.
+
+// style gives each mode its color and marker: fixed ones for the modes zcbench knows
+// (the same in every run and every panel), a cycle for others.
+type style struct{ modes []string }
+
+// known lists the modes zcbench knows, with their colors (net black as the baseline,
+// the zc modes in warm colors).
+var known = []struct {
+	mode string
+	rgb  uint32
+}{
+	{"net", 0x000000}, {"syscall", 0x9c755f}, {"netpoll", 0x2ca02c}, {"iperf3", 0x7f7f7f},
+	{"zc", 0xd62728}, {"zc-copy", 0xff7f0e}, {"zc-sendzc", 0x9467bd}, {"zc-mmap", 0xe377c2},
+	{"zc-hash", 0xbcbd22}, {"zc-cpu", 0x17becf}, {"zc-net", 0x1f77b4},
+}
+
+func newStyle(rows []Row) *style {
+	s := &style{}
 	for _, r := range rows {
-		if r.Scenario == s && len(r.Reps) > 0 && !slices.Contains(ms, r.Mode) {
-			ms = append(ms, r.Mode)
+		if len(r.Reps) > 0 && !slices.Contains(s.modes, r.Mode) {
+			s.modes = append(s.modes, r.Mode)
 		}
 	}
-	return ms
+	return s
+}
+
+func (s *style) index(mode string) int { return slices.Index(s.modes, mode) }
+
+// key is the mode's place among the known modes, or after them.
+func (s *style) key(mode string) int {
+	for i, k := range known {
+		if k.mode == mode {
+			return i
+		}
+	}
+	return len(known) + s.index(mode)
+}
+
+func (s *style) color(mode string) color.Color {
+	k := s.key(mode)
+	if k < len(known) {
+		c := known[k].rgb
+		return color.RGBA{R: uint8(c >> 16), G: uint8(c >> 8), B: uint8(c), A: 255}
+	}
+	return plotutil.Color(k)
+}
+
+func (s *style) shape(mode string) draw.GlyphDrawer { return plotutil.Shape(s.key(mode)) }
+
+// dodge is a mode's offset from its category's x position (-0.35..0.35 of the gap
+// between categories), so that points and bars of different modes do not overlap.
+func (s *style) dodge(mode string, width float64) float64 {
+	return width*(float64(s.index(mode))+0.5)/float64(len(s.modes)) - width/2
+}
+
+// human prints a tick value compactly: 150, 2.5k, 1.2M.
+func human(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1e6:
+		return trim(fmt.Sprintf("%.1f", v/1e6)) + "M"
+	case a >= 1e4:
+		return trim(fmt.Sprintf("%.1f", v/1e3)) + "k"
+	case a >= 10 || a == 0:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 1:
+		return trim(fmt.Sprintf("%.1f", v))
+	default:
+		return trim(fmt.Sprintf("%.2f", v))
+	}
+}
+
+func trim(s string) string {
+	for len(s) > 1 && s[len(s)-1] == '0' && slices.Contains([]byte(s), '.') {
+		s = s[:len(s)-1]
+	}
+	if s[len(s)-1] == '.' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// logTicks labels 1, 2 and 5 times each power of ten inside the range (every decade
+// has labelled values, however narrow the range), with unlabelled minor ticks between.
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	if lo <= 0 || hi <= lo {
+		return nil
+	}
+	var ts []plot.Tick
+	for e := math.Floor(math.Log10(lo)); math.Pow(10, e) <= hi; e++ {
+		p := math.Pow(10, e)
+		for m := 1; m <= 9; m++ {
+			v := float64(m) * p
+			if v < lo || v > hi {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || m == 2 || m == 5 {
+				t.Label = human(v)
+			}
+			ts = append(ts, t)
+		}
+	}
+	if hi/lo < 10 { // less than a decade: label every tick
+		for i := range ts {
+			ts[i].Label = human(ts[i].Value)
+		}
+	}
+	return ts
+}
+
+// linTicks labels about five evenly spaced round values (steps of 1, 2, 2.5 or 5
+// times a power of ten), with an unlabelled minor tick between each two.
+type linTicks struct{}
+
+func (linTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return nil
+	}
+	raw := (hi - lo) / 5
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := 10 * mag
+	for _, m := range []float64{1, 2, 2.5, 5} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var ts []plot.Tick
+	for i := math.Ceil(lo / step * 2); i*step/2 <= hi*(1+1e-9); i++ {
+		v := i * step / 2
+		t := plot.Tick{Value: v}
+		if math.Mod(i, 2) == 0 {
+			t.Label = human(v)
+		}
+		ts = append(ts, t)
+	}
+	return ts
 }
 
 type errPoints struct {
@@ -32,28 +169,27 @@ type errPoints struct {
 	plotter.YErrors
 }
 
-// throughputPlot: bulk Gbit/s against write size, one line per mode, bars from min
-// to max.
-func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
+// bulkPlot: one line per mode of a bulk figure against the write size, bars min–max.
+func bulkPlot(rows []Row, st *style, f Figure, title, ylabel string) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = "Bulk throughput, one stream — " + title
+	p.Title.Text = title
 	p.X.Label.Text = "write size"
-	p.Y.Label.Text = "Gbit/s (median, bars min–max)"
-	p.Legend.Top = true
-	p.Legend.Left = true
+	p.Y.Label.Text = ylabel
+	p.Y.Tick.Marker = linTicks{}
 	var ticks []plot.Tick
-	for i, mode := range modesOf(rows, harness.Bulk) {
+	any := false
+	for _, mode := range st.modes {
 		var ep errPoints
 		for _, r := range rows {
 			if r.Scenario != harness.Bulk || r.Mode != mode || len(r.Reps) == 0 {
 				continue
 			}
-			s := r.Sum(Gbps)
+			s := r.Sum(f)
 			if s.N == 0 {
 				continue
 			}
 			x := math.Log2(float64(r.Size))
-			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: s.Median})
+			ep.XYs = append(ep.XYs, plotter.XY{X: x + st.dodge(mode, 0.5), Y: s.Median})
 			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
 			if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
 				ticks = append(ticks, plot.Tick{Value: x, Label: SizeString(r.Size)})
@@ -62,122 +198,83 @@ func throughputPlot(rows []Row, title string) (*plot.Plot, error) {
 		if len(ep.XYs) == 0 {
 			continue
 		}
+		any = true
 		l, pts, err := plotter.NewLinePoints(ep.XYs)
 		if err != nil {
 			return nil, err
 		}
-		l.Color = plotutil.Color(i)
-		pts.Color = plotutil.Color(i)
-		pts.Shape = plotutil.Shape(i)
+		l.Color, pts.Color, pts.Shape = st.color(mode), st.color(mode), st.shape(mode)
 		eb, err := plotter.NewYErrorBars(ep)
 		if err != nil {
 			return nil, err
 		}
-		eb.Color = plotutil.Color(i)
+		eb.Color = st.color(mode)
 		p.Add(l, pts, eb)
-		p.Legend.Add(mode, l, pts)
+	}
+	if !any {
+		return nil, nil
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	p.X.Min -= 0.5
 	p.X.Max += 0.5
 	p.Y.Min = 0
-	p.Y.Max *= 1.2 // room for the legend
+	p.Y.Max *= 1.05
 	return p, nil
 }
 
-func latencyPlot(rows []Row, _ string) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "Ping-pong 64 B, one connection: round-trip latency"
-	p.Y.Label.Text = "µs (median of repetitions, log scale)"
-	p.X.Label.Text = "percentile"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	p.Legend.Left = true
-	figs := []Figure{P50, P99, P999}
-	lo, hi := math.Inf(1), 0.0
-	for i, mode := range modesOf(rows, harness.PingPong) {
-		r := Find(rows, harness.PingPong, mode, 64, 1)
-		if r == nil {
-			continue
-		}
-		var xys plotter.XYs
-		for c, f := range figs {
-			v := r.Sum(f).Median
-			if v > 0 && !math.IsNaN(v) {
-				xys = append(xys, plotter.XY{X: float64(c), Y: v})
-				lo, hi = min(lo, v), max(hi, v)
-			}
-		}
-		if len(xys) == 0 {
-			continue
-		}
-		l, pts, err := plotter.NewLinePoints(xys)
-		if err != nil {
-			return nil, err
-		}
-		l.Color, pts.Color, pts.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
-		p.Add(l, pts)
-		p.Legend.Add(mode, l, pts)
-	}
-	if hi == 0 {
-		return nil, nil
-	}
-	p.NominalX("p50", "p99", "p99.9")
-	p.Y.Min, p.Y.Max = lo/1.5, hi*1.5
-	return p, nil
+// category is one group of points of a category panel.
+type category struct {
+	label       string
+	s           harness.Scenario
+	size, conns int
+	f           Figure
 }
 
-func messagesPlot(rows []Row, _ string) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "Messages per second (echo: 64 connections, one request in flight each)"
-	p.Y.Label.Text = "msgs/s (median, bars min–max, log scale)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	p.Legend.Left = true
-	type cat struct {
-		s           harness.Scenario
-		size, conns int
+// categoryPlot: for each category, one point per mode (side by side), median with bars
+// min–max; log scale when asked.
+func categoryPlot(rows []Row, st *style, cats []category, title, ylabel string, logY bool) (*plot.Plot, error) {
+	type pt struct {
+		ci          int
+		mode        string
+		med, lo, hi float64
 	}
-	var cats []cat
-	var names, modes []string
-	for _, r := range rows {
-		if (r.Scenario != harness.Echo && r.Scenario != harness.Stream) || len(r.Reps) == 0 {
-			continue
-		}
-		c := cat{r.Scenario, r.Size, r.Conns}
-		if !slices.Contains(cats, c) {
-			cats = append(cats, c)
-			n := "stream " + SizeString(r.Size)
-			if r.Scenario == harness.Echo {
-				n = fmt.Sprintf("echo %s", SizeString(r.Size))
-			}
-			names = append(names, n)
-		}
-		if !slices.Contains(modes, r.Mode) {
-			modes = append(modes, r.Mode)
-		}
-	}
-	if len(cats) == 0 {
-		return nil, nil
-	}
-	lo, hi := math.Inf(1), 0.0
-	for i, mode := range modes {
-		var ep errPoints
-		for ci, c := range cats {
+	var pts []pt
+	var used []category
+	for _, c := range cats {
+		n := 0
+		for _, mode := range st.modes {
 			r := Find(rows, c.s, mode, c.size, c.conns)
 			if r == nil {
 				continue
 			}
-			s := r.Sum(MsgsPerS)
-			if s.N == 0 || s.Min <= 0 {
+			s := r.Sum(c.f)
+			if s.N == 0 || (logY && s.Min <= 0) {
 				continue
 			}
-			x := float64(ci) + 0.5*(float64(i)+0.5)/float64(len(modes)) - 0.25
-			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: s.Median})
-			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
-			lo, hi = min(lo, s.Min), max(hi, s.Max)
+			pts = append(pts, pt{len(used), mode, s.Median, s.Min, s.Max})
+			n++
+		}
+		if n > 0 {
+			used = append(used, c)
+		}
+	}
+	if len(pts) == 0 {
+		return nil, nil
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = ylabel
+	lo, hi := math.Inf(1), 0.0
+	for _, mode := range st.modes {
+		var ep errPoints
+		for _, q := range pts {
+			if q.mode != mode {
+				continue
+			}
+			x := float64(q.ci) + st.dodge(mode, 0.7)
+			ep.XYs = append(ep.XYs, plotter.XY{X: x, Y: q.med})
+			ep.YErrors = append(ep.YErrors, struct{ Low, High float64 }{q.med - q.lo, q.hi - q.med})
+			lo, hi = min(lo, q.lo), max(hi, q.hi)
 		}
 		if len(ep.XYs) == 0 {
 			continue
@@ -186,47 +283,154 @@ func messagesPlot(rows []Row, _ string) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		sc.Color, sc.Shape, sc.Radius = plotutil.Color(i), plotutil.Shape(i), vg.Points(4)
+		sc.Color, sc.Shape, sc.Radius = st.color(mode), st.shape(mode), vg.Points(3.5)
 		eb, err := plotter.NewYErrorBars(ep)
 		if err != nil {
 			return nil, err
 		}
-		eb.Color = plotutil.Color(i)
+		eb.Color = st.color(mode)
 		p.Add(sc, eb)
-		p.Legend.Add(mode, sc)
 	}
-	if hi == 0 {
-		return nil, nil
+	names := make([]string, len(used))
+	for i, c := range used {
+		names[i] = c.label
 	}
 	p.NominalX(names...)
-	p.X.Min, p.X.Max = -0.5, float64(len(cats))-0.5
-	p.Y.Min, p.Y.Max = lo/2, hi*2
+	p.X.Min, p.X.Max = -0.5, float64(len(used))-0.5
+	if logY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = logTicks{}
+		p.Y.Min, p.Y.Max = lo/1.4, hi*1.4
+	} else {
+		p.Y.Tick.Marker = linTicks{}
+		p.Y.Min, p.Y.Max = 0, hi*1.1
+	}
 	return p, nil
 }
 
-// WritePNG draws the plots (throughput against write size, ping-pong latency
-// percentiles, messages per second) one above the other into a PNG file. title
-// describes the run (machine, date).
+// panels are the plots of a run, in order, leaving out those without data.
+func panels(rows []Row, st *style) ([]*plot.Plot, error) {
+	var ps []*plot.Plot
+	add := func(p *plot.Plot, err error) error {
+		if p != nil {
+			ps = append(ps, p)
+		}
+		return err
+	}
+	mcConns := func() []category {
+		var cs []category
+		for _, r := range rows {
+			if r.Scenario == harness.MultiCore && len(r.Reps) > 0 &&
+				!slices.ContainsFunc(cs, func(c category) bool { return c.size == r.Size && c.conns == r.Conns }) {
+				cs = append(cs, category{fmt.Sprintf("%d conns", r.Conns), harness.MultiCore, r.Size, r.Conns, MsgsPerS})
+			}
+		}
+		return cs
+	}
+	idleConns := 0
+	for _, r := range rows {
+		if r.Scenario == harness.Idle {
+			idleConns = r.Conns
+		}
+	}
+	steps := []func() error{
+		func() error {
+			return add(bulkPlot(rows, st, Gbps, "Bulk, one stream: throughput", "Gbit/s (median, bars min–max)"))
+		},
+		func() error {
+			return add(bulkPlot(rows, st, CPUPerGB, "Bulk, one stream: CPU per GB", "CPU s/GB, sender + receiver"))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, []category{
+				{"p50", harness.PingPong, 64, 1, P50}, {"p99", harness.PingPong, 64, 1, P99}, {"p99.9", harness.PingPong, 64, 1, P999},
+			}, "Ping-pong 64 B, one connection: round trip", "µs (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, []category{
+				{"echo 64 B ×64", harness.Echo, 64, 64, MsgsPerS}, {"echo 1 KiB ×64", harness.Echo, 1 << 10, 64, MsgsPerS},
+				{"stream 64 B", harness.Stream, 64, 1, MsgsPerS}, {"HTTP ×32", harness.HTTP, 64, 32, MsgsPerS},
+			}, "Messages per second, one CPU each side", "msgs/s (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, mcConns(), "Multi-core echo 64 B: server on N CPUs, load on the others",
+				"msgs/s (median, bars min–max)", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, []category{
+				{"file send (io.Copy)", harness.FileSend, 64 << 10, 1, Gbps},
+			}, "File send through net.Conn", "Gbit/s (median, bars min–max)", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, []category{
+				{fmt.Sprintf("%d idle conns", idleConns), harness.Idle, 64, idleConns, func(r harness.Rep) float64 { return r.IdleBytesPerConn / 1024 }},
+			}, "Server memory per idle connection", "KiB of RSS per connection", false))
+		},
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return nil, err
+		}
+	}
+	return ps, nil
+}
+
+// WritePNG draws the panels (two columns) with one legend column on the right into a
+// PNG file. title describes the run (machine, date).
 func WritePNG(path string, rows []Row, title string) error {
-	var ps [][]*plot.Plot
-	for _, f := range []func([]Row, string) (*plot.Plot, error){throughputPlot, latencyPlot, messagesPlot} {
-		p, err := f(rows, title)
+	st := newStyle(rows)
+	ps, err := panels(rows, st)
+	if err != nil {
+		return err
+	}
+	if len(ps) == 0 {
+		return fmt.Errorf("no data to plot")
+	}
+	const (
+		pw, ph  = 6.2 * vg.Inch, 3.8 * vg.Inch // one panel
+		legendW = 1.5 * vg.Inch
+		titleH  = 0.45 * vg.Inch
+		cols    = 2
+	)
+	nrows := (len(ps) + cols - 1) / cols
+	w, h := pw*cols+legendW, ph*vg.Length(nrows)+titleH
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(100))
+	dc := draw.New(img)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+
+	ts := text.Style{Color: color.Black, Font: font.From(plot.DefaultFont, 13), Handler: plot.DefaultTextHandler,
+		XAlign: draw.XLeft, YAlign: draw.YTop}
+	dc.FillText(ts, vg.Point{X: 0.2 * vg.Inch, Y: h - 0.12*vg.Inch}, "zcbench: "+title)
+
+	grid := draw.Crop(dc, 0, -legendW, 0, -titleH)
+	tiles := draw.Tiles{Rows: nrows, Cols: cols, PadX: vg.Millimeter * 6, PadY: vg.Millimeter * 6,
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
+	grid2 := make([][]*plot.Plot, nrows)
+	for i := range grid2 {
+		grid2[i] = make([]*plot.Plot, cols)
+	}
+	for i, p := range ps {
+		grid2[i/cols][i%cols] = p
+	}
+	cs := plot.Align(grid2, tiles, grid)
+	for i, p := range ps {
+		p.Draw(cs[i/cols][i%cols])
+	}
+
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.TextStyle.Font = font.From(plot.DefaultFont, 12)
+	for _, mode := range st.modes {
+		l, pts, err := plotter.NewLinePoints(plotter.XYs{{X: 0, Y: 0}})
 		if err != nil {
 			return err
 		}
-		if p != nil {
-			ps = append(ps, []*plot.Plot{p})
-		}
+		l.Color, pts.Color, pts.Shape = st.color(mode), st.color(mode), st.shape(mode)
+		leg.Add(mode, l, pts)
 	}
-	const w, h = 9 * vg.Inch, 4.5 * vg.Inch
-	img := vgimg.NewWith(vgimg.UseWH(w, h*vg.Length(len(ps))), vgimg.UseDPI(110))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: len(ps), Cols: 1, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 6,
-		PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 3}
-	cs := plot.Align(ps, tiles, dc)
-	for i := range ps {
-		ps[i][0].Draw(cs[i][0])
-	}
+	legArea := draw.Crop(dc, w-legendW+4*vg.Millimeter, 0, 0, -titleH-4*vg.Millimeter)
+	leg.Draw(legArea)
+
 	f, err := os.Create(path)
 	if err != nil {
 		return err

@@ -1,13 +1,16 @@
 // Package report turns zcbench's repetitions into results: medians with min–max, the
-// table with ratios against net, the goal verdicts, the JSON file and the plots.
+// tables with ratios against net, the verdicts on issue 10's goals, the JSON file and
+// the plots.
 package report
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -26,16 +29,30 @@ type Figure func(harness.Rep) float64
 
 // The figures of a repetition.
 var (
-	Gbps        Figure = func(r harness.Rep) float64 { return r.Gbps }
-	MsgsPerS    Figure = func(r harness.Rep) float64 { return r.MsgsPerS }
-	P50         Figure = func(r harness.Rep) float64 { return r.P50us }
-	P99         Figure = func(r harness.Rep) float64 { return r.P99us }
-	P999        Figure = func(r harness.Rep) float64 { return r.P999us }
-	CPUPerGB    Figure = func(r harness.Rep) float64 { return r.CPUSndPerGB + r.CPURcvPerGB }
-	CPUSndPerGB Figure = func(r harness.Rep) float64 { return r.CPUSndPerGB }
-	CPURcvPerGB Figure = func(r harness.Rep) float64 { return r.CPURcvPerGB }
-	CPUPerMsg   Figure = func(r harness.Rep) float64 { return r.CPUusPerMsg }
+	Gbps         Figure = func(r harness.Rep) float64 { return r.Gbps }
+	MsgsPerS     Figure = func(r harness.Rep) float64 { return r.MsgsPerS }
+	P50          Figure = func(r harness.Rep) float64 { return r.P50us }
+	P99          Figure = func(r harness.Rep) float64 { return r.P99us }
+	P999         Figure = func(r harness.Rep) float64 { return r.P999us }
+	CPUPerGB     Figure = func(r harness.Rep) float64 { return r.CPUSndPerGB + r.CPURcvPerGB }
+	CPUSndPerGB  Figure = func(r harness.Rep) float64 { return r.CPUSndPerGB }
+	CPURcvPerGB  Figure = func(r harness.Rep) float64 { return r.CPURcvPerGB }
+	CPUPerMsg    Figure = func(r harness.Rep) float64 { return r.CPUusPerMsg }
+	SrvCPUPerMsg Figure = func(r harness.Rep) float64 { return r.SrvCPUusPerMsg }
+	// IdleBytes is the server's resident memory per idle connection (bytes).
+	IdleBytes Figure = func(r harness.Rep) float64 { return r.IdleBytesPerConn }
+	// IdlePinned is the server's pinned memory with every idle connection open (bytes).
+	IdlePinned Figure = func(r harness.Rep) float64 { return r.IdlePinned }
+	rssBefore  Figure = func(r harness.Rep) float64 { return nonZero(float64(r.Server.RSSBefore)) }
+	rssAfter   Figure = func(r harness.Rep) float64 { return nonZero(float64(r.Server.RSSAfter)) }
 )
+
+func nonZero(x float64) float64 {
+	if x == 0 {
+		return math.NaN()
+	}
+	return x
+}
 
 // Sum summarizes one figure over the repetitions.
 func (r Row) Sum(f Figure) stats.Summary {
@@ -50,18 +67,20 @@ func (r Row) Sum(f Figure) stats.Summary {
 // higher is better.
 func Headline(s harness.Scenario) (Figure, string, bool) {
 	switch s {
-	case harness.Bulk:
+	case harness.Bulk, harness.FileSend:
 		return Gbps, "gbps", true
 	case harness.PingPong:
 		return P99, "p99_us", false
+	case harness.Idle:
+		return IdleBytes, "idle_bytes_per_conn", false
 	default:
 		return MsgsPerS, "msgs_per_s", true
 	}
 }
 
-// Result is one JSON object of -json: one per (scenario, mode, size, conns). Figures
-// are medians over the repetitions; min and max are the spread of the headline figure
-// (named by "headline"); a figure that does not apply is null. zc_bytes and
+// Result is one object of the JSON's "results": one per (scenario, mode, size, conns).
+// Figures are medians over the repetitions; min and max are the spread of the headline
+// figure (named by "headline"); a figure that does not apply is null. zc_bytes and
 // copied_bytes (sends: zero-copy / copied) and rx_mapped_bytes and rx_copied_bytes
 // (mapped receive path: mapped pages / copied) are totals over all repetitions.
 type Result struct {
@@ -81,15 +100,25 @@ type Result struct {
 	ZCBytes     uint64   `json:"zc_bytes"`
 	CopiedBytes uint64   `json:"copied_bytes"`
 
-	// Beyond the issue's list: what min/max refer to, the CPU split, the raw
-	// headline of every repetition in run order.
-	Headline      string    `json:"headline"`
-	CPUSndPerGB   *float64  `json:"cpu_snd_s_per_gb"`
-	CPURcvPerGB   *float64  `json:"cpu_rcv_s_per_gb"`
-	CPUusPerMsg   *float64  `json:"cpu_us_per_msg"`
-	HeadlineReps  []float64 `json:"headline_reps"`
-	RxMappedBytes uint64    `json:"rx_mapped_bytes"`
-	RxCopiedBytes uint64    `json:"rx_copied_bytes"`
+	// What min/max refer to, the CPU split, the raw headline of every repetition in run
+	// order.
+	Headline       string    `json:"headline"`
+	CPUSndPerGB    *float64  `json:"cpu_snd_s_per_gb"`
+	CPURcvPerGB    *float64  `json:"cpu_rcv_s_per_gb"`
+	CPUusPerMsg    *float64  `json:"cpu_us_per_msg"`
+	SrvCPUusPerMsg *float64  `json:"srv_cpu_us_per_msg"`
+	HeadlineReps   []float64 `json:"headline_reps"`
+	RxMappedBytes  uint64    `json:"rx_mapped_bytes"`
+	RxCopiedBytes  uint64    `json:"rx_copied_bytes"`
+	// Idle: the server's resident memory per idle connection, VmRSS before the first
+	// and with all connections (bytes), and its pinned memory (VmPin) with them.
+	IdleBytesPerConn *float64 `json:"idle_bytes_per_conn"`
+	RSSBefore        *float64 `json:"rss_before_bytes"`
+	RSSAfter         *float64 `json:"rss_after_bytes"`
+	PinnedBytes      *float64 `json:"pinned_bytes"`
+	// Notes: what the server said about itself (zc's steering), from the last
+	// repetition.
+	Notes map[string]string `json:"notes,omitempty"`
 }
 
 func opt(s stats.Summary) *float64 {
@@ -111,7 +140,10 @@ func Results(rows []Row) []Result {
 			Gbps: opt(r.Sum(Gbps)), MsgsPerS: opt(r.Sum(MsgsPerS)),
 			P50us: opt(r.Sum(P50)), P99us: opt(r.Sum(P99)), P999us: opt(r.Sum(P999)),
 			CPUsPerGB: opt(r.Sum(CPUPerGB)), CPUSndPerGB: opt(r.Sum(CPUSndPerGB)), CPURcvPerGB: opt(r.Sum(CPURcvPerGB)),
-			CPUusPerMsg: opt(r.Sum(CPUPerMsg)), Headline: hname,
+			CPUusPerMsg: opt(r.Sum(CPUPerMsg)), SrvCPUusPerMsg: opt(r.Sum(SrvCPUPerMsg)), Headline: hname,
+			IdleBytesPerConn: opt(r.Sum(IdleBytes)), PinnedBytes: opt(r.Sum(IdlePinned)),
+			RSSBefore: opt(r.Sum(rssBefore)), RSSAfter: opt(r.Sum(rssAfter)),
+			Notes: notes(r),
 		}
 		if h.N > 0 {
 			lo, hi := h.Min, h.Max
@@ -131,9 +163,51 @@ func Results(rows []Row) []Result {
 	return out
 }
 
-// WriteJSON writes the results as a JSON array to path.
-func WriteJSON(path string, rows []Row) error {
-	b, err := json.MarshalIndent(Results(rows), "", "  ")
+// notes returns the notes of the last repetition: the server's, and the client's
+// with "client " before their keys.
+func notes(r Row) map[string]string {
+	if len(r.Reps) == 0 {
+		return nil
+	}
+	last := r.Reps[len(r.Reps)-1]
+	if len(last.Client.Notes) == 0 {
+		return last.Server.Notes
+	}
+	n := maps.Clone(last.Server.Notes)
+	if n == nil {
+		n = map[string]string{}
+	}
+	for k, v := range last.Client.Notes {
+		n["client "+k] = v
+	}
+	return n
+}
+
+// RunInfo describes the run in the JSON file.
+type RunInfo struct {
+	Title     string `json:"title"`
+	Reps      int    `json:"reps"`
+	Duration  string `json:"duration"`
+	Placement string `json:"placement"`
+	// MultiCore: the CPUs of the server and of the load generator.
+	MultiCoreServerCPUs []int `json:"multicore_server_cpus,omitempty"`
+	MultiCoreLoadCPUs   []int `json:"multicore_load_cpus,omitempty"`
+	// Skipped: scenarios this machine could not run, and why.
+	Skipped map[string]string `json:"skipped"`
+	Notes   []string          `json:"notes"`
+}
+
+// Document is the JSON file: the run, its results, the goal verdicts.
+type Document struct {
+	Run     RunInfo  `json:"run"`
+	Results []Result `json:"results"`
+	Goals   []Goal   `json:"goals"`
+}
+
+// WriteJSON writes the run, its results and the goal verdicts as one JSON object.
+func WriteJSON(path string, run RunInfo, rows []Row, goals []Goal) error {
+	doc := Document{Run: run, Results: Results(rows), Goals: goals}
+	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -154,6 +228,8 @@ func Find(rows []Row, s harness.Scenario, mode string, size, conns int) *Row {
 // SizeString prints a byte count the way the issue does: 64 B, 4 KiB, 1 MiB.
 func SizeString(n int) string {
 	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
 	case n >= 1<<20 && n%(1<<20) == 0:
 		return fmt.Sprintf("%d MiB", n>>20)
 	case n >= 1<<10 && n%(1<<10) == 0:
@@ -183,8 +259,23 @@ func ratio(a, b stats.Summary) string {
 	return fmt.Sprintf("%.2f", a.Median/b.Median)
 }
 
+// sumOf summarizes f over the row r points at, or nothing.
+func sumOf(r *Row, f Figure) stats.Summary {
+	if r == nil {
+		return stats.Summary{}
+	}
+	return r.Sum(f)
+}
+
+func mib(s stats.Summary) string {
+	if s.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", s.Median/(1<<20))
+}
+
 // Table prints the results, one section per scenario, with ratios against net (and
-// iperf3 for bulk). Ratios are of medians: mode/net.
+// iperf3 for bulk, netpoll for multi-core). Ratios are of medians: mode/net.
 func Table(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, sc := range harness.Scenarios {
@@ -201,39 +292,53 @@ func Table(w io.Writer, rows []Row) {
 		case harness.Bulk:
 			fmt.Fprintln(tw, "BULK (one stream)\tsize\tGbit/s median [min–max]\t×net\t×iperf3\tCPU s/GB snd+rcv\tsnd\trcv\tCPU ×net\t")
 		case harness.Echo:
-			fmt.Fprintln(tw, "ECHO (request/response)\tsize\tconns\tmsgs/s median [min–max]\t×net\tRTT p50 µs\tp99 µs\tCPU µs/msg\t")
+			fmt.Fprintln(tw, "ECHO (request/response, one CPU each side)\tsize\tconns\tmsgs/s median [min–max]\t×net\tRTT p50 µs\tp99 µs\tCPU µs/msg\t")
 		case harness.PingPong:
 			fmt.Fprintln(tw, "PING-PONG (one conn, RTT)\tsize\tp50 µs\tp99 µs median [min–max]\tp99.9 µs\tp99 ×net\tCPU µs/msg\t")
 		case harness.Stream:
-			fmt.Fprintln(tw, "SMALL-MESSAGE STREAM\tsize\tmsgs/s median [min–max]\t×net\tGbit/s\tCPU s/GB snd+rcv\t")
+			fmt.Fprintln(tw, "SMALL-MESSAGE STREAM (net: bufio.Writer)\tsize\tmsgs/s median [min–max]\t×net\tGbit/s\tCPU s/GB snd+rcv\t")
+		case harness.MultiCore:
+			fmt.Fprintln(tw, "MULTI-CORE ECHO (server N CPUs, load others)\tconns\tmsgs/s median [min–max]\t×net\t×netpoll\tRTT p50 µs\tp99 µs\tsrv CPU µs/msg\tsteering\t")
+		case harness.HTTP:
+			fmt.Fprintln(tw, "HTTP (net/http server on the mode's listener)\tconns\treq/s median [min–max]\t×net\tRTT p50 µs\tp99 µs\tsrv CPU µs/req\t")
+		case harness.FileSend:
+			fmt.Fprintln(tw, "FILE SEND (io.Copy from *os.File)\tframes\tGbit/s median [min–max]\t×net\tCPU s/GB snd\trcv\t")
+		case harness.Idle:
+			fmt.Fprintln(tw, "IDLE CONNECTIONS (server memory)\tconns\tbytes/conn median [min–max]\t×net\tRSS before MiB\twith conns MiB\tpinned MiB\t")
 		}
 		for _, r := range rs {
 			net := Find(rows, r.Scenario, "net", r.Size, r.Conns)
-			var netRow Row
-			if net != nil {
-				netRow = *net
-			}
 			size := SizeString(r.Size)
 			switch sc {
 			case harness.Bulk:
 				ip := Find(rows, r.Scenario, "iperf3", r.Size, r.Conns)
-				ipr := "-"
-				if ip != nil {
-					ipr = ratio(r.Sum(Gbps), ip.Sum(Gbps))
-				}
 				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, spread(r.Sum(Gbps), "%.2f"),
-					ratio(r.Sum(Gbps), netRow.Sum(Gbps)), ipr,
+					ratio(r.Sum(Gbps), sumOf(net, Gbps)), ratio(r.Sum(Gbps), sumOf(ip, Gbps)),
 					num(r.Sum(CPUPerGB), "%.3f"), num(r.Sum(CPUSndPerGB), "%.3f"), num(r.Sum(CPURcvPerGB), "%.3f"),
-					ratio(r.Sum(CPUPerGB), netRow.Sum(CPUPerGB)))
+					ratio(r.Sum(CPUPerGB), sumOf(net, CPUPerGB)))
 			case harness.Echo:
 				fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
-					ratio(r.Sum(MsgsPerS), netRow.Sum(MsgsPerS)), num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(CPUPerMsg), "%.2f"))
+					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(CPUPerMsg), "%.2f"))
 			case harness.PingPong:
 				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, num(r.Sum(P50), "%.1f"), spread(r.Sum(P99), "%.1f"),
-					num(r.Sum(P999), "%.1f"), ratio(r.Sum(P99), netRow.Sum(P99)), num(r.Sum(CPUPerMsg), "%.2f"))
+					num(r.Sum(P999), "%.1f"), ratio(r.Sum(P99), sumOf(net, P99)), num(r.Sum(CPUPerMsg), "%.2f"))
 			case harness.Stream:
 				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, spread(r.Sum(MsgsPerS), "%.0f"),
-					ratio(r.Sum(MsgsPerS), netRow.Sum(MsgsPerS)), num(r.Sum(Gbps), "%.3f"), num(r.Sum(CPUPerGB), "%.2f"))
+					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), num(r.Sum(Gbps), "%.3f"), num(r.Sum(CPUPerGB), "%.2f"))
+			case harness.MultiCore:
+				np := Find(rows, r.Scenario, "netpoll", r.Size, r.Conns)
+				fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
+					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), ratio(r.Sum(MsgsPerS), sumOf(np, MsgsPerS)),
+					num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(SrvCPUPerMsg), "%.2f"), notes(r)["steering"])
+			case harness.HTTP:
+				fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
+					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(SrvCPUPerMsg), "%.2f"))
+			case harness.FileSend:
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, spread(r.Sum(Gbps), "%.2f"),
+					ratio(r.Sum(Gbps), sumOf(net, Gbps)), num(r.Sum(CPUSndPerGB), "%.3f"), num(r.Sum(CPURcvPerGB), "%.3f"))
+			case harness.Idle:
+				fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, r.Conns, spread(r.Sum(IdleBytes), "%.0f"),
+					ratio(r.Sum(IdleBytes), sumOf(net, IdleBytes)), mib(r.Sum(rssBefore)), mib(r.Sum(rssAfter)), mib(r.Sum(IdlePinned)))
 			}
 		}
 		fmt.Fprintln(tw, "\t")
@@ -269,11 +374,41 @@ func mappedTable(w io.Writer, rows []Row) {
 	tw.Flush()
 }
 
-// Goal is the verdict on one goal of issue 4.
+// statusMET etc. are the verdicts of a goal.
+const (
+	StatusMet    = "MET"
+	StatusMissed = "MISSED"
+	// StatusNotRun starts the verdict of a goal whose figures this run did not measure:
+	// "NOT RUN (why)". Never MET.
+	StatusNotRun = "NOT RUN"
+)
+
+// Check is one comparison a goal makes: a ratio of medians of two figures measured in
+// this run, the spread of the same ratio taken round by round (the variants of one
+// round ran side by side), and whether it meets the target. A check without figures
+// (Text) compares a fact, such as the steering in use.
+type Check struct {
+	What     string   `json:"what"`
+	Ratio    *float64 `json:"ratio,omitempty"`
+	RoundMin *float64 `json:"round_min,omitempty"`
+	RoundMax *float64 `json:"round_max,omitempty"`
+	// A and B are the medians compared (Ratio = A/B), in Unit.
+	A    *float64 `json:"a,omitempty"`
+	B    *float64 `json:"b,omitempty"`
+	Unit string   `json:"unit,omitempty"`
+	// Target: "≥ 0.9", "≤ 0.8" for a ratio.
+	Target string `json:"target"`
+	Text   string `json:"text,omitempty"`
+	Met    bool   `json:"met"`
+}
+
+// Goal is the verdict on one goal of issue 10.
 type Goal struct {
-	Name   string
-	Status string // "met", "missed", or "n/a (...)"
-	Detail string
+	ID     int     `json:"id"`
+	Name   string  `json:"name"`
+	Status string  `json:"status"` // MET, MISSED, or NOT RUN (why)
+	Checks []Check `json:"checks"`
+	Note   string  `json:"note,omitempty"`
 }
 
 // Zero-copy mode names, as the zc adapters register them.
@@ -282,119 +417,268 @@ const (
 	ZCCopy   = "zc-copy"
 	ZCSendZC = "zc-sendzc"
 	ZCMmap   = "zc-mmap"
+	ZCNet    = "zc-net"
+	Netpoll  = "netpoll"
 )
 
-// Goals judges the goals of issue 4 on the medians of one run; a goal whose modes did
-// not run is "n/a".
-func Goals(rows []Row) []Goal {
-	na := func(name, mode string) Goal {
-		return Goal{Name: name, Status: fmt.Sprintf("n/a (%s not available)", mode)}
-	}
-	na0 := func(name string) Goal { return Goal{Name: name, Status: "n/a (mode not available)"} }
-	judge := func(name string, ok bool, detail string) Goal {
-		st := "missed"
-		if ok {
-			st = "met"
+// roundRatios pairs the repetitions of a and b by round and returns the min and max of
+// f(a)/f(b) over the rounds where both have a value.
+func roundRatios(a, b *Row, f Figure) (lo, hi float64, ok bool) {
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for _, ra := range a.Reps {
+		for _, rb := range b.Reps {
+			if ra.Round != rb.Round {
+				continue
+			}
+			x, y := f(ra), f(rb)
+			if math.IsNaN(x) || math.IsNaN(y) || y == 0 {
+				continue
+			}
+			lo, hi, ok = min(lo, x/y), max(hi, x/y), true
 		}
-		return Goal{Name: name, Status: st, Detail: detail}
+	}
+	return lo, hi, ok
+}
+
+func ptr(x float64) *float64 { return &x }
+
+// compare makes the check f(a)/f(b) against target (≥ when atLeast, else ≤).
+func compare(what string, a, b *Row, f Figure, unit string, target float64, atLeast bool) Check {
+	ma, mb := a.Sum(f).Median, b.Sum(f).Median
+	x := ma / mb
+	c := Check{What: what, Ratio: ptr(x), A: ptr(ma), B: ptr(mb), Unit: unit}
+	if lo, hi, ok := roundRatios(a, b, f); ok {
+		c.RoundMin, c.RoundMax = ptr(lo), ptr(hi)
+	}
+	if atLeast {
+		c.Target = fmt.Sprintf("≥ %.2g", target)
+		c.Met = x >= target
+	} else {
+		c.Target = fmt.Sprintf("≤ %.2g", target)
+		c.Met = x <= target
+	}
+	return c
+}
+
+func verdict(id int, name string, checks []Check, note string) Goal {
+	st := StatusMet
+	for _, c := range checks {
+		if !c.Met {
+			st = StatusMissed
+		}
+	}
+	return Goal{ID: id, Name: name, Status: st, Checks: checks, Note: note}
+}
+
+func notRun(id int, name, why string) Goal {
+	return Goal{ID: id, Name: name, Status: StatusNotRun + " (" + why + ")"}
+}
+
+// bulkSizes are the write sizes goals 1 and 6 judge.
+var bulkSizes = []int{4 << 10, 64 << 10, 1 << 20}
+
+// Goals judges the six goals of issue 10 on the medians of one run. skipped says why a
+// scenario did not run on this machine (MultiCore: "needs ≥ 4 CPUs"); a goal whose
+// figures are missing is NOT RUN, never MET.
+func Goals(rows []Row, skipped map[harness.Scenario]string) []Goal {
+	missing := func(s harness.Scenario, what string) string {
+		if why, ok := skipped[s]; ok {
+			return why
+		}
+		return what + " not measured"
 	}
 	var gs []Goal
-	const k64 = 64 << 10
-	zcBulk := Find(rows, harness.Bulk, ZC, k64, 1)
-	netBulk := Find(rows, harness.Bulk, "net", k64, 1)
-	ipBulk := Find(rows, harness.Bulk, "iperf3", k64, 1)
 
-	g := "bulk 64 KiB: zc ≥ 2.0× net (Gbit/s)"
-	switch {
-	case zcBulk == nil:
-		gs = append(gs, na0(g))
-	case netBulk == nil:
-		gs = append(gs, na(g, "net"))
-	default:
-		x := zcBulk.Sum(Gbps).Median / netBulk.Sum(Gbps).Median
-		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.3f×", x)))
-	}
-	g = "bulk 64 KiB: zc ≥ 2.5× iperf3 (Gbit/s)"
-	switch {
-	case zcBulk == nil:
-		gs = append(gs, na0(g))
-	case ipBulk == nil:
-		gs = append(gs, na(g, "iperf3"))
-	default:
-		x := zcBulk.Sum(Gbps).Median / ipBulk.Sum(Gbps).Median
-		gs = append(gs, judge(g, x >= 2.5, fmt.Sprintf("%.3f×", x)))
-	}
-	g = "bulk 64 KiB: zc CPU s/GB ≤ 0.6× net (sender+receiver)"
-	switch {
-	case zcBulk == nil:
-		gs = append(gs, na0(g))
-	case netBulk == nil:
-		gs = append(gs, na(g, "net"))
-	default:
-		x := zcBulk.Sum(CPUPerGB).Median / netBulk.Sum(CPUPerGB).Median
-		gs = append(gs, judge(g, x <= 0.6, fmt.Sprintf("%.3f×", x)))
-	}
-	g = "echo 64 B, 64 connections: zc ≥ 2.0× net (msgs/s)"
-	zcEcho, netEcho := Find(rows, harness.Echo, ZC, 64, 64), Find(rows, harness.Echo, "net", 64, 64)
-	switch {
-	case zcEcho == nil:
-		gs = append(gs, na0(g))
-	case netEcho == nil:
-		gs = append(gs, na(g, "net"))
-	default:
-		x := zcEcho.Sum(MsgsPerS).Median / netEcho.Sum(MsgsPerS).Median
-		gs = append(gs, judge(g, x >= 2.0, fmt.Sprintf("%.3f×", x)))
-	}
-	g = "ping-pong 64 B: zc p99 ≤ net p99"
-	zcPP, netPP := Find(rows, harness.PingPong, ZC, 64, 1), Find(rows, harness.PingPong, "net", 64, 1)
-	switch {
-	case zcPP == nil:
-		gs = append(gs, na0(g))
-	case netPP == nil:
-		gs = append(gs, na(g, "net"))
-	default:
-		a, b := zcPP.Sum(P99).Median, netPP.Sum(P99).Median
-		gs = append(gs, judge(g, a <= b, fmt.Sprintf("%.1f µs vs %.1f µs", a, b)))
-	}
-	g = "adaptive zc ≥ 0.95× zc-copy (bulk, every size; worst shown)"
-	worst, found, missing := math.Inf(1), false, ""
-	for _, r := range rows {
-		if r.Scenario != harness.Bulk || r.Mode != ZC || len(r.Reps) == 0 {
-			continue
+	// 1. Bulk: zc ≥ 0.9× the best single stream of any mode, at every size.
+	name := "bulk: zc ≥ 0.9× the best mode's Gbit/s at every write size (4 KiB–1 MiB)"
+	var checks []Check
+	why := ""
+	for _, size := range bulkSizes {
+		z := Find(rows, harness.Bulk, ZC, size, 1)
+		if z == nil {
+			why = missing(harness.Bulk, "zc bulk "+SizeString(size))
+			break
 		}
-		cp := Find(rows, harness.Bulk, ZCCopy, r.Size, r.Conns)
-		if cp == nil {
-			missing = ZCCopy
-			continue
+		best := z
+		for i := range rows {
+			r := &rows[i]
+			if r.Scenario == harness.Bulk && r.Size == size && r.Conns == 1 && len(r.Reps) > 0 &&
+				r.Sum(Gbps).Median > best.Sum(Gbps).Median {
+				best = r
+			}
 		}
-		found = true
-		worst = min(worst, r.Sum(Gbps).Median/cp.Sum(Gbps).Median)
+		checks = append(checks, compare(fmt.Sprintf("%s: zc / %s (best)", SizeString(size), best.Mode), z, best, Gbps, "Gbit/s", 0.9, true))
 	}
+	if why != "" {
+		gs = append(gs, notRun(1, name, why))
+	} else {
+		gs = append(gs, verdict(1, name, checks, ""))
+	}
+
+	// 2. Bulk CPU per GB at 64 KiB.
+	name = "bulk 64 KiB: zc CPU s/GB (sender + receiver) ≤ 0.8× net"
+	z, n := Find(rows, harness.Bulk, ZC, 64<<10, 1), Find(rows, harness.Bulk, "net", 64<<10, 1)
+	if z == nil || n == nil {
+		gs = append(gs, notRun(2, name, missing(harness.Bulk, "bulk 64 KiB of zc and net")))
+	} else {
+		gs = append(gs, verdict(2, name, []Check{compare("zc / net", z, n, CPUPerGB, "CPU s/GB", 0.8, false)}, ""))
+	}
+
+	// 3. Multi-core echo, 512 connections.
+	gs = append(gs, multiCoreGoal(rows, missing))
+
+	// 4. Ping-pong p99.
+	name = "ping-pong 64 B: zc RTT p99 ≤ 0.8× net"
+	z, n = Find(rows, harness.PingPong, ZC, 64, 1), Find(rows, harness.PingPong, "net", 64, 1)
+	if z == nil || n == nil {
+		gs = append(gs, notRun(4, name, missing(harness.PingPong, "ping-pong of zc and net")))
+	} else {
+		note := "zc's default configuration (its Config has no busy-poll / SQPOLL option to measure as well)"
+		if cp := Find(rows, harness.PingPong, ZCCopy, 64, 1); cp != nil {
+			note += fmt.Sprintf("; zc-copy p99 %.2f× net", cp.Sum(P99).Median/n.Sum(P99).Median)
+		}
+		gs = append(gs, verdict(4, name, []Check{compare("zc / net", z, n, P99, "µs", 0.8, false)}, note))
+	}
+
+	// 5. The net.Conn face: HTTP and a file send through the adapter.
+	name = "net.Conn face: HTTP req/s over NetListen ≥ 1.0× net/http on Go net; file send through the adapter ≥ 1.0× io.Copy on *net.TCPConn"
+	zh, nh := Find(rows, harness.HTTP, ZCNet, 64, 32), Find(rows, harness.HTTP, "net", 64, 32)
+	zf, nf := Find(rows, harness.FileSend, ZCNet, 64<<10, 1), Find(rows, harness.FileSend, "net", 64<<10, 1)
 	switch {
-	case found:
-		gs = append(gs, judge(g, worst >= 0.95, fmt.Sprintf("%.3f×", worst)))
-	case missing != "":
-		gs = append(gs, na(g, missing))
+	case zh == nil || nh == nil:
+		gs = append(gs, notRun(5, name, missing(harness.HTTP, "HTTP of zc-net and net")))
+	case zf == nil || nf == nil:
+		gs = append(gs, notRun(5, name, missing(harness.FileSend, "file send of zc-net and net")))
 	default:
-		gs = append(gs, na0(g))
+		note := ""
+		if n := notes(*zf); n["client io.ReaderFrom"] != "" {
+			note = fmt.Sprintf("zc-net's connection implements io.ReaderFrom: %s, io.WriterTo: %s (net's: %s, %s)",
+				n["client io.ReaderFrom"], n["client io.WriterTo"], notes(*nf)["client io.ReaderFrom"], notes(*nf)["client io.WriterTo"])
+		}
+		gs = append(gs, verdict(5, name, []Check{
+			compare("HTTP: zc-net / net", zh, nh, MsgsPerS, "req/s", 1.0, true),
+			compare("file send: zc-net / net", zf, nf, Gbps, "Gbit/s", 1.0, true),
+		}, note))
+	}
+
+	// 6. Adaptive zero-copy never costs more than copying.
+	name = "adaptive: zc ≥ 0.98× zc-copy (Gbit/s) at every bulk size"
+	checks, why = nil, ""
+	for _, size := range bulkSizes {
+		z, cp := Find(rows, harness.Bulk, ZC, size, 1), Find(rows, harness.Bulk, ZCCopy, size, 1)
+		if z == nil || cp == nil {
+			why = missing(harness.Bulk, "bulk "+SizeString(size)+" of zc and zc-copy")
+			break
+		}
+		checks = append(checks, compare(SizeString(size)+": zc / zc-copy", z, cp, Gbps, "Gbit/s", 0.98, true))
+	}
+	if why != "" {
+		gs = append(gs, notRun(6, name, why))
+	} else {
+		gs = append(gs, verdict(6, name, checks, ""))
 	}
 	return gs
 }
 
-// PrintGoals writes the verdicts.
-func PrintGoals(w io.Writer, gs []Goal) {
-	fmt.Fprintln(w, "GOALS (issue 4, medians of this run)")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, g := range gs {
-		d := g.Detail
-		if d != "" {
-			d = "(" + d + ")"
-		}
-		st := g.Status
-		if st == "met" || st == "missed" {
-			st = strings.ToUpper(st)
-		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", g.Name, st, d)
+// multiCoreGoal judges goal 3: with 512 connections, zc ≥ 2× net and ≥ 1.5× netpoll
+// (msgs/s), and zc's default steering is the BPF CPU policy where BPF loads and says it
+// hashes where it does not.
+func multiCoreGoal(rows []Row, missing func(harness.Scenario, string) string) Goal {
+	const name = "multi-core echo (server on 4 CPUs, 512 conns): zc ≥ 2× net and ≥ 1.5× netpoll (msgs/s), CPU-locality steering by default"
+	z, n, np := Find(rows, harness.MultiCore, ZC, 64, 512), Find(rows, harness.MultiCore, "net", 64, 512),
+		Find(rows, harness.MultiCore, Netpoll, 64, 512)
+	switch {
+	case z == nil || n == nil:
+		return notRun(3, name, missing(harness.MultiCore, "multicore 512 conns of zc and net"))
+	case np == nil:
+		return notRun(3, name, "netpoll not measured")
 	}
-	tw.Flush()
+	checks := []Check{
+		compare("zc / net", z, n, MsgsPerS, "msgs/s", 2.0, true),
+		compare("zc / netpoll", z, np, MsgsPerS, "msgs/s", 1.5, true),
+	}
+	// zc's server notes how its listener steered: BPF with a policy, or the hash and
+	// why (a fallback says BPF did not load).
+	steer := notes(*z)["steering"]
+	checks = append(checks, Check{What: "zc's default steering", Text: steer,
+		Target: "bpf (cpu policy) where BPF loads, else hash (fallback: why)",
+		Met:    strings.HasPrefix(steer, "bpf (cpu policy)") || strings.HasPrefix(steer, "hash (fallback")})
+	note := fmt.Sprintf("RTT p99: zc %.0f µs, net %.0f µs, netpoll %.0f µs", z.Sum(P99).Median, n.Sum(P99).Median, np.Sum(P99).Median)
+	if len(z.Reps) > 0 {
+		if q := z.Reps[len(z.Reps)-1].Server.Notes["per_queue"]; q != "" {
+			note += "; zc connections per queue: " + q
+		}
+	}
+	var other []string
+	for _, m := range []string{"zc-hash", "zc-cpu"} {
+		if r := Find(rows, harness.MultiCore, m, 64, 512); r != nil {
+			other = append(other, fmt.Sprintf("%s %.2f× net", m, r.Sum(MsgsPerS).Median/n.Sum(MsgsPerS).Median))
+		}
+	}
+	if len(other) > 0 {
+		note += "; " + strings.Join(other, ", ")
+	}
+	if cpus := z.Reps[0].Server.CPUs; len(cpus) != 4 {
+		note += fmt.Sprintf("; the server had %d CPUs, not 4", len(cpus))
+	}
+	return verdict(3, name, checks, note)
+}
+
+// fmtCheck is one check on one line.
+func fmtCheck(c Check) string {
+	if c.Ratio == nil {
+		st := "missed"
+		if c.Met {
+			st = "met"
+		}
+		return fmt.Sprintf("%s: %s (want %s): %s", c.What, c.Text, c.Target, st)
+	}
+	s := fmt.Sprintf("%s = %.3f×", c.What, *c.Ratio)
+	if c.RoundMin != nil {
+		s += fmt.Sprintf(" [rounds %.2f–%.2f]", *c.RoundMin, *c.RoundMax)
+	}
+	s += fmt.Sprintf(" (%s vs %s %s), want %s: ", fmtNum(*c.A), fmtNum(*c.B), c.Unit, c.Target)
+	if c.Met {
+		return s + "met"
+	}
+	return s + "missed"
+}
+
+func fmtNum(x float64) string {
+	switch a := math.Abs(x); {
+	case a >= 1000:
+		return fmt.Sprintf("%.0f", x)
+	case a >= 100:
+		return fmt.Sprintf("%.1f", x)
+	default:
+		return fmt.Sprintf("%.3g", x)
+	}
+}
+
+// PrintGoals writes the verdicts, each with its checks.
+func PrintGoals(w io.Writer, gs []Goal) {
+	fmt.Fprintln(w, "GOALS (issue 10): ratios of medians measured side by side in this run; [rounds min–max] is the same ratio round by round")
+	for _, g := range gs {
+		fmt.Fprintf(w, "  %d. %s: %s\n", g.ID, g.Name, g.Status)
+		for _, c := range g.Checks {
+			fmt.Fprintf(w, "       %s\n", fmtCheck(c))
+		}
+		if g.Note != "" {
+			fmt.Fprintf(w, "       (%s)\n", g.Note)
+		}
+	}
+}
+
+// Summary is the one-line tally of the verdicts: "MET 1, MISSED 3, NOT RUN 2".
+func Summary(gs []Goal) string {
+	n := map[string]int{}
+	for _, g := range gs {
+		n[strings.SplitN(g.Status, " (", 2)[0]]++
+	}
+	keys := slices.Sorted(maps.Keys(n))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, n[k])
+	}
+	return strings.Join(parts, ", ")
 }

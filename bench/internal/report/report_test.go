@@ -12,15 +12,22 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/harness"
 )
 
-func nanRep() harness.Rep {
+func nanRep(round int) harness.Rep {
 	n := math.NaN()
-	return harness.Rep{Gbps: n, MsgsPerS: n, P50us: n, P99us: n, P999us: n, CPUSndPerGB: n, CPURcvPerGB: n, CPUusPerMsg: n}
+	return harness.Rep{Gbps: n, MsgsPerS: n, P50us: n, P99us: n, P999us: n, CPUSndPerGB: n, CPURcvPerGB: n,
+		CPUusPerMsg: n, SrvCPUusPerMsg: n, IdleBytesPerConn: n, IdlePinned: n, Round: round}
 }
 
+// bulk is a bulk row with one repetition per Gbit/s figure (round = position); CPU per
+// GB is 1.5/Gbit/s (sender 1, receiver 0.5).
 func bulk(mode string, size int, gbps ...float64) Row {
-	r := Row{Variant: harness.Variant{Scenario: harness.Bulk, Mode: mode, Size: size, Conns: 1}}
-	for _, g := range gbps {
-		rep := nanRep()
+	return oneWay(harness.Bulk, mode, size, gbps...)
+}
+
+func oneWay(s harness.Scenario, mode string, size int, gbps ...float64) Row {
+	r := Row{Variant: harness.Variant{Scenario: s, Mode: mode, Size: size, Conns: 1}}
+	for i, g := range gbps {
+		rep := nanRep(i)
 		rep.Gbps, rep.MsgsPerS, rep.CPUSndPerGB, rep.CPURcvPerGB = g, g*1e9/8/float64(size), 1/g, 0.5/g
 		rep.ZCBytes, rep.CopiedBytes = 10, 5
 		r.Reps = append(r.Reps, rep)
@@ -28,38 +35,67 @@ func bulk(mode string, size int, gbps ...float64) Row {
 	return r
 }
 
-func rr(s harness.Scenario, mode string, size, conns int, msgs, p99 float64) Row {
+// rr is a request/response row with one repetition per msgs/s figure; p99 as given.
+func rr(s harness.Scenario, mode string, size, conns int, p99 float64, msgs ...float64) Row {
 	r := Row{Variant: harness.Variant{Scenario: s, Mode: mode, Size: size, Conns: conns}}
-	rep := nanRep()
-	rep.MsgsPerS, rep.P50us, rep.P99us, rep.P999us, rep.CPUusPerMsg = msgs, p99/2, p99, p99*2, 3
+	for i, m := range msgs {
+		rep := nanRep(i)
+		rep.MsgsPerS, rep.P50us, rep.P99us, rep.P999us, rep.CPUusPerMsg, rep.SrvCPUusPerMsg = m, p99/2, p99, p99*2, 3, 1
+		r.Reps = append(r.Reps, rep)
+	}
+	return r
+}
+
+func idle(mode string, conns int, perConn float64) Row {
+	r := Row{Variant: harness.Variant{Scenario: harness.Idle, Mode: mode, Size: 64, Conns: conns}}
+	rep := nanRep(0)
+	rep.IdleConns, rep.IdleBytesPerConn, rep.IdlePinned = conns, perConn, 32<<20
+	rep.Server.RSSBefore, rep.Server.RSSAfter = 10<<20, 10<<20+uint64(perConn*float64(conns))
 	r.Reps = append(r.Reps, rep)
 	return r
 }
 
-// The JSON objects carry exactly the fields the issue lists (plus documented extras),
-// null where a figure does not apply.
-func TestJSONSchema(t *testing.T) {
-	rows := []Row{bulk("net", 65536, 10, 12, 11), rr(harness.PingPong, "net", 64, 1, 1000, 50)}
+func withSteering(r Row, steering string) Row {
+	for i := range r.Reps {
+		r.Reps[i].Server.Notes = map[string]string{"steering": steering, "per_queue": "q0:128 q1:128 q2:128 q3:128"}
+		r.Reps[i].Server.CPUs = []int{0, 1, 2, 3}
+	}
+	return r
+}
+
+// The JSON document: the run, the results with the fields the issues list (null where
+// a figure does not apply), the goals.
+func TestJSONDocument(t *testing.T) {
+	rows := []Row{bulk("net", 65536, 10, 12, 11), rr(harness.PingPong, "net", 64, 1, 50, 1000), idle("zc", 100, 2048)}
 	path := filepath.Join(t.TempDir(), "r.json")
-	if err := WriteJSON(path, rows); err != nil {
+	run := RunInfo{Title: "test", Reps: 3, Skipped: map[string]string{"multicore": "needs ≥ 4 CPUs"}}
+	if err := WriteJSON(path, run, rows, Goals(rows, nil)); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var objs []map[string]any
-	if err := json.Unmarshal(b, &objs); err != nil {
+	var doc struct {
+		Run     map[string]any   `json:"run"`
+		Results []map[string]any `json:"results"`
+		Goals   []map[string]any `json:"goals"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	if len(objs) != 2 {
-		t.Fatalf("%d objects, want 2", len(objs))
+	if doc.Run["title"] != "test" || doc.Run["skipped"].(map[string]any)["multicore"] != "needs ≥ 4 CPUs" {
+		t.Errorf("run = %v", doc.Run)
+	}
+	if len(doc.Results) != 3 || len(doc.Goals) != 6 {
+		t.Fatalf("%d results, %d goals", len(doc.Results), len(doc.Goals))
 	}
 	required := []string{"scenario", "mode", "size", "conns", "reps", "gbps", "msgs_per_s", "p50_us", "p99_us",
 		"p999_us", "cpu_s_per_gb", "min", "max", "zc_bytes", "copied_bytes"}
-	extras := []string{"headline", "cpu_snd_s_per_gb", "cpu_rcv_s_per_gb", "cpu_us_per_msg", "headline_reps",
-		"rx_mapped_bytes", "rx_copied_bytes"}
-	for _, o := range objs {
+	extras := []string{"headline", "cpu_snd_s_per_gb", "cpu_rcv_s_per_gb", "cpu_us_per_msg", "srv_cpu_us_per_msg",
+		"headline_reps", "rx_mapped_bytes", "rx_copied_bytes", "idle_bytes_per_conn", "rss_before_bytes",
+		"rss_after_bytes", "pinned_bytes", "notes"}
+	for _, o := range doc.Results {
 		for _, k := range required {
 			if _, ok := o[k]; !ok {
 				t.Errorf("field %q missing in %v", k, o)
@@ -71,9 +107,10 @@ func TestJSONSchema(t *testing.T) {
 			}
 		}
 	}
-	b0, p1 := objs[0], objs[1]
+	b0, p1, i2 := doc.Results[0], doc.Results[1], doc.Results[2]
 	want := map[string]any{"scenario": "bulk", "mode": "net", "size": 65536.0, "conns": 1.0, "reps": 3.0,
-		"gbps": 11.0, "min": 10.0, "max": 12.0, "p99_us": nil, "zc_bytes": 30.0, "copied_bytes": 15.0, "headline": "gbps"}
+		"gbps": 11.0, "min": 10.0, "max": 12.0, "p99_us": nil, "zc_bytes": 30.0, "copied_bytes": 15.0, "headline": "gbps",
+		"idle_bytes_per_conn": nil}
 	for k, v := range want {
 		if b0[k] != v {
 			t.Errorf("bulk %s = %v, want %v", k, b0[k], v)
@@ -83,76 +120,163 @@ func TestJSONSchema(t *testing.T) {
 		t.Errorf("cpu_s_per_gb = %v, want the median of snd+rcv", cpu)
 	}
 	want = map[string]any{"scenario": "pingpong", "gbps": nil, "cpu_s_per_gb": nil, "p99_us": 50.0, "p50_us": 25.0,
-		"p999_us": 100.0, "min": 50.0, "max": 50.0, "headline": "p99_us"}
+		"p999_us": 100.0, "min": 50.0, "max": 50.0, "headline": "p99_us", "srv_cpu_us_per_msg": 1.0}
 	for k, v := range want {
 		if p1[k] != v {
 			t.Errorf("pingpong %s = %v, want %v", k, p1[k], v)
 		}
 	}
-}
-
-func goalMap(gs []Goal) map[string]Goal {
-	m := map[string]Goal{}
-	for _, g := range gs {
-		m[g.Name] = g
+	want = map[string]any{"scenario": "idle", "headline": "idle_bytes_per_conn", "idle_bytes_per_conn": 2048.0,
+		"pinned_bytes": float64(32 << 20), "rss_before_bytes": float64(10 << 20), "msgs_per_s": nil, "min": 2048.0}
+	for k, v := range want {
+		if i2[k] != v {
+			t.Errorf("idle %s = %v, want %v", k, i2[k], v)
+		}
 	}
-	return m
+	g := doc.Goals[3] // ping-pong: zc not measured
+	if g["id"] != 4.0 || !strings.HasPrefix(g["status"].(string), "NOT RUN") {
+		t.Errorf("goal 4 = %v", g)
+	}
 }
 
-func TestGoalsWithoutZC(t *testing.T) {
+func goalByID(t *testing.T, gs []Goal, id int) Goal {
+	t.Helper()
+	for _, g := range gs {
+		if g.ID == id {
+			return g
+		}
+	}
+	t.Fatalf("goal %d missing", id)
+	return Goal{}
+}
+
+// With nothing of zc measured every goal is NOT RUN, and the multi-core goal says why
+// this machine did not run it.
+func TestGoalsNotRun(t *testing.T) {
 	rows := []Row{bulk("net", 65536, 10), bulk("iperf3", 65536, 5)}
-	gs := Goals(rows)
+	gs := Goals(rows, map[harness.Scenario]string{harness.MultiCore: "needs ≥ 4 CPUs (this machine lets zcbench use 2)"})
 	if len(gs) != 6 {
 		t.Fatalf("%d goals, want 6", len(gs))
 	}
 	for _, g := range gs {
-		if g.Status != "n/a (mode not available)" {
-			t.Errorf("%s: %q", g.Name, g.Status)
+		if !strings.HasPrefix(g.Status, StatusNotRun+" (") {
+			t.Errorf("goal %d: %q", g.ID, g.Status)
+		}
+	}
+	if s := goalByID(t, gs, 3).Status; s != "NOT RUN (needs ≥ 4 CPUs (this machine lets zcbench use 2))" {
+		t.Errorf("goal 3: %q", s)
+	}
+	// Multi-core measured but netpoll missing: still NOT RUN, never MET.
+	rows = append(rows, withSteering(rr(harness.MultiCore, ZC, 64, 512, 100, 900), "bpf (cpu policy)"),
+		rr(harness.MultiCore, "net", 64, 512, 100, 100))
+	if s := goalByID(t, Goals(rows, nil), 3).Status; s != "NOT RUN (netpoll not measured)" {
+		t.Errorf("goal 3 without netpoll: %q", s)
+	}
+	// A missing bulk size keeps goals 1 and 6 from being judged on the others.
+	rows = []Row{bulk(ZC, 4096, 5), bulk(ZCCopy, 4096, 5), bulk(ZC, 65536, 5), bulk(ZCCopy, 65536, 5)}
+	gs = Goals(rows, nil)
+	for _, id := range []int{1, 6} {
+		if s := goalByID(t, gs, id).Status; !strings.Contains(s, "1 MiB") || !strings.HasPrefix(s, StatusNotRun) {
+			t.Errorf("goal %d: %q", id, s)
 		}
 	}
 }
 
 func TestGoalsJudged(t *testing.T) {
-	const k64 = 64 << 10
+	const k4, k64, m1 = 4 << 10, 64 << 10, 1 << 20
 	rows := []Row{
-		bulk("net", k64, 10), bulk("iperf3", k64, 9), bulk(ZC, k64, 21), bulk(ZCCopy, k64, 20),
-		bulk(ZC, 4096, 5), bulk(ZCCopy, 4096, 6),
-		rr(harness.Echo, "net", 64, 64, 1000, 100), rr(harness.Echo, ZC, 64, 64, 1900, 100),
-		rr(harness.PingPong, "net", 64, 1, 1000, 50), rr(harness.PingPong, ZC, 64, 1, 1000, 50),
+		// 1: zc/best 0.95 at 4 KiB (iperf3 best), 1.0 at 64 KiB (zc best), 0.5 at 1 MiB.
+		bulk("net", k4, 9, 9), bulk("iperf3", k4, 10, 10), bulk(ZC, k4, 9.5, 9.5), bulk(ZCCopy, k4, 10, 10),
+		bulk("net", k64, 20, 20), bulk(ZC, k64, 25, 30), bulk(ZCCopy, k64, 20, 20),
+		bulk("net", m1, 40, 40), bulk(ZC, m1, 20, 20), bulk(ZCCopy, m1, 20, 20),
+		// 3: zc 2.5× net, 1.4× netpoll.
+		withSteering(rr(harness.MultiCore, ZC, 64, 512, 300, 250, 250), "bpf (cpu policy)"),
+		rr(harness.MultiCore, "net", 64, 512, 600, 100, 100), rr(harness.MultiCore, Netpoll, 64, 512, 400, 180, 180),
+		// 4: p99 0.8× net exactly.
+		rr(harness.PingPong, "net", 64, 1, 100, 1000), rr(harness.PingPong, ZC, 64, 1, 80, 1000),
+		// 5: HTTP 1.1×, file send 0.9×.
+		rr(harness.HTTP, "net", 64, 32, 100, 1000), rr(harness.HTTP, ZCNet, 64, 32, 100, 1100),
+		oneWay(harness.FileSend, "net", k64, 10), oneWay(harness.FileSend, ZCNet, k64, 9),
 	}
-	g := goalMap(Goals(rows))
-	for name, want := range map[string]string{
-		"bulk 64 KiB: zc ≥ 2.0× net (Gbit/s)":                         "met",    // 2.1×
-		"bulk 64 KiB: zc ≥ 2.5× iperf3 (Gbit/s)":                      "missed", // 2.33×
-		"bulk 64 KiB: zc CPU s/GB ≤ 0.6× net (sender+receiver)":       "met",    // 10/21
-		"echo 64 B, 64 connections: zc ≥ 2.0× net (msgs/s)":           "missed", // 1.9×
-		"ping-pong 64 B: zc p99 ≤ net p99":                            "met",    // equal
-		"adaptive zc ≥ 0.95× zc-copy (bulk, every size; worst shown)": "missed", // 5/6 at 4 KiB
-	} {
-		got, ok := g[name]
-		if !ok {
-			t.Errorf("goal %q missing", name)
-			continue
-		}
-		if got.Status != want {
-			t.Errorf("%s: %s (%s), want %s", name, got.Status, got.Detail, want)
+	gs := Goals(rows, nil)
+	for id, want := range map[int]string{1: StatusMissed, 2: StatusMet, 3: StatusMissed, 4: StatusMet, 5: StatusMissed, 6: StatusMissed} {
+		if g := goalByID(t, gs, id); g.Status != want {
+			t.Errorf("goal %d: %s, want %s: %+v", id, g.Status, want, g.Checks)
 		}
 	}
-	if d := g["adaptive zc ≥ 0.95× zc-copy (bulk, every size; worst shown)"].Detail; d != "0.833×" {
-		t.Errorf("worst ratio shown as %q", d)
+	g1 := goalByID(t, gs, 1)
+	if len(g1.Checks) != 3 || !g1.Checks[0].Met || !strings.Contains(g1.Checks[0].What, "iperf3") ||
+		!strings.Contains(g1.Checks[1].What, "zc (best)") || g1.Checks[2].Met || *g1.Checks[2].Ratio != 0.5 {
+		t.Errorf("goal 1 checks: %+v", g1.Checks)
+	}
+	// 2: zc's CPU/GB is the median of 1.5/25 and 1.5/30 against 1.5/20; the per-round
+	// ratios are 20/25 and 20/30.
+	c2 := goalByID(t, gs, 2).Checks[0]
+	if math.Abs(*c2.Ratio-(0.06+0.05)/2/0.075) > 1e-9 || math.Abs(*c2.RoundMin-20.0/30) > 1e-9 || math.Abs(*c2.RoundMax-20.0/25) > 1e-9 {
+		t.Errorf("goal 2: ratio %v, rounds %v–%v", *c2.Ratio, *c2.RoundMin, *c2.RoundMax)
+	}
+	g3 := goalByID(t, gs, 3)
+	if len(g3.Checks) != 3 || !g3.Checks[0].Met || g3.Checks[1].Met || !g3.Checks[2].Met ||
+		!strings.Contains(g3.Note, "p99: zc 300 µs, net 600 µs, netpoll 400 µs") {
+		t.Errorf("goal 3: %+v %q", g3.Checks, g3.Note)
+	}
+	g6 := goalByID(t, gs, 6)
+	if len(g6.Checks) != 3 || g6.Checks[0].Met || !g6.Checks[1].Met || !g6.Checks[2].Met {
+		t.Errorf("goal 6 checks: %+v", g6.Checks)
+	}
+	// Steering that is neither the CPU policy nor a visible fallback misses goal 3.
+	rows[10] = withSteering(rr(harness.MultiCore, ZC, 64, 512, 300, 900, 900), "bpf (hash policy)")
+	g3 = goalByID(t, Goals(rows, nil), 3)
+	if g3.Status != StatusMissed || !g3.Checks[0].Met || !g3.Checks[1].Met || g3.Checks[2].Met {
+		t.Errorf("goal 3 with hash policy: %s %+v", g3.Status, g3.Checks)
+	}
+	rows[10] = withSteering(rr(harness.MultiCore, ZC, 64, 512, 300, 900, 900), "hash (fallback: not root)")
+	if g := goalByID(t, Goals(rows, nil), 3); g.Status != StatusMet {
+		t.Errorf("goal 3 with a visible fallback: %s %+v", g.Status, g.Checks)
+	}
+
+	var sb strings.Builder
+	PrintGoals(&sb, gs)
+	out := sb.String()
+	for _, s := range []string{"1. bulk", ": MISSED", ": MET", "4 KiB: zc / iperf3 (best) = 0.950× [rounds 0.95–0.95] (9.5 vs 10 Gbit/s), want ≥ 0.9: met",
+		"zc's default steering: bpf (cpu policy)"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("goals output lacks %q:\n%s", s, out)
+		}
+	}
+	if got := Summary(gs); got != "MET 2, MISSED 4" {
+		t.Errorf("Summary = %q", got)
+	}
+}
+
+// Round pairing: a repetition missing in one row leaves that round out.
+func TestRoundRatios(t *testing.T) {
+	a, b := bulk("a", 4096, 10, 20, 30), bulk("b", 4096, 10, 10, 10)
+	b.Reps = slices.Delete(b.Reps, 2, 3)
+	lo, hi, ok := roundRatios(&a, &b, Gbps)
+	if !ok || lo != 1 || hi != 2 {
+		t.Errorf("rounds %v–%v %v, want 1–2", lo, hi, ok)
+	}
+	if _, _, ok := roundRatios(&a, &Row{}, Gbps); ok {
+		t.Error("ratios from an empty row")
 	}
 }
 
 func TestTableAndPNG(t *testing.T) {
 	rows := []Row{
 		bulk("net", 4096, 3, 4), bulk("syscall", 4096, 3), bulk("net", 65536, 10, 11, 12), bulk("syscall", 65536, 9),
-		rr(harness.Echo, "net", 64, 64, 1000, 100), rr(harness.PingPong, "net", 64, 1, 1000, 50),
-		rr(harness.PingPong, "syscall", 64, 1, 900, 40), rr(harness.Stream, "net", 64, 1, 5000, math.NaN()),
+		rr(harness.Echo, "net", 64, 64, 100, 1000), rr(harness.PingPong, "net", 64, 1, 50, 1000),
+		rr(harness.PingPong, "syscall", 64, 1, 40, 900), rr(harness.Stream, "net", 64, 1, math.NaN(), 5000),
+		rr(harness.MultiCore, "net", 64, 512, 100, 2000), withSteering(rr(harness.MultiCore, ZC, 64, 512, 100, 5000), "bpf (cpu policy)"),
+		rr(harness.MultiCore, Netpoll, 64, 512, 100, 2500),
+		rr(harness.HTTP, "net", 64, 32, 500, 20000), oneWay(harness.FileSend, "net", 65536, 17),
+		idle("net", 10000, 6000), idle(ZC, 10000, 1500),
 	}
 	var sb strings.Builder
 	Table(&sb, rows)
 	out := sb.String()
-	for _, s := range []string{"BULK", "ECHO", "PING-PONG", "SMALL-MESSAGE STREAM", "11.00 [10.00–12.00]", "0.80", "0.82"} {
+	for _, s := range []string{"BULK", "ECHO", "PING-PONG", "SMALL-MESSAGE STREAM (net: bufio.Writer)", "11.00 [10.00–12.00]", "0.80", "0.82",
+		"MULTI-CORE", "2.50  2.00", "bpf (cpu policy)", "HTTP", "FILE SEND", "IDLE CONNECTIONS", "6000 [6000–6000]", "0.25", "32.0"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
@@ -165,10 +289,44 @@ func TestTableAndPNG(t *testing.T) {
 	if err != nil || len(b) < 1000 || string(b[1:4]) != "PNG" {
 		t.Fatalf("PNG: %d bytes, %v", len(b), err)
 	}
+	if err := WritePNG(path, nil, "empty"); err == nil {
+		t.Error("a PNG without data")
+	}
+}
+
+// Every tick marker labels at least two values of any sensible range.
+func TestTicks(t *testing.T) {
+	for _, r := range [][2]float64{{0, 1}, {0, 27}, {0, 4.3}, {0, 180000}, {10, 35}} {
+		n := 0
+		for _, tk := range (linTicks{}).Ticks(r[0], r[1]) {
+			if tk.Label != "" {
+				n++
+			}
+		}
+		if n < 3 || n > 12 {
+			t.Errorf("linear %v: %d labels", r, n)
+		}
+	}
+	for _, r := range [][2]float64{{40, 2000}, {12000, 35000}, {60, 90}, {15000, 1.2e7}} {
+		n := 0
+		for _, tk := range (logTicks{}).Ticks(r[0], r[1]) {
+			if tk.Label != "" {
+				n++
+			}
+		}
+		if n < 2 {
+			t.Errorf("log %v: %d labels", r, n)
+		}
+	}
+	for v, want := range map[float64]string{0: "0", 2.5: "2.5", 150: "150", 25000: "25k", 1.5e6: "1.5M", 2e6: "2M", 0.25: "0.25"} {
+		if got := human(v); got != want {
+			t.Errorf("human(%v) = %q, want %q", v, got, want)
+		}
+	}
 }
 
 func TestSizeString(t *testing.T) {
-	for n, want := range map[int]string{64: "64 B", 1024: "1 KiB", 4096: "4 KiB", 65536: "64 KiB", 1 << 20: "1 MiB", 1500: "1500 B"} {
+	for n, want := range map[int]string{64: "64 B", 1024: "1 KiB", 4096: "4 KiB", 65536: "64 KiB", 1 << 20: "1 MiB", 1 << 30: "1 GiB", 1500: "1500 B"} {
 		if got := SizeString(n); got != want {
 			t.Errorf("SizeString(%d) = %q, want %q", n, got, want)
 		}

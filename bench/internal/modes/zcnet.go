@@ -1,0 +1,70 @@
+package modes
+
+import (
+	"context"
+	"net"
+	"slices"
+
+	"github.com/zcnet/zcnet/bench/internal/harness"
+	"github.com/zcnet/zcnet/zc"
+)
+
+// ZCNet ("zc-net") is zc's net.Conn face (Engine.NetListen / Engine.NetDial) driven by
+// the very code that drives Go net (blocking.go): what a program that keeps its
+// net.Conn code gets by switching to zc. It runs the scenarios of issue 10's goal 5:
+// net/http on NetListen (HTTP), a file sent with io.Copy from an *os.File (FileSend:
+// io.Copy uses the connection's io.ReaderFrom when it has one), and idle connections.
+// The engine is configured like "zc"'s (io_uring, fallback forbidden, NoPin).
+type ZCNet struct{}
+
+var zcNetScenarios = []harness.Scenario{harness.FileSend, harness.HTTP, harness.Idle}
+
+// Name implements harness.Mode.
+func (ZCNet) Name() string { return "zc-net" }
+
+// Supports implements harness.ScenarioSupporter.
+func (ZCNet) Supports(s harness.Scenario) bool { return slices.Contains(zcNetScenarios, s) }
+
+// Available implements harness.Mode.
+func (ZCNet) Available() error { return ZC{path: zc.SendAdaptive}.Available() }
+
+// Server implements harness.Mode.
+func (ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
+	e, err := zc.New(ZC{path: zc.SendAdaptive}.config(c, true))
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	ln, err := e.NetListen("tcp", c.Addr)
+	if err != nil {
+		return err
+	}
+	if c.Scenario == harness.HTTP {
+		err = harness.ServeHTTP(c, m, ln, ready)
+	} else {
+		err = serve(c, m, netConnListener{ln}, ready)
+	}
+	m.Stop() // the engine's teardown is not measured
+	addZCStats(m, e)
+	return err
+}
+
+// Client implements harness.Mode.
+func (ZCNet) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
+	e, err := zc.New(ZC{path: zc.SendAdaptive}.config(c, false))
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	err = drive(c, m, func() (stream, error) { return e.NetDial(ctx, "tcp", c.Addr) })
+	m.Stop()
+	addZCStats(m, e)
+	return err
+}
+
+// netConnListener serves any net.Listener to the blocking loops.
+type netConnListener struct{ l net.Listener }
+
+func (n netConnListener) Accept() (stream, error) { return n.l.Accept() }
+func (n netConnListener) Addr() string            { return n.l.Addr().String() }
+func (n netConnListener) Close() error            { return n.l.Close() }
