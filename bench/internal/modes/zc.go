@@ -187,6 +187,16 @@ func (z ZC) config(c harness.Case, server bool) zc.Config {
 			cfg.RecvBufSize = 32 << 10
 			cfg.RecvBufs = bufCount(cfg.RecvBufSize, budget)
 		}
+		// The pools grow with demand: cap them at what this process may lock.
+		cfg.SendPoolMax = max(budget, cfg.SendBufs*cfg.SendBufSize)
+	}
+	// SendBufs/RecvBufs are where the pools start (they grow from there); the caps (default
+	// 32 MiB each) must hold them.
+	if n := cfg.SendBufs * max(cfg.SendBufSize, 64<<10); n > max(cfg.SendPoolMax, 32<<20) {
+		cfg.SendPoolMax = n
+	}
+	if n := cfg.RecvBufs * max(cfg.RecvBufSize, 32<<10); n > max(cfg.RecvPoolMax, 32<<20) {
+		cfg.RecvPoolMax = n
 	}
 	return cfg
 }
@@ -261,7 +271,7 @@ func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount)
 // (rx_mapped_bytes / rx_copied_bytes, RecvMapped only).
 func addZCStats(m *harness.Meter, e *zc.Engine) {
 	st := e.Stats()
-	m.AddZeroCopy(st.BytesSentZC, st.BytesZCCopied+st.BytesSentCopy+st.BytesSentPlain)
+	m.AddZeroCopy(st.BytesSentZC, st.BytesZCCopied+st.BytesSentCopy)
 	m.AddRecvMapped(st.BytesRecvMapped, st.BytesRecvMappedCopied)
 }
 
