@@ -332,7 +332,7 @@ func (b *uringBackend) listen(p *lpart) {
 	}
 	p.ud = b.q.NewOp((*upart)(p), tagAccept)
 	sqe := b.u.GetSQE()
-	sqe.PrepMultishotAccept(int32(p.fd), unix.SOCK_CLOEXEC)
+	sqe.PrepMultishotAccept(int32(p.fd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 	sqe.UserData = p.ud
 	p.armed = true
 }

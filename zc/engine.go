@@ -233,12 +233,15 @@ type Stats struct {
 	Queues   int
 	Conns    int
 
-	BytesSentZC    uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
-	BytesZCCopied  uint64 // sent zero-copy, but the kernel reported it copied them
-	BytesSentCopy  uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
-	BytesRecvRing  uint64 // received through the provided-buffer ring
-	BytesRecvPlain uint64 // received with read(2) (plain backend)
-	BytesRecvShim  uint64 // received through the zcshim module
+	BytesSentZC   uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
+	BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
+	BytesSentCopy uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
+	// BytesSentSpliced: sent by the net.Conn face's ReadFrom with sendfile(2) or splice(2),
+	// never through user memory.
+	BytesSentSpliced uint64
+	BytesRecvRing    uint64 // received through the provided-buffer ring
+	BytesRecvPlain   uint64 // received with read(2) (plain backend)
+	BytesRecvShim    uint64 // received through the zcshim module
 	// BytesRecvMapped / BytesRecvMappedCopied: received through the mapped window (RecvMapped),
 	// as mapped pages / copied because they could not be mapped.
 	BytesRecvMapped       uint64
@@ -286,6 +289,7 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesSentZC += c.sentZC.Load()
 	s.BytesZCCopied += c.zcCopied.Load()
 	s.BytesSentCopy += c.sentCopy.Load()
+	s.BytesSentSpliced += c.sentSpliced.Load()
 	s.BytesRecvRing += c.recvRing.Load()
 	s.BytesRecvPlain += c.recvPlain.Load()
 	s.BytesRecvShim += c.recvShim.Load()

@@ -58,3 +58,8 @@ func waitSendBuffersBack(t testing.TB, e *Engine) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+var (
+	timeNow         = time.Now
+	timeMillisecond = time.Millisecond
+)

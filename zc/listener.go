@@ -299,7 +299,7 @@ func (l *Listener) create(q *queue, fd int) {
 		unix.Close(fd)
 		return
 	}
-	s, err := tcpglue.FromAcceptedFD(fd, l.family, q.be.name() != BackendIOUring)
+	s, err := tcpglue.FromAcceptedFD(fd, l.family, true) // every backend: non-blocking
 	if err != nil {
 		unix.Close(fd)
 		return

@@ -20,6 +20,7 @@ import (
 type netConn struct {
 	c *Conn
 
+	wmu     sync.Mutex // serializes Write and ReadFrom (a write is never interleaved)
 	mu      sync.Mutex
 	rq      []Data
 	roff    int
@@ -198,6 +199,8 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 
 // Write queues p for sending. It blocks while the connection has too much queued.
 func (n *netConn) Write(p []byte) (int, error) {
+	n.wmu.Lock()
+	defer n.wmu.Unlock()
 	n.mu.Lock()
 	closed := n.closed
 	n.mu.Unlock()

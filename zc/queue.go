@@ -45,6 +45,7 @@ type counters struct {
 	creditPauses, closeTimeouts, handlerPanics     atomic.Uint64
 	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
+	sentSpliced                                    atomic.Uint64
 }
 
 // queue is one of the engine's queues: an event loop, its backend, its send pool and its
