@@ -145,10 +145,18 @@ func (b *epollCommon) stopListen(p *lpart) {
 	p.finish()
 }
 
+func (b *epollCommon) pauseListen(p *lpart) {
+	if p.armed {
+		b.ep.Del(p.fd)
+		b.q.FreeOp(p.ud)
+		p.armed = false
+	}
+}
+
 func (ep *epart) OnEvent(lq *loop.Queue, ev loop.Event) {
 	p := (*lpart)(ep)
 	b := p.q.be.(interface{ common() *epollCommon }).common()
-	for i := 0; i < 64 && p.armed && !p.closing; i++ {
+	for i := 0; i < 64 && p.armed && !p.closing && !p.paused; i++ {
 		fd, _, err := unix.Accept4(p.fd, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 		if err == unix.EINTR || err == unix.ECONNABORTED {
 			continue
@@ -205,6 +213,7 @@ func newPlainBackend(q *queue) (loop.Driver, error) {
 
 func (b *plainBackend) common() *epollCommon      { return &b.epollCommon }
 func (b *plainBackend) name() Backend             { return BackendPlain }
+func (b *plainBackend) directOK() bool            { return true }
 func (b *plainBackend) zeroCopy() bool            { return false }
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *plainBackend) sending(c *Conn) bool      { return c.wantOut }

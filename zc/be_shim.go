@@ -131,6 +131,7 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 
 func (b *shimBackend) common() *epollCommon      { return &b.epollCommon }
 func (b *shimBackend) name() Backend             { return BackendShim }
+func (b *shimBackend) directOK() bool            { return false }
 func (b *shimBackend) zeroCopy() bool            { return true }
 func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *shimBackend) sending(c *Conn) bool      { return c.shim != nil && c.shim.inflight > 0 }

@@ -74,6 +74,7 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 }
 
 func (b *uringBackend) name() Backend                 { return BackendIOUring }
+func (b *uringBackend) directOK() bool                { return true }
 func (b *uringBackend) zeroCopy() bool                { return true }
 func (b *uringBackend) recvPool() *memreg.Pool        { return b.rr.Pool() }
 func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
@@ -345,6 +346,12 @@ func (b *uringBackend) stopListen(p *lpart) {
 	p.finish()
 }
 
+func (b *uringBackend) pauseListen(p *lpart) {
+	if p.armed {
+		b.u.CancelOp(p.ud) // the final completion comes back without re-arming
+	}
+}
+
 func (up *upart) OnEvent(lq *loop.Queue, ev loop.Event) {
 	p := (*lpart)(up)
 	b := p.q.be.(*uringBackend)
@@ -365,6 +372,7 @@ func (up *upart) OnEvent(lq *loop.Queue, ev loop.Event) {
 	switch {
 	case p.closing:
 		p.finish()
+	case p.paused:
 	case pause || p.backoff > 0 && ev.Res < 0:
 		p.pauseAccept()
 	default:

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
@@ -382,6 +384,19 @@ func (c *Conn) writeCopy(p []byte) error {
 func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 	written := 0
 	c.mu.Lock()
+	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) {
+		// Nothing queued or in flight: write(2) right here, as Go's net does, instead of
+		// waking the queue (a cross-thread hand-off per write). The socket is non-blocking;
+		// what does not fit goes through the queue. mu keeps the loop from starting a send
+		// meanwhile, so the stream stays in order.
+		k, err := c.directWrite(p)
+		if err != nil {
+			c.mu.Unlock()
+			return 0, c.opErr("write", err)
+		}
+		written += k
+		p = p[k:]
+	}
 	for len(p) > 0 {
 		if c.werr != nil {
 			err := c.werr
@@ -446,6 +461,60 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 		c.schedule()
 	}
 	return written, nil
+}
+
+// idleLocked reports whether nothing of ours is queued or in the kernel (mu held).
+func (c *Conn) idleLocked() bool {
+	return c.started && !c.kicked && c.werr == nil && len(c.out) == 0 && !c.hasStage && c.queued == 0
+}
+
+// mayCopy reports whether a write of n bytes may go out by copy: not on the shim backend
+// (its sends are the module's zero-copy sends), not under SendZeroCopy, not when the adaptive
+// policy would send it zero-copy now.
+func (c *Conn) mayCopy(n int) bool {
+	if !c.q.be.directOK() {
+		return false
+	}
+	switch c.e.cfg.SendPath {
+	case SendZeroCopy:
+		return false
+	case SendCopy:
+		return true
+	}
+	return n < c.e.cfg.ZCThreshold || !c.zc.on()
+}
+
+// directWrite writes p on the non-blocking socket; EAGAIN is not an error (0 written).
+func (c *Conn) directWrite(p []byte) (int, error) {
+	var n int
+	err := c.sock.Control(func(fd int) error {
+		for {
+			k, err := unix.Write(fd, p)
+			switch err {
+			case nil:
+				n = k
+				return nil
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return nil
+			}
+			return err
+		}
+	})
+	if err != nil {
+		var oe *tcpglue.OpError
+		if errors.As(err, &oe) && oe.Op == "control" {
+			return 0, ErrClosed
+		}
+		return 0, err
+	}
+	if n > 0 {
+		c.ctr.sentCopy.Add(uint64(n))
+		c.q.ctr.sentCopy.Add(uint64(n))
+		c.q.ctr.directWrites.Add(1)
+	}
+	return n, nil
 }
 
 func (c *Conn) spaceLocked() chan struct{} {

@@ -248,9 +248,12 @@ type Stats struct {
 	BytesRecvMappedCopied uint64
 	RecvMappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
 	SendOps               uint64 // copying send operations (one may carry many buffers)
-	SendZCOps             uint64 // zero-copy send operations
-	ZCSwitches            uint64 // times an adaptive connection switched to copying sends
-	ZCProbes              uint64 // times an adaptive connection tried zero-copy again
+	// DirectWrites: Writes made with write(2) by the writing goroutine itself because nothing
+	// was queued (no hand-off to the queue; the bytes count in BytesSentCopy).
+	DirectWrites uint64
+	SendZCOps    uint64 // zero-copy send operations
+	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
+	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
 
 	Waits          uint64 // io_uring_enter / epoll_wait calls
 	Events         uint64 // completions and readiness events handled
@@ -297,6 +300,7 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesRecvMappedCopied += c.recvMappedCopied.Load()
 	s.RecvMappedFallbacks += c.mappedFallbacks.Load()
 	s.SendOps += c.sendOps.Load()
+	s.DirectWrites += c.directWrites.Load()
 	s.SendZCOps += c.sendZCOps.Load()
 	s.ZCSwitches += c.zcSwitches.Load()
 	s.ZCProbes += c.zcProbes.Load()

@@ -46,6 +46,7 @@ type lpart struct {
 	ud      uint64
 	armed   bool
 	closing bool
+	paused  bool // accepting suspended (SetAcceptPaused)
 	stopped atomic.Bool
 	backoff time.Duration
 	timer   *loop.Timer
@@ -211,7 +212,34 @@ func (p *lpart) start() {
 		p.finish()
 		return
 	}
-	p.q.be.listen(p)
+	if !p.paused {
+		p.q.be.listen(p)
+	}
+}
+
+// SetAcceptPaused stops (true) or restarts (false) accepting: while paused new connections
+// wait in the kernel's backlog (and beyond it are refused by the kernel), which is how a
+// consumer that cannot keep up pushes back. It is asynchronous.
+func (l *Listener) SetAcceptPaused(on bool) error {
+	if l.closed.Load() {
+		return &OpError{Op: "pause", Net: l.network, Addr: l.addr, Err: ErrClosed}
+	}
+	for _, p := range l.parts {
+		p.q.Post(func() {
+			if p.closing || p.paused == on {
+				return
+			}
+			p.paused = on
+			if on {
+				if p.armed {
+					p.q.be.pauseListen(p)
+				}
+			} else if p.timer == nil {
+				p.q.be.listen(p)
+			}
+		})
+	}
+	return nil
 }
 
 // accepted takes one accepted descriptor (loop only).
@@ -251,10 +279,12 @@ func (p *lpart) pauseAccept() {
 	}
 	p.timer = p.q.After(p.backoff, func() {
 		p.timer = nil
-		if !p.closing {
+		if p.closing {
+			if !p.armed {
+				p.finish()
+			}
+		} else if !p.paused {
 			p.q.be.listen(p)
-		} else if !p.armed {
-			p.finish()
 		}
 	})
 }

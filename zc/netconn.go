@@ -314,28 +314,45 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 	return nc, nil
 }
 
-// netListener is the net.Listener face.
+// netListener is the net.Listener face. Accepted connections wait in a queue for Accept;
+// when acceptBacklog of them wait, the listener stops accepting (the kernel's backlog holds
+// the rest) until Accept catches up: a slow Accept never makes zc refuse connections.
 type netListener struct {
 	l      *Listener
-	ch     chan *netConn
+	mu     sync.Mutex
+	q      []*netConn
+	paused bool
+	shut   bool // Close ran: refuse what is still accepted
+	ready  chan struct{}
 	closed chan struct{}
 	once   sync.Once
-	drops  atomic.Uint64
+	pauses atomic.Uint64
 }
+
+const acceptBacklog = 1024
 
 // NetListen listens like Listen and returns a net.Listener whose Accept returns net.Conns.
 func (e *Engine) NetListen(network, address string) (net.Listener, error) {
-	nl := &netListener{ch: make(chan *netConn, 1024), closed: make(chan struct{})}
+	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{})}
 	l, err := e.Listen(network, address, func(c *Conn) Handler {
 		nc := newNetConn(c)
-		select {
-		case nl.ch <- nc:
-			return nc
-		default:
-			// Accept backlog full: refuse rather than block the queue.
-			nl.drops.Add(1)
-			return nil
+		nl.mu.Lock()
+		if nl.shut {
+			nl.mu.Unlock()
+			return nil // closed meanwhile: refuse
 		}
+		nl.q = append(nl.q, nc)
+		pause := len(nl.q) >= acceptBacklog && !nl.paused
+		if pause {
+			nl.paused = true
+		}
+		nl.mu.Unlock()
+		if pause {
+			nl.pauses.Add(1)
+			nl.l.SetAcceptPaused(true)
+		}
+		signal(nl.ready)
+		return nc
 	})
 	if err != nil {
 		var zerr *OpError
@@ -349,11 +366,32 @@ func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 }
 
 func (nl *netListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-nl.ch:
-		return c, nil
-	case <-nl.closed:
-		return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+	for {
+		nl.mu.Lock()
+		if len(nl.q) > 0 {
+			c := nl.q[0]
+			nl.q[0] = nil
+			nl.q = nl.q[1:]
+			resume := nl.paused && len(nl.q) <= acceptBacklog/2
+			if resume {
+				nl.paused = false
+			}
+			more := len(nl.q) > 0
+			nl.mu.Unlock()
+			if resume {
+				nl.l.SetAcceptPaused(false)
+			}
+			if more {
+				signal(nl.ready)
+			}
+			return c, nil
+		}
+		nl.mu.Unlock()
+		select {
+		case <-nl.ready:
+		case <-nl.closed:
+			return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+		}
 	}
 }
 
@@ -362,13 +400,13 @@ func (nl *netListener) Close() error {
 	nl.once.Do(func() {
 		close(nl.closed)
 		err = nl.l.Close()
-		for {
-			select {
-			case c := <-nl.ch:
-				c.Close()
-			default:
-				return
-			}
+		nl.mu.Lock()
+		q := nl.q
+		nl.q = nil
+		nl.shut = true
+		nl.mu.Unlock()
+		for _, c := range q {
+			c.Close()
 		}
 	})
 	return err

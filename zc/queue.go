@@ -25,12 +25,14 @@ type backend interface {
 	closeSocket(c *Conn)
 	freeOp(c *Conn, ud uint64)
 	zeroCopy() bool // sends can be zero-copy
+	directOK() bool // a writer may write(2) the socket itself when nothing is queued
 	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
 	dial(c *Conn)
 	cancelDial(c *Conn)
 	// listen starts accepting on p's socket; stopListen stops it (p.stopped() when done).
 	listen(p *lpart)
 	stopListen(p *lpart)
+	pauseListen(p *lpart) // stop accepting until listen is called again
 	// recvPool is the pool receive buffers come from.
 	recvPool() *memreg.Pool
 	close()
@@ -45,7 +47,7 @@ type counters struct {
 	creditPauses, closeTimeouts, handlerPanics     atomic.Uint64
 	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
-	sentSpliced                                    atomic.Uint64
+	sentSpliced, directWrites                      atomic.Uint64
 }
 
 // queue is one of the engine's queues: an event loop, its backend, its send pool and its
