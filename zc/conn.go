@@ -226,10 +226,11 @@ func (c *Conn) onLoop() bool { return c.e.onAnyLoop() }
 // ---- buffers ---------------------------------------------------------------------------
 
 // Buffer returns an empty send buffer from the connection's queue pool (growing the pool
-// when it may). Fill it and pass it to Send, or Release it. It fails with an error matching
-// memreg.ErrExhausted when the pool is at its cap and every buffer is in use.
+// when it may, unless this connection already has MaxQueuedBytes queued). Fill it and pass it
+// to Send, or Release it. It fails with an error matching memreg.ErrExhausted when no buffer
+// is free (then OnWritable, or a returning buffer, says when to try again).
 func (c *Conn) Buffer() (memreg.Buf, error) {
-	b, err := c.q.getSendBuf()
+	b, err := c.q.getSendBufFor(c)
 	if err != nil {
 		return b, c.opErr("buffer", err)
 	}
@@ -240,7 +241,7 @@ func (c *Conn) Buffer() (memreg.Buf, error) {
 // waiters are served in arrival order. On a queue goroutine it returns ErrWouldBlock instead
 // of waiting.
 func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
-	b, err := c.q.getSendBuf()
+	b, err := c.q.getSendBufFor(c)
 	if err == nil {
 		return b, nil
 	}

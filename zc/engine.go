@@ -116,7 +116,7 @@ func (e *Engine) startQueues(b Backend) error {
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
 		q := &queue{e: e, idx: i, space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
-		lq, err := loop.Start(loop.Config{ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin}, func(lq *loop.Queue) (loop.Driver, error) {
+		lq, err := loop.Start(loop.Config{ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
 			switch b {
@@ -256,6 +256,7 @@ type Stats struct {
 	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
 
 	Waits          uint64 // io_uring_enter / epoll_wait calls
+	BusyPolls      uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
 	Events         uint64 // completions and readiness events handled
 	Wakeups        uint64 // cross-goroutine wake-ups of sleeping queues
 	CQOverflows    uint64
@@ -326,6 +327,7 @@ func (e *Engine) Stats() Stats {
 		s.addCounters(&q.ctr)
 		ls := q.Queue.Stats()
 		s.Waits += ls.Waits
+		s.BusyPolls += ls.Spins
 		s.Events += ls.Events
 		s.Wakeups += ls.Wakeups
 		s.CQOverflows += ls.Overflows

@@ -179,7 +179,11 @@ func (q *queue) oldest(ch chan memreg.Buf) bool {
 
 // getSendBuf takes a send buffer, growing the pool (on the loop: registration needs the
 // ring's thread) when it is empty and may grow.
-func (q *queue) getSendBuf() (memreg.Buf, error) {
+func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getSendBufFor(nil) }
+
+// getSendBufFor is getSendBuf for connection c: the pool does not grow for a connection that
+// already has MaxQueuedBytes queued (growth serves many connections, not one unbounded queue).
+func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) {
 	for {
 		b, err := q.send.Get()
 		if err == nil || !errors.Is(err, memreg.ErrExhausted) {
@@ -187,6 +191,9 @@ func (q *queue) getSendBuf() (memreg.Buf, error) {
 		}
 		if !q.send.CanGrow() {
 			return b, memreg.ErrPoolCap
+		}
+		if c != nil && c.Queued() >= q.e.cfg.MaxQueuedBytes {
+			return b, err
 		}
 		grow := func() error {
 			if q.send.Free() > 0 {

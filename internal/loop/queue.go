@@ -23,6 +23,9 @@ type Config struct {
 	ID    int
 	CPU   int  // pin the queue's thread to this CPU (unless NoPin)
 	NoPin bool // leave the thread free to run anywhere
+	// BusyPoll, when positive, makes the loop poll (non-blocking waits) for up to this long
+	// before it goes to sleep: lower latency for a CPU that spins.
+	BusyPoll time.Duration
 }
 
 // Driver waits for a queue's events and dispatches them (Queue.Dispatch). All its methods
@@ -75,6 +78,7 @@ type Stats struct {
 	Stray     uint64 // events for operations that no longer exist
 	OpsLive   int64  // operations registered and not freed
 	Overflows uint64 // completion-queue overflows the driver had to flush
+	Spins     uint64 // non-blocking polls made while busy-polling
 }
 
 // Queue is one event loop.
@@ -100,8 +104,8 @@ type Queue struct {
 	runErr  error
 	mu      sync.Mutex
 
-	waits, events, wakeups, stray, overflows atomic.Uint64
-	opsLive                                  atomic.Int64
+	waits, events, wakeups, stray, overflows, spins atomic.Uint64
+	opsLive                                         atomic.Int64
 }
 
 // Start starts a queue: its goroutine locks an OS thread (pinned unless NoPin), creates the
@@ -168,6 +172,16 @@ func (q *Queue) loop() {
 		}
 		q.flush()
 		timeout := q.nextTimeout()
+		if timeout != 0 && q.cfg.BusyPoll > 0 && q.inbox.empty() && len(q.dirty) == 0 {
+			busy, err := q.spin(timeout)
+			if err != nil {
+				q.runErr = err
+				return
+			}
+			if busy {
+				continue
+			}
+		}
 		if !q.inbox.empty() || len(q.dirty) > 0 {
 			timeout = 0
 		} else if timeout != 0 {
@@ -182,6 +196,30 @@ func (q *Queue) loop() {
 		if err != nil {
 			q.runErr = err
 			return
+		}
+	}
+}
+
+// spin polls the driver without sleeping for up to BusyPoll (or the next timer); it reports
+// whether something happened.
+func (q *Queue) spin(timeout time.Duration) (bool, error) {
+	until := time.Now().Add(q.cfg.BusyPoll)
+	if timeout > 0 && timeout < q.cfg.BusyPoll {
+		until = time.Now().Add(timeout)
+	}
+	for {
+		before := q.events.Load()
+		err := q.drv.Wait(0)
+		q.waits.Add(1)
+		q.spins.Add(1)
+		if err != nil {
+			return false, err
+		}
+		if q.events.Load() != before || !q.inbox.empty() || len(q.dirty) > 0 || q.stopReq.Load() {
+			return true, nil
+		}
+		if !time.Now().Before(until) {
+			return false, nil
 		}
 	}
 }
@@ -368,7 +406,7 @@ func (q *Queue) NoteOverflow() { q.overflows.Add(1) }
 // Stats returns the queue's counters.
 func (q *Queue) Stats() Stats {
 	return Stats{Waits: q.waits.Load(), Events: q.events.Load(), Wakeups: q.wakeups.Load(),
-		Stray: q.stray.Load(), OpsLive: q.opsLive.Load(), Overflows: q.overflows.Load()}
+		Stray: q.stray.Load(), OpsLive: q.opsLive.Load(), Overflows: q.overflows.Load(), Spins: q.spins.Load()}
 }
 
 // Stopped is closed when the queue's loop has exited.

@@ -438,3 +438,37 @@ func TestRecvBufferOutlivesQueue(t *testing.T) {
 		t.Fatal("region not unmapped after the release")
 	}
 }
+
+// A busy-polling queue still serves posts and timers, and polls instead of sleeping.
+func TestBusyPoll(t *testing.T) {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
+		t.Run(k.String(), func(t *testing.T) {
+			q, err := Start(Config{NoPin: true, BusyPoll: 2 * time.Millisecond}, func(q *Queue) (Driver, error) {
+				if k == kindURing {
+					return NewURing(q, URingConfig{})
+				}
+				return NewEpoll(q)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			for i := 0; i < 50; i++ {
+				if err := q.Do(func() error { return nil }); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			fired := make(chan struct{})
+			q.Post(func() { q.After(5*time.Millisecond, func() { close(fired) }) })
+			select {
+			case <-fired:
+			case <-time.After(10 * time.Second):
+				t.Fatal("timer did not fire")
+			}
+			if q.Stats().Spins == 0 {
+				t.Fatal("never polled")
+			}
+		})
+	}
+}

@@ -30,6 +30,8 @@ func init() {
 	registered = append(registered,
 		ZC{name: "zc", path: zc.SendAdaptive, scens: []harness.Scenario{b, e, p, s, mc, idle}},
 		ZC{name: "zc-copy", path: zc.SendCopy, scens: []harness.Scenario{b, e, p, s}},
+		// Opt-in busy polling (Config.BusyPoll): the latency mode of goal 4.
+		ZC{name: "zc-busy", busy: 100 * time.Microsecond, scens: []harness.Scenario{e, p}},
 		ZC{name: "zc-sendzc", path: zc.SendZeroCopy, scens: []harness.Scenario{b}},
 		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true, scens: []harness.Scenario{b}},
 		// Steering set explicitly (the default "zc" takes Config's default steering).
@@ -79,6 +81,7 @@ type ZC struct {
 	mmap      bool
 	steer     zc.SteeringMode
 	cpuPolicy bool
+	busy      time.Duration // Config.BusyPoll
 	scens     []harness.Scenario
 }
 
@@ -150,7 +153,7 @@ func directSend(c harness.Case) bool { return c.Size >= 4096 }
 // config is the engine configuration of one side of c.
 func (z ZC) config(c harness.Case, server bool) zc.Config {
 	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path,
-		Steering: z.steer}
+		Steering: z.steer, BusyPoll: z.busy}
 	if z.cpuPolicy {
 		cfg.SteerPolicy = bpf.PolicyCPU
 	}
