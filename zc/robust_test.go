@@ -585,3 +585,84 @@ func testForeignBuffers(t *testing.T, cfg Config) {
 	<-c.Done()
 	waitSendBuffersBack(t, cli)
 }
+
+// TestRecvPoolExhaustedResumes: the handler holds every receive buffer of its queue (the
+// pool at its cap), the queue goes to sleep, and buffers released later from another
+// goroutine wake it: receiving resumes and every byte arrives.
+func TestRecvPoolExhaustedResumes(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			srv := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 4096, RecvBufs: 4, RecvPoolMax: 4 * 4096, MaxRecvHeld: 1 << 20})
+			cli := newEngine(t, Config{Backend: b, Queues: 1})
+			var mu sync.Mutex
+			var held []Data
+			got := 0
+			full := make(chan struct{}, 1)
+			sum := sha256.New()
+			done := make(chan struct{})
+			const total = 1 << 20
+			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler {
+				return HandlerFuncs{Data: func(c *Conn, d Data) {
+					mu.Lock()
+					sum.Write(d.Bytes())
+					got += d.Len()
+					held = append(held, d)
+					n, g := len(held), got
+					mu.Unlock()
+					if n >= 4 {
+						select {
+						case full <- struct{}{}:
+						default:
+						}
+					}
+					if g == total {
+						close(done)
+					}
+				}}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := payload(total)
+			if _, err := c.Write(want); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				select {
+				case <-done:
+					mu.Lock()
+					for _, d := range held {
+						d.Release()
+					}
+					ok := bytes.Equal(sum.Sum(nil), sha256Sum(want))
+					mu.Unlock()
+					if !ok {
+						t.Fatal("received bytes differ")
+					}
+					c.Close()
+					return
+				case <-full:
+					time.Sleep(20 * time.Millisecond) // the queue has nothing to do: it sleeps
+					mu.Lock()
+					for _, d := range held {
+						d.Release()
+					}
+					held = held[:0]
+					mu.Unlock()
+				case <-time.After(20 * time.Second):
+					t.Fatalf("stalled at %d of %d bytes\n%s", got, total, engineDump(srv))
+				}
+			}
+		})
+	}
+}
+
+func sha256Sum(p []byte) []byte {
+	s := sha256.Sum256(p)
+	return s[:]
+}

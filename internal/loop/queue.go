@@ -291,11 +291,25 @@ func (q *Queue) Schedule(f Flusher) error {
 }
 
 // PostBuffer hands arg to the buffer-return hook (SetBufferHook) on the loop, without
-// allocating.
+// allocating and without waking a sleeping loop: a returned receive buffer is not urgent
+// (the loop wakes for the next completion anyway, and a receive that finds the ring empty
+// completes with ENOBUFS, which wakes it), and a wake-up is a syscall and a thread switch.
 func (q *Queue) PostBuffer(arg int32) error {
 	t := taskPool.Get().(*task)
 	t.arg = arg
-	return q.push(t)
+	if !q.inbox.push(t) {
+		*t = task{}
+		taskPool.Put(t)
+		return ErrClosed
+	}
+	return nil
+}
+
+// Nudge wakes the loop if it sleeps (after a PostBuffer that someone waits for).
+func (q *Queue) Nudge() {
+	if q.sleeping.Load() == 1 && q.sleeping.CompareAndSwap(1, 0) {
+		q.wake()
+	}
 }
 
 // SetBufferHook sets what PostBuffer runs (before the queue starts taking work: in init).

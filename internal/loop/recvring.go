@@ -35,6 +35,7 @@ type RecvRing struct {
 	adds    int      // added since the last publish
 	dirty   bool
 	waiters []Flusher
+	waiting atomic.Bool // len(waiters) > 0, for the recyclers
 
 	out, empty, mismatch, grows, growFails atomic.Int64
 	lastGrowErr                            atomic.Pointer[error]
@@ -81,7 +82,12 @@ func (r *RecvRing) onGrow(reg *memreg.Region, first int) error {
 	q := r.u.q
 	reg.SetRecycler(func(idx int) {
 		r.out.Add(-1)
-		q.PostBuffer(int32(first + idx)) // after the queue stopped the buffer stays with the closed region
+		// After the queue stopped the buffer stays with the closed region. The return does
+		// not wake the loop unless a receiver waits for buffers (push first, then look:
+		// WaitBuffers sets waiting before the loop checks its inbox and sleeps).
+		if q.PostBuffer(int32(first+idx)) == nil && r.waiting.Load() {
+			q.Nudge()
+		}
 	})
 	reg.Provide(reg.Count(), func(l memreg.Loan) { r.addBuf(reg, l.Index(), first+l.Index()) })
 	return nil
@@ -132,6 +138,7 @@ func (r *RecvRing) publish() {
 	if len(r.waiters) > 0 {
 		w := r.waiters
 		r.waiters = nil
+		r.waiting.Store(false)
 		for _, f := range w {
 			r.u.q.MarkDirty(f)
 		}
@@ -147,6 +154,7 @@ func (r *RecvRing) WaitBuffers(f Flusher) {
 		return
 	}
 	r.waiters = append(r.waiters, f)
+	r.waiting.Store(true)
 }
 
 // grow adds a region when the pool may grow; it reports whether it did.
