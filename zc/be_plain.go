@@ -251,10 +251,10 @@ func (b *plainBackend) closeSocket(c *Conn) {
 // it waits for EPOLLOUT).
 func (b *plainBackend) send(c *Conn) {
 	progress := false
-	for len(c.pend) > 0 && !c.fdClosed {
+	for c.pendLen() > 0 && !c.fdClosed {
 		n := 0
-		for n < len(c.pend) && n < maxIov {
-			s := &c.pend[n]
+		for n < c.pendLen() && n < maxIov {
+			s := &c.tx.pend[n]
 			b.iov[n].Base = s.loan.Pointer(int(s.off))
 			b.iov[n].SetLen(int(s.n - s.off))
 			n++
@@ -271,12 +271,12 @@ func (b *plainBackend) send(c *Conn) {
 			c.fail(c.opErr("write", err))
 			return
 		}
-		c.ctr.sendOps.Add(1)
+		c.tx.sendOps.Add(1)
 		b.q.ctr.sendOps.Add(1)
 		c.advance(w)
 		progress = true
 	}
-	want := len(c.pend) > 0 && !c.fdClosed
+	want := c.pendLen() > 0 && !c.fdClosed
 	if want != c.wantOut {
 		c.wantOut = want
 		b.update(c)

@@ -265,12 +265,12 @@ func (b *shimBackend) send(c *Conn) {
 	if st == nil || !st.attached || c.fdClosed {
 		return
 	}
-	for st.inflight < len(c.pend) && st.inflight < shimMaxInflight {
+	for st.inflight < c.pendLen() && st.inflight < shimMaxInflight {
 		if b.sendRes+2 > b.cqCap-shimCQSlack || b.tx.SQSpace() == 0 {
 			b.block(c)
 			return
 		}
-		s := &c.pend[st.inflight]
+		s := &c.tx.pend[st.inflight]
 		key, ok := b.txKey(s.loan.Region())
 		if !ok {
 			// A buffer of another queue's pool: not registered here, copy it into ours.
@@ -293,8 +293,8 @@ func (b *shimBackend) send(c *Conn) {
 			} else {
 				// Our buffers are smaller: send this part first, the rest next.
 				s.off += int32(k)
-				c.pend = slices.Insert(c.pend, c.shim.inflight, seg{loan: loan, n: int32(k)})
-				s = &c.pend[c.shim.inflight]
+				c.tx.pend = slices.Insert(c.tx.pend, c.shim.inflight, seg{loan: loan, n: int32(k)})
+				s = &c.tx.pend[c.shim.inflight]
 			}
 			key, _ = b.txKey(loan.Region())
 		}
@@ -309,7 +309,7 @@ func (b *shimBackend) send(c *Conn) {
 		c.zcStart(ud)
 		b.sendRes += 2
 		st.inflight++
-		c.ctr.sendZCOps.Add(1)
+		c.tx.sendZCOps.Add(1)
 		b.q.ctr.sendZCOps.Add(1)
 		b.markDirty()
 	}

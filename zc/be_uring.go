@@ -79,13 +79,13 @@ func (b *uringBackend) zeroCopy() bool                { return true }
 func (b *uringBackend) recvPool() *memreg.Pool        { return b.rr.Pool() }
 func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
 func (b *uringBackend) start(c *Conn) error           { return nil }
-func (b *uringBackend) sending(c *Conn) bool          { return c.sendUD != 0 }
+func (b *uringBackend) sending(c *Conn) bool          { return c.tx != nil && c.tx.ud != 0 }
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
-	if c.sendUD == 0 {
+	if c.tx == nil || c.tx.ud == 0 {
 		return 0
 	}
-	return c.sendSegs
+	return c.tx.segs
 }
 
 func (b *uringBackend) close() {
@@ -125,12 +125,12 @@ func (b *uringBackend) stopRecv(c *Conn) {
 }
 
 func (b *uringBackend) send(c *Conn) {
-	if c.sendUD != 0 || len(c.pend) == 0 || c.fdClosed {
+	if c.pendLen() == 0 || c.tx.ud != 0 || c.fdClosed {
 		return
 	}
-	head := &c.pend[0]
+	head := &c.tx.pend[0]
 	left := int(head.n - head.off)
-	if c.zc.use(left) {
+	if c.tx.zc.use(left) {
 		addr := head.loan.Addr() + uintptr(head.off)
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
@@ -140,21 +140,21 @@ func (b *uringBackend) send(c *Conn) {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
 		}
 		sqe.UserData = ud
-		c.sendUD, c.sendSegs, c.sendZC = ud, 1, true
+		c.tx.ud, c.tx.segs, c.tx.zcOp = ud, 1, true
 		c.zcStart(ud)
-		c.ctr.sendZCOps.Add(1)
+		c.tx.sendZCOps.Add(1)
 		b.q.ctr.sendZCOps.Add(1)
 		return
 	}
 	// Every queued buffer (up to maxIov, maxSendBatch bytes) in one copying send.
 	n, bytes := 0, 0
-	for n < len(c.pend) && n < maxIov && bytes < maxSendBatch {
-		s := &c.pend[n]
+	for n < c.pendLen() && n < maxIov && bytes < maxSendBatch {
+		s := &c.tx.pend[n]
 		if n > 0 {
-			if c.zc.wouldUse(int(s.n - s.off)) {
+			if c.tx.zc.wouldUse(int(s.n - s.off)) {
 				break // a large buffer the policy sends zero-copy: on its own, next
 			}
-			c.zc.countCopy(int(s.n - s.off))
+			c.tx.zc.countCopy(int(s.n - s.off))
 		}
 		bytes += int(s.n - s.off)
 		n++
@@ -166,18 +166,18 @@ func (b *uringBackend) send(c *Conn) {
 	} else {
 		iv := b.getIov()
 		for i := 0; i < n; i++ {
-			s := &c.pend[i]
+			s := &c.tx.pend[i]
 			iv.iov[i].Base = s.loan.Pointer(int(s.off))
 			iv.iov[i].SetLen(int(s.n - s.off))
 		}
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
 		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
-		c.iov = iv
+		c.tx.iov = iv
 	}
 	sqe.UserData = ud
-	c.sendUD, c.sendSegs, c.sendZC = ud, n, false
-	c.ctr.sendOps.Add(1)
+	c.tx.ud, c.tx.segs, c.tx.zcOp = ud, n, false
+	c.tx.sendOps.Add(1)
 	b.q.ctr.sendOps.Add(1)
 }
 
@@ -191,10 +191,10 @@ func (b *uringBackend) getIov() *iovBuf {
 }
 
 func (b *uringBackend) putIov(c *Conn) {
-	if c.iov != nil {
-		clear(c.iov.iov[:])
-		b.iovs = append(b.iovs, c.iov)
-		c.iov = nil
+	if c.tx != nil && c.tx.iov != nil {
+		clear(c.tx.iov.iov[:])
+		b.iovs = append(b.iovs, c.tx.iov)
+		c.tx.iov = nil
 	}
 }
 
@@ -234,7 +234,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		b.onRecv(c, ev, more)
 	case tagSend:
 		b.freeOp(c, ev.UD)
-		c.sendUD, c.sendSegs = 0, 0
+		c.tx.ud, c.tx.segs = 0, 0
 		b.putIov(c)
 		if ev.Res > 0 {
 			c.advance(int(ev.Res))
@@ -247,7 +247,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
-		c.sendUD, c.sendSegs, c.sendZC = 0, 0, false
+		c.tx.ud, c.tx.segs, c.tx.zcOp = 0, 0, false
 		// A notification follows when the kernel says so (F_MORE), and also for a send cancelled
 		// because an earlier linked request failed: that one completes with -ECANCELED without
 		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,

@@ -35,6 +35,41 @@ type ConnStats struct {
 	RecvPaused      bool // receiving is paused (by SetReceivePaused, held data, or a full destination)
 }
 
+// sender is a connection's send side: allocated (under mu) by its first send, so an idle
+// connection carries none of it. The loop reaches it only after taking work from the
+// producer (under mu).
+type sender struct {
+	pend  []seg // taken from the producer, not yet sent
+	zwait []zcWait
+	ud    uint64 // the send in flight
+	segs  int    // segments in the send in flight
+	zcOp  bool
+	iov   *iovBuf
+	zc    zcPolicy
+	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
+	stage    memreg.Buf
+	stageN   int
+	hasStage bool
+	// counters, read by Stats from any goroutine
+	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
+}
+
+// txLocked returns the send side, making it (mu held).
+func (c *Conn) txLocked() *sender {
+	if c.tx == nil {
+		t := &sender{}
+		t.zc.init(&c.e.cfg)
+		c.tx = t
+	}
+	return c.tx
+}
+
+// closeState is what a closing connection needs.
+type closeState struct {
+	deadline time.Time   // CloseTimeout after beginClose
+	timer    *loop.Timer // the close's watchdog
+}
+
 // seg is one buffer (or part of one) on its way out.
 type seg struct {
 	loan memreg.Loan
@@ -73,9 +108,6 @@ type Conn struct {
 	// Producer side (any goroutine), under mu.
 	mu        sync.Mutex
 	out       []seg
-	stage     memreg.Buf
-	stageN    int
-	hasStage  bool
 	queued    int   // bytes accepted and not yet sent
 	werr      error // sticky: sends fail with it
 	kicked    bool  // the loop knows about our work, or has a send in flight
@@ -85,24 +117,20 @@ type Conn struct {
 	destWaits []*Conn       // sources paused until our queue drains (SendData)
 
 	scheduled  atomic.Bool
-	done       chan struct{}
-	held       atomic.Int64 // receive-buffer bytes held
-	resumeReq  atomic.Bool  // a credit resume is posted
-	credPaused atomic.Bool  // paused for MaxRecvHeld (what releaseHeld looks at)
+	doneCh     chan struct{} // made by the first Done (under mu): idle connections carry none
+	closedAt   atomic.Bool   // finished: Done is (or returns) a closed channel
+	held       atomic.Int64  // receive-buffer bytes held
+	resumeReq  atomic.Bool   // a credit resume is posted
+	credPaused atomic.Bool   // paused for MaxRecvHeld (what releaseHeld looks at)
 	notifsOut  atomic.Int64
 
 	// Loop side.
 	h          Handler
-	pend       []seg // taken from the producer, not yet sent
-	zwait      []zcWait
-	ops        int    // operations in the kernel (recv, send, connect, poll)
-	recvUD     uint64 // multishot recv / epoll registration / poll
-	sendUD     uint64 // the send in flight
-	sendSegs   int    // segments in the send in flight
-	sendZC     bool
-	iov        *iovBuf
-	paused     int // pause reasons
-	destPauses int // destinations we wait for
+	tx         *sender // the send side, made by the first send (idle connections carry none)
+	ops        int     // operations in the kernel (recv, send, connect, poll)
+	recvUD     uint64  // multishot recv / epoll registration / poll
+	paused     int     // pause reasons
+	destPauses int     // destinations we wait for
 	recvArmed  bool
 	wantOut    bool // plain backend: waiting for EPOLLOUT
 	needArm    bool // waiting for receive buffers
@@ -113,25 +141,21 @@ type Conn struct {
 	fdClosed   bool
 	finished   bool
 	wrShut     bool
-	deadline   time.Time
-	timer      *loop.Timer
-	zc         zcPolicy
+	cl         *closeState // made by beginClose
 	shim       *shimConnState
 	m          *mappedRecv
 	connect    *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow on close
-	flow  bpf.FlowKey
+	flow  *bpf.FlowKey
 
 	ctr struct {
-		sentZC, zcCopied, sentCopy, recv, recvMapped, sendOps, sendZCOps atomic.Uint64
+		recv, recvMapped atomic.Uint64
 	}
 }
 
 func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Conn {
-	c := &Conn{e: e, q: q, sock: s, fd: fd, network: network, done: make(chan struct{})}
-	c.zc.init(&e.cfg)
-	return c
+	return &Conn{e: e, q: q, sock: s, fd: fd, network: network}
 }
 
 // LocalAddr returns the local address.
@@ -144,7 +168,31 @@ func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
 func (c *Conn) Queue() int { return c.q.idx }
 
 // Done is closed once the connection is fully closed (OnClose has run).
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} { return c.doneChan() }
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+func (c *Conn) doneChan() chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.doneCh == nil {
+		if c.closedAt.Load() {
+			return closedChan
+		}
+		c.doneCh = make(chan struct{})
+	}
+	return c.doneCh
+}
+
+// markDone closes Done (loop only, once).
+func (c *Conn) markDone() {
+	c.mu.Lock()
+	c.closedAt.Store(true)
+	if c.doneCh != nil {
+		close(c.doneCh)
+	}
+	c.mu.Unlock()
+}
 
 // Queued returns the bytes queued or in flight and not yet sent.
 func (c *Conn) Queued() int {
@@ -176,15 +224,21 @@ func (c *Conn) SetHandler(h Handler) error {
 // Stats returns the connection's counters.
 func (c *Conn) Stats() ConnStats {
 	s := ConnStats{
-		BytesSentZC: c.ctr.sentZC.Load(), BytesZCCopied: c.ctr.zcCopied.Load(), BytesSentCopy: c.ctr.sentCopy.Load(),
-		BytesRecv: c.ctr.recv.Load(), BytesRecvMapped: c.ctr.recvMapped.Load(), SendOps: c.ctr.sendOps.Load(),
-		SendZCOps: c.ctr.sendZCOps.Load(), ZCSwitches: c.zc.switches.Load(), ZCProbes: c.zc.probes.Load(),
+		BytesRecv: c.ctr.recv.Load(), BytesRecvMapped: c.ctr.recvMapped.Load(),
 		NotifsPending: int(c.notifsOut.Load()), RecvHeld: int(c.held.Load()),
-		ZeroCopyOn: c.q.be.zeroCopy() && c.zc.on(),
 	}
 	c.mu.Lock()
 	s.Queued = c.queued
+	tx := c.tx
 	c.mu.Unlock()
+	if tx != nil {
+		s.BytesSentZC, s.BytesZCCopied, s.BytesSentCopy = tx.sentZC.Load(), tx.zcCopied.Load(), tx.sentCopy.Load()
+		s.SendOps, s.SendZCOps = tx.sendOps.Load(), tx.sendZCOps.Load()
+		s.ZCSwitches, s.ZCProbes = tx.zc.switches.Load(), tx.zc.probes.Load()
+		s.ZeroCopyOn = c.q.be.zeroCopy() && tx.zc.on()
+	} else {
+		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
+	}
 	s.RecvPaused = s.RecvHeld >= c.e.cfg.MaxRecvHeld
 	return s
 }
@@ -256,7 +310,7 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 		d := time.Now().Add(timeout)
 		dl = func() time.Time { return d }
 	}
-	b, err = c.q.waitSendBuf(c.done, dl)
+	b, err = c.q.waitSendBuf(c.doneChan(), dl)
 	if err != nil {
 		return b, c.opErr("buffer", err)
 	}
@@ -337,6 +391,7 @@ func (c *Conn) enqueue(s seg) error {
 		return c.opErr("send", err)
 	}
 	c.flushStageLocked()
+	c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n)
 	over := c.queued > c.e.cfg.MaxQueuedBytes
@@ -417,7 +472,7 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 			c.mu.Lock()
 			continue
 		}
-		if !c.hasStage {
+		if !c.staged() {
 			// Never wait for the loop (a pool growth) while holding mu: the loop takes it.
 			kick := c.kickLocked()
 			c.mu.Unlock()
@@ -432,24 +487,26 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 				if c.onLoop() {
 					return written, c.opErr("write", ErrWouldBlock)
 				}
-				if b, err = c.q.waitSendBuf(c.done, dl); err != nil {
+				if b, err = c.q.waitSendBuf(c.doneChan(), dl); err != nil {
 					return written, c.opErr("write", err)
 				}
 			}
 			c.mu.Lock()
-			if c.hasStage || c.werr != nil {
+			if c.staged() || c.werr != nil {
 				b.Release() // another writer staged meanwhile, or the connection closed
 				continue
 			}
-			c.stage, c.stageN, c.hasStage = b, 0, true
+			t := c.txLocked()
+			t.stage, t.stageN, t.hasStage = b, 0, true
 		}
-		buf := c.stage.Bytes()
-		k := copy(buf[c.stageN:], p)
-		c.stageN += k
+		t := c.tx
+		buf := t.stage.Bytes()
+		k := copy(buf[t.stageN:], p)
+		t.stageN += k
 		c.queued += k
 		p = p[k:]
 		written += k
-		if c.stageN == len(buf) {
+		if t.stageN == len(buf) {
 			c.flushStageLocked()
 		}
 	}
@@ -466,7 +523,7 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 
 // idleLocked reports whether nothing of ours is queued or in the kernel (mu held).
 func (c *Conn) idleLocked() bool {
-	return c.started && !c.kicked && c.werr == nil && len(c.out) == 0 && !c.hasStage && c.queued == 0
+	return c.started && !c.kicked && c.werr == nil && len(c.out) == 0 && !c.staged() && c.queued == 0
 }
 
 // mayCopy reports whether a write of n bytes may go out by copy: not on the shim backend
@@ -482,7 +539,7 @@ func (c *Conn) mayCopy(n int) bool {
 	case SendCopy:
 		return true
 	}
-	return n < c.e.cfg.ZCThreshold || !c.zc.on()
+	return n < c.e.cfg.ZCThreshold || !c.txLocked().zc.on()
 }
 
 // directWrite writes p on the non-blocking socket; EAGAIN is not an error (0 written).
@@ -511,7 +568,7 @@ func (c *Conn) directWrite(p []byte) (int, error) {
 		return 0, err
 	}
 	if n > 0 {
-		c.ctr.sentCopy.Add(uint64(n))
+		c.txLocked().sentCopy.Add(uint64(n))
 		c.q.ctr.sentCopy.Add(uint64(n))
 		c.q.ctr.directWrites.Add(1)
 	}
@@ -549,7 +606,7 @@ func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
 	defer tick.Stop()
 	select {
 	case <-ch:
-	case <-c.done:
+	case <-c.doneChan():
 		return ErrClosed
 	case <-t:
 		return errTimeout
@@ -560,25 +617,29 @@ func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
 
 // flushStageLocked moves the staging buffer to the producer queue (mu held).
 func (c *Conn) flushStageLocked() {
-	if !c.hasStage {
+	t := c.tx
+	if t == nil || !t.hasStage {
 		return
 	}
-	c.hasStage = false
-	if c.stageN == 0 {
-		c.stage.Release()
+	t.hasStage = false
+	if t.stageN == 0 {
+		t.stage.Release()
 		return
 	}
-	loan, err := c.stage.Lend()
+	loan, err := t.stage.Lend()
 	if err != nil {
-		c.queued -= c.stageN
+		c.queued -= t.stageN
 		return
 	}
-	c.out = append(c.out, seg{loan: loan, n: int32(c.stageN)})
+	c.out = append(c.out, seg{loan: loan, n: int32(t.stageN)})
 }
+
+// staged reports whether Write's staging buffer holds a buffer (mu held).
+func (c *Conn) staged() bool { return c.tx != nil && c.tx.hasStage }
 
 // kickLocked decides whether the loop must be told about new work (mu held).
 func (c *Conn) kickLocked() bool {
-	if c.kicked || (len(c.out) == 0 && !c.hasStage) {
+	if c.kicked || (len(c.out) == 0 && !c.staged()) {
 		return false
 	}
 	if len(c.out) == 0 {

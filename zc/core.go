@@ -11,7 +11,7 @@ import (
 
 // The connection core: everything below runs on the connection's queue goroutine and is the
 // same for every backend. A backend only moves bytes: it arms and stops receiving, sends the
-// head of c.pend, closes the socket, and reports back through deliver / advance / notified /
+// head of c.tx.pend, closes the socket, and reports back through deliver / advance / notified /
 // opDone / fail.
 
 // connSched is Conn seen by the loop as a loop.Flusher (a conversion, no allocation; it keeps
@@ -42,7 +42,7 @@ func (c *Conn) service() {
 	}
 }
 
-// takeWork moves the producer's queue to c.pend; when there is nothing at all it clears
+// takeWork moves the producer's queue to c.tx.pend; when there is nothing at all it clears
 // kicked, so the next producer kicks the loop again.
 func (c *Conn) takeWork() {
 	c.mu.Lock()
@@ -50,13 +50,13 @@ func (c *Conn) takeWork() {
 		c.flushStageLocked()
 	}
 	if len(c.out) == 0 {
-		if len(c.pend) == 0 && !c.q.be.sending(c) {
+		if c.pendLen() == 0 && !c.q.be.sending(c) {
 			c.kicked = false
 		}
 		c.mu.Unlock()
 		return
 	}
-	c.pend = append(c.pend, c.out...)
+	c.tx.pend = append(c.tx.pend, c.out...)
 	clear(c.out)
 	c.out = c.out[:0]
 	c.mu.Unlock()
@@ -68,31 +68,47 @@ func (c *Conn) pump() {
 		return
 	}
 	c.takeWork()
-	if len(c.pend) > 0 {
+	if c.pendLen() > 0 {
 		c.q.be.send(c)
 	}
-	if len(c.pend) == 0 && !c.q.be.sending(c) {
+	if c.pendLen() == 0 && !c.q.be.sending(c) {
 		c.maybeShutdownWrite()
 	}
 }
 
+// pendLen / zwaitLen: segments not yet sent, zero-copy sends not yet notified (0 for a
+// connection that never sent).
+func (c *Conn) pendLen() int {
+	if c.tx == nil {
+		return 0
+	}
+	return len(c.tx.pend)
+}
+
+func (c *Conn) zwaitLen() int {
+	if c.tx == nil {
+		return 0
+	}
+	return len(c.tx.zwait)
+}
+
 // popPend removes the head segment.
 func (c *Conn) popPend() seg {
-	s := c.pend[0]
-	c.pend[0] = seg{}
-	c.pend = c.pend[1:]
-	if len(c.pend) == 0 {
-		c.pend = c.pend[:0:0]
+	s := c.tx.pend[0]
+	c.tx.pend[0] = seg{}
+	c.tx.pend = c.tx.pend[1:]
+	if c.pendLen() == 0 {
+		c.tx.pend = c.tx.pend[:0:0]
 	}
 	return s
 }
 
-// advance accounts res bytes a copying send took from the head of c.pend: fully sent
+// advance accounts res bytes a copying send took from the head of c.tx.pend: fully sent
 // segments go back to their pools.
 func (c *Conn) advance(res int) {
 	left := res
-	for left > 0 && len(c.pend) > 0 {
-		s := &c.pend[0]
+	for left > 0 && c.pendLen() > 0 {
+		s := &c.tx.pend[0]
 		k := min(left, int(s.n-s.off))
 		s.off += int32(k)
 		left -= k
@@ -100,7 +116,7 @@ func (c *Conn) advance(res int) {
 			c.finishSeg(c.popPend())
 		}
 	}
-	c.ctr.sentCopy.Add(uint64(res))
+	c.tx.sentCopy.Add(uint64(res))
 	c.q.ctr.sentCopy.Add(uint64(res))
 	c.sentBytes(res)
 }
@@ -169,12 +185,12 @@ func (c *Conn) writable() {
 
 // zcStart records a zero-copy send of the head segment, submitted as operation ud.
 func (c *Conn) zcStart(ud uint64) {
-	c.zwait = append(c.zwait, zcWait{ud: ud})
+	c.tx.zwait = append(c.tx.zwait, zcWait{ud: ud})
 }
 
 func (c *Conn) zcFind(ud uint64) int {
-	for i := range c.zwait {
-		if c.zwait[i].ud == ud {
+	for i := range c.tx.zwait {
+		if c.tx.zwait[i].ud == ud {
 			return i
 		}
 	}
@@ -188,8 +204,8 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif bool) {
 	if i < 0 {
 		return
 	}
-	w := &c.zwait[i]
-	if len(c.pend) > 0 {
+	w := &c.tx.zwait[i]
+	if c.pendLen() > 0 {
 		w.s = c.popPend()
 		// The rest of a segment cut short is lost with the connection (an error follows).
 		c.sentBytes(int(w.s.n - w.s.off))
@@ -207,7 +223,7 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif bool) {
 		c.q.notifsPending.Add(1)
 	default:
 		// No notification will come: the pages were never queued (a failed send).
-		c.zc.abandoned()
+		c.tx.zc.abandoned()
 		c.zcFinish(i, false)
 	}
 }
@@ -220,7 +236,7 @@ func (c *Conn) zcNotified(ud uint64, copied bool) {
 		c.q.ctr.notifsUnexpected.Add(1)
 		return
 	}
-	w := &c.zwait[i]
+	w := &c.tx.zwait[i]
 	if !w.done {
 		// Before the completion (not seen on Linux, but harmless): remember it.
 		w.early, w.copied, w.notif = true, copied, true
@@ -233,25 +249,25 @@ func (c *Conn) zcNotified(ud uint64, copied bool) {
 
 // zcFinish retires entry i: its buffer goes back and the adaptive policy hears the verdict.
 func (c *Conn) zcFinish(i int, copied bool) {
-	w := c.zwait[i]
-	last := len(c.zwait) - 1
-	c.zwait[i] = c.zwait[last]
-	c.zwait[last] = zcWait{}
-	c.zwait = c.zwait[:last]
-	if len(c.zwait) == 0 {
-		c.zwait = c.zwait[:0:0]
+	w := c.tx.zwait[i]
+	last := c.zwaitLen() - 1
+	c.tx.zwait[i] = c.tx.zwait[last]
+	c.tx.zwait[last] = zcWait{}
+	c.tx.zwait = c.tx.zwait[:last]
+	if c.zwaitLen() == 0 {
+		c.tx.zwait = c.tx.zwait[:0:0]
 	}
 	if w.notif {
 		c.notifsOut.Add(-1)
 		c.q.notifsPending.Add(-1)
 		if copied {
-			c.ctr.zcCopied.Add(uint64(w.sent))
+			c.tx.zcCopied.Add(uint64(w.sent))
 			c.q.ctr.zcCopied.Add(uint64(w.sent))
 		} else {
-			c.ctr.sentZC.Add(uint64(w.sent))
+			c.tx.sentZC.Add(uint64(w.sent))
 			c.q.ctr.sentZC.Add(uint64(w.sent))
 		}
-		if c.zc.notified(copied) {
+		if c.tx.zc.notified(copied) {
 			c.q.ctr.zcSwitches.Add(1)
 		}
 	}
@@ -417,9 +433,9 @@ func (c *Conn) maybeShutdownWrite() {
 		return
 	}
 	c.mu.Lock()
-	want := c.shutReq && len(c.out) == 0 && !c.hasStage
+	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
-	if want && len(c.pend) == 0 && !c.q.be.sending(c) {
+	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
 		c.wrShut = true
 		unix.Shutdown(c.fd, unix.SHUT_WR)
 	}
@@ -447,6 +463,7 @@ func (c *Conn) beginClose(err error) {
 	}
 	c.closing = true
 	c.closeErr = err
+	c.cl = &closeState{}
 	c.mu.Lock()
 	c.closeReq = true
 	if c.werr == nil || c.werr == errWriteClosed || (err != nil && c.werr == ErrClosed) {
@@ -456,8 +473,8 @@ func (c *Conn) beginClose(err error) {
 		}
 	}
 	c.mu.Unlock()
-	c.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
-	c.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
+	c.cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+	c.cl.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
 	if c.recvArmed {
 		c.q.be.stopRecv(c)
 	}
@@ -469,11 +486,11 @@ func (c *Conn) beginClose(err error) {
 }
 
 func (c *Conn) closeTimer() {
-	c.timer = nil
+	c.cl.timer = nil
 	c.advanceClose()
-	if !c.finished && c.timer == nil {
+	if !c.finished && c.cl.timer == nil {
 		// Still waiting (zero-copy notifications): look again until the second deadline.
-		c.timer = c.q.After(min(c.e.cfg.CloseTimeout, 100*time.Millisecond), c.closeTimer)
+		c.cl.timer = c.q.After(min(c.e.cfg.CloseTimeout, 100*time.Millisecond), c.closeTimer)
 	}
 }
 
@@ -482,11 +499,11 @@ func (c *Conn) closeTimer() {
 func (c *Conn) abortSends() {
 	// Segments in flight stay until their completion; the rest go now.
 	keep := c.q.be.inFlightSegs(c)
-	for len(c.pend) > keep {
-		i := len(c.pend) - 1
-		s := c.pend[i]
-		c.pend[i] = seg{}
-		c.pend = c.pend[:i]
+	for c.pendLen() > keep {
+		i := c.pendLen() - 1
+		s := c.tx.pend[i]
+		c.tx.pend[i] = seg{}
+		c.tx.pend = c.tx.pend[:i]
 		c.sentBytes(int(s.n - s.off))
 		c.finishSeg(s)
 	}
@@ -502,10 +519,10 @@ func (c *Conn) dropProducer() {
 	out := c.out
 	c.out = nil
 	n := 0
-	if c.hasStage {
-		c.hasStage = false
-		n += c.stageN
-		c.stage.Release()
+	if c.staged() {
+		c.tx.hasStage = false
+		n += c.tx.stageN
+		c.tx.stage.Release()
 	}
 	for _, s := range out {
 		n += int(s.n - s.off)
@@ -529,10 +546,10 @@ func (c *Conn) advanceClose() {
 	now := time.Now()
 	if !c.fdClosed {
 		c.mu.Lock()
-		producer := len(c.out) > 0 || c.hasStage
+		producer := len(c.out) > 0 || c.staged()
 		c.mu.Unlock()
-		sending := len(c.pend) > 0 || c.q.be.sending(c) || producer
-		if sending && c.closeErr == nil && now.Before(c.deadline) {
+		sending := c.pendLen() > 0 || c.q.be.sending(c) || producer
+		if sending && c.closeErr == nil && now.Before(c.cl.deadline) {
 			return // the sends' completions come back here
 		}
 		if sending {
@@ -546,10 +563,10 @@ func (c *Conn) advanceClose() {
 		c.q.be.closeSocket(c)
 		c.fdClosed = true
 	}
-	if c.ops > 0 && now.Before(c.deadline.Add(c.e.cfg.CloseTimeout)) {
+	if c.ops > 0 && now.Before(c.cl.deadline.Add(c.e.cfg.CloseTimeout)) {
 		return // operations in the kernel: their completions come back here
 	}
-	if len(c.zwait) > 0 && now.Before(c.deadline.Add(c.e.cfg.CloseTimeout)) {
+	if c.zwaitLen() > 0 && now.Before(c.cl.deadline.Add(c.e.cfg.CloseTimeout)) {
 		return // notifications outstanding
 	}
 	c.finish()
@@ -563,15 +580,15 @@ func (c *Conn) finish() {
 		return
 	}
 	c.finished = true
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
+	if c.cl != nil && c.cl.timer != nil {
+		c.cl.timer.Stop()
+		c.cl.timer = nil
 	}
 	if !c.fdClosed {
 		c.q.be.closeSocket(c)
 		c.fdClosed = true
 	}
-	for len(c.pend) > 0 {
+	for c.pendLen() > 0 {
 		s := c.popPend()
 		c.sentBytes(int(s.n - s.off))
 		c.finishSeg(s)
@@ -581,7 +598,7 @@ func (c *Conn) finish() {
 		c.m.close(c)
 	}
 	if c.steer != nil {
-		c.steer.Forget(c.flow) // no stale flow entries after churn
+		c.steer.Forget(*c.flow) // no stale flow entries after churn
 	}
 	c.mu.Lock()
 	waiters := c.destWaits
@@ -592,5 +609,5 @@ func (c *Conn) finish() {
 	}
 	c.q.removeConn(c)
 	c.callClose(c.closeErr)
-	close(c.done)
+	c.markDone()
 }

@@ -220,7 +220,7 @@ func (c *Conn) dialFailed(err error) {
 	c.sock.Close()
 	c.fd = -1
 	c.q.removeConn(c)
-	close(c.done)
+	c.markDone()
 	c.dropProducer()
 	cs.done(nil, c.opErr("dial", err))
 }

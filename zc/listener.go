@@ -338,7 +338,7 @@ func (l *Listener) create(q *queue, fd int) {
 	c.fillAddrs()
 	if l.steer != nil {
 		if k, err := bpf.FlowKeyFromFD(fd); err == nil {
-			c.steer, c.flow = l.steer, k
+			c.steer, c.flow = l.steer, &k
 		}
 	}
 	q.addConn(c)

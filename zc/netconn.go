@@ -189,7 +189,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 		return nil
 	case <-changed:
 		return nil
-	case <-n.c.done:
+	case <-n.c.doneChan():
 		signal(ch)
 		return nil
 	case <-t:

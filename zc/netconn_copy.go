@@ -88,7 +88,7 @@ func (n *netConn) readIntoBuffers(r io.Reader) (int64, error) {
 		}
 		b, err := n.c.q.getSendBuf()
 		if err != nil {
-			if b, err = n.c.q.waitSendBuf(n.c.done, func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
+			if b, err = n.c.q.waitSendBuf(n.c.doneChan(), func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
 				return total, n.opErr("write", err)
 			}
 		}

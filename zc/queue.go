@@ -17,10 +17,10 @@ type backend interface {
 	start(c *Conn) error
 	armRecv(c *Conn)  // start receiving (sets c.recvArmed)
 	stopRecv(c *Conn) // stop receiving; what is in flight still completes
-	// send hands the head of c.pend to the kernel, as much as the backend takes at once.
+	// send hands the head of c.tx.pend to the kernel, as much as the backend takes at once.
 	send(c *Conn)
 	sending(c *Conn) bool     // a send is in the kernel
-	inFlightSegs(c *Conn) int // how many head segments of c.pend it covers
+	inFlightSegs(c *Conn) int // how many head segments of c.tx.pend it covers
 	// closeSocket detaches and closes the socket; operations in flight then complete.
 	closeSocket(c *Conn)
 	freeOp(c *Conn, ud uint64)
@@ -258,7 +258,7 @@ func (q *queue) abortAll() {
 		if !c.closing {
 			c.beginClose(ErrClosed)
 		}
-		c.deadline = c.deadline.Add(-2 * c.e.cfg.CloseTimeout)
+		c.cl.deadline = c.cl.deadline.Add(-2 * c.e.cfg.CloseTimeout)
 		c.advanceClose()
 		c.finish()
 	}
