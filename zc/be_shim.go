@@ -61,6 +61,9 @@ type shimBackend struct {
 	cqes    []shim.Completion
 	blocked []*Conn
 	dirty   bool
+	// recvBufs are the buffers of RECVs the module holds, by operation: what a stopping
+	// queue never reaped goes back to the pool once the contexts are closed.
+	recvBufs map[uint64]memreg.Buf
 }
 
 // sbe is shimBackend seen as the owner of the module contexts' epoll registrations and as the
@@ -74,7 +77,8 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 		return nil, err
 	}
 	b := &shimBackend{epollCommon: epollCommon{q: q, ep: ep}, txKeys: map[*memreg.Region]shim.RegionKey{},
-		rxKeys: map[*memreg.Region]shim.RegionKey{}, cqes: make([]shim.Completion, 256)}
+		rxKeys: map[*memreg.Region]shim.RegionKey{}, cqes: make([]shim.Completion, 256),
+		recvBufs: map[uint64]memreg.Buf{}}
 	fail := func(err error) (loop.Driver, error) {
 		b.close()
 		ep.Close()
@@ -158,6 +162,11 @@ func (b *shimBackend) close() {
 	if b.rx != nil {
 		b.rx.Close()
 		b.rx = nil
+	}
+	// The contexts are gone (the module cancelled their RECVs): their buffers are ours again.
+	for ud, buf := range b.recvBufs {
+		buf.Release()
+		delete(b.recvBufs, ud)
 	}
 	if b.recv != nil {
 		b.recv.CloseWhenReleased()
@@ -343,6 +352,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 		}
 	case tagRecv:
 		b.freeOp(c, ev.UD)
+		delete(b.recvBufs, ev.UD)
 		b.onRecv(c, cqe)
 	}
 }
@@ -408,6 +418,7 @@ func (b *shimBackend) postRecv(c *Conn) {
 		return
 	}
 	st.recvOut, st.recvBuf, st.ready = true, buf, false
+	b.recvBufs[ud] = buf
 	b.markDirty()
 }
 
