@@ -343,7 +343,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if !cqe.More() {
 			b.sendRes-- // no notification follows: its slot is free as well
 		}
-		c.zcCompleted(ev.UD, int(ev.Res), cqe.More())
+		c.zcCompleted(ev.UD, int(ev.Res), cqe.More(), false)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
 			c.fail(c.opErr("write", cqe.Err()))
 		}

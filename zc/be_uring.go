@@ -139,6 +139,10 @@ func (b *uringBackend) send(c *Conn) {
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
 		}
+		if c.tx.pollFirst {
+			sqe.IoPrio |= uring.RecvsendPollFirst
+			c.tx.pollFirst = false
+		}
 		sqe.UserData = ud
 		c.tx.ud, c.tx.segs, c.tx.zcOp = ud, 1, true
 		c.zcStart(ud)
@@ -174,6 +178,10 @@ func (b *uringBackend) send(c *Conn) {
 		iv.msg.SetIovlen(n)
 		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
 		c.tx.iov = iv
+	}
+	if c.tx.pollFirst {
+		sqe.IoPrio |= uring.RecvsendPollFirst
+		c.tx.pollFirst = false
 	}
 	sqe.UserData = ud
 	c.tx.ud, c.tx.segs, c.tx.zcOp = ud, n, false
@@ -236,9 +244,14 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		b.freeOp(c, ev.UD)
 		c.tx.ud, c.tx.segs = 0, 0
 		b.putIov(c)
-		if ev.Res > 0 {
+		switch {
+		case ev.Res > 0:
 			c.advance(int(ev.Res))
-		} else if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
+		case ev.Res == -int32(unix.EAGAIN):
+			// A non-blocking socket can make io_uring give up with EAGAIN (send buffer full):
+			// send again, waiting for room first.
+			c.tx.pollFirst = true
+		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
 		c.sendProgress()
@@ -253,8 +266,12 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,
 		// but the count must expect it).
 		notif := more || ev.Res == -int32(unix.ECANCELED)
-		c.zcCompleted(ev.UD, int(ev.Res), notif)
-		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
+		again := ev.Res == -int32(unix.EAGAIN)
+		if again {
+			c.tx.pollFirst = true // as for SEND: the segment stays, it goes again
+		}
+		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
+		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
 		if !c.finished {
@@ -294,7 +311,8 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 			b.rr.WaitBuffers((*rearm)(c))
 		}
 		return
-	case res == -int32(unix.ECANCELED):
+	case res == -int32(unix.ECANCELED), res == -int32(unix.EAGAIN):
+		// Cancelled (paused, closing), or given up on a non-blocking socket: re-armed below.
 	default:
 		c.gotEOF(unix.Errno(-res))
 	}

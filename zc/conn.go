@@ -44,8 +44,11 @@ type sender struct {
 	ud    uint64 // the send in flight
 	segs  int    // segments in the send in flight
 	zcOp  bool
-	iov   *iovBuf
-	zc    zcPolicy
+	// pollFirst: the last send gave up with EAGAIN; the next waits for room first
+	// (IORING_RECVSEND_POLL_FIRST).
+	pollFirst bool
+	iov       *iovBuf
+	zc        zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
 	stage    memreg.Buf
 	stageN   int

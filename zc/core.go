@@ -199,13 +199,14 @@ func (c *Conn) zcFind(ud uint64) int {
 
 // zcCompleted: the zero-copy send ud completed with res, taking the head segment; notif says
 // whether its notification is still to come.
-func (c *Conn) zcCompleted(ud uint64, res int, notif bool) {
+// keep: the send gave up before taking anything (EAGAIN): the segment stays queued.
+func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 	i := c.zcFind(ud)
 	if i < 0 {
 		return
 	}
 	w := &c.tx.zwait[i]
-	if c.pendLen() > 0 {
+	if c.pendLen() > 0 && !keep {
 		w.s = c.popPend()
 		// The rest of a segment cut short is lost with the connection (an error follows).
 		c.sentBytes(int(w.s.n - w.s.off))
