@@ -202,6 +202,7 @@ func TestBadInput(t *testing.T) {
 		"queues mismatch": {Queues: 3},
 		"queues negative": {Queues: -1},
 		"policy bits":     {Policy: 8},
+		"policy hash+cpu": {Policy: PolicyHash | PolicyCPU},
 		"pin not dir":     {PinPath: "/nonexistent/zcnet"},
 		"pin not bpffs":   {PinPath: t.TempDir()},
 	} {
@@ -252,6 +253,7 @@ func TestBadInput(t *testing.T) {
 		"cpu queue 9":         s.SetCPUQueue(0, 9),
 		"dscp 64":             s.SetDSCPQueue(64, 0),
 		"policy":              s.SetPolicy(99),
+		"policy hash+dscp":    s.SetPolicy(PolicyHash | PolicyDSCP),
 		"queue cpu 99999":     s.SetQueueCPU(0, 99999),
 		"cc unknown":          s.SetCongestion(netip.MustParsePrefix("0.0.0.0/0"), "nosuchcc", false),
 		"cc long":             s.SetCongestion(netip.MustParsePrefix("0.0.0.0/0"), "averyveryverylongname", false),
