@@ -30,6 +30,7 @@ type Engine struct {
 	closeErr  error
 
 	steerFallbacks atomic.Uint64
+	steerCtr       steerCounters
 }
 
 // allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
@@ -115,8 +116,8 @@ func (e *Engine) startQueues(b Backend) error {
 	}
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
-		q := &queue{e: e, idx: i, space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
-		lq, err := loop.Start(loop.Config{ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
+		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
+		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
 			switch b {
@@ -287,6 +288,16 @@ type Stats struct {
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
 	SteeringFallbacks uint64
+	// SteeringCPU counts listeners whose BPF steering places connections by CPU locality
+	// (PolicyCPU, the CPU→queue map filled from the queues' placement).
+	SteeringCPU uint64
+	// SteeringPolicyFallbacks counts multi-queue listeners with BPF steering whose default
+	// policy (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more
+	// queues than CPUs, pinning refused); Listener.SteeringInfo says why.
+	SteeringPolicyFallbacks uint64
+	// SteeringAttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto
+	// left incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
+	SteeringAttachFallbacks uint64
 }
 
 func (s *Stats) addCounters(c *counters) {
@@ -322,6 +333,7 @@ func (e *Engine) Stats() Stats {
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}
+	e.steerCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)
