@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,9 +34,19 @@ type Engine struct {
 	steerCtr       steerCounters
 }
 
-// allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
-// or taskset may have narrowed), so queue i is pinned to the i-th of them.
-func allowedCPUs() []int {
+// allowedCPUs lists the CPUs this process may run on, so queue i is pinned to the i-th of
+// them: the affinity mask the process started with (a container or taskset may have
+// narrowed it). It is read once, during package initialization, on the main thread: later,
+// the thread New happens to run on may carry another goroutine's pinning (a goroutine that
+// locked its thread, pinned it and unlocked it leaves the mask behind), which would put
+// every queue on one CPU. A CPU taken away later makes pinning fail, which the steering
+// report shows (SteeringInfo.QueueCPUs).
+func allowedCPUs() []int { return slices.Clone(startCPUs) }
+
+var startCPUs = threadCPUs()
+
+// threadCPUs lists the CPUs in the calling thread's affinity mask.
+func threadCPUs() []int {
 	var set unix.CPUSet
 	var cpus []int
 	if unix.SchedGetaffinity(0, &set) == nil {

@@ -794,3 +794,22 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		t.Fatalf("after Engine.Close: %d tcx programs, xdp %v", n, xdpAttached(t, v.srv, steerSrvIf))
 	}
 }
+
+// TestQueuePlacementIgnoresThreadPinning: an engine created on a thread that another
+// goroutine pinned to one CPU still spreads its queues over every CPU the process has.
+func TestQueuePlacementIgnoresThreadPinning(t *testing.T) {
+	cpus := pinnedCPUs(t, 2)
+	var e *Engine
+	err := onCPU(cpus[1], func() error {
+		var err error
+		e, err = New(Config{Queues: 2, SendBufs: 16, RecvBufs: 16})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if got := e.queueCPUs(); !slices.Equal(got, cpus) {
+		t.Fatalf("queues pinned on %v, want %v", got, cpus)
+	}
+}
