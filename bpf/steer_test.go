@@ -285,6 +285,35 @@ func TestReuseportCPUPolicy(t *testing.T) {
 	if st.ReuseportCPU == 0 {
 		t.Errorf("ReuseportCPU = 0")
 	}
+	// PolicyHash asked for explicitly: the CPU map stays, but only the hash places.
+	if err := f.s.SetPolicy(PolicyHash); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ {
+		if q, _ := f.dial(loopback, 2*time.Second, nil); q < 0 {
+			t.Fatal("not accepted under PolicyHash")
+		}
+	}
+	st2, _ := f.s.Stats()
+	if st2.ReuseportCPU != st.ReuseportCPU || st2.ReuseportHash != st.ReuseportHash+8 {
+		t.Errorf("PolicyHash: cpu %d -> %d, hash %d -> %d (want cpu unchanged, hash +8)",
+			st.ReuseportCPU, st2.ReuseportCPU, st.ReuseportHash, st2.ReuseportHash)
+	}
+}
+
+func TestPolicyString(t *testing.T) {
+	for p, want := range map[Policy]string{PolicyAuto: "auto", PolicyHash: "hash", PolicyDSCP: "dscp",
+		PolicyCPU: "cpu", PolicyDSCP | PolicyCPU: "dscp+cpu", 8: "Policy(0x8)"} {
+		if got := p.String(); got != want {
+			t.Errorf("Policy(%d).String() = %q, want %q", uint32(p), got, want)
+		}
+	}
+	for p, ok := range map[Policy]bool{PolicyAuto: true, PolicyHash: true, PolicyCPU | PolicyDSCP: true,
+		PolicyHash | PolicyCPU: false, 8: false, PolicyHash | 8: false} {
+		if err := p.check(); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("Policy(%v).check() = %v", p, err)
+		}
+	}
 }
 
 func TestDrain(t *testing.T) {

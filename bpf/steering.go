@@ -24,21 +24,61 @@ const MaxCPUs = 256
 
 // Policy selects how sk_reuseport places a new connection that has no
 // flow-table entry. The flow table always comes first and a hash of the
-// 4-tuple is always the last resort, so PolicyHash is the zero value.
+// 4-tuple is always the last resort. PolicyDSCP and PolicyCPU are bits that
+// can be combined (DSCP is tried first).
 type Policy uint32
 
 const (
-	// PolicyHash: only the hash (the kernel's keyed hash of the 4-tuple,
-	// scaled onto the queues; unlike sport % N it is not fooled by
-	// mostly-even ephemeral ports).
-	PolicyHash Policy = 0
+	// PolicyAuto is the zero value: "no policy chosen". NewSteering and
+	// SetPolicy treat it as PolicyHash; zc.Config reads it as PolicyCPU
+	// where every queue runs pinned on a CPU of its own and PolicyHash
+	// elsewhere (zc.Listener.SteeringInfo says which and why).
+	PolicyAuto Policy = 0
 	// PolicyDSCP: the DSCP class of the SYN picks the queue (SetDSCPQueue).
 	PolicyDSCP Policy = 1
 	// PolicyCPU: the CPU that received the SYN picks the queue
 	// (SetCPUQueue); with RSS/RPS or the XDP program this keeps a flow's
-	// socket on the CPU that handles its packets.
+	// socket on the CPU that handles its packets. A CPU without a
+	// SetCPUQueue entry falls through to the hash.
 	PolicyCPU Policy = 2
+	// PolicyHash: only the hash (the kernel's keyed hash of the 4-tuple,
+	// scaled onto the queues; unlike sport % N it is not fooled by
+	// mostly-even ephemeral ports), asked for explicitly. It cannot be
+	// combined with the other bits. It is a Go-side value: the program
+	// sees no policy bits.
+	PolicyHash Policy = 4
 )
+
+// policyBits are the bits the program reads (zcnet.h ZC_POLICY_*).
+const policyBits = PolicyDSCP | PolicyCPU
+
+// check refuses unknown bits and PolicyHash combined with another policy.
+func (p Policy) check() error {
+	if p&^(policyBits|PolicyHash) != 0 {
+		return fmt.Errorf("%w: unknown policy bits %#x", ErrInvalid, uint32(p))
+	}
+	if p&PolicyHash != 0 && p&policyBits != 0 {
+		return fmt.Errorf("%w: policy %v: PolicyHash cannot be combined with another policy", ErrInvalid, p)
+	}
+	return nil
+}
+
+// String names the policy: "auto", "hash", "dscp", "cpu", "dscp+cpu".
+func (p Policy) String() string {
+	switch p {
+	case PolicyAuto:
+		return "auto"
+	case PolicyHash:
+		return "hash"
+	case PolicyDSCP:
+		return "dscp"
+	case PolicyCPU:
+		return "cpu"
+	case PolicyDSCP | PolicyCPU:
+		return "dscp+cpu"
+	}
+	return fmt.Sprintf("Policy(%#x)", uint32(p))
+}
 
 // Options configure NewSteering. The zero value is valid.
 type Options struct {
@@ -124,8 +164,8 @@ func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 	case nq == 0:
 		nq = o.Queues
 	}
-	if o.Policy&^(PolicyDSCP|PolicyCPU) != 0 {
-		return nil, invalid(op, "unknown policy bits %#x", uint32(o.Policy))
+	if err := o.Policy.check(); err != nil {
+		return nil, opErr(op, err)
 	}
 	if err := checkListeners(listenerFDs); err != nil {
 		return nil, opErr(op, err)
@@ -148,7 +188,7 @@ func NewSteering(listenerFDs []int, opts *Options) (*Steering, error) {
 	if err := s.load(); err != nil {
 		return nil, err
 	}
-	s.cfg = steerConfig{Nqueues: uint32(nq), Policy: uint32(o.Policy)}
+	s.cfg = steerConfig{Nqueues: uint32(nq), Policy: uint32(o.Policy & policyBits)}
 	if err := s.writeConfig(); err != nil {
 		return nil, opErr(op, err)
 	}
@@ -570,11 +610,11 @@ func (s *Steering) SetPolicy(p Policy) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	if p&^(PolicyDSCP|PolicyCPU) != 0 {
-		return invalid(op, "unknown policy bits %#x", uint32(p))
+	if err := p.check(); err != nil {
+		return opErr(op, err)
 	}
 	old := s.cfg.Policy
-	s.cfg.Policy = uint32(p)
+	s.cfg.Policy = uint32(p & policyBits)
 	if err := s.writeConfig(); err != nil {
 		s.cfg.Policy = old
 		return opErr(op, err)

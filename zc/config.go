@@ -149,9 +149,12 @@ type Config struct {
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).
 	Steering SteeringMode
-	// SteerPolicy places connections without a flow-table entry under BPF steering
-	// (default bpf.PolicyHash; bpf.PolicyCPU keeps a flow on the queue of the CPU that
-	// received its SYN).
+	// SteerPolicy places connections without a flow-table entry under BPF steering. The
+	// default (bpf.PolicyAuto) is bpf.PolicyCPU, a flow goes to the queue of the CPU that
+	// received its SYN (the CPU→queue map is filled from the queues' placement), where every
+	// queue runs pinned on a CPU of its own, and bpf.PolicyHash elsewhere (NoPin, more
+	// queues than CPUs), counted in Stats.SteeringPolicyFallbacks. Listener.SteeringInfo
+	// says which policy is in effect and why. bpf.PolicyHash asks for the hash explicitly.
 	SteerPolicy bpf.Policy
 	// OnFallback is called when the engine falls back to another backend (for logging).
 	OnFallback func(reason error)
@@ -250,8 +253,8 @@ func (c *Config) normalize() error {
 		return bad("RecvPath", c.RecvPath, "unknown receive path")
 	case c.Steering < SteerAuto || c.Steering > SteerSingleListener:
 		return bad("Steering", c.Steering, "unknown steering mode")
-	case c.SteerPolicy < 0:
-		return bad("SteerPolicy", c.SteerPolicy, "unknown policy")
+	case !validPolicy(c.SteerPolicy):
+		return bad("SteerPolicy", c.SteerPolicy, "unknown policy (PolicyHash cannot be combined with another)")
 	case c.SendBufs*c.SendBufSize > c.SendPoolMax:
 		return bad("SendPoolMax", c.SendPoolMax, fmt.Sprintf("smaller than the initial send pool (%d buffers of %d bytes)", c.SendBufs, c.SendBufSize))
 	case c.RecvBufs*c.RecvBufSize > c.RecvPoolMax:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,11 +31,22 @@ type Engine struct {
 	closeErr  error
 
 	steerFallbacks atomic.Uint64
+	steerCtr       steerCounters
 }
 
-// allowedCPUs lists the CPUs this process may run on (its affinity mask, which a container
-// or taskset may have narrowed), so queue i is pinned to the i-th of them.
-func allowedCPUs() []int {
+// allowedCPUs lists the CPUs this process may run on, so queue i is pinned to the i-th of
+// them: the affinity mask the process started with (a container or taskset may have
+// narrowed it). It is read once, during package initialization, on the main thread: later,
+// the thread New happens to run on may carry another goroutine's pinning (a goroutine that
+// locked its thread, pinned it and unlocked it leaves the mask behind), which would put
+// every queue on one CPU. A CPU taken away later makes pinning fail, which the steering
+// report shows (SteeringInfo.QueueCPUs).
+func allowedCPUs() []int { return slices.Clone(startCPUs) }
+
+var startCPUs = threadCPUs()
+
+// threadCPUs lists the CPUs in the calling thread's affinity mask.
+func threadCPUs() []int {
 	var set unix.CPUSet
 	var cpus []int
 	if unix.SchedGetaffinity(0, &set) == nil {
@@ -115,8 +127,8 @@ func (e *Engine) startQueues(b Backend) error {
 	}
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
-		q := &queue{e: e, idx: i, space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
-		lq, err := loop.Start(loop.Config{ID: i, CPU: cpus[i%len(cpus)], NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
+		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
+		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
 			switch b {
@@ -287,6 +299,16 @@ type Stats struct {
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
 	SteeringFallbacks uint64
+	// SteeringCPU counts listeners whose BPF steering places connections by CPU locality
+	// (PolicyCPU, the CPU→queue map filled from the queues' placement).
+	SteeringCPU uint64
+	// SteeringPolicyFallbacks counts multi-queue listeners with BPF steering whose default
+	// policy (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more
+	// queues than CPUs, pinning refused); Listener.SteeringInfo says why.
+	SteeringPolicyFallbacks uint64
+	// SteeringAttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto
+	// left incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
+	SteeringAttachFallbacks uint64
 }
 
 func (s *Stats) addCounters(c *counters) {
@@ -322,6 +344,7 @@ func (e *Engine) Stats() Stats {
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}
+	e.steerCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)

@@ -36,6 +36,7 @@ type Listener struct {
 
 	steer    *bpf.Steering // nil without BPF steering
 	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
+	info     *SteeringInfo // set once by setupSteering (steer.go)
 }
 
 // lpart is one listening socket served by one queue.
@@ -82,6 +83,9 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	if opts.Backlog == 0 {
 		opts.Backlog = 4096
 	}
+	if err := e.checkSteerOptions(&opts); err != nil {
+		return fail(nil, err)
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -121,15 +125,9 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
-	if n > 1 && (e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF) {
-		l.steer, l.steerErr = bpf.NewSteering(l.FDs(), &bpf.Options{Policy: e.cfg.SteerPolicy})
-		if l.steerErr != nil {
-			if e.cfg.Steering == SteerBPF {
-				l.closeSockets()
-				return fail(l.addr, fmt.Errorf("BPF steering: %w", l.steerErr))
-			}
-			e.steerFallbacks.Add(1)
-		}
+	if err := l.setupSteering(&opts); err != nil {
+		l.closeSockets()
+		return fail(l.addr, err)
 	}
 	e.mu.Lock()
 	if e.closed.Load() {
@@ -176,7 +174,7 @@ func probeAddr(network string, ap netip.AddrPort) (*tcpglue.Socket, error) {
 }
 
 // Steering returns the listener's BPF steering (flow table, drain, statistics), or nil when
-// the listener uses plain SO_REUSEPORT hashing (see SteeringFallback).
+// the listener uses plain SO_REUSEPORT hashing (see SteeringFallback and SteeringInfo).
 func (l *Listener) Steering() *bpf.Steering { return l.steer }
 
 // SteeringFallback returns why BPF steering is not in use ("" when it is, or was not asked).

@@ -18,6 +18,20 @@ type ListenOptions struct {
 	Shared bool
 	// Backlog for listen(2) (default 4096; the kernel caps it at net.core.somaxconn).
 	Backlog int
+	// SteerInterfaces names network interfaces (in the network namespace of the thread
+	// calling Listen, where the listening sockets are created) on which the listener attaches
+	// zcnet's XDP program, which redirects the packets of its flows through a cpumap to the
+	// CPU of the queue that owns them (pinned queues only), and its tc egress program, which
+	// sends them on the TX queue numbered like that queue. Both read the listener's flow
+	// table (explicit entries and the connections sk_reuseport placed) and are detached on
+	// Close. It needs BPF steering (SteerAuto or SteerBPF). Under SteerAuto an attachment
+	// that fails (or XDP without redirect, or XPS overriding tc) is left out, explained in
+	// SteeringInfo and counted in Stats.SteeringAttachFallbacks; under SteerBPF Listen fails
+	// with the typed error. A name that is no interface fails Listen in both modes. An
+	// interface takes one XDP program: a second listener asking for the same interface gets
+	// the kernel's refusal. On veth the XDP program runs in generic (skb) mode: in driver
+	// mode the redirect would lose the checksum state of the peer's packets.
+	SteerInterfaces []string
 }
 
 // DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsync).

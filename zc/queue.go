@@ -56,6 +56,7 @@ type queue struct {
 	*loop.Queue
 	e     *Engine
 	idx   int
+	cpu   int // the CPU the queue's thread is pinned on unless NoPin (allowedCPUs()[idx % n])
 	be    backend
 	send  *memreg.Pool
 	space chan struct{} // signalled when send buffers return

@@ -9,6 +9,12 @@
 //	steering   one listener per queue, the zc_reuseport program with
 //	           PolicyCPU: a connection goes to the queue of the CPU that
 //	           processed its SYN (on loopback: the client's CPU)
+//	zc-hash    a zc engine (one io_uring queue per CPU, pinned by zc) echoing
+//	           with SendData, BPF steering with SteerPolicy = PolicyHash
+//	zc-cpu     the same engine with zc's default Config: the CPU policy, its
+//	           CPU→queue map filled by zc from the queues' placement
+//
+// The zc setups print the listener's SteeringInfo once.
 //
 // Client threads are pinned too (connections spread over CPUs), each
 // connection does closed-loop ping-pong with small messages. It prints
@@ -21,14 +27,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/zc"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,6 +46,7 @@ var (
 	dur     = flag.Duration("d", 3*time.Second, "duration of one run")
 	rounds  = flag.Int("rounds", 3, "rounds (setups interleaved)")
 	msgSize = flag.Int("size", 64, "message size in bytes")
+	setupsF = flag.String("setups", "single,reuseport,steering,zc-hash,zc-cpu", "comma-separated setups")
 )
 
 func pin(cpu int) {
@@ -200,7 +210,49 @@ func client(cpu, n, port int, d time.Duration, servedOn func(localPort int) int,
 	out <- r
 }
 
-func run(setup string, ncpu int) (float64, time.Duration, time.Duration, float64, error) {
+// runZC serves with a zc engine of ncpu queues: "zc-cpu" with the default Config (CPU
+// policy where the queues are pinned), "zc-hash" with SteerPolicy = PolicyHash.
+func runZC(setup string, ncpu int, report bool) (float64, time.Duration, time.Duration, float64, error) {
+	cfg := zc.Config{Queues: ncpu, Steering: zc.SteerBPF}
+	if setup == "zc-hash" {
+		cfg.SteerPolicy = bpf.PolicyHash
+	}
+	e, err := zc.New(cfg)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	defer e.Close()
+	var servedBy sync.Map // client port -> CPU of the queue serving it
+	var qcpu []int
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
+		servedBy.Store(c.RemoteAddr().(*net.TCPAddr).Port, qcpu[c.Queue()])
+		return zc.HandlerFuncs{
+			Data: func(c *zc.Conn, d zc.Data) { c.SendData(d) },
+			EOF:  func(c *zc.Conn, err error) { c.Close() },
+		}
+	})
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	defer l.Close()
+	info := l.SteeringInfo()
+	qcpu = info.QueueCPUs
+	if report {
+		fmt.Printf("%s steering: %v\n", setup, info)
+	}
+	servedOn := func(cport int) int {
+		if v, ok := servedBy.Load(cport); ok {
+			return v.(int)
+		}
+		return -1
+	}
+	return drive(ncpu, l.Addr().(*net.TCPAddr).Port, servedOn)
+}
+
+func run(setup string, ncpu int, report bool) (float64, time.Duration, time.Duration, float64, error) {
+	if strings.HasPrefix(setup, "zc-") {
+		return runZC(setup, ncpu, report)
+	}
 	nq := ncpu
 	servers := make([]*server, nq)
 	var lfds []int
@@ -268,6 +320,22 @@ func run(setup string, ncpu int) (float64, time.Duration, time.Duration, float64
 		}
 		return -1
 	}
+	defer func() {
+		for _, s := range servers {
+			s.stop.Store(true)
+		}
+		wg.Wait()
+		for _, s := range servers {
+			for _, fd := range s.fds {
+				unix.Close(fd)
+			}
+		}
+	}()
+	return drive(ncpu, port, servedOn)
+}
+
+// drive runs the pinned clients against port and sums their results.
+func drive(ncpu, port int, servedOn func(int) int) (float64, time.Duration, time.Duration, float64, error) {
 	out := make(chan result, ncpu)
 	per := *nconns / ncpu
 	for c := 0; c < ncpu; c++ {
@@ -285,15 +353,6 @@ func run(setup string, ncpu int) (float64, time.Duration, time.Duration, float64
 		all.local += r.local
 		all.nc += r.nc
 	}
-	for _, s := range servers {
-		s.stop.Store(true)
-	}
-	wg.Wait()
-	for _, s := range servers {
-		for _, fd := range s.fds {
-			unix.Close(fd)
-		}
-	}
 	sort.Slice(all.lat, func(i, j int) bool { return all.lat[i] < all.lat[j] })
 	var p50, p99 time.Duration
 	if len(all.lat) > 0 {
@@ -307,11 +366,11 @@ func main() {
 	flag.Parse()
 	ncpu := runtime.NumCPU()
 	fmt.Printf("steerbench: %d CPUs, %d connections, %d-byte ping-pong, %v per run, %d rounds\n", ncpu, *nconns, *msgSize, *dur, *rounds)
-	setups := []string{"single", "reuseport", "steering"}
+	setups := strings.Split(*setupsF, ",")
 	res := map[string][]float64{}
 	for r := 0; r < *rounds; r++ {
 		for _, s := range setups {
-			rps, p50, p99, local, err := run(s, ncpu)
+			rps, p50, p99, local, err := run(s, ncpu, r == 0)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "%s: %v\n", s, err)
 				os.Exit(1)

@@ -165,6 +165,7 @@ func TestModesEndToEnd(t *testing.T) {
 func checkSteering(t *testing.T, mode string, r harness.Rep) {
 	t.Helper()
 	st := r.Server.Notes["steering"]
+	t.Logf("%s: steering %q, per queue %q", mode, st, r.Server.Notes["per_queue"])
 	want := map[string]string{"zc-hash": "hash (reuseport-hash)", "zc-cpu": "bpf (cpu policy)"}[mode]
 	if st == "" || (want != "" && !strings.HasPrefix(st, want)) {
 		t.Errorf("%s steering note %q, want %q", mode, st, want)

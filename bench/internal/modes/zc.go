@@ -245,20 +245,24 @@ func (q *queueCount) String() string {
 	return strings.Join(parts, " ")
 }
 
-// noteSteering records how a multi-core server's listener steered (BPF with its policy,
-// or the kernel's hash and why) and the connections per queue.
+// noteSteering records how a multi-core server's listener steered (Listener.SteeringInfo:
+// BPF with its policy, whether the CPU policy is exact and why, or the kernel's hash and
+// why) and the connections per queue.
 func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount) {
 	cfg := e.Config()
-	how := "bpf"
+	info := l.SteeringInfo()
+	var how string
 	switch {
 	case e.Stats().Queues == 1:
 		how = "one queue (nothing to steer)"
-	case l.Steering() != nil && cfg.SteerPolicy == bpf.PolicyCPU:
-		how = "bpf (cpu policy)"
-	case l.Steering() != nil:
-		how = "bpf (hash policy)"
-	case l.SteeringFallback() != "":
-		how = "hash (fallback: " + l.SteeringFallback() + ")"
+	case info.BPF:
+		how = "bpf (" + info.Policy.String() + " policy)"
+		if info.Policy&bpf.PolicyCPU != 0 && !info.Exact {
+			how += ", not exact"
+		}
+		how += ": " + info.PolicyReason
+	case info.Fallback != "":
+		how = "hash (fallback: " + info.Fallback + ")"
 	default:
 		how = "hash (" + cfg.Steering.String() + ")"
 	}

@@ -1,0 +1,587 @@
+package zc
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/internal/errs"
+)
+
+// Steering of a listener: which queue owns each accepted connection, and (with
+// ListenOptions.SteerInterfaces) where the connection's packets are processed and sent.
+//
+// Under BPF steering the sk_reuseport program places a new connection by the flow table,
+// then by the policy, then by a hash. The CPU policy needs to know which queue runs on which
+// CPU: queue i runs pinned on the i-th CPU the process may use (Config.NoPin off), so the
+// listener writes CPU→queue entries for every possible CPU:
+//   - the CPU of a queue maps to that queue (the lowest-numbered queue when several share a
+//     CPU);
+//   - a CPU without a queue maps to a queue on its closest CPU: an SMT sibling first, then a
+//     CPU sharing its last-level (L3) cache, then a CPU of the same NUMA node, then any
+//     (read from sysfs); among equally close queues, the one with the
+//     fewest CPUs mapped to it so far, then the one with the nearest CPU number, then the
+//     lowest index. So every CPU's SYNs stay near the CPU that received them and the queues
+//     get an equal share of the CPUs.
+//
+// With Config.SteerPolicy left at its zero value (bpf.PolicyAuto) the listener uses the CPU
+// policy when it is exact: every queue's thread is pinned on a CPU of its own. Otherwise
+// (NoPin, pinning refused, more queues than CPUs, a single queue) it uses the hash, says why
+// in SteeringInfo and counts it in Stats.SteeringPolicyFallbacks. PolicyCPU asked for
+// explicitly is used even when it cannot be exact (the map then names the CPUs the queues
+// would have been pinned on), and SteeringInfo.Exact says so.
+
+// SteeringInfo says how a listener spreads connections over the queues: what was asked,
+// what is in effect and why (Listener.SteeringInfo).
+type SteeringInfo struct {
+	// Mode is what Config.Steering asked for.
+	Mode SteeringMode
+	// BPF is true when zcnet's sk_reuseport program places new connections (flow table,
+	// then Policy, then a hash); false when the kernel's SO_REUSEPORT hash does (or one
+	// listening socket hands connections round robin: SteerSingleListener).
+	BPF bool
+	// Fallback says why BPF steering is not in use although SteerAuto asked for it ("" when
+	// it is in use or was not asked).
+	Fallback string
+	// Policy in effect under BPF steering: never bpf.PolicyAuto (the auto choice is resolved
+	// to PolicyCPU or PolicyHash); PolicyHash without BPF steering.
+	Policy bpf.Policy
+	// PolicyReason says why Policy is what it is.
+	PolicyReason string
+	// Exact: the CPU policy is in effect and every queue's thread is pinned on the CPU the
+	// map names for it, no two queues on one CPU: a connection lands on the queue of the CPU
+	// that received its SYN (or the queue nearest to it).
+	Exact bool
+	// QueueCPUs[q] is the CPU queue q's thread is pinned on, -1 when it is not pinned
+	// (Config.NoPin, or the kernel refused the pinning: a cpuset).
+	QueueCPUs []int
+	// CPUQueues[c] is the queue the CPU→queue map names for CPU c (-1: none, the hash places
+	// SYNs received there); nil unless Policy includes bpf.PolicyCPU.
+	CPUQueues []int
+	// Interfaces are the XDP and tc attachments asked for by ListenOptions.SteerInterfaces,
+	// in that order.
+	Interfaces []InterfaceSteering
+}
+
+// InterfaceSteering is the state of one ListenOptions.SteerInterfaces entry.
+type InterfaceSteering struct {
+	Name  string
+	Index int // interface index in the listener's network namespace (0 if unknown)
+	// XDP: the XDP program is attached (it counts packets per RX queue);
+	// XDPRedirect: and it redirects the packets of the listener's flows through a cpumap
+	// to the CPU of the queue that owns them (needs pinned queues).
+	XDP, XDPRedirect bool
+	// TC: the tc egress program is attached: packets of the listener's flows leave on the
+	// TX queue numbered like their queue (modulo the device's TX queues).
+	TC bool
+	// XPS: the device has XPS configured, which overrides the tc program's TX queue.
+	XPS bool
+	// Reason says what is missing and why ("" when XDP redirect and tc are in place and XPS
+	// is off).
+	Reason string
+	// Note says how the attachment was adapted to the device (veth: generic XDP).
+	Note string
+}
+
+// complete reports whether everything asked for the interface is in place.
+func (i InterfaceSteering) complete() bool { return i.XDPRedirect && i.TC && !i.XPS }
+
+func (i InterfaceSteering) String() string {
+	var parts []string
+	switch {
+	case i.XDPRedirect:
+		parts = append(parts, "xdp redirect")
+	case i.XDP:
+		parts = append(parts, "xdp (no redirect)")
+	default:
+		parts = append(parts, "no xdp")
+	}
+	switch {
+	case i.TC && i.XPS:
+		parts = append(parts, "tc egress (overridden by XPS)")
+	case i.TC:
+		parts = append(parts, "tc egress")
+	default:
+		parts = append(parts, "no tc")
+	}
+	s := i.Name + ": " + strings.Join(parts, ", ")
+	if i.Reason != "" {
+		s += " (" + i.Reason + ")"
+	}
+	return s
+}
+
+// String is a one-line report: "bpf, policy cpu (exact): auto: ...; queues on cpus [0 1];
+// eth1: xdp redirect, tc egress".
+func (i SteeringInfo) String() string {
+	var b strings.Builder
+	switch {
+	case i.BPF:
+		fmt.Fprintf(&b, "bpf, policy %v", i.Policy)
+		if i.Policy&bpf.PolicyCPU != 0 {
+			if i.Exact {
+				b.WriteString(" (exact)")
+			} else {
+				b.WriteString(" (not exact)")
+			}
+		}
+	case i.Fallback != "":
+		fmt.Fprintf(&b, "reuseport hash (fallback: %s)", i.Fallback)
+	case i.Mode == SteerSingleListener:
+		b.WriteString("single listener, round robin")
+	default:
+		fmt.Fprintf(&b, "reuseport hash (%v)", i.Mode)
+	}
+	if i.PolicyReason != "" {
+		b.WriteString(": " + i.PolicyReason)
+	}
+	fmt.Fprintf(&b, "; queues on cpus %v", i.QueueCPUs)
+	for _, f := range i.Interfaces {
+		b.WriteString("; " + f.String())
+	}
+	return b.String()
+}
+
+func (i SteeringInfo) clone() SteeringInfo {
+	i.QueueCPUs = slices.Clone(i.QueueCPUs)
+	i.CPUQueues = slices.Clone(i.CPUQueues)
+	i.Interfaces = slices.Clone(i.Interfaces)
+	return i
+}
+
+// SteeringInfo returns how the listener steers connections, and why.
+func (l *Listener) SteeringInfo() SteeringInfo {
+	if l.info == nil {
+		return SteeringInfo{}
+	}
+	return l.info.clone()
+}
+
+// steerCounters are the engine's steering counters (Stats).
+type steerCounters struct {
+	cpu, policyFallbacks, attachFallbacks atomic.Uint64
+}
+
+func (c *steerCounters) fill(s *Stats) {
+	s.SteeringCPU = c.cpu.Load()
+	s.SteeringPolicyFallbacks = c.policyFallbacks.Load()
+	s.SteeringAttachFallbacks = c.attachFallbacks.Load()
+}
+
+// validPolicy reports whether p is a policy bpf accepts.
+func validPolicy(p bpf.Policy) bool {
+	known := bpf.PolicyDSCP | bpf.PolicyCPU | bpf.PolicyHash
+	return p&^known == 0 && (p&bpf.PolicyHash == 0 || p == bpf.PolicyHash)
+}
+
+// checkSteerOptions refuses bad ListenOptions.SteerInterfaces before any socket exists.
+func (e *Engine) checkSteerOptions(opts *ListenOptions) error {
+	if len(opts.SteerInterfaces) == 0 {
+		return nil
+	}
+	if e.cfg.Steering != SteerAuto && e.cfg.Steering != SteerBPF {
+		return fmt.Errorf("SteerInterfaces needs BPF steering (Config.Steering is %v): %w", e.cfg.Steering, ErrInvalid)
+	}
+	seen := map[string]bool{}
+	for _, name := range opts.SteerInterfaces {
+		if name == "" || len(name) >= unix.IFNAMSIZ || strings.ContainsAny(name, "/ \t\n") {
+			return fmt.Errorf("SteerInterfaces: bad interface name %q: %w", name, ErrInvalid)
+		}
+		if seen[name] {
+			return fmt.Errorf("SteerInterfaces: %q named twice: %w", name, ErrInvalid)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// queueCPUs returns, per queue, the CPU its thread is pinned on, or -1.
+func (e *Engine) queueCPUs() []int {
+	out := make([]int, len(e.queues))
+	for i, q := range e.queues {
+		out[i] = -1
+		tid := int(q.TID())
+		if e.cfg.NoPin || tid <= 0 {
+			continue
+		}
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(tid, &set) == nil && set.Count() == 1 && set.IsSet(q.cpu) {
+			out[i] = q.cpu
+		}
+	}
+	return out
+}
+
+// choosePolicy resolves the asked policy for a listener of nq queues (nq == len(pinned),
+// or 1 for SteerSingleListener). pinned[q] is queue q's pinned CPU or -1; nominal[q] the CPU
+// it would be pinned on. It returns the policy, whether the CPU policy is exact, and why.
+func choosePolicy(asked bpf.Policy, pinned, nominal []int, noPin bool) (bpf.Policy, bool, string) {
+	why := ""
+	switch {
+	case len(pinned) <= 1:
+		why = "one queue"
+	case noPin:
+		why = "queues are not pinned (Config.NoPin): the CPU that receives a SYN says nothing about where a queue runs"
+	default:
+		for q, c := range pinned {
+			if c < 0 {
+				why = fmt.Sprintf("queue %d is not pinned on CPU %d (the kernel refused the affinity: a cpuset?)", q, nominal[q])
+				break
+			}
+			if i := slices.Index(pinned, c); i < q {
+				why = fmt.Sprintf("queues %d and %d share CPU %d (more queues than CPUs): some queues would get no connections", i, q, c)
+				break
+			}
+		}
+	}
+	exact := why == ""
+	switch {
+	case asked == bpf.PolicyAuto && exact:
+		return bpf.PolicyCPU, true, "auto: every queue runs pinned on a CPU of its own"
+	case asked == bpf.PolicyAuto:
+		return bpf.PolicyHash, false, "auto chose the hash: " + why
+	case asked == bpf.PolicyHash:
+		return asked, false, "asked (Config.SteerPolicy = PolicyHash)"
+	case asked&bpf.PolicyCPU != 0 && !exact:
+		return asked, false, fmt.Sprintf("asked (Config.SteerPolicy = %v); the CPU policy cannot be exact: %s", asked, why)
+	}
+	return asked, asked&bpf.PolicyCPU != 0, fmt.Sprintf("asked (Config.SteerPolicy = %v)", asked)
+}
+
+// cpuTopology is what the CPU→queue mapping needs to know about the machine.
+type cpuTopology struct {
+	ncpu int // possible CPUs (at most bpf.MaxCPUs)
+	// levels, closest first (SMT core, last-level cache, NUMA node): levels[i][c] names the
+	// group CPU c belongs to at that level; a CPU missing from a level shares no group there.
+	levels []map[int]int
+}
+
+// readTopology reads the possible CPUs, SMT siblings, L3 cache sharing and NUMA nodes from
+// sysfs; what it cannot read is left out.
+func readTopology() cpuTopology {
+	t := cpuTopology{}
+	if b, err := os.ReadFile("/sys/devices/system/cpu/possible"); err == nil {
+		if cpus, err := parseCPUList(string(b)); err == nil && len(cpus) > 0 {
+			t.ncpu = slices.Max(cpus) + 1
+		}
+	}
+	if t.ncpu == 0 {
+		t.ncpu = max(runtime.NumCPU(), slices.Max(allowedCPUs())+1)
+	}
+	t.ncpu = min(t.ncpu, bpf.MaxCPUs)
+	// A group is named by its lowest CPU.
+	byList := func(path func(c int) string) map[int]int {
+		m := map[int]int{}
+		for c := 0; c < t.ncpu; c++ {
+			b, err := os.ReadFile(path(c))
+			if err != nil {
+				continue
+			}
+			if l, err := parseCPUList(string(b)); err == nil && slices.Contains(l, c) {
+				m[c] = l[0]
+			}
+		}
+		return m
+	}
+	smt := byList(func(c int) string {
+		return fmt.Sprintf("/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c)
+	})
+	l3 := byList(func(c int) string {
+		return fmt.Sprintf("/sys/devices/system/cpu/cpu%d/cache/index3/shared_cpu_list", c)
+	})
+	node := map[int]int{}
+	lists, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*/cpulist")
+	for _, p := range lists {
+		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(filepath.Dir(p)), "node"))
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cpus, _ := parseCPUList(string(b))
+		for _, c := range cpus {
+			node[c] = n
+		}
+	}
+	t.levels = []map[int]int{smt, l3, node}
+	return t
+}
+
+// parseCPUList parses the kernel's CPU list format ("0-3,8,10-11").
+func parseCPUList(s string) ([]int, error) {
+	var out []int
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("bad CPU list %q", s)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a || b-a > 1<<16 {
+				return nil, fmt.Errorf("bad CPU list %q", s)
+			}
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// cpuQueueMap maps every CPU 0..t.ncpu-1 to a queue, given each queue's CPU (see the
+// comment at the top of this file for the rule). A queue CPU outside 0..ncpu-1 is ignored.
+func cpuQueueMap(qcpu []int, t cpuTopology) []int {
+	m := make([]int, t.ncpu)
+	for c := range m {
+		m[c] = -1
+	}
+	load := make([]int, len(qcpu))
+	var owners []int // queues that own a CPU
+	for q, c := range qcpu {
+		if c >= 0 && c < t.ncpu && m[c] < 0 {
+			m[c] = q
+			load[q]++
+			owners = append(owners, q)
+		}
+	}
+	if len(owners) == 0 {
+		return m
+	}
+	abs := func(x int) int { return max(x, -x) }
+	for c := range m {
+		if m[c] >= 0 {
+			continue
+		}
+		cand := owners
+		for _, level := range t.levels {
+			g, ok := level[c]
+			if !ok {
+				continue
+			}
+			var near []int
+			for _, q := range owners {
+				if h, ok := level[qcpu[q]]; ok && h == g {
+					near = append(near, q)
+				}
+			}
+			if len(near) > 0 {
+				cand = near
+				break
+			}
+		}
+		best := cand[0]
+		for _, q := range cand[1:] {
+			if load[q] < load[best] || load[q] == load[best] && abs(qcpu[q]-c) < abs(qcpu[best]-c) {
+				best = q
+			}
+		}
+		m[c] = best
+		load[best]++
+	}
+	return m
+}
+
+// setupSteering decides and installs the listener's steering. It runs in ListenWith after
+// the sockets exist, on the caller's thread: interfaces are looked up in its network
+// namespace. An error fails Listen (the caller closes the sockets); l.steer is set only on
+// success.
+func (l *Listener) setupSteering(opts *ListenOptions) error {
+	e := l.e
+	nominal := make([]int, len(e.queues))
+	for i, q := range e.queues {
+		nominal[i] = q.cpu
+	}
+	info := &SteeringInfo{Mode: e.cfg.Steering, Policy: bpf.PolicyHash, QueueCPUs: e.queueCPUs()}
+	l.info = info
+	bpfMode := e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF
+	if !bpfMode || (len(l.socks) < 2 && len(opts.SteerInterfaces) == 0) {
+		switch {
+		case !bpfMode:
+			info.PolicyReason = "no BPF steering asked"
+		default:
+			info.PolicyReason = "one queue: nothing to steer"
+		}
+		return nil
+	}
+	// Interfaces are looked up first: a name that is no interface is bad input in any case.
+	ifindex := make([]int, len(opts.SteerInterfaces))
+	for i, name := range opts.SteerInterfaces {
+		ifi, err := net.InterfaceByName(name)
+		if err != nil {
+			return fmt.Errorf("SteerInterfaces: no interface %q in this network namespace: %w", name, ErrInvalid)
+		}
+		ifindex[i] = ifi.Index
+	}
+	pinned := info.QueueCPUs[:len(l.socks)]
+	policy, exact, why := choosePolicy(e.cfg.SteerPolicy, pinned, nominal[:len(l.socks)], e.cfg.NoPin)
+
+	fallback := func(err error) error {
+		if e.cfg.Steering == SteerBPF {
+			return fmt.Errorf("BPF steering: %w", err)
+		}
+		l.steerErr = err
+		info.Fallback = err.Error()
+		e.steerFallbacks.Add(1)
+		for i, name := range opts.SteerInterfaces {
+			info.Interfaces = append(info.Interfaces, InterfaceSteering{Name: name, Index: ifindex[i], Reason: "BPF steering unavailable"})
+			e.steerCtr.attachFallbacks.Add(1)
+		}
+		return nil
+	}
+	s, err := bpf.NewSteering(l.FDs(), &bpf.Options{Policy: policy})
+	if err != nil {
+		return fallback(err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+	var cpuMap []int
+	if policy&bpf.PolicyCPU != 0 {
+		qcpu := slices.Clone(pinned)
+		for q, c := range qcpu {
+			if c < 0 {
+				qcpu[q] = nominal[q] // not pinned: where it would have run
+			}
+		}
+		cpuMap = cpuQueueMap(qcpu, readTopology())
+		for c, q := range cpuMap {
+			if q < 0 {
+				continue
+			}
+			if err := s.SetCPUQueue(c, q); err != nil {
+				return fallback(err)
+			}
+		}
+	}
+	for i, name := range opts.SteerInterfaces {
+		is, err := l.attachInterface(s, name, ifindex[i], pinned)
+		if err != nil {
+			return err
+		}
+		info.Interfaces = append(info.Interfaces, is)
+	}
+	info.BPF, info.Policy, info.Exact, info.PolicyReason, info.CPUQueues = true, policy, exact, why, cpuMap
+	if policy&bpf.PolicyCPU != 0 {
+		e.steerCtr.cpu.Add(1)
+	} else if e.cfg.SteerPolicy == bpf.PolicyAuto && len(l.socks) > 1 {
+		e.steerCtr.policyFallbacks.Add(1)
+	}
+	ok = true
+	l.steer = s
+	return nil
+}
+
+// attachInterface attaches the XDP and tc egress programs of s to the interface (name,
+// index) and points the XDP redirect of every pinned queue at its CPU. Under SteerAuto what
+// fails is reported in the result and counted; under SteerBPF it is the error.
+func (l *Listener) attachInterface(s *bpf.Steering, name string, index int, pinned []int) (InterfaceSteering, error) {
+	e := l.e
+	strict := e.cfg.Steering == SteerBPF
+	is := InterfaceSteering{Name: name, Index: index}
+	var reasons []string
+	fail := func(what string, err error) error {
+		if strict {
+			return fmt.Errorf("SteerInterfaces %s: %s: %w", name, what, err)
+		}
+		reasons = append(reasons, what+": "+err.Error())
+		return nil
+	}
+	// veth: driver-mode XDP turns the skb into a frame and the cpumap rebuilds it without
+	// its checksum state, so segments the peer left to checksum offload (the default) would
+	// be dropped as corrupt. Generic XDP redirects the skb itself and keeps it.
+	mode := bpf.XDPAuto
+	if isVeth(name) {
+		mode = bpf.XDPGeneric
+		is.Note = "veth: XDP in generic (skb) mode, which keeps the checksum state of the peer's packets"
+	}
+	if err := s.AttachXDP(index, mode); err != nil {
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
+			err = fmt.Errorf("%w (another XDP program, perhaps another listener's, is attached: an interface has one)", err)
+		}
+		if err := fail("attach xdp", err); err != nil {
+			return is, err
+		}
+	} else {
+		is.XDP = true
+		redirect := 0
+		for q, c := range pinned {
+			if c < 0 {
+				continue
+			}
+			if err := s.SetQueueCPU(q, c); err != nil {
+				if err := fail(fmt.Sprintf("xdp redirect of queue %d to cpu %d", q, c), err); err != nil {
+					return is, err
+				}
+				continue
+			}
+			redirect++
+		}
+		switch {
+		case redirect == len(pinned):
+			is.XDPRedirect = true
+		case redirect == 0 && e.cfg.NoPin:
+			err := errs.NotSupported("XDP redirect to a queue's CPU", "pinned queues (Config.NoPin is set)", nil)
+			if err := fail("xdp redirect", err); err != nil {
+				return is, err
+			}
+		default:
+			err := errs.NotSupported(fmt.Sprintf("XDP redirect for %d of %d queues", len(pinned)-redirect, len(pinned)),
+				"queues pinned on their CPUs (the kernel refused some affinities)", nil)
+			if err := fail("xdp redirect", err); err != nil {
+				return is, err
+			}
+		}
+	}
+	xps, err := s.AttachTCEgress(index)
+	if err != nil {
+		if err := fail("attach tc egress", err); err != nil {
+			return is, err
+		}
+	} else {
+		is.TC, is.XPS = true, xps
+		if xps {
+			err := errs.NotSupported("TX queue choice by tc egress on "+name,
+				"XPS off on the device (empty /sys/class/net/"+name+"/queues/tx-*/xps_cpus and xps_rxqs)", nil)
+			if err := fail("tc egress", err); err != nil {
+				return is, err
+			}
+		}
+	}
+	is.Reason = strings.Join(reasons, "; ")
+	if !is.complete() {
+		e.steerCtr.attachFallbacks.Add(1)
+	}
+	return is, nil
+}
+
+// isVeth reports whether the interface's driver is veth (ETHTOOL_GDRVINFO, in the calling
+// thread's network namespace).
+func isVeth(name string) bool {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlGetEthtoolDrvinfo(fd, name)
+	return err == nil && unix.ByteSliceToString(info.Driver[:]) == "veth"
+}
