@@ -31,3 +31,16 @@ bpf-check: bpf-deps
 	done && [ $$ok = 1 ] && echo "bpf-check: committed BPF objects match the sources"
 
 TEST_EXTRA += bpf-check
+
+# bpf/capture's tests read their pcapng files back with tshark (Wireshark's
+# command-line reader, an independent pcapng implementation). Installed
+# before the Go tests run; the debconf question of wireshark-common
+# (setuid dumpcap for non-root users) is answered "no" beforehand.
+.PHONY: capture-deps
+capture-deps:
+	@command -v tshark >/dev/null 2>&1 || { \
+		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections && \
+		(apt-get update -qq || true) && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark; }
+
+gotest: capture-deps
