@@ -168,6 +168,21 @@ static __always_inline void cap_done(struct cap_ifstats *st, __u32 cap, __u32 le
 		st->truncated++;
 }
 
+/* cap, which the caller checked to be in 1..n, in a form the verifier can
+ * see is in 1..n: the empty asm hides the earlier checks from clang, so it
+ * cannot drop these (it would otherwise pass a copy of cap whose bounds the
+ * verifier never saw). */
+static __always_inline __u64 cap_bound(__u64 cap, __u64 n)
+{
+	/* 64-bit, so no zero-extension puts the check on another register. */
+	asm volatile("" : "+r"(cap));
+	if (cap > n)
+		cap = n;
+	if (cap < 1)
+		cap = 1;
+	return cap;
+}
+
 /* ---------------------------------------------------------------------- */
 /* tc                                                                     */
 
@@ -187,7 +202,7 @@ static __always_inline void cap_done(struct cap_ifstats *st, __u32 cap, __u32 le
 		r->h.ifindex = skb->ifindex;                                                \
 		r->h.hwtstamp = skb->hwtstamp;                                              \
 		r->h.queue = skb->queue_mapping;                                            \
-		if (bpf_skb_load_bytes(skb, 0, r->d, cap)) {                                \
+		if (bpf_skb_load_bytes(skb, 0, r->d, cap_bound(cap, N))) {                  \
 			bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP);                           \
 			cap_full(st);                                                       \
 			return;                                                             \
@@ -263,11 +278,109 @@ int zc_cap_egress(struct __sk_buff *skb)
 }
 
 /* ---------------------------------------------------------------------- */
-/* XDP: fexit of the interface's XDP program                              */
+/* XDP                                                                    */
 
-/* The kernel's structs, reduced to the fields read here; CO-RE relocations
+/* One size class; COPY(dst, n) copies the first n bytes of the frame. */
+#define CAP_XDP_CLASS(N, COPY)                                                              \
+	if (cap <= N) {                                                                     \
+		struct {                                                                    \
+			struct cap_record h;                                                \
+			__u8 d[N];                                                          \
+		} *r = bpf_ringbuf_reserve(&cap_ring, sizeof(*r), 0);                       \
+		if (!r) {                                                                   \
+			cap_full(st);                                                       \
+			return;                                                             \
+		}                                                                           \
+		cap_head(&r->h, st, len, cap, CAP_HOOK_XDP);                                \
+		r->h.ifindex = ifindex;                                                     \
+		r->h.queue = queue + 1;                                                     \
+		r->h.verdict = verdict;                                                     \
+		if (COPY(r->d, cap_bound(cap, N))) {                                        \
+			bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP);                           \
+			cap_full(st);                                                       \
+			return;                                                             \
+		}                                                                           \
+		bpf_ringbuf_submit(r, 0);                                                   \
+		cap_done(st, cap, len);                                                     \
+		return;                                                                     \
+	}
+
+#define CAP_XDP_CLASSES(COPY)                \
+	CAP_XDP_CLASS(128, COPY)             \
+	CAP_XDP_CLASS(256, COPY)             \
+	CAP_XDP_CLASS(512, COPY)             \
+	CAP_XDP_CLASS(1024, COPY)            \
+	CAP_XDP_CLASS(1536, COPY)            \
+	CAP_XDP_CLASS(2048, COPY)            \
+	CAP_XDP_CLASS(4096, COPY)            \
+	CAP_XDP_CLASS(9216, COPY)            \
+	CAP_XDP_CLASS(16384, COPY)           \
+	CAP_XDP_CLASS(32768, COPY)           \
+	CAP_XDP_CLASS(CAP_MAX_SNAP, COPY)
+
+/* Is the frame whose first bytes are in h (and ports) selected, on an
+ * interface we count? Returns its counters, or NULL. */
+static __always_inline struct cap_ifstats *cap_xdp_match(struct cap_config *cfg, const struct cap_hdrs *h,
+							 const __u16 *ports, __u32 ifindex)
+{
+	struct flow_key k = {};
+	struct cap_ifstats *st;
+
+	if (!cap_l3(h, &k, 1))
+		return 0;
+	cap_ports(&k, ports, 1);
+	if (!cap_selected(&k, cfg->kinds))
+		return 0;
+	st = bpf_map_lookup_elem(&cap_stats, &ifindex);
+	if (st)
+		st->matched++;
+	return st;
+}
+
+/* zc_cap_xdp_pass: the capture's own XDP program, for interfaces without
+ * one: records and passes every frame. */
+#define CAP_COPY_XDP(dst, n) bpf_xdp_load_bytes(ctx, 0, dst, n)
+
+static __always_inline void cap_xdp_own(struct xdp_md *ctx, struct cap_config *cfg)
+{
+	__u32 ifindex = ctx->ingress_ifindex, queue = ctx->rx_queue_index;
+	/* Masked so the verifier knows the 64-bit register's bounds too. */
+	__u32 len = bpf_xdp_get_buff_len(ctx) & 0x7fffffff, cap = len, off;
+	struct cap_ifstats *st;
+	__u8 verdict = XDP_PASS;
+	struct cap_hdrs h;
+	__u16 ports[2];
+
+	if (bpf_xdp_load_bytes(ctx, 0, &h, sizeof(h)))
+		return;
+	off = sizeof(struct ethhdr) + (h.eth.h_proto == bpf_htons(ETH_P_IP) ? h.ip.ihl * 4 : sizeof(struct ipv6hdr));
+	if (off > 255 || bpf_xdp_load_bytes(ctx, off, ports, sizeof(ports)))
+		return;
+	st = cap_xdp_match(cfg, &h, ports, ifindex);
+	if (!st)
+		return;
+	if (cap > cfg->snap)
+		cap = cfg->snap;
+	if (cap < 1 || cap > CAP_MAX_SNAP)
+		return;
+	CAP_XDP_CLASSES(CAP_COPY_XDP)
+}
+
+SEC("xdp")
+int zc_cap_xdp_pass(struct xdp_md *ctx)
+{
+	struct cap_config *cfg = cap_config();
+
+	if (cfg && cfg->snap)
+		cap_xdp_own(ctx, cfg);
+	return XDP_PASS;
+}
+
+/* zc_cap_xdp: fexit of the XDP program already attached to an interface.
+ * The kernel's structs, reduced to the fields read here; CO-RE relocations
  * (preserve_access_index) fix the offsets against the running kernel's BTF.
- * An fexit program on an XDP program gets its context as struct xdp_buff. */
+ * An fexit program on an XDP program gets its context as struct xdp_buff
+ * and its return value (the verdict) as the second argument. */
 struct net_device___cap {
 	int ifindex;
 } __attribute__((preserve_access_index));
@@ -283,50 +396,36 @@ struct xdp_buff___cap {
 	struct xdp_rxq_info___cap *rxq;
 } __attribute__((preserve_access_index));
 
-#define CAP_XDP_CLASS(N)                                                                    \
-	if (cap <= N) {                                                                     \
-		struct {                                                                    \
-			struct cap_record h;                                                \
-			__u8 d[N];                                                          \
-		} *r = bpf_ringbuf_reserve(&cap_ring, sizeof(*r), 0);                       \
-		if (!r) {                                                                   \
-			cap_full(st);                                                       \
-			return;                                                             \
-		}                                                                           \
-		cap_head(&r->h, st, len, cap, CAP_HOOK_XDP);                                \
-		r->h.ifindex = ifindex;                                                     \
-		r->h.queue = queue + 1;                                                     \
-		r->h.verdict = verdict;                                                     \
-		if (bpf_probe_read_kernel(r->d, cap, data)) {                               \
-			bpf_ringbuf_discard(r, BPF_RB_NO_WAKEUP);                           \
-			cap_full(st);                                                       \
-			return;                                                             \
-		}                                                                           \
-		bpf_ringbuf_submit(r, 0);                                                   \
-		cap_done(st, cap, len);                                                     \
-		return;                                                                     \
-	}
+#define CAP_COPY_KERNEL(dst, n) bpf_probe_read_kernel(dst, n, data)
 
-static __always_inline void cap_xdp_emit(const void *data, __u32 len, __u32 snap, struct cap_ifstats *st,
-					 __u32 ifindex, __u32 queue, __u8 verdict)
+static __always_inline void cap_xdp_fexit(struct xdp_buff___cap *xdp, __u8 verdict, struct cap_config *cfg)
 {
-	__u32 cap = len;
+	void *data = xdp->data, *end = xdp->data_end;
+	__u32 ifindex, queue, len, cap, off;
+	struct cap_ifstats *st;
+	struct cap_hdrs h;
+	__u16 ports[2];
 
-	if (cap > snap)
-		cap = snap;
+	if (end <= data)
+		return;
+	/* Only the linear part of a multi-buffer frame. */
+	len = end - data;
+	if (len < sizeof(h) || bpf_probe_read_kernel(&h, sizeof(h), data))
+		return;
+	off = sizeof(struct ethhdr) + (h.eth.h_proto == bpf_htons(ETH_P_IP) ? h.ip.ihl * 4 : sizeof(struct ipv6hdr));
+	if (off + sizeof(ports) > len || bpf_probe_read_kernel(ports, sizeof(ports), data + off))
+		return;
+	ifindex = xdp->rxq->dev->ifindex;
+	queue = xdp->rxq->queue_index;
+	st = cap_xdp_match(cfg, &h, ports, ifindex);
+	if (!st)
+		return;
+	cap = len;
+	if (cap > cfg->snap)
+		cap = cfg->snap;
 	if (cap < 1 || cap > CAP_MAX_SNAP)
 		return;
-	CAP_XDP_CLASS(128)
-	CAP_XDP_CLASS(256)
-	CAP_XDP_CLASS(512)
-	CAP_XDP_CLASS(1024)
-	CAP_XDP_CLASS(1536)
-	CAP_XDP_CLASS(2048)
-	CAP_XDP_CLASS(4096)
-	CAP_XDP_CLASS(9216)
-	CAP_XDP_CLASS(16384)
-	CAP_XDP_CLASS(32768)
-	CAP_XDP_CLASS(CAP_MAX_SNAP)
+	CAP_XDP_CLASSES(CAP_COPY_KERNEL)
 }
 
 /* The attach target (the XDP program and its function name) is set by the
@@ -334,38 +433,9 @@ static __always_inline void cap_xdp_emit(const void *data, __u32 len, __u32 snap
 SEC("fexit/zc_xdp")
 int zc_cap_xdp(__u64 *ctx)
 {
-	struct xdp_buff___cap *xdp = (void *)ctx[0];
-	__u8 verdict = (__u8)ctx[1];
-	struct flow_key k = {};
-	struct cap_config *cfg;
-	struct cap_ifstats *st;
-	struct cap_hdrs h;
-	__u32 ifindex, queue, len, off;
-	void *data, *end;
-	__u16 ports[2];
+	struct cap_config *cfg = cap_config();
 
-	cfg = cap_config();
-	if (!cfg || !cfg->snap)
-		return 0;
-	data = xdp->data;
-	end = xdp->data_end;
-	if (end <= data)
-		return 0;
-	len = end - data;
-	if (len < sizeof(h) || bpf_probe_read_kernel(&h, sizeof(h), data))
-		return 0;
-	off = cap_l3(&h, &k, 1);
-	if (!off || off + sizeof(ports) > len || bpf_probe_read_kernel(ports, sizeof(ports), data + off))
-		return 0;
-	cap_ports(&k, ports, 1);
-	if (!cap_selected(&k, cfg->kinds))
-		return 0;
-	ifindex = xdp->rxq->dev->ifindex;
-	queue = xdp->rxq->queue_index;
-	st = bpf_map_lookup_elem(&cap_stats, &ifindex);
-	if (!st)
-		return 0;
-	st->matched++;
-	cap_xdp_emit(data, len, cfg->snap, st, ifindex, queue, verdict);
+	if (cfg && cfg->snap)
+		cap_xdp_fexit((void *)ctx[0], (__u8)ctx[1], cfg);
 	return 0;
 }

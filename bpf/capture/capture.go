@@ -346,7 +346,7 @@ func (c *Capture) load(ring int) error {
 
 func loadErr(op string, err error) error {
 	var ve *ebpf.VerifierError
-	if errors.As(err, &ve) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EACCES) {
+	if errors.As(err, &ve) && !errors.Is(err, unix.EPERM) {
 		// A program the verifier rejects on a kernel with every feature is a
 		// bug; on older kernels it means a missing feature.
 		return opErr(op, fmt.Errorf("%w: %w", errOldKernel, err))
@@ -383,18 +383,30 @@ func (c *Capture) attach() error {
 	return nil
 }
 
-// attachXDP loads one fexit program per distinct XDP program on the
-// interfaces and attaches it.
+// attachXDP records at XDP on every interface: an interface with an XDP
+// program gets an fexit program on it (one per distinct program); one
+// without gets the capture's own XDP program, which passes every frame.
 func (c *Capture) attachXDP() error {
 	done := map[uint32]bool{}
+	var own *ebpf.Program
 	for _, i := range c.ifaces {
-		op := fmt.Sprintf("attach to the XDP program of %s (ifindex %d)", i.Name, i.Index)
+		op := fmt.Sprintf("attach at XDP of %s (ifindex %d)", i.Name, i.Index)
 		id, err := xdpProgID(i.Index)
 		if err != nil {
 			return opErr(op, err)
 		}
 		if id == 0 {
-			return invalid(op, "no XDP program is attached: HookXDP records what an XDP program sees (zcnet's is attached with bpf.Steering.AttachXDP)")
+			if own == nil {
+				if own, err = c.loadProgram(captureProgZcCapXdpPass, nil); err != nil {
+					return loadErr(op, err)
+				}
+			}
+			l, err := link.AttachXDP(link.XDPOptions{Program: own, Interface: i.Index})
+			if err != nil {
+				return opErr(op, err)
+			}
+			c.links = append(c.links, attachment{what: op + " (own XDP program)", l: l})
+			continue
 		}
 		if done[id] {
 			continue
@@ -407,6 +419,30 @@ func (c *Capture) attachXDP() error {
 	return nil
 }
 
+// loadProgram loads one more program of the object, sharing the maps
+// already loaded; modify may change its spec first.
+func (c *Capture) loadProgram(name string, modify func(*ebpf.ProgramSpec)) (*ebpf.Program, error) {
+	ps := c.spec.Programs[name].Copy()
+	if modify != nil {
+		modify(ps)
+	}
+	spec := &ebpf.CollectionSpec{Maps: c.spec.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps}}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		captureMapCapSettings: c.objs.CapSettings, captureMapCapFlows: c.objs.CapFlows,
+		captureMapCapStats: c.objs.CapStats, captureMapCapRing: c.objs.CapRing,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	p := coll.DetachProgram(name)
+	coll.Close()
+	c.xdp = append(c.xdp, p)
+	return p, nil
+}
+
+// attachFexit attaches zc_cap_xdp to the exit of XDP program id. Some
+// kernels refuse tracing programs by policy (this project's CI machine
+// answers EPERM even to root): the error then matches ErrPermission.
 func (c *Capture) attachFexit(op string, id uint32) error {
 	target, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
 	if err != nil {
@@ -424,26 +460,24 @@ func (c *Capture) attachFexit(op string, id uint32) error {
 	if err != nil || len(fn) == 0 || fn[0].Func == nil {
 		return opErr(op, fmt.Errorf("%w: XDP program %d (%s) has no BTF function info, which fexit needs: %v", ErrNotSupported, id, info.Name, err))
 	}
-	ps := c.spec.Programs[captureProgZcCapXdp].Copy()
-	ps.AttachTarget = target
-	ps.AttachTo = fn[0].Func.Name
-	spec := &ebpf.CollectionSpec{Maps: c.spec.Maps, Programs: map[string]*ebpf.ProgramSpec{captureProgZcCapXdp: ps}}
-	var objs struct {
-		P *ebpf.Program `ebpf:"zc_cap_xdp"`
+	name := fn[0].Func.Name
+	op += fmt.Sprintf(": fexit on XDP program %d (%s)", id, name)
+	p, err := c.loadProgram(captureProgZcCapXdp, func(ps *ebpf.ProgramSpec) {
+		ps.AttachTarget = target
+		ps.AttachTo = name
+	})
+	if errors.Is(err, unix.EPERM) {
+		return &OpError{Op: op, Err: fmt.Errorf("%w: %s: the kernel refuses tracing (fexit) programs here; "+
+			"capture with HookIngress instead, or start the capture (with its own XDP program) before an XDP program is attached: %w", ErrPermission, missingCaps(), err)}
 	}
-	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		captureMapCapSettings: c.objs.CapSettings, captureMapCapFlows: c.objs.CapFlows,
-		captureMapCapStats: c.objs.CapStats, captureMapCapRing: c.objs.CapRing,
-	}})
 	if err != nil {
 		return loadErr(op, err)
 	}
-	c.xdp = append(c.xdp, objs.P)
-	l, err := link.AttachTracing(link.TracingOptions{Program: objs.P, AttachType: ebpf.AttachTraceFExit})
+	l, err := link.AttachTracing(link.TracingOptions{Program: p, AttachType: ebpf.AttachTraceFExit})
 	if err != nil {
 		return opErr(op, err)
 	}
-	c.links = append(c.links, attachment{what: op + fmt.Sprintf(" (program %d %s)", id, fn[0].Func.Name), l: l})
+	c.links = append(c.links, attachment{what: op, l: l})
 	return nil
 }
 

@@ -65,6 +65,7 @@ const (
 	captureProgZcCapEgress  = "zc_cap_egress"
 	captureProgZcCapIngress = "zc_cap_ingress"
 	captureProgZcCapXdp     = "zc_cap_xdp"
+	captureProgZcCapXdpPass = "zc_cap_xdp_pass"
 )
 
 // loadCapture returns the embedded CollectionSpec for capture.
@@ -112,6 +113,7 @@ type captureProgramSpecs struct {
 	ZcCapEgress  *ebpf.ProgramSpec `ebpf:"zc_cap_egress"`
 	ZcCapIngress *ebpf.ProgramSpec `ebpf:"zc_cap_ingress"`
 	ZcCapXdp     *ebpf.ProgramSpec `ebpf:"zc_cap_xdp"`
+	ZcCapXdpPass *ebpf.ProgramSpec `ebpf:"zc_cap_xdp_pass"`
 }
 
 // captureMapSpecs contains maps before they are loaded into the kernel.
@@ -178,6 +180,7 @@ type capturePrograms struct {
 	ZcCapEgress  *ebpf.Program `ebpf:"zc_cap_egress"`
 	ZcCapIngress *ebpf.Program `ebpf:"zc_cap_ingress"`
 	ZcCapXdp     *ebpf.Program `ebpf:"zc_cap_xdp"`
+	ZcCapXdpPass *ebpf.Program `ebpf:"zc_cap_xdp_pass"`
 }
 
 func (p *capturePrograms) Close() error {
@@ -185,6 +188,7 @@ func (p *capturePrograms) Close() error {
 		p.ZcCapEgress,
 		p.ZcCapIngress,
 		p.ZcCapXdp,
+		p.ZcCapXdpPass,
 	)
 }
 
