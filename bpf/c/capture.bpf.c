@@ -231,6 +231,8 @@ static __always_inline void cap_skb_emit(struct __sk_buff *skb, struct cap_ifsta
 	CAP_SKB_CLASS(9216)
 	CAP_SKB_CLASS(16384)
 	CAP_SKB_CLASS(32768)
+	CAP_SKB_CLASS(65600)
+	CAP_SKB_CLASS(131072)
 	CAP_SKB_CLASS(CAP_MAX_SNAP)
 }
 
@@ -316,6 +318,8 @@ int zc_cap_egress(struct __sk_buff *skb)
 	CAP_XDP_CLASS(9216, COPY)            \
 	CAP_XDP_CLASS(16384, COPY)           \
 	CAP_XDP_CLASS(32768, COPY)           \
+	CAP_XDP_CLASS(65600, COPY)           \
+	CAP_XDP_CLASS(131072, COPY)          \
 	CAP_XDP_CLASS(CAP_MAX_SNAP, COPY)
 
 /* Is the frame whose first bytes are in h (and ports) selected, on an

@@ -14,10 +14,13 @@
 
 /* Most bytes copied from one packet (tcpdump's -s). The ring-buffer
  * reservation must have a size the verifier knows, so a packet is copied
- * into the smallest of a fixed set of record sizes (128 .. 65536 bytes)
- * that holds min(packet length, snap). A GSO packet seen at tc egress can
- * be up to 64 KiB; anything longer is truncated and counted. */
-#define CAP_MAX_SNAP 65536
+ * into the smallest of a fixed set of record sizes (128 .. CAP_MAX_SNAP
+ * bytes) that holds min(packet length, snap). 256 KiB is tcpdump's default
+ * snap length and the largest packet Wireshark reads; it holds every frame
+ * without BIG TCP (at most 14 + 4 + 40 + 65535 bytes) and BIG TCP packets
+ * up to 256 KiB (lo on Linux 6.18 sends IPv4 GSO packets of ~95 KiB).
+ * Longer packets are truncated and counted. */
+#define CAP_MAX_SNAP 262144
 
 /* Hook a record was taken at (cap_record.hook). */
 #define CAP_HOOK_TC_INGRESS 1 /* tcx ingress: after XDP and GRO, before the stack */

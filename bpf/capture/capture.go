@@ -19,10 +19,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MaxSnap is the largest snap length (bytes captured per packet): a GSO
-// packet at tc egress is at most 64 KiB on this kernel unless BIG TCP is
-// configured; longer packets are truncated and counted.
-const MaxSnap = 65536
+// MaxSnap is the largest snap length (bytes captured per packet): 256 KiB,
+// tcpdump's default and the largest packet Wireshark reads. It holds every
+// frame without BIG TCP (a GSO packet at tc egress, a GRO packet at
+// ingress: at most 14 + 4 + 40 + 65535 bytes) and BIG TCP packets up to
+// 256 KiB (lo on Linux 6.18 sends IPv4 GSO packets of about 95 KiB).
+// Longer packets are truncated and counted (Stats.Truncated).
+const MaxSnap = 262144
 
 // DefaultRingSize is the ring buffer's size when Options.RingSize is 0.
 const DefaultRingSize = 4 << 20
@@ -269,7 +272,7 @@ func (c *Capture) setOptions(op string, o Options) error {
 }
 
 // sizeClasses are the record sizes of capture.bpf.c (CAP_*_CLASS).
-var sizeClasses = []int{128, 256, 512, 1024, 1536, 2048, 4096, 9216, 16384, 32768, MaxSnap}
+var sizeClasses = []int{128, 256, 512, 1024, 1536, 2048, 4096, 9216, 16384, 32768, 65600, 131072, MaxSnap}
 
 // recordSize is the ring space one record of snap bytes takes: the
 // kernel's 8-byte record header, struct cap_record and the size class,

@@ -16,7 +16,7 @@ const (
 	HookIngress Hook = 1 << iota
 	// HookEgress: tcx egress, attached last (after zcnet's steering
 	// program chose the TX queue). Sees what the stack sends, GSO packets
-	// still unsplit (up to 64 KiB).
+	// still unsplit (64 KiB, more with BIG TCP).
 	HookEgress
 	// HookXDP: fexit of the XDP program attached to the interface (zcnet's
 	// zc_xdp or any other): frames as the driver delivered them, before

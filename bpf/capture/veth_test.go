@@ -250,7 +250,7 @@ func TestCaptureListenerVeth(t *testing.T) {
 	}
 	st, _ := c.Stats()
 	t.Logf("stats: %+v", st)
-	if st.Dropped != 0 || st.OutOfOrder != 0 || st.BadRecords != 0 || st.Written != st.Captured || st.Captured != st.Matched {
+	if st.Dropped != 0 || st.Truncated != 0 || st.OutOfOrder != 0 || st.BadRecords != 0 || st.Written != st.Captured || st.Captured != st.Matched {
 		t.Errorf("counters: %+v", st)
 	}
 
@@ -474,6 +474,7 @@ func TestStartStopLive(t *testing.T) {
 		done <- err
 	}()
 	const rounds = 20
+	busy := 0 // rounds that saw packets
 	for round := 0; round < rounds; round++ {
 		path := filepath.Join(t.TempDir(), fmt.Sprintf("cap%d.pcapng", round))
 		f, err := os.Create(path)
@@ -499,8 +500,11 @@ func TestStartStopLive(t *testing.T) {
 		}
 		f.Close()
 		st, _ := c.Stats()
-		if st.Written != st.Captured || st.BadRecords != 0 || st.Matched == 0 {
+		if st.Written != st.Captured || st.BadRecords != 0 {
 			t.Errorf("round %d: %+v", round, st)
+		}
+		if st.Matched > 0 {
+			busy++
 		}
 		if _, pkts := readPcapng(t, path); uint64(len(pkts)) != st.Written {
 			t.Errorf("round %d: %d packets in the file, %d written", round, len(pkts), st.Written)
@@ -511,8 +515,8 @@ func TestStartStopLive(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("the flow was disturbed: %v", err)
 	}
-	if total == 0 {
-		t.Fatal("nothing went through")
+	if total == 0 || busy == 0 {
+		t.Fatalf("nothing went through (%d bytes, %d captures saw packets)", total, busy)
 	}
-	t.Logf("%d captures started and stopped on one live echo flow; %d MiB echoed, every byte intact", rounds, total>>20)
+	t.Logf("%d captures (%d saw packets) started and stopped on one live echo flow; %d MiB echoed, every byte intact", rounds, busy, total>>20)
 }
