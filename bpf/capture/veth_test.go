@@ -267,7 +267,13 @@ func TestCaptureListenerVeth(t *testing.T) {
 		t.Errorf("%d packets in the file, %d written", len(pkts), st.Written)
 	}
 	var in, out int
+	queues := map[string]int{}
 	for i, p := range pkts {
+		if p.opts.Queue != nil {
+			queues[fmt.Sprint(*p.opts.Queue)]++
+		} else {
+			queues["none"]++
+		}
 		if i > 0 && p.ts.Before(pkts[i-1].ts) {
 			t.Errorf("packet %d: timestamp %v before the previous %v", i, p.ts, pkts[i-1].ts)
 		}
@@ -335,7 +341,7 @@ func TestCaptureListenerVeth(t *testing.T) {
 		t.Errorf("reassembled by tshark: %d bytes client->server, %d back, want %d each (equal: %v %v)",
 			len(sent), len(echoed), len(payload), bytes.Equal(sent, payload), bytes.Equal(echoed, payload))
 	}
-	t.Logf("%d packets (%d in, %d out), handshake and %d payload bytes each way reassembled by tshark", len(pkts), in, out, len(payload))
+	t.Logf("%d packets (%d in, %d out; RX queues recorded %v), handshake and %d payload bytes each way reassembled by tshark", len(pkts), in, out, queues, len(payload))
 }
 
 // TestRingFull: a ring of one page under bulk load loses packets; the
