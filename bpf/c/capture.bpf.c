@@ -161,6 +161,13 @@ static __always_inline void cap_full(struct cap_ifstats *st)
 	st->pending++;
 }
 
+/* Submit flags: wake the reader only when enough has piled up. */
+static __always_inline __u64 cap_wakeup(const struct cap_config *cfg)
+{
+	return bpf_ringbuf_query(&cap_ring, BPF_RB_AVAIL_DATA) >= cfg->wakeup ? BPF_RB_FORCE_WAKEUP
+									      : BPF_RB_NO_WAKEUP;
+}
+
 static __always_inline void cap_done(struct cap_ifstats *st, __u32 cap, __u32 len)
 {
 	st->captured++;
@@ -207,18 +214,18 @@ static __always_inline __u64 cap_bound(__u64 cap, __u64 n)
 			cap_full(st);                                                       \
 			return;                                                             \
 		}                                                                           \
-		bpf_ringbuf_submit(r, 0);                                                   \
+		bpf_ringbuf_submit(r, cap_wakeup(cfg));                                     \
 		cap_done(st, cap, len);                                                     \
 		return;                                                                     \
 	}
 
-static __always_inline void cap_skb_emit(struct __sk_buff *skb, struct cap_ifstats *st, __u32 snap,
-					 __u8 hook)
+static __always_inline void cap_skb_emit(struct __sk_buff *skb, struct cap_ifstats *st,
+					 const struct cap_config *cfg, __u8 hook)
 {
 	__u32 len = skb->len, cap = len;
 
-	if (cap > snap)
-		cap = snap;
+	if (cap > cfg->snap)
+		cap = cfg->snap;
 	if (cap < 1 || cap > CAP_MAX_SNAP)
 		return;
 	CAP_SKB_CLASS(128)
@@ -263,7 +270,7 @@ static __always_inline int cap_tc(struct __sk_buff *skb, int ingress)
 	if (!st)
 		return CAP_TCX_NEXT;
 	st->matched++;
-	cap_skb_emit(skb, st, cfg->snap, ingress ? CAP_HOOK_TC_INGRESS : CAP_HOOK_TC_EGRESS);
+	cap_skb_emit(skb, st, cfg, ingress ? CAP_HOOK_TC_INGRESS : CAP_HOOK_TC_EGRESS);
 	return CAP_TCX_NEXT;
 }
 
@@ -302,7 +309,7 @@ int zc_cap_egress(struct __sk_buff *skb)
 			cap_full(st);                                                       \
 			return;                                                             \
 		}                                                                           \
-		bpf_ringbuf_submit(r, 0);                                                   \
+		bpf_ringbuf_submit(r, cap_wakeup(cfg));                                     \
 		cap_done(st, cap, len);                                                     \
 		return;                                                                     \
 	}

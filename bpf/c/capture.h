@@ -59,9 +59,13 @@ struct cap_record {
 
 /* cap_config: the single entry of cap_settings. Written only by Go. */
 struct cap_config {
-	__u32 snap;  /* 1 .. CAP_MAX_SNAP; 0 = capture nothing */
-	__u32 kinds; /* CAP_K_* bits: which kinds of cap_flows entries exist,
-		      * so a packet is looked up only for kinds that can match */
+	__u32 snap;   /* 1 .. CAP_MAX_SNAP; 0 = capture nothing */
+	__u32 kinds;  /* CAP_K_* bits: which kinds of cap_flows entries exist,
+		       * so a packet is looked up only for kinds that can match */
+	__u32 wakeup; /* wake the reader only once this many bytes wait in the
+		       * ring (it also polls on a timer): one wakeup per packet
+		       * would cost more than the capture itself */
+	__u32 pad;
 };
 
 /* Kinds of cap_flows entries, looked up in this order. */

@@ -1,13 +1,14 @@
 package capture
 
 import (
-	"container/heap"
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,6 +116,7 @@ type Capture struct {
 	ifaces []Interface
 	hooks  Hook
 	snap   int
+	ring   int   // ring buffer bytes
 	window int64 // ns; 0 = no reordering
 	start  time.Time
 
@@ -123,11 +125,12 @@ type Capture struct {
 	kindRef [4]int                 // entries per kind bit
 
 	rd   *ringbuf.Reader
+	bw   *bufio.Writer // between the pcapng encoder and the caller's writer
 	out  *pcapWriter
 	done chan struct{}
 	// Written by the reader goroutine; read after done.
 	werr     error
-	pending  packetHeap
+	pending  pendingQueue
 	consumed uint64        // records read from the ring
 	target   atomic.Uint64 // set by Close: records the kernel wrote
 	maxTS    int64
@@ -186,7 +189,7 @@ func New(w io.Writer, opts Options, sel ...Selector) (*Capture, error) {
 		return nil, opErr(op, err)
 	}
 	c.netns = ns
-	if err := c.load(opts.RingSize); err != nil {
+	if err := c.load(c.ring); err != nil {
 		return nil, err
 	}
 	for _, e := range ents {
@@ -212,7 +215,8 @@ func New(w io.Writer, opts Options, sel ...Selector) (*Capture, error) {
 	if err != nil {
 		return nil, opErr(op, err)
 	}
-	c.out, err = newPcapWriter(w, pcapSection{Comment: comment, Snap: c.snap, Interfaces: c.ifaces, Hooks: c.hooks}, off)
+	c.bw = bufio.NewWriterSize(w, 1<<20)
+	c.out, err = newPcapWriter(c.bw, pcapSection{Comment: comment, Snap: c.snap, Interfaces: c.ifaces, Hooks: c.hooks}, off)
 	if err != nil {
 		return nil, opErr("write pcapng header", err)
 	}
@@ -249,6 +253,7 @@ func (c *Capture) setOptions(op string, o Options) error {
 	if ring == 0 {
 		ring = DefaultRingSize
 	}
+	c.ring = ring
 	if min := minRingSize(o.Snap); ring < min || ring > MaxRingSize || ring&(ring-1) != 0 {
 		return invalid(op, "ring size %d: want a power of two from %d (two records of snap length %d) to %d", o.RingSize, min, o.Snap, MaxRingSize)
 	}
@@ -317,9 +322,6 @@ func (c *Capture) load(ring int) error {
 	spec, err := loadCapture()
 	if err != nil {
 		return opErr(op, err)
-	}
-	if ring == 0 {
-		ring = DefaultRingSize
 	}
 	spec.Maps[captureMapCapRing].MaxEntries = uint32(ring)
 	c.spec = spec
@@ -566,7 +568,7 @@ func (c *Capture) addEntry(e entry) error {
 }
 
 func (c *Capture) writeConfig() error {
-	cfg := captureCapConfig{Snap: uint32(c.snap)}
+	cfg := captureCapConfig{Snap: uint32(c.snap), Wakeup: uint32(c.ring / 4)}
 	for i, n := range c.kindRef {
 		if n > 0 {
 			cfg.Kinds |= 1 << i
@@ -705,6 +707,9 @@ func (c *Capture) Close() error {
 	if werr == nil {
 		werr = c.out.flush()
 	}
+	if werr == nil {
+		werr = c.bw.Flush()
+	}
 	if werr != nil {
 		errs = append(errs, fmt.Errorf("write pcapng: %w", werr))
 	}
@@ -744,25 +749,32 @@ func (c *Capture) release() error {
 	return errors.Join(errs...)
 }
 
+// pollInterval is how often the reader looks at the ring when the
+// programs did not wake it (they do once a quarter of the ring is used).
+const pollInterval = 10 * time.Millisecond
+
 // run reads the ring until Close flushes it, writing packets in
 // timestamp order within the reorder window.
 func (c *Capture) run() {
 	defer close(c.done)
 	var rec ringbuf.Record
 	for {
-		if c.pending.Len() > 0 {
-			c.rd.SetDeadline(time.Now().Add(time.Duration(c.window)))
-		} else {
-			c.rd.SetDeadline(time.Time{})
-		}
+		c.rd.SetDeadline(time.Now().Add(pollInterval))
 		err := c.rd.ReadInto(&rec)
 		switch {
 		case err == nil:
 			c.take(rec.RawSample)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			// The ring is empty: every packet still to come will have a later
-			// timestamp (it reads the clock after reserving its place).
+			// Everything the ring held has been read, and every packet still
+			// to come will have a later timestamp (it reads the clock after
+			// reserving its place): write all, and let the output see it.
 			c.emitUpTo(1<<63 - 1)
+			if c.werr == nil {
+				c.werr = c.out.flush()
+			}
+			if c.werr == nil {
+				c.werr = c.bw.Flush()
+			}
 		case errors.Is(err, ringbuf.ErrFlushed):
 			c.emitUpTo(1<<63 - 1)
 			c.drainRest()
@@ -807,20 +819,20 @@ func (c *Capture) take(raw []byte) {
 		c.emit(&p)
 		return
 	}
-	heap.Push(&c.pending, &p)
+	c.pending.insert(p)
 	if p.TAI > c.maxTS {
 		c.maxTS = p.TAI
 	}
 	c.emitUpTo(c.maxTS - c.window)
-	for c.pending.Len() > maxPending {
-		c.emit(heap.Pop(&c.pending).(*Packet))
+	for c.pending.len() > maxPending {
+		c.emit(c.pending.pop())
 	}
 }
 
 // emitUpTo writes the held-back packets with timestamps up to ts.
 func (c *Capture) emitUpTo(ts int64) {
-	for c.pending.Len() > 0 && c.pending[0].TAI <= ts {
-		c.emit(heap.Pop(&c.pending).(*Packet))
+	for c.pending.len() > 0 && c.pending.first().TAI <= ts {
+		c.emit(c.pending.pop())
 	}
 }
 
@@ -857,19 +869,38 @@ func (c *Capture) buffer(n int) []byte {
 	return make([]byte, 0, sz)
 }
 
-// packetHeap orders held-back packets by timestamp (container/heap).
-type packetHeap []*Packet
-
-func (h packetHeap) Len() int { return len(h) }
-func (h packetHeap) Less(i, j int) bool {
-	return h[i].TAI < h[j].TAI || (h[i].TAI == h[j].TAI && h[i].seq < h[j].seq)
+// pendingQueue holds packets back in timestamp order (ring order among
+// equal timestamps). Packets come almost always in order, so an insert is
+// an append; a late one is put in place with a binary search.
+type pendingQueue struct {
+	q    []Packet
+	head int
 }
-func (h packetHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *packetHeap) Push(x any)   { *h = append(*h, x.(*Packet)) }
-func (h *packetHeap) Pop() any {
-	old := *h
-	p := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return p
+
+func (p *pendingQueue) len() int       { return len(p.q) - p.head }
+func (p *pendingQueue) first() *Packet { return &p.q[p.head] }
+
+func (p *pendingQueue) insert(x Packet) {
+	n := len(p.q)
+	if n == p.head || p.q[n-1].TAI <= x.TAI {
+		p.q = append(p.q, x)
+		return
+	}
+	i := p.head + sort.Search(n-p.head, func(i int) bool { return p.q[p.head+i].TAI > x.TAI })
+	p.q = slices.Insert(p.q, i, x)
+}
+
+// pop removes and returns the first packet.
+func (p *pendingQueue) pop() *Packet {
+	x := p.q[p.head]
+	p.q[p.head] = Packet{}
+	p.head++
+	if p.head == len(p.q) {
+		p.q, p.head = p.q[:0], 0
+	} else if p.head > 1024 && p.head > len(p.q)/2 {
+		n := copy(p.q, p.q[p.head:])
+		clear(p.q[n:])
+		p.q, p.head = p.q[:n], 0
+	}
+	return &x
 }

@@ -14,9 +14,11 @@ import (
 )
 
 type captureCapConfig struct {
-	_     structs.HostLayout
-	Snap  uint32
-	Kinds uint32
+	_      structs.HostLayout
+	Snap   uint32
+	Kinds  uint32
+	Wakeup uint32
+	Pad    uint32
 }
 
 type captureCapIfstats struct {

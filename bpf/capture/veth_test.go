@@ -444,9 +444,21 @@ func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan st
 	got := make([]byte, 64<<10)
 	exp := make([]byte, 64<<10)
 	var n int64
+	var stopped time.Time // when stop was seen closed
+	last := time.Now()    // last data
 	for {
+		if stopped.IsZero() {
+			select {
+			case <-stop:
+				stopped = time.Now()
+			default:
+			}
+		}
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		k, err := c.Read(got)
+		if k > 0 {
+			last = time.Now()
+		}
 		if k > 0 {
 			want.Read(exp[:k])
 			if !bytes.Equal(got[:k], exp[:k]) {
@@ -458,7 +470,11 @@ func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan st
 			break
 		}
 		if err != nil {
-			return n, fmt.Errorf("read echo after %d bytes: %w", n, err)
+			when := "before the sender stopped"
+			if !stopped.IsZero() {
+				when = fmt.Sprintf("%v after the sender was told to stop", last.Sub(stopped))
+			}
+			return n, fmt.Errorf("read echo after %d bytes (last data %s): %w", n, when, err)
 		}
 	}
 	return n, <-werr
