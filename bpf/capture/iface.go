@@ -7,14 +7,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-)
 
-// Timestamping flags of ethtool's GET_TS_INFO (linux/net_tstamp.h
-// SOF_TIMESTAMPING_*; checked against the header by TestKernelABI).
-const (
-	sofTxHardware  = 1 << 0
-	sofRxHardware  = 1 << 2
-	sofRawHardware = 1 << 6
+	"github.com/zcnet/zcnet/hwq"
 )
 
 // Interface describes an interface a capture is attached to, and what it
@@ -32,7 +26,7 @@ type Interface struct {
 	// it has none.
 	PHC int
 	// TimestampInfoErr is why the timestamping info could not be read
-	// (ethtool's GET_TS_INFO failed); nil when it was read.
+	// (hwq's ethtool tsinfo query failed); nil when it was read.
 	TimestampInfoErr error
 }
 
@@ -49,10 +43,9 @@ func (i Interface) Timestamps() string {
 	return s + "; no hardware timestamping on this interface"
 }
 
-// ProbeInterface reports an interface's name and timestamping abilities,
-// by index in the calling thread's network namespace. (TODO: use hwq's
-// ethtool probe once hwq provides one; this reads the same
-// ETHTOOL_GET_TS_INFO ioctl.)
+// ProbeInterface reports an interface's name and timestamping abilities
+// (hwq's ethtool tsinfo query, as ethtool -T), by index in the calling
+// thread's network namespace.
 func ProbeInterface(ifindex int) (Interface, error) {
 	op := fmt.Sprintf("probe ifindex %d", ifindex)
 	name, err := ifName(ifindex)
@@ -60,19 +53,21 @@ func ProbeInterface(ifindex int) (Interface, error) {
 		return Interface{}, opErr(op, err)
 	}
 	i := Interface{Index: ifindex, Name: name, PHC: -1}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	hc, err := hwq.Open(hwq.Options{})
 	if err != nil {
-		return Interface{}, opErr(op, os.NewSyscallError("socket", err))
-	}
-	defer unix.Close(fd)
-	ts, err := unix.IoctlGetEthtoolTsInfo(fd, name)
-	if err != nil {
-		i.TimestampInfoErr = os.NewSyscallError("ioctl SIOCETHTOOL ETHTOOL_GET_TS_INFO", err)
+		i.TimestampInfoErr = err
 		return i, nil
 	}
-	i.HWTimestamping = ts.So_timestamping&(sofRxHardware|sofRawHardware) == sofRxHardware|sofRawHardware
-	i.HWTxTimestamping = ts.So_timestamping&(sofTxHardware|sofRawHardware) == sofTxHardware|sofRawHardware
-	i.PHC = int(ts.Phc_index)
+	defer hc.Close()
+	ts, err := hc.TSInfo(name)
+	if err != nil {
+		i.TimestampInfoErr = err
+		return i, nil
+	}
+	const raw = hwq.TimestampingRawHardware
+	i.HWTimestamping = ts.Timestamping&(hwq.TimestampingRXHardware|raw) == hwq.TimestampingRXHardware|raw
+	i.HWTxTimestamping = ts.Timestamping&(hwq.TimestampingTXHardware|raw) == hwq.TimestampingTXHardware|raw
+	i.PHC = ts.PHCIndex
 	return i, nil
 }
 

@@ -225,6 +225,11 @@ func TestCaptureListenerVeth(t *testing.T) {
 	other := echoListener(t, v, e)
 	c, path := startCapture(t, v, Options{Interfaces: []int{v.srvIdx}, Snap: MaxSnap, RingSize: 32 << 20}, Listener(chosen))
 
+	// veth has software timestamps only, and says so.
+	if ifs := c.Interfaces(); len(ifs) != 1 || ifs[0].Name != v.srvIf || ifs[0].HWTimestamping || ifs[0].TimestampInfoErr != nil ||
+		!strings.Contains(ifs[0].Timestamps(), "no hardware timestamping") {
+		t.Errorf("interfaces: %+v", ifs)
+	}
 	payload := randomBytes(1 << 20)
 	var wg sync.WaitGroup
 	var otherErr error
@@ -260,7 +265,8 @@ func TestCaptureListenerVeth(t *testing.T) {
 		t.Fatalf("%d interfaces in the file", r.NInterfaces())
 	}
 	ifc, _ := r.Interface(0)
-	if ifc.Name != v.srvIf || ifc.TimestampResolution != 9 || ifc.LinkType != 1 || !strings.Contains(ifc.Description, "software") {
+	if ifc.Name != v.srvIf || ifc.TimestampResolution != 9 || ifc.LinkType != 1 || !strings.Contains(ifc.Description, "software") ||
+		!strings.Contains(ifc.Description, "no hardware timestamping") {
 		t.Errorf("interface description: %+v", ifc)
 	}
 	if uint64(len(pkts)) != st.Written {
