@@ -760,10 +760,16 @@ func (c *Capture) run() {
 	var rec ringbuf.Record
 	for {
 		c.rd.SetDeadline(time.Now().Add(pollInterval))
+		if rec.RawSample == nil {
+			// The record is read straight into a buffer the packet keeps
+			// until it is written (ReadInto grows it when it is too small).
+			rec.RawSample = c.buffer(0)
+		}
 		err := c.rd.ReadInto(&rec)
 		switch {
 		case err == nil:
 			c.take(rec.RawSample)
+			rec.RawSample = nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// Everything the ring held has been read, and every packet still
 			// to come will have a later timestamp (it reads the clock after
@@ -796,6 +802,7 @@ func (c *Capture) drainRest() {
 	deadline := time.Now().Add(300 * time.Millisecond)
 	for c.consumed < c.target.Load() && time.Now().Before(deadline) {
 		c.rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
+		rec.RawSample = c.buffer(0)
 		if err := c.rd.ReadInto(&rec); err == nil {
 			c.take(rec.RawSample)
 		}
@@ -811,7 +818,7 @@ func (c *Capture) take(raw []byte) {
 		return
 	}
 	p.seq = c.consumed
-	p.Data = append(c.buffer(len(p.Data)), p.Data...)
+	p.buf = raw
 	if p.HWTimestamp != 0 {
 		c.hwStamped.Add(1)
 	}
@@ -849,8 +856,13 @@ func (c *Capture) emit(p *Packet) {
 			c.written.Add(1)
 		}
 	}
-	c.free = append(c.free, p.Data[:0])
+	if len(c.free) < maxFree {
+		c.free = append(c.free, p.buf[:0])
+	}
 }
+
+// maxFree bounds the buffers kept for reuse.
+const maxFree = 1024
 
 // buffer returns an empty slice with room for n bytes, reusing written
 // packets' buffers.
@@ -862,11 +874,7 @@ func (c *Capture) buffer(n int) []byte {
 			return b
 		}
 	}
-	sz := 128
-	for sz < n {
-		sz <<= 1
-	}
-	return make([]byte, 0, sz)
+	return make([]byte, 0, max(n, 2048))
 }
 
 // pendingQueue holds packets back in timestamp order (ring order among

@@ -123,8 +123,11 @@ func BenchmarkReader(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				binary.LittleEndian.PutUint64(rec, uint64(ts+int64(i)*1000))
-				c.take(rec)
+				// As the reader does: the ring record is read into a buffer the
+				// packet keeps until it is written.
+				r := append(c.buffer(len(rec)), rec...)
+				binary.LittleEndian.PutUint64(r, uint64(ts+int64(i)*1000))
+				c.take(r)
 			}
 			c.emitUpTo(1<<63 - 1)
 			if c.written.Load() != uint64(b.N) {

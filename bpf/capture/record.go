@@ -76,6 +76,7 @@ type Packet struct {
 	Verdict uint8
 
 	seq uint64 // ring order, to keep it among equal timestamps
+	buf []byte // the record Data points into, reused once written
 }
 
 // Truncated reports whether fewer bytes than the packet had were captured.

@@ -37,7 +37,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,10 +54,13 @@ import (
 )
 
 var (
-	dur   = flag.Duration("d", 2*time.Second, "traffic time of one run")
-	reps  = flag.Int("reps", 5, "rounds (variants interleaved in each)")
-	dir   = flag.String("dir", "/dev/shm", "directory for the pcapng files (deleted after each run)")
-	conns = flag.Int("conns", 64, "connections of the echo scenario")
+	dur     = flag.Duration("d", 2*time.Second, "traffic time of one run")
+	reps    = flag.Int("reps", 5, "rounds (variants interleaved in each)")
+	dir     = flag.String("dir", "/dev/shm", "directory for the pcapng files (deleted after each run)")
+	conns   = flag.Int("conns", 64, "connections of the echo scenario")
+	only    = flag.String("only", "", "run only these variants (comma-separated: off,nomatch,headers,full)")
+	scenOne = flag.String("scenario", "", "run only this scenario (bulk or echo)")
+	cpuProf = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 )
 
 type variant struct {
@@ -84,6 +89,29 @@ func main() {
 }
 
 func run() error {
+	if *only != "" {
+		var keep []variant
+		for _, v := range variants {
+			if slices.Contains(strings.Split(*only, ","), v.name) {
+				keep = append(keep, v)
+			}
+		}
+		if len(keep) == 0 || keep[0].name != "off" {
+			return fmt.Errorf("-only %q: the first variant must be off (the ratios' base)", *only)
+		}
+		variants = keep
+	}
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if _, err := os.Stat(*dir); err != nil {
 		*dir = os.TempDir()
 	}
@@ -136,6 +164,9 @@ func run() error {
 		{"echo", echoAddr, func(a netip.AddrPort) (result, error) { return echoLoad(e, p.ClientNS, a) }},
 	}
 	for _, sc := range scenarios {
+		if *scenOne != "" && sc.name != *scenOne {
+			continue
+		}
 		res := map[string][]result{}
 		for r := 0; r < *reps; r++ {
 			for _, v := range variants {
