@@ -44,3 +44,11 @@ capture-deps:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark; }
 
 gotest: capture-deps
+
+# What capture costs the flows it records (bench/cmd/capbench, root): zc bulk and echo
+# across a veth pair with capture off / attached but not matching / headers / full.
+.PHONY: capbench
+capbench:
+	@mkdir -p $(BUILD)
+	cd bench && $(GO) build -o $(BUILD)/capbench ./cmd/capbench
+	$(BUILD)/capbench $(CAPBENCH_FLAGS)
