@@ -151,8 +151,11 @@ type attachment struct {
 // timestamps, its name, and where its timestamps come from), then one
 // enhanced packet block per packet of the selected flows, until Close.
 // More flows can be added and removed while it runs. w is written from a
-// goroutine of the capture; it must not be used by others until Close
-// returns.
+// goroutine of the capture (through a 1 MiB buffer, flushed whenever the
+// ring runs empty); it must not be used by others until Close returns, and
+// must not block forever (Close waits for the last write). A write error
+// stops the output (the capture keeps draining the ring) and is returned
+// by Close.
 //
 // New must run in the network namespace of the interfaces (and of the
 // listeners named by Listener selectors). The programs are separate from

@@ -123,7 +123,26 @@ func TestBadInput(t *testing.T) {
 	if err := nilc.Close(); !errors.Is(err, ErrClosed) {
 		t.Errorf("nil close: %v", err)
 	}
+
+	// A writer that fails: Close reports it, and everything is freed.
+	v.in(t, v.srvNS, func() (err error) {
+		c, err = New(failWriter{}, good, flow)
+		return err
+	})
+	time.Sleep(3 * pollInterval) // the reader flushes when the ring is empty
+	if err := c.Close(); err == nil || !strings.Contains(err.Error(), "write pcapng") || !errors.Is(err, errDiskFull) {
+		t.Errorf("close after the writer failed: %v", err)
+	}
+	if after := bpfFDs(); after != before {
+		t.Errorf("%d BPF fds before, %d after the failed writer", before, after)
+	}
 }
+
+var errDiskFull = errors.New("disk full")
+
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errDiskFull }
 
 // TestSelectors: a Flow selector records only its flow while another
 // flow of the same listener runs; a Steered selector needs the flow in the
