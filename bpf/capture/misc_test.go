@@ -375,7 +375,7 @@ func TestLoopback(t *testing.T) {
 			if err != nil {
 				return
 			}
-			go func() { io.Copy(c, c); c.Close() }()
+			go func() { echoConn(c); c.Close() }()
 		}
 	}()
 	c, path := startCapture(t, v, Options{Interfaces: []int{1}, Snap: MaxSnap}, Listener(srv))

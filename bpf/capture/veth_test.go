@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func echoListener(t *testing.T, v *vethPair, e *zc.Engine) netip.AddrPort {
 			}
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
+				echoConn(c)
 				if cw, ok := c.(interface{ CloseWrite() error }); ok {
 					cw.CloseWrite()
 				}
@@ -63,6 +64,22 @@ func echoListener(t *testing.T, v *vethPair, e *zc.Engine) netip.AddrPort {
 		}
 	}()
 	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// echoConn echoes until EOF with plain Read and Write calls.
+func echoConn(c net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // echoExchange dials to from the client namespace with zc, sends payload
@@ -85,13 +102,12 @@ func echoExchange(t *testing.T, v *vethPair, e *zc.Engine, to netip.AddrPort, pa
 	werr := make(chan error, 1)
 	go func() {
 		_, err := c.Write(payload)
-		if err == nil {
-			err = c.CloseWrite()
-		}
 		werr <- err
 	}()
-	got, err := io.ReadAll(c)
-	if err != nil {
+	// Read exactly what was sent, then close (no half-close: what a
+	// connection does after its last byte is not what these tests check).
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(c, got); err != nil {
 		return local, fmt.Errorf("read echo: %w", err)
 	}
 	if err := <-werr; err != nil {
@@ -429,18 +445,25 @@ func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan st
 	}
 	defer c.Close()
 	werr := make(chan error, 1)
+	var sent atomic.Int64 // set once the sender stopped; -1 while it runs
+	sent.Store(-1)
 	go func() {
 		src := mrand.NewChaCha8([32]byte{1})
 		buf := make([]byte, 64<<10)
+		var n int64
 		for {
 			select {
 			case <-stop:
-				werr <- c.CloseWrite()
+				sent.Store(n)
+				werr <- nil
 				return
 			default:
 			}
 			src.Read(buf)
-			if _, err := c.Write(buf); err != nil {
+			k, err := c.Write(buf)
+			n += int64(k)
+			if err != nil {
+				sent.Store(n)
 				werr <- err
 				return
 			}
@@ -460,6 +483,9 @@ func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan st
 			default:
 			}
 		}
+		if total := sent.Load(); total >= 0 && n == total {
+			break // every byte sent came back
+		}
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		k, err := c.Read(got)
 		if k > 0 {
@@ -471,9 +497,6 @@ func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan st
 				return n, fmt.Errorf("echoed stream differs from what was sent at byte %d..%d", n, n+int64(k))
 			}
 			n += int64(k)
-		}
-		if errors.Is(err, io.EOF) {
-			break
 		}
 		if err != nil {
 			when := "before the sender stopped"
