@@ -27,10 +27,13 @@ import (
 	"github.com/zcnet/zcnet/zc"
 )
 
-// zcEngine starts a zc engine for a test.
+// zcEngine starts a zc engine for a test. Its listeners use the kernel's
+// reuseport hashing, not zcnet's steering programs: the flows do not need
+// them, and bpf's tests count every steering program loaded on the
+// machine while they run (packages are tested in parallel).
 func zcEngine(t *testing.T) *zc.Engine {
 	t.Helper()
-	e, err := zc.New(zc.Config{Queues: 2, NoPin: true})
+	e, err := zc.New(zc.Config{Queues: 2, NoPin: true, Steering: zc.SteerReuseportHash})
 	if err != nil {
 		t.Fatal(err)
 	}
