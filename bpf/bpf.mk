@@ -9,7 +9,8 @@
 # Objects are byte-for-byte reproducible with the same clang (Debian 12:
 # clang 14); a different clang version makes bpf-check fail with a diff.
 
-BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o sources.sha256
+BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o sources.sha256 \
+	capture/capture_bpfel.go capture/capture_bpfel.o
 
 .PHONY: bpf bpf-check bpf-deps
 
@@ -30,3 +31,24 @@ bpf-check: bpf-deps
 	done && [ $$ok = 1 ] && echo "bpf-check: committed BPF objects match the sources"
 
 TEST_EXTRA += bpf-check
+
+# bpf/capture's tests read their pcapng files back with tshark (Wireshark's
+# command-line reader, an independent pcapng implementation). Installed
+# before the Go tests run; the debconf question of wireshark-common
+# (setuid dumpcap for non-root users) is answered "no" beforehand.
+.PHONY: capture-deps
+capture-deps:
+	@command -v tshark >/dev/null 2>&1 || { \
+		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections && \
+		(apt-get update -qq || true) && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark; }
+
+gotest: capture-deps
+
+# What capture costs the flows it records (bench/cmd/capbench, root): zc bulk and echo
+# across a veth pair with capture off / attached but not matching / headers / full.
+.PHONY: capbench
+capbench:
+	@mkdir -p $(BUILD)
+	cd bench && $(GO) build -o $(BUILD)/capbench ./cmd/capbench
+	$(BUILD)/capbench $(CAPBENCH_FLAGS)

@@ -3,5 +3,7 @@
 //   - zcprobe prints what this machine can do for zcnet (io_uring features, SEND_ZC, recv
 //     bundles, mapped receive, BPF steering, the zcshim module);
 //   - echo is an echo server on the event-loop API that forwards received buffers without
-//     copying them (Conn.SendData) and prints the engine's counters when it stops.
+//     copying them (Conn.SendData) and prints the engine's counters when it stops;
+//   - zccap captures a listener's flows (address:port) to a pcapng file for N seconds with
+//     the BPF capture programs of bpf/capture.
 package examples
