@@ -18,6 +18,7 @@ import (
 
 	"github.com/zcnet/zcnet/kmod"
 	"github.com/zcnet/zcnet/kmod/shim"
+	"github.com/zcnet/zcnet/memreg"
 )
 
 // The shim backend over the real module. These need /dev/zcshim: they run in the VM
@@ -368,8 +369,16 @@ func TestShimWriteFromHandler(t *testing.T) {
 	c.SetHandler(HandlerFuncs{Data: func(c *Conn, d Data) {
 		d.Release()
 		var err error
+		var kept []memreg.Buf
 		for i := 0; i < 64 && err == nil; i++ {
-			_, err = c.BufferWait(time.Second) // keeps the buffers: the fifth must not wait here
+			var b memreg.Buf
+			b, err = c.BufferWait(time.Second) // keeps the buffers: the fifth must not wait here
+			if err == nil {
+				kept = append(kept, b)
+			}
+		}
+		for _, b := range kept {
+			b.Release()
 		}
 		got <- err
 	}})
