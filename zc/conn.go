@@ -193,6 +193,7 @@ func (c *Conn) markDone() {
 	c.closedAt.Store(true)
 	if c.doneCh != nil {
 		close(c.doneCh)
+		c.q.YieldSoon()
 	}
 	c.mu.Unlock()
 }

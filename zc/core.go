@@ -148,6 +148,7 @@ func (c *Conn) sentBytes(n int) {
 	if ch != nil {
 		select {
 		case ch <- struct{}{}:
+			c.q.YieldSoon() // a blocked writer may be waiting for it (loop only)
 		default:
 		}
 	}

@@ -42,7 +42,9 @@ func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, addres
 		err error
 	}
 	ch := make(chan result, 1)
-	if err := e.dialAsync(ctx, opts, network, address, h, func(c *Conn, err error) { ch <- result{c, err} }); err != nil {
+	if err := e.dialAsync(ctx, opts, network, address, h, func(c *Conn, err error) {
+		ch <- result{c, err}
+	}); err != nil {
 		return nil, err
 	}
 	r := <-ch // every started dial reports exactly once: connected, failed, cancelled or closed

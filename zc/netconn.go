@@ -28,6 +28,7 @@ type netConn struct {
 	closed  bool
 	readyCh chan struct{}
 
+	readers  atomic.Int32 // goroutines waiting in Read
 	rdl, wdl atomic.Pointer[time.Time]
 	dlMu     sync.Mutex
 	dlCh     chan struct{} // closed (and replaced) when a deadline changes: a broadcast
@@ -69,6 +70,9 @@ func (n *netConn) OnData(c *Conn, d Data) {
 	n.rq = append(n.rq, d)
 	n.mu.Unlock()
 	signal(n.readyCh)
+	if n.readers.Load() > 0 {
+		c.q.YieldSoon() // let the reader run now, not when the runtime notices
+	}
 }
 
 func (n *netConn) OnEOF(c *Conn, err error) {
@@ -172,6 +176,8 @@ func (n *netConn) Read(p []byte) (int, error) {
 
 // wait blocks until ch is signalled, the deadline passes or changes.
 func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
+	n.readers.Add(1)
+	defer n.readers.Add(-1)
 	changed := n.deadlineWatch()
 	d := deadlineOf(dl)
 	var t <-chan time.Time

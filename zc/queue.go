@@ -98,6 +98,7 @@ func (q *queue) sendBufFreed() {
 		q.waiters = q.waiters[1:]
 		q.nwait.Add(-1)
 		ch <- b // buffered: never blocks
+		q.YieldSoon()
 	}
 	q.wmu.Unlock()
 	q.signalSpace()
