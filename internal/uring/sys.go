@@ -115,6 +115,10 @@ func registerName(op uint32) string {
 		return "io_uring_register(unregister_ring_fds)"
 	case RegisterZcrxIfq:
 		return "io_uring_register(zcrx_ifq)"
+	case RegisterZcrxCtrl:
+		return "io_uring_register(zcrx_ctrl)"
+	case RegisterQuery:
+		return "io_uring_register(query)"
 	}
 	return fmt.Sprintf("io_uring_register(%d)", op)
 }
