@@ -166,15 +166,23 @@ type ZcrxRqe struct {
 // QueryZcrx asks the kernel what its zcrx supports (IORING_REGISTER_QUERY, Linux 6.18+). A
 // kernel without the query answers ErrNotSupported; so does one without zcrx.
 func QueryZcrx() (ZcrxQuery, error) {
+	q, err := queryZcrx()
+	if err != nil {
+		return q, errs.NotSupported("io_uring zcrx query", "a kernel whose io_uring query knows zcrx (Linux 7.x, CONFIG_IO_URING_ZCRX)", err)
+	}
+	return q, nil
+}
+
+func queryZcrx() (ZcrxQuery, error) {
 	var q ZcrxQuery
 	h := queryHdr{QueryData: uint64(uintptr(unsafe.Pointer(&q))), QueryOp: queryOpZcrx, Size: uint32(unsafe.Sizeof(q))}
 	_, err := register(-1, RegisterQuery, unsafe.Pointer(&h), 0)
 	runtime.KeepAlive(&q)
 	if err != nil {
-		return q, errs.NotSupported("io_uring query (IORING_REGISTER_QUERY)", "Linux 6.18 or newer", err)
+		return q, err
 	}
 	if h.Result < 0 {
-		return q, errs.NotSupported("io_uring zcrx query", "a kernel whose io_uring query knows zcrx (Linux 7.x, CONFIG_IO_URING_ZCRX)", os.NewSyscallError("io_uring_register(query)", unix.Errno(-h.Result)))
+		return q, os.NewSyscallError("io_uring_register(query zcrx)", unix.Errno(-h.Result))
 	}
 	return q, nil
 }
@@ -300,7 +308,7 @@ func (cfg *ZcrxConfig) regError(op string, err error) error {
 
 // needZcrx returns nil when this kernel supports what cfg asks for (probing, not guessing).
 func (cfg *ZcrxConfig) needZcrx() error {
-	q, qerr := QueryZcrx()
+	q, qerr := queryZcrx()
 	if cfg.NoDev {
 		if qerr != nil {
 			return errs.NotSupported("device-less zcrx (ZCRX_REG_NODEV)", "Linux 7.1 or newer", qerr)

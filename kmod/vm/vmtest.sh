@@ -197,6 +197,9 @@ run_pinned() {
 		CGO_ENABLED=0 "$GO" test -c -o "$ir/$bin" "$pkg" || { log "[$meta] cannot build $pkg"; return 1; }
 		echo "$bin $args" >> "$ir/tests.list"
 	done < "$list"
+	local genv
+	genv=$(awk '/^GUEST_ENV=/ { sub(/^GUEST_ENV=/, ""); print; exit }' "$pin")
+	if [ -n "$genv" ]; then echo "export $genv" > "$ir/env"; fi
 	if [ -n "${ZCVM_PIN_ARGS:-}" ]; then sed -i "s#\$# $ZCVM_PIN_ARGS#" "$ir/tests.list"; fi
 	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
 	boot_and_judge "$meta" "$dir" "$vmlinuz"
