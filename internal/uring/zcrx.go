@@ -174,17 +174,18 @@ func QueryZcrx() (ZcrxQuery, error) {
 }
 
 func queryZcrx() (ZcrxQuery, error) {
-	var q ZcrxQuery
-	h := queryHdr{QueryData: uint64(uintptr(unsafe.Pointer(&q))), QueryOp: queryOpZcrx, Size: uint32(unsafe.Sizeof(q))}
+	q := new(ZcrxQuery)
+	escape(q) // the kernel writes it through h.QueryData
+	h := queryHdr{QueryData: uint64(uintptr(unsafe.Pointer(q))), QueryOp: queryOpZcrx, Size: uint32(unsafe.Sizeof(*q))}
 	_, err := register(-1, RegisterQuery, unsafe.Pointer(&h), 0)
-	runtime.KeepAlive(&q)
+	runtime.KeepAlive(q)
 	if err != nil {
-		return q, err
+		return *q, err
 	}
 	if h.Result < 0 {
-		return q, os.NewSyscallError("io_uring_register(query zcrx)", unix.Errno(-h.Result))
+		return *q, os.NewSyscallError("io_uring_register(query zcrx)", unix.Errno(-h.Result))
 	}
-	return q, nil
+	return *q, nil
 }
 
 // ZcrxArea is the memory a zcrx instance receives into: page-aligned user memory (Mem), or a
@@ -351,21 +352,27 @@ func (r *Ring) RegisterZcrx(cfg ZcrxConfig) (*Zcrx, error) {
 	if err != nil {
 		return nil, cfg.regError("register", os.NewSyscallError("mmap(zcrx refill ring)", err))
 	}
-	rd := regionDesc{UserAddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), Size: uint64(size), Flags: memRegionTypeUser}
+	// The kernel reads these (and writes areaReg's token) through addresses in reg: keep them
+	// off the stack (see escape).
+	ar := &areaReg
+	rd := &regionDesc{UserAddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), Size: uint64(size), Flags: memRegionTypeUser}
+	ev := new(zcrxEventDesc)
+	escape(ar)
+	escape(rd)
+	escape(ev)
 	reg := zcrxIfqReg{IfIdx: cfg.IfIndex, IfRxq: cfg.RxQueue, RqEntries: n, RxBufLen: cfg.RxBufLen,
-		AreaPtr: uint64(uintptr(unsafe.Pointer(&areaReg))), RegionPtr: uint64(uintptr(unsafe.Pointer(&rd)))}
+		AreaPtr: uint64(uintptr(unsafe.Pointer(ar))), RegionPtr: uint64(uintptr(unsafe.Pointer(rd)))}
 	if cfg.NoDev {
 		reg.Flags = ZcrxRegNodev
 	}
-	var ev zcrxEventDesc
 	if cfg.Stats {
-		ev = zcrxEventDesc{Flags: zcrxEventDescFlagStats, StatsOffset: uint64(statsOff)}
-		reg.EventDesc = uint64(uintptr(unsafe.Pointer(&ev)))
+		*ev = zcrxEventDesc{Flags: zcrxEventDescFlagStats, StatsOffset: uint64(statsOff)}
+		reg.EventDesc = uint64(uintptr(unsafe.Pointer(ev)))
 	}
 	_, err = register(r.fd, RegisterZcrxIfq, unsafe.Pointer(&reg), 1)
-	runtime.KeepAlive(&areaReg)
-	runtime.KeepAlive(&rd)
-	runtime.KeepAlive(&ev)
+	runtime.KeepAlive(ar)
+	runtime.KeepAlive(rd)
+	runtime.KeepAlive(ev)
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, cfg.regError("register", err)
@@ -523,9 +530,11 @@ func (z *Zcrx) AddArea(a ZcrxArea) (uint64, error) {
 		return 0, &ZcrxError{Op: "add area", NoDev: z.nodev, Err: err}
 	}
 	var c zcrxCtrl
-	c.Arg[0] = uint64(uintptr(unsafe.Pointer(&areaReg)))
+	ar := &areaReg
+	escape(ar) // the kernel reads it, and writes its token, through c.Arg[0]
+	c.Arg[0] = uint64(uintptr(unsafe.Pointer(ar)))
 	err = z.ctrl(zcrxCtrlAddArea, &c, "add area")
-	runtime.KeepAlive(&areaReg)
+	runtime.KeepAlive(ar)
 	if err != nil {
 		return 0, err
 	}
