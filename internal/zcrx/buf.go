@@ -2,6 +2,8 @@ package zcrx
 
 import (
 	"sync/atomic"
+
+	"github.com/zcnet/zcnet/internal/uring"
 )
 
 // slot records one completion the application holds: where it lies in the area and a
@@ -106,6 +108,20 @@ func (b Buf) Valid() bool {
 	}
 	sl := b.r.slabs.at(b.idx)
 	return sl != nil && b.gen&1 == 1 && sl.gen.Load() == b.gen
+}
+
+// IsZero reports whether b is the zero Buf (no completion at all, not even a released one).
+func (b Buf) IsZero() bool { return b.r == nil }
+
+// Bytes returns the view of the area the completion filled, or nil for a stale handle. A
+// caller racing its own Release may get a view just released: release after the last use.
+func (b Buf) Bytes() []byte {
+	if !b.Valid() {
+		return nil
+	}
+	sl := b.r.slabs.at(b.idx)
+	o := sl.off &^ uring.ZcrxAreaMask
+	return b.r.mem[o : o+uint64(sl.n) : o+uint64(sl.n)]
 }
 
 // Len returns the completion's length (0 for a stale handle).
