@@ -276,10 +276,10 @@ type Stats struct {
 
 	// BytesRecvZcrx: received through zcrx (RecvZcrx), of which BytesRecvZcrxCopied the
 	// kernel copied into the area (all of it on a device-less instance: no NIC delivers
-	// there). ZcrxQueues counts the queues with a zcrx instance, ZcrxAreaStalls the times a
-	// connection waited because handlers held the whole area. RecvZcrxFallbacks counts the
-	// connections that wanted RecvZcrx and receive through the ring, RecvZcrxFallback says
-	// why.
+	// there). ZcrxQueues counts the queues with a device-less instance, ZcrxAreaStalls the
+	// times a connection waited because handlers held the whole area. RecvZcrxFallbacks
+	// counts the connections that wanted RecvZcrx and receive through the ring,
+	// RecvZcrxFallback says why.
 	BytesRecvZcrx       uint64
 	BytesRecvZcrxCopied uint64
 	ZcrxQueues          int

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 
+	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/zcrx"
@@ -26,10 +28,13 @@ import (
 // zcrxQueue is a queue's zcrx state. r is set in the queue's init (before anyone else sees
 // the queue) and never changes; the rest is read by Stats from any goroutine.
 type zcrxQueue struct {
-	r         *zcrx.Receiver
+	r         *zcrx.Receiver        // the device-less instance
 	reason    atomic.Pointer[error] // why the queue receives through the ring
 	bytes     atomic.Uint64         // received through zcrx
 	fallbacks atomic.Uint64         // connections that wanted zcrx and use the ring
+
+	mu  sync.Mutex
+	nic []*zcrx.Receiver // instances bound to NIC queues (listeners' ZcrxNIC), for Stats
 }
 
 // ZcrxUnavailableError is New's error when Config.RecvPath is RecvZcrx, Config.NoFallback
@@ -58,13 +63,14 @@ func (e *Engine) checkZcrxBackend() error {
 	return &ZcrxUnavailableError{Queue: -1, Err: errs.NotSupported("zcrx receive path", "the io_uring backend", fmt.Errorf("backend %v", e.backend))}
 }
 
-// zcrxWanted says whether a new io_uring queue should try zcrx, and sets the fallback reason
-// when the kernel cannot do it at all (so the ring does not get CQE32 for nothing).
+// zcrxWanted says whether a new io_uring queue's ring needs 32-byte completions: RecvZcrx
+// is asked for and the kernel has zcrx at all (a NIC-bound instance may come with a
+// listener even where device-less ones cannot). Otherwise it records why not.
 func (q *queue) zcrxWanted() bool {
 	if q.e.cfg.RecvPath != RecvZcrx {
 		return false
 	}
-	if err := zcrxProbe(); err != nil {
+	if err := zcrx.Probe().RecvZC; err != nil {
 		q.zx.reason.Store(&err)
 		return false
 	}
@@ -74,15 +80,18 @@ func (q *queue) zcrxWanted() bool {
 // zcrxProbe reports whether device-less zcrx is there (nil) or why not.
 func zcrxProbe() error { return zcrx.Probe().NoDev }
 
-// setupZcrx registers the queue's zcrx instance on the loop during init; on failure the
-// queue uses the ring, or, with NoFallback, the error fails the queue (and New).
-func (q *queue) setupZcrx(u *loop.URing, tried bool) error {
+// setupZcrx registers the queue's device-less zcrx instance during init; where it cannot,
+// the queue's connections use the ring, or, with NoFallback, the error fails the queue (and
+// New).
+func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 	if q.e.cfg.RecvPath != RecvZcrx {
 		return nil
 	}
 	var err error
-	if tried {
-		q.zx.r, err = zcrx.New(u, zcrx.Config{NoDev: true, AreaSize: q.e.cfg.ZcrxAreaSize})
+	if cqe32 {
+		if err = zcrxProbe(); err == nil {
+			q.zx.r, err = zcrx.New(u, zcrx.Config{NoDev: true, AreaSize: q.e.cfg.ZcrxAreaSize})
+		}
 		if err != nil {
 			q.zx.reason.Store(&err)
 		}
@@ -102,9 +111,17 @@ func (q *queue) addZcrxStats(s *Stats) {
 	if p := q.zx.reason.Load(); p != nil && s.RecvZcrxFallback == "" {
 		s.RecvZcrxFallback = (*p).Error()
 	}
-	if r := q.zx.r; r != nil {
-		st := r.Stats()
+	if q.zx.r != nil {
 		s.ZcrxQueues++
+	}
+	q.zx.mu.Lock()
+	rs := append([]*zcrx.Receiver{q.zx.r}, q.zx.nic...)
+	q.zx.mu.Unlock()
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		st := r.Stats()
 		s.ZcrxAreaStalls += st.AreaStalls
 		switch {
 		case st.NoDev:
@@ -124,8 +141,12 @@ type zcrxConn struct {
 	inStop bool         // a Cancel we called is running (it may end the stream at once)
 }
 
-// setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only).
+// setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only):
+// its listener's NIC-bound instance (already set), the queue's device-less one, or the ring.
 func (c *Conn) setupZcrx() {
+	if c.zx != nil {
+		return
+	}
 	if c.q.zx.r == nil || c.q.be.name() != BackendIOUring {
 		if c.q.zx.reason.Load() == nil {
 			err := fmt.Errorf("backend %v: %w", c.q.be.name(), errs.NotSupported("zcrx receive path", "the io_uring backend", nil))
@@ -244,4 +265,120 @@ func (c *Conn) sendZcrxData(d Data) error {
 		}
 	}
 	return nil
+}
+
+// ---- a NIC RX queue per listener (ListenOptions.ZcrxNIC) --------------------------------
+
+// zcrxListener is a listener's NIC-bound zcrx: hwq's binding of the listener's address to
+// a dedicated RX queue (header split, RSS carve-out, ntuple rule), a zcrx instance bound to
+// that queue on queue 0's ring, and its imports into every other queue's ring (a
+// connection's packets land in the one area whichever queue serves it).
+type zcrxListener struct {
+	b     *hwq.Binding
+	recvs []*zcrx.Receiver // per queue index
+	err   error            // why the listener's connections do not use the NIC
+}
+
+// setupZcrxNIC binds the listener's flows to a NIC RX queue when ListenOptions.ZcrxNIC asks
+// for it. A refusal (hwq's, or the driver's at registration) leaves the listener on the
+// queues' own receive path, visibly (Listener.ZcrxNICFallback); with NoFallback it fails
+// Listen.
+func (l *Listener) setupZcrxNIC(nic string) error {
+	if nic == "" {
+		return nil
+	}
+	e := l.e
+	if e.cfg.RecvPath != RecvZcrx {
+		return fmt.Errorf("ListenOptions.ZcrxNIC needs Config.RecvPath = RecvZcrx: %w", ErrInvalid)
+	}
+	if e.onAnyLoop() {
+		return fmt.Errorf("binding a NIC queue waits for every queue: %w", ErrWouldBlock)
+	}
+	l.zx = &zcrxListener{}
+	err := l.bindZcrxNIC(nic)
+	if err == nil {
+		return nil
+	}
+	l.zx.err = err
+	if e.cfg.NoFallback {
+		return &ZcrxUnavailableError{Queue: -1, Err: err}
+	}
+	return nil
+}
+
+func (l *Listener) bindZcrxNIC(nic string) error {
+	e := l.e
+	if e.backend != BackendIOUring {
+		return errs.NotSupported("zcrx on a NIC queue", "the io_uring backend", fmt.Errorf("backend %v", e.backend))
+	}
+	if l.addr == nil {
+		return fmt.Errorf("listener without an address: %w", ErrInvalid)
+	}
+	b, err := hwq.Bind(nic, hwq.Flow{Local: l.addr.AddrPort()}, hwq.BindOptions{Queue: -1})
+	if err != nil {
+		return err
+	}
+	recvs := make([]*zcrx.Receiver, len(e.queues))
+	undo := func(err error) error {
+		for _, r := range recvs {
+			if r != nil {
+				r.Close() // the kernel keeps the instance until the ring closes; it takes nothing
+			}
+		}
+		b.Close()
+		return err
+	}
+	for i, q := range e.queues {
+		u := q.be.(*uringBackend).u
+		if i == 0 {
+			recvs[0], err = zcrx.New(u, zcrx.Config{IfIndex: b.Ifindex, RxQueue: int(b.Queue), AreaSize: e.cfg.ZcrxAreaSize})
+		} else {
+			recvs[i], err = recvs[0].Share(u)
+		}
+		if err != nil {
+			return undo(err)
+		}
+	}
+	for i, q := range e.queues {
+		q.zx.mu.Lock()
+		q.zx.nic = append(q.zx.nic, recvs[i])
+		q.zx.mu.Unlock()
+	}
+	l.zx.b, l.zx.recvs = b, recvs
+	return nil
+}
+
+// zcrxNICConn makes an accepted connection receive through the listener's NIC-bound
+// instance on its queue (loop only).
+func (l *Listener) zcrxNICConn(c *Conn) {
+	if l.zx != nil && l.zx.recvs != nil {
+		c.zx = &zcrxConn{c: c, r: l.zx.recvs[c.q.idx]}
+	}
+}
+
+// closeZcrxNIC undoes the NIC binding (the listener closes). Connections already accepted
+// keep receiving into the area: their packets then reach it through the kernel's copy.
+func (l *Listener) closeZcrxNIC() {
+	if l.zx != nil && l.zx.b != nil {
+		l.zx.b.Close()
+	}
+}
+
+// ZcrxNICFallback returns why the listener's connections do not receive through the NIC
+// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
+// the queues' own receive path (Stats.RecvZcrxFallback says which).
+func (l *Listener) ZcrxNICFallback() string {
+	if l.zx == nil || l.zx.err == nil {
+		return ""
+	}
+	return l.zx.err.Error()
+}
+
+// ZcrxNICBinding returns hwq's binding of the listener's address to a NIC RX queue, or nil
+// (see ZcrxNICFallback). It is undone when the listener closes.
+func (l *Listener) ZcrxNICBinding() *hwq.Binding {
+	if l.zx == nil {
+		return nil
+	}
+	return l.zx.b
 }

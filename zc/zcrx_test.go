@@ -492,3 +492,46 @@ func TestZcrxFallbackRules(t *testing.T) {
 		}
 	}
 }
+
+// TestZcrxNICRefusal: a listener asks for a NIC RX queue on lo, which has none (hwq refuses
+// before changing anything): the listener works on the queues' own path and says why; with
+// NoFallback Listen fails with the reason; without RecvZcrx the option is refused.
+func TestZcrxNICRefusal(t *testing.T) {
+	testutil.RequireRoot(t)
+	want := zcrxExpected(t)
+	srv := newEngine(t, Config{Queues: 2, RecvPath: RecvZcrx, ZcrxAreaSize: 256 << 10})
+	l, err := srv.ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.ZcrxNICFallback() == "" || l.ZcrxNICBinding() != nil {
+		t.Fatalf("lo got a NIC queue: binding %v, fallback %q", l.ZcrxNICBinding(), l.ZcrxNICFallback())
+	}
+	t.Logf("NIC fallback: %s", l.ZcrxNICFallback())
+	cli := newEngine(t, Config{Queues: 1})
+	const total = 1 << 20
+	k := newCollector(total)
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendRandomEchoed(t, c, k, total, 5, 60*time.Second)
+	c.Close()
+	<-c.Done()
+	checkZcrxStats(t, srv, want, 1, total)
+
+	if _, err := newEngine(t, Config{Queues: 1}).ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("ZcrxNIC without RecvZcrx: %v", err)
+	}
+	if !want {
+		return // a NoFallback engine cannot start here
+	}
+	strict := newEngine(t, Config{Queues: 1, RecvPath: RecvZcrx, NoFallback: true, ZcrxAreaSize: 64 << 10})
+	_, err = strict.ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept)
+	var zu *ZcrxUnavailableError
+	if !errors.As(err, &zu) || !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("NoFallback listener on lo = %v, want a *ZcrxUnavailableError matching ErrNotSupported", err)
+	}
+	t.Log(err)
+}
