@@ -555,3 +555,59 @@ func TestCQE32Events(t *testing.T) {
 		}
 	}
 }
+
+// TestNestedReap: a handler that reaps from inside the dispatch loop (what GetSQE does when
+// the SQ is full and the submit fails) must not reap into the array the outer loop still
+// reads: every completion is dispatched exactly once.
+func TestNestedReap(t *testing.T) {
+	for _, big := range []bool{false, true} {
+		var u *URing
+		q := startQueueWith(t, kindURing, URingConfig{CQE32: big}, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
+		seen := map[uint64]int{}
+		done := make(chan struct{})
+		const first, second = 8, 8
+		nested := false
+		var o *funcOwner
+		o = &funcOwner{fn: func(q *Queue, ev Event) {
+			seen[ev.UD]++
+			q.FreeOp(ev.UD)
+			if !nested {
+				nested = true
+				for i := 0; i < second; i++ {
+					sqe := u.GetSQE()
+					sqe.PrepNop()
+					sqe.UserData = q.NewOp(o, 2)
+				}
+				u.Submit() // NOPs complete at once
+				u.reap()   // nested
+			}
+			if len(seen) == first+second {
+				close(done)
+			}
+		}}
+		q.Do(func() error {
+			for i := 0; i < first; i++ {
+				sqe := u.GetSQE()
+				sqe.PrepNop()
+				sqe.UserData = q.NewOp(o, 1)
+			}
+			return nil
+		})
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("cqe32=%v: %d completions seen", big, len(seen))
+		}
+		q.Do(func() error {
+			for ud, n := range seen {
+				if n != 1 {
+					t.Errorf("cqe32=%v: completion %#x dispatched %d times", big, ud, n)
+				}
+			}
+			return nil
+		})
+		if st := q.Stats(); st.Stray != 0 {
+			t.Fatalf("cqe32=%v: %d stray events", big, st.Stray)
+		}
+	}
+}

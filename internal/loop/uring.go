@@ -37,6 +37,7 @@ type URing struct {
 	cqes    []uring.CQE
 	cqes32  []uring.CQE32 // instead of cqes on a CQE32 ring
 	closers []func()
+	reaping bool   // reap is running (a nested one uses its own array)
 	scratch []byte // mmap'd: the kernel writes the eventfd counter here asynchronously
 	fixed   []bool // fixed-buffer slots in use
 	recv    *RecvRing
@@ -171,17 +172,30 @@ func (u *URing) Wait(timeout time.Duration) error {
 
 // reap dispatches every ready completion.
 func (u *URing) reap() {
+	cqes, cqes32 := u.cqes, u.cqes32
+	if u.reaping {
+		// A handler's GetSQE found the SQ full and the submit failing, and reaps from inside
+		// the dispatch loop: not into the array that loop is still reading.
+		if cqes32 != nil {
+			cqes32 = make([]uring.CQE32, 64)
+		} else {
+			cqes = make([]uring.CQE, 64)
+		}
+	}
+	was := u.reaping
+	u.reaping = true
+	defer func() { u.reaping = was }()
 	before := u.ring.Stats().OverflowFlushes
-	if u.cqes32 != nil {
-		u.reap32()
+	if cqes32 != nil {
+		u.reap32(cqes32)
 	} else {
 		for {
-			n := u.ring.PeekBatch(u.cqes)
+			n := u.ring.PeekBatch(cqes)
 			if n == 0 {
 				break
 			}
 			for i := 0; i < n; i++ {
-				c := &u.cqes[i]
+				c := &cqes[i]
 				u.dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags})
 			}
 		}
@@ -194,14 +208,14 @@ func (u *URing) reap() {
 }
 
 // reap32 is reap on a CQE32 ring: the second halves go to Event.Big.
-func (u *URing) reap32() {
+func (u *URing) reap32(cqes []uring.CQE32) {
 	for {
-		n := u.ring.PeekBatch32(u.cqes32)
+		n := u.ring.PeekBatch32(cqes)
 		if n == 0 {
 			return
 		}
 		for i := 0; i < n; i++ {
-			c := &u.cqes32[i]
+			c := &cqes[i]
 			u.dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags, Big: c.Big})
 		}
 	}
