@@ -1,5 +1,5 @@
 # zcnet build. Every target installs what it needs (apt-get / go install); nothing relies on a
-# hand-installed tool. Package fragments (kmod/kmod.mk, bpf/bpf.mk, bench/bench.mk) add targets
+# hand-installed tool. Package fragments (kmod/kmod.mk, kmod/vm/kernels.mk, bpf/bpf.mk, bench/bench.mk) add targets
 # and append to TEST_EXTRA.
 SHELL := /bin/bash
 GO ?= go
@@ -42,6 +42,7 @@ define apt_need
 endef
 
 -include kmod/kmod.mk
+-include kmod/vm/kernels.mk
 -include bpf/bpf.mk
 -include bench/bench.mk
 -include hwq/hwq.mk

@@ -58,6 +58,11 @@ type Options struct {
 	// RequireHugePages is set, in which case New fails with ErrNotSupported.
 	HugePages        bool
 	RequireHugePages bool
+	// Dmabuf backs the region with a memfd exported as a dmabuf through /dev/udmabuf
+	// (CONFIG_UDMABUF): the application maps the memory as usual and the kernel names it by
+	// a dmabuf fd (DmabufFd), for zcrx areas and netdev bind-rx/bind-tx on NICs that can DMA
+	// into it. Without /dev/udmabuf New fails with ErrNotSupported.
+	Dmabuf bool
 }
 
 // Info describes what a region actually got.
@@ -65,6 +70,7 @@ type Info struct {
 	Size     int    // mapped bytes
 	HugeTLB  bool   // backed by MAP_HUGETLB pages
 	Fallback string // why hugepages were not used, when they were asked for
+	Dmabuf   bool   // backed by a memfd exported as a dmabuf (Options.Dmabuf)
 }
 
 // Region is mmap'd memory split into Count buffers of BufSize bytes.
@@ -92,6 +98,9 @@ type Region struct {
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
 	recycle func(idx int)
+
+	// memfd and dmabuf are the fds of a dmabuf-backed region (-1 otherwise).
+	memfd, dmabuf int
 }
 
 var openRegions atomic.Int64
@@ -115,7 +124,23 @@ func New(opt Options) (*Region, error) {
 	var mem []byte
 	var err error
 	info := Info{}
-	if opt.HugePages || opt.RequireHugePages {
+	memfd, dmabuf := -1, -1
+	if opt.Dmabuf {
+		var dm dmabufMem
+		dm, err = newDmabufMem(want, opt.HugePages || opt.RequireHugePages)
+		if err != nil {
+			return nil, err
+		}
+		if opt.RequireHugePages && !dm.huge {
+			dm.close()
+			return nil, fmt.Errorf("memreg: dmabuf region of %d bytes: %w", want, errs.NotSupported("huge pages", "reserved pages: /proc/sys/vm/nr_hugepages", dm.hugeErr))
+		}
+		mem, memfd, dmabuf, size = dm.mem, dm.memfd, dm.dmabuf, len(dm.mem)
+		info.HugeTLB, info.Dmabuf = dm.huge, true
+		if (opt.HugePages || opt.RequireHugePages) && !dm.huge {
+			info.Fallback = fmt.Sprintf("MFD_HUGETLB failed (%v); using normal pages", dm.hugeErr)
+		}
+	} else if opt.HugePages || opt.RequireHugePages {
 		hsize := (want + hugePage - 1) &^ (hugePage - 1)
 		mem, err = unix.Mmap(-1, 0, hsize, unix.PROT_READ|unix.PROT_WRITE,
 			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB|unix.MAP_POPULATE)
@@ -130,7 +155,7 @@ func New(opt Options) (*Region, error) {
 			mem = nil
 		}
 	}
-	if mem == nil {
+	if mem == nil && !opt.Dmabuf {
 		mem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 		if err != nil {
 			return nil, fmt.Errorf("memreg: mmap %d bytes: %w", size, os.NewSyscallError("mmap", err))
@@ -147,7 +172,7 @@ func New(opt Options) (*Region, error) {
 	r := &Region{
 		mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), bufSize: opt.BufSize, count: opt.Count, info: info,
 		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), free: make([]int32, opt.Count),
-		regs: map[*uring.Ring]uint32{},
+		regs: map[*uring.Ring]uint32{}, memfd: memfd, dmabuf: dmabuf,
 	}
 	for i := range r.free {
 		r.free[i] = int32(opt.Count - 1 - i) // pop from the end: buffer 0 first
@@ -479,6 +504,11 @@ func (r *Region) unmapLocked() {
 	r.unmapped = true
 	unix.Munmap(r.mem)
 	r.mem = nil
+	if r.dmabuf >= 0 {
+		unix.Close(r.dmabuf)
+		unix.Close(r.memfd)
+		r.dmabuf, r.memfd = -1, -1
+	}
 	openRegions.Add(-1)
 }
 
@@ -512,6 +542,14 @@ func (r *Region) CloseWhenReleased() bool {
 	clear(r.regs)
 	r.unmapIfDoneLocked()
 	return r.unmapped
+}
+
+// Memory returns the whole mapping (every buffer, back to back, and the rounding up to whole
+// pages), for memory handed to the kernel as one piece such as a zcrx area. Nil after Close.
+func (r *Region) Memory() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mem
 }
 
 // Abandon forgets every loan and registration: call it only after the rings that held them are

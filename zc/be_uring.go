@@ -49,8 +49,13 @@ type uconn Conn
 
 func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	cfg := &q.e.cfg
-	u, err := loop.NewURing(q.Queue, loop.URingConfig{Caps: caps})
+	zcrxTry := q.zcrxWanted() // zcrx needs 32-byte completions
+	u, err := loop.NewURing(q.Queue, loop.URingConfig{Caps: caps, CQE32: zcrxTry})
 	if err != nil {
+		return nil, err
+	}
+	if err := q.setupZcrx(u, zcrxTry); err != nil {
+		u.Close()
 		return nil, err
 	}
 	b := &uringBackend{q: q, u: u}
@@ -105,6 +110,10 @@ func (b *uringBackend) freeOp(c *Conn, ud uint64) {
 }
 
 func (b *uringBackend) armRecv(c *Conn) {
+	if c.zx != nil {
+		c.zx.arm()
+		return
+	}
 	sqe := b.u.GetSQE()
 	if c.m != nil {
 		c.recvUD = b.newOp(c, tagPoll)
@@ -119,6 +128,10 @@ func (b *uringBackend) armRecv(c *Conn) {
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
+	if c.zx != nil {
+		c.zx.stop()
+		return
+	}
 	if c.recvArmed && c.recvUD != 0 {
 		b.u.CancelOp(c.recvUD)
 	}

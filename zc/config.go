@@ -48,6 +48,18 @@ const (
 	// the connection uses RecvRing, counted in Stats.RecvMappedFallbacks. io_uring backend
 	// only.
 	RecvMapped
+	// RecvZcrx: io_uring zero-copy receive. Each queue registers a zcrx interface queue and
+	// an area of ZcrxAreaSize bytes at start; connections receive with multishot RECV_ZC,
+	// and each Data is a view of the area that Release hands back through the refill ring
+	// (from any goroutine); SendData copies it. On Linux 7.1+ the instance is device-less:
+	// any TCP socket, loopback included, receives through it, the kernel copying the
+	// payload into the area (Stats.BytesRecvZcrxCopied says so). It needs CAP_NET_ADMIN and
+	// io_uring rings with CQE32 and DEFER_TASKRUN. Where zcrx cannot be set up (an older
+	// kernel, no privilege, another backend) the queue receives through RecvRing: counted
+	// per connection in Stats.RecvZcrxFallbacks, with the reason in Stats.RecvZcrxFallback;
+	// with NoFallback New fails with a *ZcrxUnavailableError instead. Stats.BytesRecvZcrx
+	// and BytesRecvRing say which path each byte took.
+	RecvZcrx
 )
 
 func (p RecvPath) String() string {
@@ -56,6 +68,8 @@ func (p RecvPath) String() string {
 		return "ring"
 	case RecvMapped:
 		return "mapped"
+	case RecvZcrx:
+		return "zcrx"
 	}
 	return fmt.Sprintf("RecvPath(%d)", int(p))
 }
@@ -95,7 +109,8 @@ func (b Backend) String() string {
 type Config struct {
 	Queues  int // number of queues, each a goroutine on its own thread (default: one per CPU)
 	Backend Backend
-	// NoFallback makes New fail instead of falling back to another backend.
+	// NoFallback makes New fail instead of falling back to another backend, or from
+	// RecvZcrx to RecvRing.
 	NoFallback bool
 	SendPath   SendPath
 	// ZCThreshold is the smallest send that uses SEND_ZC in adaptive mode (default 32 KiB:
@@ -108,6 +123,11 @@ type Config struct {
 	NoBundles bool // disable recv bundles
 	// RecvPath selects how received bytes reach handlers (default RecvRing).
 	RecvPath RecvPath
+	// ZcrxAreaSize is the zcrx receive area of each queue in bytes (RecvZcrx; default 4 MiB,
+	// rounded up to whole pages). It is mapped and registered at start and does not grow: it
+	// is the receive window of all the queue's connections together (each still bounded by
+	// MaxRecvHeld); when handlers hold all of it, receiving waits for releases.
+	ZcrxAreaSize int
 	// SocketOptions, if set, runs on every listening socket before bind and every dialed
 	// socket before connect (accepted sockets inherit from their listener): TCP_MAXSEG,
 	// buffer sizes, congestion control, pacing ... An error fails Listen or Dial.
@@ -222,6 +242,7 @@ func (c *Config) normalize() error {
 		{"RecvPoolMax", &c.RecvPoolMax, 32 << 20, 1 << 40},
 		{"MaxQueuedBytes", &c.MaxQueuedBytes, 4 << 20, 1 << 40},
 		{"MaxRecvHeld", &c.MaxRecvHeld, 1 << 20, 1 << 40},
+		{"ZcrxAreaSize", &c.ZcrxAreaSize, 4 << 20, 1 << 36},
 	} {
 		switch {
 		case *f.p < 0:
@@ -249,7 +270,7 @@ func (c *Config) normalize() error {
 		return bad("SendPath", c.SendPath, "unknown send path")
 	case c.Backend < BackendAuto || c.Backend > BackendShim:
 		return bad("Backend", c.Backend, "unknown backend")
-	case c.RecvPath < RecvRing || c.RecvPath > RecvMapped:
+	case c.RecvPath < RecvRing || c.RecvPath > RecvZcrx:
 		return bad("RecvPath", c.RecvPath, "unknown receive path")
 	case c.Steering < SteerAuto || c.Steering > SteerSingleListener:
 		return bad("Steering", c.Steering, "unknown steering mode")

@@ -147,6 +147,7 @@ type Conn struct {
 	cl         *closeState // made by beginClose
 	shim       *shimConnState
 	m          *mappedRecv
+	zx         *zcrxConn // RecvZcrx (zcrx.go)
 	connect    *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow on close
@@ -369,6 +370,9 @@ func (c *Conn) SendData(d Data) error {
 		err := c.writeCopy(d.Bytes())
 		d.Release()
 		return err
+	}
+	if !d.zb.IsZero() {
+		return c.sendZcrxData(d) // the zcrx area belongs to the kernel's instance: copy
 	}
 	if !d.buf.Valid() {
 		return c.opErr("send", memreg.ErrStale)

@@ -301,7 +301,7 @@ func (c *Conn) deliver(d Data) {
 		return
 	}
 	d.c = c
-	c.held.Add(int64(d.buf.Region().BufSize()))
+	c.held.Add(d.credit())
 	c.callData(d)
 }
 

@@ -77,11 +77,18 @@ func New(cfg Config) (*Engine, error) {
 		if err := e.startQueues(cfg.Backend); err != nil {
 			return nil, &OpError{Op: "new", Err: err}
 		}
+		if err := e.checkZcrxBackend(); err != nil {
+			e.stopQueues()
+			return nil, &OpError{Op: "new", Err: err}
+		}
 		return e, nil
 	}
 	err := e.startQueues(BackendIOUring)
 	if err == nil {
 		return e, nil
+	}
+	if zu := (*ZcrxUnavailableError)(nil); errors.As(err, &zu) {
+		return nil, &OpError{Op: "new", Err: err} // io_uring works; zcrx does not
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
@@ -267,6 +274,19 @@ type Stats struct {
 	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
 	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
 
+	// BytesRecvZcrx: received through zcrx (RecvZcrx), of which BytesRecvZcrxCopied the
+	// kernel copied into the area (all of it on a device-less instance: no NIC delivers
+	// there). ZcrxQueues counts the queues with a device-less instance, ZcrxAreaStalls the
+	// times a connection waited because handlers held the whole area. RecvZcrxFallbacks
+	// counts the connections that wanted RecvZcrx and receive through the ring,
+	// RecvZcrxFallback says why.
+	BytesRecvZcrx       uint64
+	BytesRecvZcrxCopied uint64
+	ZcrxQueues          int
+	ZcrxAreaStalls      uint64
+	RecvZcrxFallbacks   uint64
+	RecvZcrxFallback    string
+
 	Waits          uint64 // io_uring_enter / epoll_wait calls
 	BusyPolls      uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
 	Events         uint64 // completions and readiness events handled
@@ -348,6 +368,7 @@ func (e *Engine) Stats() Stats {
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)
+		q.addZcrxStats(&s)
 		ls := q.Queue.Stats()
 		s.Waits += ls.Waits
 		s.BusyPolls += ls.Spins

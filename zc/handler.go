@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"github.com/zcnet/zcnet/internal/zcrx"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -70,12 +71,16 @@ type Data struct {
 	buf memreg.Buf
 	n   int
 	mr  *mappedData // set for data from the mapped receive window
+	zb  zcrx.Buf    // set for data in a zcrx area (RecvZcrx, see zcrx.go)
 }
 
 // Bytes returns the received bytes, or nil after Release.
 func (d Data) Bytes() []byte {
 	if d.mr != nil {
 		return d.mr.bytes()
+	}
+	if !d.zb.IsZero() {
+		return d.zb.Bytes()
 	}
 	b := d.buf.Bytes()
 	if b == nil {
@@ -91,20 +96,33 @@ func (d Data) Len() int { return d.n }
 // connection's window (RecvMapped), rather than a copy in a receive buffer.
 func (d Data) Mapped() bool { return d.mr != nil && d.mr.mapped }
 
-// Release gives the buffer back (to the queue's receive pool, or the mapped window). A second
-// Release returns memreg.ErrStale. Releasing works after the engine closed: the memory stays
-// mapped until the last buffer is released.
+// Release gives the buffer back (to the queue's receive pool, the mapped window, or the zcrx
+// area through its refill ring), from any goroutine. A second Release returns
+// memreg.ErrStale. Releasing works after the engine closed: the memory stays mapped until
+// the last buffer is released.
 func (d Data) Release() error {
 	if d.mr != nil {
 		return d.mr.release()
 	}
-	if err := d.buf.Release(); err != nil {
+	if !d.zb.IsZero() {
+		if d.zb.Release() != nil {
+			return memreg.ErrStale
+		}
+	} else if err := d.buf.Release(); err != nil {
 		return err
 	}
 	if d.c != nil {
-		d.c.releaseHeld(int64(d.buf.Region().BufSize()))
+		d.c.releaseHeld(d.credit())
 	}
 	return nil
+}
+
+// credit is the receive credit the Data takes from its connection (MaxRecvHeld).
+func (d Data) credit() int64 {
+	if !d.zb.IsZero() {
+		return zcrxCredit(d.n)
+	}
+	return int64(d.buf.Region().BufSize())
 }
 
 // ---- dispatch (loop only) ------------------------------------------------------------

@@ -37,6 +37,7 @@ type Listener struct {
 	steer    *bpf.Steering // nil without BPF steering
 	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
 	info     *SteeringInfo // set once by setupSteering (steer.go)
+	zx       *zcrxListener // ListenOptions.ZcrxNIC (zcrx.go)
 }
 
 // lpart is one listening socket served by one queue.
@@ -124,6 +125,10 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
+	}
+	if err := l.setupZcrxNIC(opts.ZcrxNIC); err != nil {
+		l.closeSockets()
+		return fail(l.addr, err)
 	}
 	if err := l.setupSteering(&opts); err != nil {
 		l.closeSockets()
@@ -366,6 +371,7 @@ func (l *Listener) create(q *queue, fd int) {
 	if c.h == nil {
 		c.h = h
 	}
+	l.zcrxNICConn(c)
 	c.setupRecvPath()
 	c.armRecv()
 	c.service() // sends queued by the accept function
@@ -417,6 +423,7 @@ func (l *Listener) closeSockets() {
 	if l.steer != nil {
 		l.steer.Close()
 	}
+	l.closeZcrxNIC()
 	for _, s := range l.socks {
 		s.Close()
 	}

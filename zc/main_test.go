@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/internal/zcrx"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -22,5 +23,6 @@ func TestMain(m *testing.M) {
 		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
 		leakcheck.Check{Name: "regions", Open: memreg.OpenRegions},
 		leakcheck.Check{Name: "buffer rings", Open: uring.OpenBufRings},
+		leakcheck.Check{Name: "zcrx receivers", Open: zcrx.OpenReceivers},
 	))
 }

@@ -71,8 +71,13 @@ func (d *mappedData) release() error {
 	return nil
 }
 
-// setupRecvPath prepares the mapped window when RecvMapped is asked for (loop only).
+// setupRecvPath prepares the receive path asked for: the mapped window (RecvMapped), zcrx
+// (RecvZcrx, zcrx.go) (loop only).
 func (c *Conn) setupRecvPath() {
+	if c.e.cfg.RecvPath == RecvZcrx {
+		c.setupZcrx()
+		return
+	}
 	if c.e.cfg.RecvPath != RecvMapped {
 		return
 	}

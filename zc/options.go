@@ -32,6 +32,13 @@ type ListenOptions struct {
 	// the kernel's refusal. On veth the XDP program runs in generic (skb) mode: in driver
 	// mode the redirect would lose the checksum state of the peer's packets.
 	SteerInterfaces []string
+	// ZcrxNIC names a NIC whose RX queue the listener's flows get (Config.RecvPath =
+	// RecvZcrx): hwq.Bind dedicates a queue to the listener's address (header split, RSS
+	// carve-out, ntuple rule; undone when the listener closes) and the accepted connections
+	// receive through a zcrx instance bound to it, shared by every engine queue. Where the
+	// NIC or its driver cannot, they use the queues' own path, and Listener.ZcrxNICFallback
+	// says why; with Config.NoFallback Listen fails instead. Not from a handler.
+	ZcrxNIC string
 }
 
 // DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsync).

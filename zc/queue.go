@@ -71,6 +71,7 @@ type queue struct {
 	notifsPending atomic.Int64
 	growErr       atomic.Pointer[error]
 	ctr           counters
+	zx            zcrxQueue // RecvZcrx (zcrx.go)
 }
 
 func (q *queue) signalSpace() {

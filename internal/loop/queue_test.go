@@ -36,11 +36,16 @@ func (k driverKind) String() string { return [...]string{"uring", "epoll"}[k] }
 
 func startQueue(t testing.TB, k driverKind, init func(q *Queue, d Driver) error) *Queue {
 	t.Helper()
+	return startQueueWith(t, k, URingConfig{}, init)
+}
+
+func startQueueWith(t testing.TB, k driverKind, ucfg URingConfig, init func(q *Queue, d Driver) error) *Queue {
+	t.Helper()
 	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
 		var d Driver
 		var err error
 		if k == kindURing {
-			d, err = NewURing(q, URingConfig{})
+			d, err = NewURing(q, ucfg)
 		} else {
 			d, err = NewEpoll(q)
 		}
@@ -275,12 +280,16 @@ func (o *funcOwner) OnEvent(q *Queue, ev Event) { o.fn(q, ev) }
 // A multishot recv through the provided-buffer ring: the pool starts with 4 buffers and
 // grows up to its cap while the receiver holds buffers; every byte arrives in order.
 func TestRecvRingGrows(t *testing.T) {
-	for _, bundles := range []bool{false, true} {
-		t.Run(fmt.Sprintf("bundles=%v", bundles), func(t *testing.T) {
+	for _, c := range []struct{ bundles, cqe32 bool }{{false, false}, {true, false}, {true, true}} {
+		bundles := c.bundles
+		t.Run(fmt.Sprintf("bundles=%v,cqe32=%v", bundles, c.cqe32), func(t *testing.T) {
 			var u *URing
 			var rr *RecvRing
-			q := startQueue(t, kindURing, func(q *Queue, d Driver) error {
+			q := startQueueWith(t, kindURing, URingConfig{CQE32: c.cqe32}, func(q *Queue, d Driver) error {
 				u = d.(*URing)
+				if u.BigCQE() != c.cqe32 {
+					return fmt.Errorf("CQE32 %v, ring posts big CQEs: %v", c.cqe32, u.BigCQE())
+				}
 				var err error
 				rr, err = u.NewRecvRing(RecvRingConfig{BufSize: 4096, Initial: 4, MaxBytes: 64 * 4096, Bundles: bundles})
 				return err
@@ -470,5 +479,135 @@ func TestBusyPoll(t *testing.T) {
 				t.Fatal("never polled")
 			}
 		})
+	}
+}
+
+// TestCQE32Events: on a CQE32 ring every completion reaches its owner whole (the reaper
+// steps over 32-byte entries), with Event.Big carrying the second half (zero for NOPs);
+// OnClose functions run on the loop once the ring is gone.
+func TestCQE32Events(t *testing.T) {
+	for _, big := range []bool{false, true} {
+		var u *URing
+		closed := make(chan bool, 1)
+		q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
+			var err error
+			u, err = NewURing(q, URingConfig{CQE32: big})
+			if err == nil {
+				u.OnClose(func() { closed <- q.OnLoop() && errors.Is(u.Ring().Close(), os.ErrClosed) })
+			}
+			return u, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := &recOwner{}
+		const n = 3000 // more than the CQ holds at once: the reaper wraps around the ring
+		var uds []uint64
+		err = q.Do(func() error {
+			if u.BigCQE() != big {
+				return fmt.Errorf("BigCQE %v, want %v", u.BigCQE(), big)
+			}
+			for i := 0; i < n; i++ {
+				ud := q.NewOp(o, uint32(i))
+				uds = append(uds, ud)
+				sqe := u.GetSQE()
+				sqe.PrepNop()
+				sqe.UserData = ud
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var got int
+			q.Do(func() error { got = len(o.evs); return nil })
+			if got == n {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cqe32=%v: %d of %d completions", big, got, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		q.Do(func() error {
+			for i, ev := range o.evs {
+				if ev.UD != uds[ev.Tag] || ev.Res != 0 || ev.Big != [2]uint64{} {
+					t.Errorf("cqe32=%v: event %d: %+v", big, i, ev)
+					break
+				}
+				q.FreeOp(ev.UD)
+			}
+			return nil
+		})
+		if st := q.Stats(); st.Stray != 0 || st.OpsLive != 0 {
+			t.Fatalf("cqe32=%v: stats %+v", big, st)
+		}
+		q.Close()
+		select {
+		case ok := <-closed:
+			if !ok {
+				t.Fatal("OnClose did not run on the loop after the ring closed")
+			}
+		default:
+			t.Fatal("OnClose did not run")
+		}
+	}
+}
+
+// TestNestedReap: a handler that reaps from inside the dispatch loop (what GetSQE does when
+// the SQ is full and the submit fails) must not reap into the array the outer loop still
+// reads: every completion is dispatched exactly once.
+func TestNestedReap(t *testing.T) {
+	for _, big := range []bool{false, true} {
+		var u *URing
+		q := startQueueWith(t, kindURing, URingConfig{CQE32: big}, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
+		seen := map[uint64]int{}
+		done := make(chan struct{})
+		const first, second = 8, 8
+		nested := false
+		var o *funcOwner
+		o = &funcOwner{fn: func(q *Queue, ev Event) {
+			seen[ev.UD]++
+			q.FreeOp(ev.UD)
+			if !nested {
+				nested = true
+				for i := 0; i < second; i++ {
+					sqe := u.GetSQE()
+					sqe.PrepNop()
+					sqe.UserData = q.NewOp(o, 2)
+				}
+				u.Submit() // NOPs complete at once
+				u.reap()   // nested
+			}
+			if len(seen) == first+second {
+				close(done)
+			}
+		}}
+		q.Do(func() error {
+			for i := 0; i < first; i++ {
+				sqe := u.GetSQE()
+				sqe.PrepNop()
+				sqe.UserData = q.NewOp(o, 1)
+			}
+			return nil
+		})
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("cqe32=%v: %d completions seen", big, len(seen))
+		}
+		q.Do(func() error {
+			for ud, n := range seen {
+				if n != 1 {
+					t.Errorf("cqe32=%v: completion %#x dispatched %d times", big, ud, n)
+				}
+			}
+			return nil
+		})
+		if st := q.Stats(); st.Stray != 0 {
+			t.Fatalf("cqe32=%v: %d stray events", big, st.Stray)
+		}
 	}
 }

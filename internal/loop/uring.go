@@ -24,6 +24,9 @@ type URingConfig struct {
 	FixedSlots uint32
 	// Caps are the probed capabilities (default: uring.DetectCapabilities()).
 	Caps *uring.Capabilities
+	// CQE32 sets the ring up with 32-byte completions (IORING_SETUP_CQE32): the extra 16
+	// bytes reach owners in Event.Big. Zero-copy receive (internal/zcrx) needs it.
+	CQE32 bool
 }
 
 // URing is the io_uring driver: a ring owned by the queue's thread.
@@ -32,6 +35,9 @@ type URing struct {
 	ring    *uring.Ring
 	caps    *uring.Capabilities
 	cqes    []uring.CQE
+	cqes32  []uring.CQE32 // instead of cqes on a CQE32 ring
+	closers []func()
+	reaping bool   // reap is running (a nested one uses its own array)
 	scratch []byte // mmap'd: the kernel writes the eventfd counter here asynchronously
 	fixed   []bool // fixed-buffer slots in use
 	recv    *RecvRing
@@ -63,6 +69,9 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 			flags |= uring.SetupSubmitAll
 		}
 	}
+	if cfg.CQE32 {
+		flags |= uring.SetupCQE32
+	}
 	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots)}
 	var err error
 	u.ring, err = uring.New(cfg.Entries, &uring.Options{Flags: flags | uring.SetupCQSize, CQEntries: 4 * cfg.Entries})
@@ -77,7 +86,11 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 		u.Close()
 		return nil, err
 	}
-	u.cqes = make([]uring.CQE, u.ring.CQEntries())
+	if u.ring.BigCQE() {
+		u.cqes32 = make([]uring.CQE32, u.ring.CQEntries())
+	} else {
+		u.cqes = make([]uring.CQE, u.ring.CQEntries())
+	}
 	u.scratch, err = unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		u.scratch = nil
@@ -98,6 +111,16 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 
 // Ring returns the ring (loop only).
 func (u *URing) Ring() *uring.Ring { return u.ring }
+
+// Queue returns the queue the driver serves.
+func (u *URing) Queue() *Queue { return u.q }
+
+// BigCQE reports whether the ring posts 32-byte completions (URingConfig.CQE32).
+func (u *URing) BigCQE() bool { return u.ring.BigCQE() }
+
+// OnClose registers f to run on the loop when the driver closes, after the ring is gone (the
+// kernel no longer touches memory registered with it, such as a zcrx area) (loop only).
+func (u *URing) OnClose(f func()) { u.closers = append(u.closers, f) }
 
 // Caps returns the capabilities the driver was built with.
 func (u *URing) Caps() *uring.Capabilities { return u.caps }
@@ -149,28 +172,62 @@ func (u *URing) Wait(timeout time.Duration) error {
 
 // reap dispatches every ready completion.
 func (u *URing) reap() {
-	before := u.ring.Stats().OverflowFlushes
-	for {
-		n := u.ring.PeekBatch(u.cqes)
-		if n == 0 {
-			break
+	cqes, cqes32 := u.cqes, u.cqes32
+	if u.reaping {
+		// A handler's GetSQE found the SQ full and the submit failing, and reaps from inside
+		// the dispatch loop: not into the array that loop is still reading.
+		if cqes32 != nil {
+			cqes32 = make([]uring.CQE32, 64)
+		} else {
+			cqes = make([]uring.CQE, 64)
 		}
-		for i := 0; i < n; i++ {
-			c := u.cqes[i]
-			switch c.UserData {
-			case UDWake:
-				u.armWake()
-				continue
-			case UDIgnore:
-				continue
+	}
+	was := u.reaping
+	u.reaping = true
+	defer func() { u.reaping = was }()
+	before := u.ring.Stats().OverflowFlushes
+	if cqes32 != nil {
+		u.reap32(cqes32)
+	} else {
+		for {
+			n := u.ring.PeekBatch(cqes)
+			if n == 0 {
+				break
 			}
-			u.q.Dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags})
+			for i := 0; i < n; i++ {
+				c := &cqes[i]
+				u.dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags})
+			}
 		}
 	}
 	if after := u.ring.Stats().OverflowFlushes; after != before {
 		for i := before; i < after; i++ {
 			u.q.NoteOverflow()
 		}
+	}
+}
+
+// reap32 is reap on a CQE32 ring: the second halves go to Event.Big.
+func (u *URing) reap32(cqes []uring.CQE32) {
+	for {
+		n := u.ring.PeekBatch32(cqes)
+		if n == 0 {
+			return
+		}
+		for i := 0; i < n; i++ {
+			c := &cqes[i]
+			u.dispatch(Event{UD: c.UserData, Res: c.Res, Flags: c.Flags, Big: c.Big})
+		}
+	}
+}
+
+func (u *URing) dispatch(ev Event) {
+	switch ev.UD {
+	case UDWake:
+		u.armWake()
+	case UDIgnore:
+	default:
+		u.q.Dispatch(ev)
 	}
 }
 
@@ -201,11 +258,15 @@ func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
 }
 
 // Close implements Driver: it closes the receive ring and the ring (the kernel drops its
-// references to registered memory).
+// references to registered memory), then runs the OnClose functions.
 func (u *URing) Close() {
 	if u.ring != nil {
 		u.ring.Close()
 	}
+	for _, f := range u.closers {
+		f()
+	}
+	u.closers = nil
 	if u.recv != nil {
 		u.recv.close()
 	}

@@ -22,6 +22,8 @@ func (r *Ring) RegisterBuffers(iovecs []Iovec, tags []uint64) error {
 	if tags != nil && len(tags) != len(iovecs) {
 		return fmt.Errorf("uring: %d tags for %d buffers: %w", len(tags), len(iovecs), unix.EINVAL)
 	}
+	escape(iovecs) // read through reg's addresses: never from a stack that may move
+	escape(tags)
 	reg := rsrcRegister{Nr: uint32(len(iovecs)), Data: uint64(uintptr(unsafe.Pointer(&iovecs[0])))}
 	if tags != nil {
 		reg.Tags = uint64(uintptr(unsafe.Pointer(&tags[0])))
@@ -45,6 +47,8 @@ func (r *Ring) UpdateBuffers(off uint32, iovecs []Iovec, tags []uint64) (int, er
 	if len(iovecs) == 0 || (tags != nil && len(tags) != len(iovecs)) {
 		return 0, fmt.Errorf("uring: update buffers: %w", unix.EINVAL)
 	}
+	escape(iovecs)
+	escape(tags)
 	up := rsrcUpdate2{Offset: off, Nr: uint32(len(iovecs)), Data: uint64(uintptr(unsafe.Pointer(&iovecs[0])))}
 	if tags != nil {
 		up.Tags = uint64(uintptr(unsafe.Pointer(&tags[0])))
@@ -73,6 +77,7 @@ func (r *Ring) UpdateFiles(off uint32, fds []int32) (int, error) {
 	if len(fds) == 0 {
 		return 0, fmt.Errorf("uring: update files: %w", unix.EINVAL)
 	}
+	escape(fds)
 	up := rsrcUpdate2{Offset: off, Nr: uint32(len(fds)), Data: uint64(uintptr(unsafe.Pointer(&fds[0])))}
 	n, err := register(r.fd, RegisterFilesUpdate2, unsafe.Pointer(&up), uint32(unsafe.Sizeof(up)))
 	runtime.KeepAlive(fds)

@@ -319,13 +319,9 @@ func (r *Ring) cqeAt(i uint32) *CQE {
 	return (*CQE)(unsafe.Add(r.cqes, uintptr(i&r.cqMask)<<(4+r.cqeShift)))
 }
 
-// PeekBatch copies up to len(out) ready completions into out, consumes them and returns the
-// count. When the CQ is empty it flushes completions the kernel kept aside (CQ overflow,
-// deferred task work) with a non-blocking enter.
-func (r *Ring) PeekBatch(out []CQE) int {
-	if r.closed || len(out) == 0 {
-		return 0
-	}
+// ready returns the number of ready completions; when the CQ is empty it first flushes
+// completions the kernel kept aside (CQ overflow, deferred task work) with a non-blocking enter.
+func (r *Ring) ready() uint32 {
 	ready := r.CQReady()
 	if ready == 0 && r.cqNeedsEnter() {
 		if atomic.LoadUint32(r.sqFlags)&SQCQOverflow != 0 {
@@ -335,10 +331,54 @@ func (r *Ring) PeekBatch(out []CQE) int {
 		enter(r.enterFd, 0, 0, EnterGetevents|r.enterFlags, nil, 0)
 		ready = r.CQReady()
 	}
+	return ready
+}
+
+// PeekBatch copies up to len(out) ready completions into out, consumes them and returns the
+// count. When the CQ is empty it flushes completions the kernel kept aside (CQ overflow,
+// deferred task work) with a non-blocking enter. On a CQE32 ring it drops the second halves
+// (use PeekBatch32 there).
+func (r *Ring) PeekBatch(out []CQE) int {
+	if r.closed || len(out) == 0 {
+		return 0
+	}
+	ready := r.ready()
 	n := min(uint32(len(out)), ready)
 	head := *r.cqHead
 	for i := uint32(0); i < n; i++ {
 		out[i] = *r.cqeAt(head + i)
+	}
+	if n > 0 {
+		atomic.StoreUint32(r.cqHead, head+n)
+	}
+	return int(n)
+}
+
+// CQE32 is a completion of a ring set up with SetupCQE32: the CQE and its 16 extra bytes
+// (big_cqe; a RECV_ZC completion keeps struct io_uring_zcrx_cqe there).
+type CQE32 struct {
+	CQE
+	Big [2]uint64
+}
+
+// BigCQE reports whether the ring posts 32-byte completions (SetupCQE32).
+func (r *Ring) BigCQE() bool { return r.cqeShift == 1 }
+
+// PeekBatch32 is PeekBatch for a CQE32 ring: it copies the whole 32-byte completions. On a
+// ring with 16-byte CQEs Big stays zero.
+func (r *Ring) PeekBatch32(out []CQE32) int {
+	if r.closed || len(out) == 0 {
+		return 0
+	}
+	ready := r.ready()
+	n := min(uint32(len(out)), ready)
+	head := *r.cqHead
+	for i := uint32(0); i < n; i++ {
+		if r.cqeShift == 1 {
+			out[i] = *(*CQE32)(unsafe.Pointer(r.cqeAt(head + i)))
+		} else {
+			out[i] = CQE32{CQE: *r.cqeAt(head + i)}
+		}
 	}
 	if n > 0 {
 		atomic.StoreUint32(r.cqHead, head+n)

@@ -115,6 +115,28 @@ func registerName(op uint32) string {
 		return "io_uring_register(unregister_ring_fds)"
 	case RegisterZcrxIfq:
 		return "io_uring_register(zcrx_ifq)"
+	case RegisterZcrxCtrl:
+		return "io_uring_register(zcrx_ctrl)"
+	case RegisterQuery:
+		return "io_uring_register(query)"
 	}
 	return fmt.Sprintf("io_uring_register(%d)", op)
+}
+
+// escape makes x (a pointer, a slice) escape to the heap. Memory the kernel reaches through
+// an address stored in an argument struct (a uint64, not a pointer) must not live on a
+// goroutine stack: the compiler does not see the address, and a stack that grows is copied
+// elsewhere, so the kernel would read or write the old copy. Heap objects do not move;
+// runtime.KeepAlive after the call keeps them from being collected during it. (The
+// runtime's own escapes() is the model: the store never runs, but escape analysis cannot
+// know that.)
+func escape(x any) {
+	if escapeSink.never {
+		escapeSink.x = x
+	}
+}
+
+var escapeSink struct {
+	never bool
+	x     any
 }

@@ -8,6 +8,13 @@
 # Everything is fetched with apt-get download + dpkg-deb -x (no system
 # install of kernels), pinned to the version the kernel line's metapackage
 # points at, and cached under $BUILD/kmodvm/<metapackage>.
+#
+# Entries "pin:NAME" are kernels pinned in kmod/vm/kernels/NAME.pin (Linux 7.3
+# from trixie-backports): fetched by kmod/vm/debfetch.sh through a private apt
+# configuration into a version-keyed cache, booted without the module, running
+# the test binaries listed in kmod/vm/tests-NAME. Both Debian image layouts are
+# understood: /boot/vmlinuz-ABI (linux-image, up to 6.18) and
+# /usr/lib/modules/ABI/vmlinuz (linux-binary, from 6.19 on).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -49,11 +56,12 @@ CGO_ENABLED=0 "$GO" test -c -o "$VM/zc.test" ./zc
 # is cached in $VM/<meta>/pin: delete it to move to a newer kernel.
 # linux-image-cloud-amd64 is Debian 12's 6.1; the 6.12 line exercises the
 # module's version checks for newer kernel APIs.
-KERNELS=${ZCVM_KERNELS:-linux-image-cloud-amd64 linux-image-6.12-cloud-amd64}
+KERNELS=${ZCVM_KERNELS:-linux-image-cloud-amd64 linux-image-6.12-cloud-amd64 pin:7.3}
 tot_pass=0 tot_fail=0 tot_skip=0 failed_kernels=()
 
 run_kernel() {
 	local meta=$1 dir=$VM/$1
+	case $meta in pin:*) run_pinned "${meta#pin:}"; return ;; esac
 	mkdir -p "$dir"
 	if [ ! -s "$dir/pin" ]; then
 		apt_update
@@ -110,7 +118,12 @@ run_kernel() {
 	if [ -n "${ZCVM_ZC_ARGS:-}" ]; then echo "$ZCVM_ZC_ARGS" > "$ir/zc.args"; fi
 	if [ -n "${ZCVM_BENCH_MB:-}" ]; then echo "ZCVM_BENCH_MB=$ZCVM_BENCH_MB" > "$ir/env"; fi
 	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
+	boot_and_judge "$meta" "$dir" "$vmlinuz"
+}
 
+# boot_and_judge LABEL DIR VMLINUZ: boot DIR/initrd.gz under TCG, decide from the console.
+boot_and_judge() {
+	local meta=$1 dir=$2 vmlinuz=$3
 	local console=$dir/console.log qrc
 	log "[$meta] booting (TCG, timeout ${TIMEOUT}s); console in $console"
 	local boot
@@ -150,6 +163,46 @@ run_kernel() {
 	tot_pass=$((tot_pass + np)) tot_fail=$((tot_fail + nf)) tot_skip=$((tot_skip + ns))
 	if [ $fail != 0 ]; then log "[$meta] see $console.txt"; return 1; fi
 	return 0
+}
+
+# run_pinned NAME: the kernel of kmod/vm/kernels/NAME.pin, no module, the test binaries of
+# kmod/vm/tests-NAME.
+run_pinned() {
+	local name=$1 meta=pin:$1 dir=$VM/pin-$1 pin=kmod/vm/kernels/$1.pin list=kmod/vm/tests-$1
+	local debs abi root=$VM/pin-$1/root
+	[ -f "$pin" ] && [ -f "$list" ] || { log "[$meta] no $pin or $list"; return 1; }
+	grep -q '^MODULE=no' "$pin" || { log "[$meta] pinned kernels run without the module only (MODULE=no)"; return 1; }
+	debs=$(BUILD="$BUILD" bash kmod/vm/debfetch.sh "$pin") || { log "[$meta] cannot get the pinned packages (above)"; return 1; }
+	abi=$(awk -F= '$1 == "ABI" { print $2; exit }' "$pin")
+	mkdir -p "$dir"
+	if [ "$(cat "$root/.from" 2>/dev/null)" != "$debs" ]; then
+		rm -rf "$root" && mkdir -p "$root"
+		local d
+		for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$root"; done
+		echo "$debs" > "$root/.from"
+	fi
+	local vmlinuz=$root/usr/lib/modules/$abi/vmlinuz config=$root/usr/lib/modules/$abi/config
+	[ -f "$vmlinuz" ] || vmlinuz=$root/boot/vmlinuz-$abi
+	[ -f "$config" ] || config=$root/boot/config-$abi
+	[ -f "$vmlinuz" ] || { log "[$meta] no kernel image for $abi in $debs"; return 1; }
+	log "[$meta] kernel $abi ($(basename "$debs")), no module; $(grep -cE '^CONFIG_(IO_URING_ZCRX|UDMABUF)=y' "$config" 2>/dev/null || echo 0)/2 of CONFIG_IO_URING_ZCRX, CONFIG_UDMABUF built in"
+
+	local ir=$dir/initramfs bin pkg args
+	rm -rf "$ir" && mkdir -p "$ir/bin" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/tmp"
+	cp /bin/busybox "$ir/bin/busybox"
+	cp kmod/vm/init-tests "$ir/init"
+	: > "$ir/tests.list"
+	while read -r bin pkg args; do
+		case "$bin" in ''|'#'*) continue ;; esac
+		CGO_ENABLED=0 "$GO" test -c -o "$ir/$bin" "$pkg" || { log "[$meta] cannot build $pkg"; return 1; }
+		echo "$bin $args" >> "$ir/tests.list"
+	done < "$list"
+	local genv
+	genv=$(awk '/^GUEST_ENV=/ { sub(/^GUEST_ENV=/, ""); print; exit }' "$pin")
+	if [ -n "$genv" ]; then echo "export $genv" > "$ir/env"; fi
+	if [ -n "${ZCVM_PIN_ARGS:-}" ]; then sed -i "s#\$# $ZCVM_PIN_ARGS#" "$ir/tests.list"; fi
+	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
+	boot_and_judge "$meta" "$dir" "$vmlinuz"
 }
 
 for k in $KERNELS; do

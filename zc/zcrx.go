@@ -1,0 +1,384 @@
+package zc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/zcrx"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// The zcrx receive path (RecvZcrx): each io_uring queue registers one zcrx interface queue
+// with an area of Config.ZcrxAreaSize bytes at start (internal/zcrx: device-less on Linux
+// 7.1+, so any TCP socket, loopback included, receives through it with the kernel copying the
+// payload into the area; the ring needs CQE32, SINGLE_ISSUER|DEFER_TASKRUN and
+// CAP_NET_ADMIN). Its connections arm one multishot RECV_ZC each instead of the buffer-ring
+// recv; every completion becomes a Data viewing the area, charged to the connection's
+// receive credit, whose Release hands the buffer back through the refill ring from any
+// goroutine. Where zcrx cannot be set up the queue receives through the ring and says why
+// (Stats.RecvZcrxFallback; Config.NoFallback makes New fail instead).
+
+// zcrxQueue is a queue's zcrx state. r is set in the queue's init (before anyone else sees
+// the queue) and never changes; the rest is read by Stats from any goroutine.
+type zcrxQueue struct {
+	r         *zcrx.Receiver        // the device-less instance
+	reason    atomic.Pointer[error] // why the queue receives through the ring
+	bytes     atomic.Uint64         // received through zcrx
+	fallbacks atomic.Uint64         // connections that wanted zcrx and use the ring
+
+	mu  sync.Mutex
+	nic []*zcrx.Receiver // instances bound to NIC queues (listeners' ZcrxNIC), for Stats
+}
+
+// ZcrxUnavailableError is New's error when Config.RecvPath is RecvZcrx, Config.NoFallback
+// forbids the fallback to RecvRing, and zcrx cannot be set up: Err says why (it matches
+// ErrNotSupported when the kernel, the privileges or the backend lack what zcrx needs).
+type ZcrxUnavailableError struct {
+	Queue int // the queue that could not set it up, -1 for the whole engine
+	Err   error
+}
+
+func (e *ZcrxUnavailableError) Error() string {
+	where := "engine"
+	if e.Queue >= 0 {
+		where = fmt.Sprintf("queue %d", e.Queue)
+	}
+	return fmt.Sprintf("receive path zcrx unavailable on %s (fallback forbidden): %v", where, e.Err)
+}
+
+func (e *ZcrxUnavailableError) Unwrap() error { return e.Err }
+
+// checkZcrxBackend refuses RecvZcrx with NoFallback on a backend without io_uring.
+func (e *Engine) checkZcrxBackend() error {
+	if e.cfg.RecvPath != RecvZcrx || !e.cfg.NoFallback || e.backend == BackendIOUring {
+		return nil
+	}
+	return &ZcrxUnavailableError{Queue: -1, Err: errs.NotSupported("zcrx receive path", "the io_uring backend", fmt.Errorf("backend %v", e.backend))}
+}
+
+// zcrxWanted says whether a new io_uring queue's ring needs 32-byte completions: RecvZcrx
+// is asked for and the kernel has zcrx at all (a NIC-bound instance may come with a
+// listener even where device-less ones cannot). Otherwise it records why not.
+func (q *queue) zcrxWanted() bool {
+	if q.e.cfg.RecvPath != RecvZcrx {
+		return false
+	}
+	if err := zcrx.Probe().RecvZC; err != nil {
+		q.zx.reason.Store(&err)
+		return false
+	}
+	return true
+}
+
+// zcrxProbe reports whether device-less zcrx is there (nil) or why not.
+func zcrxProbe() error { return zcrx.Probe().NoDev }
+
+// setupZcrx registers the queue's device-less zcrx instance during init; where it cannot,
+// the queue's connections use the ring, or, with NoFallback, the error fails the queue (and
+// New).
+func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
+	if q.e.cfg.RecvPath != RecvZcrx {
+		return nil
+	}
+	var err error
+	if cqe32 {
+		if err = zcrxProbe(); err == nil {
+			q.zx.r, err = zcrx.New(u, zcrx.Config{NoDev: true, AreaSize: q.e.cfg.ZcrxAreaSize})
+		}
+		if err != nil {
+			q.zx.reason.Store(&err)
+		}
+	} else if p := q.zx.reason.Load(); p != nil {
+		err = *p
+	}
+	if err != nil && q.e.cfg.NoFallback {
+		return &ZcrxUnavailableError{Queue: q.idx, Err: err}
+	}
+	return nil
+}
+
+// addZcrxStats adds the queue's zcrx counters to s.
+func (q *queue) addZcrxStats(s *Stats) {
+	s.BytesRecvZcrx += q.zx.bytes.Load()
+	s.RecvZcrxFallbacks += q.zx.fallbacks.Load()
+	if p := q.zx.reason.Load(); p != nil && s.RecvZcrxFallback == "" {
+		s.RecvZcrxFallback = (*p).Error()
+	}
+	if q.zx.r != nil {
+		s.ZcrxQueues++
+	}
+	q.zx.mu.Lock()
+	rs := append([]*zcrx.Receiver{q.zx.r}, q.zx.nic...)
+	q.zx.mu.Unlock()
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		st := r.Stats()
+		s.ZcrxAreaStalls += st.AreaStalls
+		switch {
+		case st.NoDev:
+			s.BytesRecvZcrxCopied += st.Bytes
+		case st.KernelStats:
+			s.BytesRecvZcrxCopied += st.KernelCopyBytes
+		}
+	}
+}
+
+// zcrxConn is a connection receiving through its queue's zcrx instance: the zcrx.Handler of
+// its streams (a stream lasts from an arm to the stop or end that follows).
+type zcrxConn struct {
+	c      *Conn
+	r      *zcrx.Receiver
+	s      *zcrx.Stream // the armed stream, nil when none
+	inStop bool         // a Cancel we called is running (it may end the stream at once)
+}
+
+// setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only):
+// its listener's NIC-bound instance (already set), the queue's device-less one, or the ring.
+func (c *Conn) setupZcrx() {
+	if c.zx != nil {
+		return
+	}
+	if c.q.zx.r == nil || c.q.be.name() != BackendIOUring {
+		if c.q.zx.reason.Load() == nil {
+			err := fmt.Errorf("backend %v: %w", c.q.be.name(), errs.NotSupported("zcrx receive path", "the io_uring backend", nil))
+			c.q.zx.reason.CompareAndSwap(nil, &err)
+		}
+		c.q.zx.fallbacks.Add(1)
+		return
+	}
+	c.zx = &zcrxConn{c: c, r: c.q.zx.r}
+}
+
+// arm starts a stream (the backend's armRecv).
+func (zx *zcrxConn) arm() {
+	c := zx.c
+	s, err := zx.r.Recv(c.fd, zx)
+	if err != nil {
+		// Only a receiver gone with its ring refuses: the queue is closing.
+		c.gotEOF(err)
+		return
+	}
+	zx.s = s
+	c.recvArmed = true
+	c.needArm = false
+	c.ops++
+}
+
+// stop cancels the armed stream (the backend's stopRecv): its End follows, at once when the
+// stream was waiting for area buffers, else with the kernel's last completion.
+func (zx *zcrxConn) stop() {
+	if zx.s == nil || zx.inStop {
+		return
+	}
+	zx.inStop = true
+	zx.s.Cancel()
+	zx.inStop = false
+}
+
+// Data implements zcrx.Handler: one completion, a view of the area.
+func (zx *zcrxConn) Data(s *zcrx.Stream, b []byte, buf zcrx.Buf) {
+	c := zx.c
+	c.q.zx.bytes.Add(uint64(len(b)))
+	c.deliver(Data{n: len(b), zb: buf})
+	if !c.finished && !zx.inStop {
+		c.checkCredit()
+	}
+}
+
+// End implements zcrx.Handler: the stream ended (EOF, stopped, error).
+func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
+	c := zx.c
+	if zx.s != s {
+		return
+	}
+	zx.s = nil
+	c.recvArmed = false
+	c.ops--
+	if c.finished {
+		return
+	}
+	switch {
+	case err == io.EOF:
+		c.gotEOF(nil)
+	case errors.Is(err, zcrx.ErrCanceled):
+		// stopRecv: a pause, or the close
+	default:
+		c.gotEOF(err)
+	}
+	if zx.inStop || c.finished {
+		return // the caller of stop goes on
+	}
+	c.checkCredit()
+	if c.closing {
+		c.advanceClose()
+		return
+	}
+	if !c.recvArmed {
+		c.armRecv()
+	}
+}
+
+// zcrxCredit is the receive credit a zcrx Data takes: the area pages it occupies (the
+// kernel puts each completion in buffers of a page).
+func zcrxCredit(n int) int64 {
+	page := os.Getpagesize()
+	return int64((n + page - 1) &^ (page - 1))
+}
+
+// sendZcrxData is SendData for zcrx Data: the area belongs to the zcrx instance, so the
+// bytes are copied into send buffers and the Data is released at once. The copies stay
+// charged to the receiving connection's credit until sent, as forwarded ring buffers are, so
+// flow control works the same.
+func (c *Conn) sendZcrxData(d Data) error {
+	p := d.Bytes()
+	if p == nil {
+		return c.opErr("send", memreg.ErrStale)
+	}
+	defer d.Release()
+	src := d.c
+	for len(p) > 0 {
+		b, err := c.q.getSendBuf()
+		if err != nil {
+			return c.opErr("send", err)
+		}
+		k := copy(b.Bytes(), p)
+		p = p[k:]
+		loan, err := b.Lend()
+		if err != nil {
+			b.Release()
+			return c.opErr("send", err)
+		}
+		if src != nil {
+			src.held.Add(int64(loan.Region().BufSize())) // released by finishSeg
+		}
+		if err := c.enqueue(seg{loan: loan, n: int32(k), src: src}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- a NIC RX queue per listener (ListenOptions.ZcrxNIC) --------------------------------
+
+// zcrxListener is a listener's NIC-bound zcrx: hwq's binding of the listener's address to
+// a dedicated RX queue (header split, RSS carve-out, ntuple rule), a zcrx instance bound to
+// that queue on queue 0's ring, and its imports into every other queue's ring (a
+// connection's packets land in the one area whichever queue serves it).
+type zcrxListener struct {
+	b     *hwq.Binding
+	recvs []*zcrx.Receiver // per queue index
+	err   error            // why the listener's connections do not use the NIC
+}
+
+// setupZcrxNIC binds the listener's flows to a NIC RX queue when ListenOptions.ZcrxNIC asks
+// for it. A refusal (hwq's, or the driver's at registration) leaves the listener on the
+// queues' own receive path, visibly (Listener.ZcrxNICFallback); with NoFallback it fails
+// Listen.
+func (l *Listener) setupZcrxNIC(nic string) error {
+	if nic == "" {
+		return nil
+	}
+	e := l.e
+	if e.cfg.RecvPath != RecvZcrx {
+		return fmt.Errorf("ListenOptions.ZcrxNIC needs Config.RecvPath = RecvZcrx: %w", ErrInvalid)
+	}
+	if e.onAnyLoop() {
+		return fmt.Errorf("binding a NIC queue waits for every queue: %w", ErrWouldBlock)
+	}
+	l.zx = &zcrxListener{}
+	err := l.bindZcrxNIC(nic)
+	if err == nil {
+		return nil
+	}
+	l.zx.err = err
+	if e.cfg.NoFallback {
+		return &ZcrxUnavailableError{Queue: -1, Err: err}
+	}
+	return nil
+}
+
+func (l *Listener) bindZcrxNIC(nic string) error {
+	e := l.e
+	if e.backend != BackendIOUring {
+		return errs.NotSupported("zcrx on a NIC queue", "the io_uring backend", fmt.Errorf("backend %v", e.backend))
+	}
+	if l.addr == nil {
+		return fmt.Errorf("listener without an address: %w", ErrInvalid)
+	}
+	b, err := hwq.Bind(nic, hwq.Flow{Local: l.addr.AddrPort()}, hwq.BindOptions{Queue: -1})
+	if err != nil {
+		return err
+	}
+	recvs := make([]*zcrx.Receiver, len(e.queues))
+	undo := func(err error) error {
+		for _, r := range recvs {
+			if r != nil {
+				r.Close() // the kernel keeps the instance until the ring closes; it takes nothing
+			}
+		}
+		b.Close()
+		return err
+	}
+	for i, q := range e.queues {
+		u := q.be.(*uringBackend).u
+		if i == 0 {
+			recvs[0], err = zcrx.New(u, zcrx.Config{IfIndex: b.Ifindex, RxQueue: int(b.Queue), AreaSize: e.cfg.ZcrxAreaSize})
+		} else {
+			recvs[i], err = recvs[0].Share(u)
+		}
+		if err != nil {
+			return undo(err)
+		}
+	}
+	for i, q := range e.queues {
+		q.zx.mu.Lock()
+		q.zx.nic = append(q.zx.nic, recvs[i])
+		q.zx.mu.Unlock()
+	}
+	l.zx.b, l.zx.recvs = b, recvs
+	return nil
+}
+
+// zcrxNICConn makes an accepted connection receive through the listener's NIC-bound
+// instance on its queue (loop only).
+func (l *Listener) zcrxNICConn(c *Conn) {
+	if l.zx != nil && l.zx.recvs != nil {
+		c.zx = &zcrxConn{c: c, r: l.zx.recvs[c.q.idx]}
+	}
+}
+
+// closeZcrxNIC undoes the NIC binding (the listener closes). Connections already accepted
+// keep receiving into the area: their packets then reach it through the kernel's copy.
+func (l *Listener) closeZcrxNIC() {
+	if l.zx != nil && l.zx.b != nil {
+		l.zx.b.Close()
+	}
+}
+
+// ZcrxNICFallback returns why the listener's connections do not receive through the NIC
+// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
+// the queues' own receive path (Stats.RecvZcrxFallback says which).
+func (l *Listener) ZcrxNICFallback() string {
+	if l.zx == nil || l.zx.err == nil {
+		return ""
+	}
+	return l.zx.err.Error()
+}
+
+// ZcrxNICBinding returns hwq's binding of the listener's address to a NIC RX queue, or nil
+// (see ZcrxNICFallback). It is undone when the listener closes.
+func (l *Listener) ZcrxNICBinding() *hwq.Binding {
+	if l.zx == nil {
+		return nil
+	}
+	return l.zx.b
+}
