@@ -399,5 +399,3 @@ func (e *Engine) Stats() Stats {
 	}
 	return s
 }
-
-var errEngineClosed = errors.New("engine closed")

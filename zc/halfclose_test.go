@@ -72,7 +72,7 @@ func testHalfCloseEcho(t *testing.T, cfg Config) {
 				t.Fatal(err)
 			}
 		}
-		c.(NetConn).CloseWrite()
+		c.CloseWrite()
 		select {
 		case err := <-got:
 			if err != nil {
