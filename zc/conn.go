@@ -448,11 +448,13 @@ func (c *Conn) writeCopy(p []byte) error {
 func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 	written := 0
 	c.mu.Lock()
-	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) {
-		// Nothing queued or in flight: write(2) right here, as Go's net does, instead of
-		// waking the queue (a cross-thread hand-off per write). The socket is non-blocking;
-		// what does not fit goes through the queue. mu keeps the loop from starting a send
-		// meanwhile, so the stream stays in order.
+	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && !c.q.OnLoop() {
+		// Nothing queued or in flight, and not on the connection's queue goroutine: write(2)
+		// right here, as Go's net does, instead of waking the queue (a cross-thread hand-off
+		// per write). On the queue goroutine the loop batches every Write of this round into
+		// one send instead. The socket is non-blocking; what does not fit goes through the
+		// queue. mu keeps the loop from starting a send meanwhile, so the stream stays in
+		// order.
 		k, err := c.directWrite(p)
 		if err != nil {
 			c.mu.Unlock()

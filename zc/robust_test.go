@@ -666,3 +666,53 @@ func sha256Sum(p []byte) []byte {
 	s := sha256.Sum256(p)
 	return s[:]
 }
+
+// TestLoopWritesBatch: many small Writes made on the connection's queue goroutine (a
+// loop-driven sender) leave in a few kernel sends, not one each.
+func TestLoopWritesBatch(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			srv, cli := newPair(t, Config{Backend: b, Queues: 1})
+			const n, size = 2000, 64
+			k := newCollector(n * size)
+			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := payload(size)
+			want := sha256.New()
+			for i := 0; i < n; i++ {
+				want.Write(msg)
+			}
+			before := cli.Stats()
+			c.Post(func() {
+				for i := 0; i < n; i++ {
+					if _, err := c.Write(msg); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+			select {
+			case <-k.done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("timeout: got %d\n%s", k.n, engineDump(cli))
+			}
+			if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+				t.Fatal("stream differs")
+			}
+			after := cli.Stats()
+			ops := (after.SendOps - before.SendOps) + (after.DirectWrites - before.DirectWrites)
+			if ops > n/20 {
+				t.Fatalf("%d Writes of %d bytes took %d kernel sends: not batched", n, size, ops)
+			}
+			t.Logf("%d writes in %d sends", n, ops)
+			c.Close()
+		})
+	}
+}
