@@ -1,0 +1,125 @@
+package zc
+
+import (
+	"context"
+	"crypto/sha256"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// TestSendmsgManyRetries: one multi-buffer send into a socket with a tiny send buffer, to a
+// peer with a tiny receive buffer, goes out in many small pieces (io_uring polls and retries
+// it again and again, and eventually hands it to a worker thread that sends blocking): every
+// byte must arrive and the connection must not fail (EAGAIN is not an error here).
+func TestSendmsgManyRetries(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		for _, dialed := range []bool{true, false} {
+			name := b.String() + "/accepted"
+			if dialed {
+				name = b.String() + "/dialed"
+			}
+			t.Run(name, func(t *testing.T) { testSendmsgManyRetries(t, b, dialed) })
+		}
+	}
+}
+
+func testSendmsgManyRetries(t *testing.T, b Backend, dialed bool) {
+	tiny := func(opt int) func(s *tcpglue.Socket) error {
+		return func(s *tcpglue.Socket) error {
+			return s.Control(func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, 4096) })
+		}
+	}
+	e := newEngine(t, Config{Backend: b, SendPath: SendCopy, SendBufSize: 16 << 10, SocketOptions: tiny(unix.SO_SNDBUF)})
+	other := newEngine(t, Config{Backend: b, SocketOptions: tiny(unix.SO_RCVBUF), RecvBufSize: 4096, MaxRecvHeld: 4096})
+	const total = 2 << 20
+	k := newCollector(total)
+	collect := k.handler().(HandlerFuncs)
+	// The receiver hands each buffer to a goroutine that takes a moment over it, in order:
+	// it reads a little at a time.
+	slowq, stop := make(chan func(), 1<<16), make(chan struct{})
+	go func() {
+		for {
+			select {
+			case f := <-slowq:
+				time.Sleep(20 * time.Microsecond)
+				f()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer close(stop)
+	slow := HandlerFuncs{
+		Data: func(c *Conn, d Data) {
+			select {
+			case slowq <- func() { collect.Data(c, d) }:
+			case <-stop:
+				d.Release()
+			}
+		},
+		EOF: func(c *Conn, err error) {
+			select {
+			case slowq <- func() { collect.EOF(c, err) }:
+			case <-stop:
+			}
+		},
+	}
+	var sender *Conn
+	if dialed {
+		l, err := other.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler { return slow })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if sender, err = e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{}); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		l, ev := listenEvents(t, e)
+		if _, err := other.Dial(context.Background(), "tcp", l.Addr().String(), slow); err != nil {
+			t.Fatal(err)
+		}
+		sender = recvEvent(t, ev.conn, "accept")
+	}
+	want := sha256.New()
+	var closeErr error
+	for off := 0; off < total; {
+		buf, err := sender.BufferWait(20 * time.Second)
+		if err != nil {
+			closeErr = err
+			break
+		}
+		p := buf.Bytes()
+		for i := range p {
+			p[i] = byte(off/len(p)*7 + i)
+		}
+		want.Write(p)
+		if err := sender.Send(buf, len(p)); err != nil {
+			closeErr = err
+			break
+		}
+		off += len(p)
+	}
+	if closeErr != nil {
+		t.Fatalf("sending: %v\n%s", closeErr, engineDump(e))
+	}
+	select {
+	case <-k.done:
+	case <-sender.Done():
+		t.Fatalf("the sending connection closed: %+v", sender.Stats())
+	case <-time.After(60 * time.Second):
+		k.mu.Lock()
+		n := k.n
+		k.mu.Unlock()
+		t.Fatalf("got %d of %d bytes\n%s", n, total, engineDump(e))
+	}
+	if k.err != nil || k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
+		t.Fatalf("received %d of %d bytes, err %v, checksum ok %v", k.n, total, k.err, string(k.sum.h.Sum(nil)) == string(want.Sum(nil)))
+	}
+	sender.Close()
+	<-sender.Done()
+}
