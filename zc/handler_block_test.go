@@ -1,0 +1,351 @@
+package zc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// A handler cannot hang the engine (issue 9): every call that would wait for its own queue
+// returns ErrWouldBlock there, or has a form that completes in the background. Each call is
+// made from the three places user code runs on a queue goroutine: the accept function,
+// OnData, and a function given to Conn.Post. A 10 s bound per step only detects a hang.
+
+const hangBound = 10 * time.Second
+
+// handlerSites are the places a call is made from.
+var handlerSites = []string{"accept", "OnData", "Post"}
+
+// runOnQueue listens on e and runs fn on the queue goroutine of the accepted connection,
+// from site. It returns the listener and the client socket (kept open).
+func runOnQueue(t *testing.T, e *Engine, site string, fn func(c *Conn)) *Listener {
+	t.Helper()
+	conns := make(chan *Conn, 1)
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		if site == "accept" {
+			fn(c)
+		}
+		conns <- c
+		return HandlerFuncs{Data: func(c *Conn, d Data) {
+			d.Release()
+			if site == "OnData" {
+				fn(c)
+			}
+		}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	s := dialPlain(t, l.Addr().String())
+	c := recvEvent(t, conns, "accept")
+	switch site {
+	case "OnData":
+		if _, err := s.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	case "Post":
+		if err := c.Post(func() { fn(c) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+func waitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hangBound):
+		t.Fatalf("%s hung\n%s", what, dump())
+	}
+	var zero T
+	return zero
+}
+
+func TestHandlerCannotHang(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testHandlerCannotHang(t, Config{Backend: b}) })
+	}
+}
+
+func testHandlerCannotHang(t *testing.T, base Config) {
+	base.Queues = 1 // everything on one queue: "its own queue" for every call
+	base.NoPin = true
+	for _, site := range handlerSites {
+		t.Run("Dial/"+site, func(t *testing.T) {
+			e := newEngine(t, base)
+			target, _ := listenEvents(t, e)
+			got := make(chan error, 1)
+			runOnQueue(t, e, site, func(c *Conn) {
+				nc, err := e.Dial(context.Background(), "tcp", target.Addr().String(), HandlerFuncs{})
+				if nc != nil {
+					nc.Close()
+				}
+				got <- err
+			})
+			err := waitHang(t, got, "Engine.Dial from "+site, func() string { return engineDump(e) })
+			if !errors.Is(err, ErrWouldBlock) {
+				t.Fatalf("Engine.Dial from %s = %v, want ErrWouldBlock", site, err)
+			}
+			closeEngineBounded(t, e)
+		})
+		t.Run("DialAsync/"+site, func(t *testing.T) {
+			e := newEngine(t, base)
+			target, err := e.Listen("tcp", "127.0.0.1:0", echoAccept)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer target.Close()
+			k := newCollector(5)
+			type result struct {
+				c      *Conn
+				err    error
+				onLoop bool
+			}
+			got := make(chan result, 1)
+			runOnQueue(t, e, site, func(c *Conn) {
+				err := e.DialAsync(context.Background(), "tcp", target.Addr().String(), k.handler(), func(nc *Conn, err error) {
+					got <- result{nc, err, e.onAnyLoop()}
+				})
+				if err != nil {
+					got <- result{nil, err, true}
+				}
+			})
+			r := waitHang(t, got, "DialAsync's callback", func() string { return engineDump(e) })
+			if r.err != nil || r.c == nil || !r.onLoop {
+				t.Fatalf("DialAsync from %s: conn %v, err %v, callback on a queue goroutine %v", site, r.c, r.err, r.onLoop)
+			}
+			if _, err := r.c.Write([]byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			waitHang(t, k.done, "echo over the DialAsync connection", func() string { return engineDump(e) })
+			r.c.Close()
+			waitHang(t, r.c.Done(), "Close of the DialAsync connection", func() string { return engineDump(e) })
+		})
+		t.Run("EngineClose/"+site, func(t *testing.T) {
+			e, err := New(base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			closed := make(chan error, 1)
+			conns := make(chan *Conn, 1)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				conns <- c
+				h := HandlerFuncs{
+					Data:  func(c *Conn, d Data) { d.Release(); got <- e.Close() },
+					Close: func(c *Conn, err error) { closed <- err },
+				}
+				if site == "accept" {
+					got <- e.Close()
+				}
+				return h
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := dialPlain(t, l.Addr().String())
+			c := recvEvent(t, conns, "accept")
+			switch site {
+			case "OnData":
+				s.Write([]byte("x"))
+			case "Post":
+				if err := c.Post(func() { got <- e.Close() }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitHang(t, got, "Engine.Close from "+site, func() string { return "" }); err != nil {
+				t.Fatalf("Engine.Close from %s = %v", site, err)
+			}
+			waitHang(t, e.Done(), "the engine's background close", func() string { return "" })
+			waitHang(t, c.Done(), "the connection's close", func() string { return "" })
+			if site != "accept" {
+				// The handler was installed: OnClose ran.
+				waitHang(t, closed, "OnClose", func() string { return "" })
+			}
+			waitHang(t, l.Done(), "the listener's close", func() string { return "" })
+			if err := e.Close(); !errors.Is(err, ErrClosed) {
+				t.Fatalf("second Engine.Close = %v, want ErrClosed", err)
+			}
+		})
+		t.Run("ListenerClose/"+site, func(t *testing.T) {
+			e := newEngine(t, base)
+			var l *Listener
+			got := make(chan error, 1)
+			ready := make(chan struct{})
+			conns := make(chan *Conn, 1)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				<-ready
+				conns <- c
+				if site == "accept" {
+					got <- l.Close()
+				}
+				return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release(); got <- l.Close() }}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			close(ready)
+			s := dialPlain(t, l.Addr().String())
+			c := recvEvent(t, conns, "accept")
+			switch site {
+			case "OnData":
+				s.Write([]byte("x"))
+			case "Post":
+				if err := c.Post(func() { got <- l.Close() }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitHang(t, got, "Listener.Close from "+site, func() string { return engineDump(e) }); err != nil {
+				t.Fatalf("Listener.Close from %s = %v", site, err)
+			}
+			waitHang(t, l.Done(), "the listener's background close", func() string { return engineDump(e) })
+			// The accepted connection stays open and working.
+			if _, err := c.Write([]byte("still here")); err != nil {
+				t.Fatalf("Write on the accepted connection after Listener.Close: %v", err)
+			}
+			buf := make([]byte, 16)
+			if n, err := s.Read(buf); string(buf[:n]) != "still here" {
+				t.Fatalf("peer read %q, %v", buf[:n], err)
+			}
+		})
+		t.Run("NetConnRead/"+site, func(t *testing.T) {
+			e := newEngine(t, base)
+			// A net.Conn on the same (only) queue, with nothing to read.
+			quiet, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer quiet.Close()
+			nc, err := e.NetDial(context.Background(), "tcp", quiet.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			got := make(chan error, 1)
+			runOnQueue(t, e, site, func(c *Conn) {
+				_, err := nc.Read(make([]byte, 16))
+				got <- err
+			})
+			err = waitHang(t, got, "NetConn.Read from "+site, func() string { return engineDump(e) })
+			var ne *net.OpError
+			if !errors.Is(err, ErrWouldBlock) || !errors.As(err, &ne) {
+				t.Fatalf("NetConn.Read with no data from %s = %v, want a *net.OpError matching ErrWouldBlock", site, err)
+			}
+		})
+		t.Run("BufferWait/"+site, func(t *testing.T) {
+			cfg := base
+			cfg.SendBufs, cfg.SendBufSize, cfg.SendPoolMax = 4, 4096, 4*4096 // cannot grow
+			e := newEngine(t, cfg)
+			type result struct {
+				err  error
+				held int
+			}
+			got := make(chan result, 1)
+			runOnQueue(t, e, site, func(c *Conn) {
+				var held []memreg.Buf
+				defer func() {
+					for _, b := range held {
+						b.Release()
+					}
+				}()
+				for {
+					b, err := c.Buffer()
+					if err != nil {
+						if !errors.Is(err, memreg.ErrExhausted) {
+							got <- result{err, len(held)}
+							return
+						}
+						break
+					}
+					held = append(held, b)
+				}
+				_, err := c.BufferWait(0) // would wait forever for a buffer this goroutine holds
+				got <- result{err, len(held)}
+			})
+			r := waitHang(t, got, "BufferWait from "+site, func() string { return engineDump(e) })
+			if r.held != 4 || !errors.Is(r.err, ErrWouldBlock) {
+				t.Fatalf("BufferWait from %s with the pool exhausted (%d buffers held) = %v, want ErrWouldBlock", site, r.held, r.err)
+			}
+			waitSendBuffersBack(t, e)
+		})
+		t.Run("Write/"+site, func(t *testing.T) {
+			cfg := base
+			cfg.MaxQueuedBytes = 256 << 10
+			e := newEngine(t, cfg)
+			type result struct {
+				n   int
+				err error
+			}
+			got := make(chan result, 1)
+			p := make([]byte, 1<<20)
+			runOnQueue(t, e, site, func(c *Conn) {
+				n, err := c.Write(p) // the loop cannot send while we are in it: the bound is hit
+				got <- result{n, err}
+			})
+			r := waitHang(t, got, "Write from "+site, func() string { return engineDump(e) })
+			if !errors.Is(r.err, ErrWouldBlock) || r.n < cfg.MaxQueuedBytes || r.n >= len(p) {
+				t.Fatalf("Write of %d bytes over MaxQueuedBytes %d from %s = %d, %v; want ErrWouldBlock after at least the bound",
+					len(p), cfg.MaxQueuedBytes, site, r.n, r.err)
+			}
+		})
+		t.Run("ConnClose/"+site, func(t *testing.T) {
+			e := newEngine(t, base)
+			closed := make(chan error, 2)
+			conns := make(chan *Conn, 1)
+			got := make(chan error, 1)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				conns <- c
+				if site == "accept" {
+					got <- c.Close()
+				}
+				return HandlerFuncs{
+					Data:  func(c *Conn, d Data) { d.Release(); got <- c.Close() },
+					Close: func(c *Conn, err error) { closed <- err },
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			s := dialPlain(t, l.Addr().String())
+			c := recvEvent(t, conns, "accept")
+			switch site {
+			case "OnData":
+				s.Write([]byte("x"))
+			case "Post":
+				if err := c.Post(func() { got <- c.Close() }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitHang(t, got, "Conn.Close from "+site, func() string { return engineDump(e) }); err != nil {
+				t.Fatalf("Conn.Close from %s = %v", site, err)
+			}
+			waitHang(t, c.Done(), "the connection's close", func() string { return engineDump(e) })
+			if err := waitHang(t, closed, "OnClose", func() string { return engineDump(e) }); err != nil {
+				t.Fatalf("OnClose after a local Close: %v", err)
+			}
+			buf := make([]byte, 1)
+			if n, err := s.Read(buf); n != 0 || err != io.EOF {
+				t.Fatalf("peer after Close from %s: %d, %v; want EOF", site, n, err)
+			}
+		})
+	}
+}
+
+// closeEngineBounded closes e from the test goroutine and fails if that hangs.
+func closeEngineBounded(t *testing.T, e *Engine) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- e.Close() }()
+	if err := waitHang(t, done, "Engine.Close", func() string { return "" }); err != nil {
+		t.Fatalf("Engine.Close = %v", err)
+	}
+}
