@@ -123,3 +123,105 @@ func testSendmsgManyRetries(t *testing.T, b Backend, dialed bool) {
 	sender.Close()
 	<-sender.Done()
 }
+
+// TestQueuedAccounting: Conn.Queued counts bytes accepted and not yet sent, on every send
+// path: never negative, back to 0 once everything went out, and Write keeps it near
+// MaxQueuedBytes while the peer does not read (so the bound holds for zero-copy sends too).
+func TestQueuedAccounting(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		for _, p := range []SendPath{SendAdaptive, SendCopy, SendZeroCopy} {
+			if b == BackendPlain && p != SendAdaptive {
+				continue
+			}
+			t.Run(b.String()+"/"+p.String(), func(t *testing.T) { testQueuedAccounting(t, Config{Backend: b, SendPath: p}) })
+		}
+	}
+}
+
+func testQueuedAccounting(t *testing.T, cfg Config) {
+	cfg.MaxQueuedBytes = 1 << 20
+	e := newEngine(t, cfg)
+	other := newEngine(t, Config{Backend: cfg.Backend})
+	const total = 8 << 20
+	k := newCollector(total)
+	acc := make(chan *Conn, 1)
+	l, err := other.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		c.SetReceivePaused(true)
+		acc <- c
+		return k.handler()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := recvEvent(t, acc, "accept")
+	// A few Sends first: each completes on its own.
+	for i, n := range []int{1, 4096, 40000, 65536} {
+		b, err := c.BufferWait(hangBound)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Send(b, n); err != nil {
+			t.Fatal(err)
+		}
+		if q := c.Queued(); q < 0 || q > 1<<20 {
+			t.Fatalf("send %d: Queued %d right after a Send of %d bytes", i, q, n)
+		}
+	}
+	deadline := time.Now().Add(hangBound)
+	for c.Queued() != 0 {
+		if q := c.Queued(); q < 0 || time.Now().After(deadline) {
+			t.Fatalf("Queued %d after four Sends (want 0 once sent)\n%s", q, engineDump(e))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sent := 1 + 4096 + 40000 + 65536
+	// Write more than MaxQueuedBytes while the peer does not read: Write waits near the bound.
+	chunk := make([]byte, 64<<10)
+	done := make(chan error, 1)
+	rest := total - sent
+	go func() {
+		for off := 0; off < rest; off += len(chunk) {
+			p := chunk[:min(len(chunk), rest-off)]
+			if _, err := c.Write(p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	peak := 0
+	for i := 0; i < 100; i++ {
+		q := c.Queued()
+		if q < 0 {
+			t.Fatalf("Queued %d: negative", q)
+		}
+		peak = max(peak, q)
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Write of %d bytes finished (%v) while the peer read nothing: the bound does not hold (Queued at most %d)", rest, err, peak)
+	default:
+	}
+	if peak > cfg.MaxQueuedBytes+len(chunk) {
+		t.Fatalf("Queued reached %d with MaxQueuedBytes %d", peak, cfg.MaxQueuedBytes)
+	}
+	rc.SetReceivePaused(false)
+	if err := waitHang(t, done, "Write", func() string { return engineDump(e) }); err != nil {
+		t.Fatal(err)
+	}
+	waitHang(t, k.done, "the receiver", func() string { return engineDump(e) })
+	for c.Queued() != 0 {
+		if q := c.Queued(); q < 0 || time.Now().After(deadline.Add(hangBound)) {
+			t.Fatalf("Queued %d at the end", q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+	<-c.Done()
+}
