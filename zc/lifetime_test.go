@@ -326,7 +326,9 @@ func TestNetConnReadAfterEngineClose(t *testing.T) {
 				if partial {
 					name = "partly-read"
 				}
-				t.Run(name, func(t *testing.T) { testNetConnReadAfterEngineClose(t, Config{Backend: b, Queues: 1, NoPin: true}, partial) })
+				t.Run(name, func(t *testing.T) {
+					testNetConnReadAfterEngineClose(t, Config{Backend: b, Queues: 1, NoPin: true}, partial)
+				})
 			}
 		})
 	}
