@@ -208,6 +208,9 @@ func (c *Conn) dialFailed(err error) {
 	if c.ops > 0 {
 		// The connect is still in the kernel: cancel it; its completion comes back here.
 		c.q.be.cancelDial(c)
+		if c.finished {
+			return // the backend completed the cancel at once (epoll): dialFailed already ran
+		}
 		cs.cancel = true
 		if c.e.closed.Load() {
 			// The queue is stopping: it will not wait for the completion.

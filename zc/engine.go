@@ -149,6 +149,7 @@ func (e *Engine) startQueues(b Backend) error {
 		})
 		if err != nil {
 			e.stopQueues()
+			e.queues = nil // New is still single-threaded: the next backend starts afresh
 			return err
 		}
 		q.Queue = lq
@@ -168,7 +169,8 @@ func (e *Engine) stopQueues() error {
 	for _, q := range e.queues {
 		q.be.close()
 	}
-	e.queues = nil
+	// e.queues stays: other goroutines read it without a lock (Dial, Stats, onAnyLoop) and a
+	// closed queue refuses work by itself.
 	return first
 }
 
