@@ -213,8 +213,14 @@ func (c *Conn) SetHandler(h Handler) error {
 		return c.opErr("sethandler", ErrInvalid)
 	}
 	if c.q.OnLoop() {
+		if c.finished {
+			return c.opErr("sethandler", ErrClosed)
+		}
 		c.h = h
 		return nil
+	}
+	if c.closedAt.Load() {
+		return c.opErr("sethandler", ErrClosed)
 	}
 	if err := c.q.Post(func() {
 		if !c.finished {
@@ -289,6 +295,9 @@ func (c *Conn) onLoop() bool { return c.e.onAnyLoop() }
 // to Send, or Release it. It fails with an error matching memreg.ErrExhausted when no buffer
 // is free (then OnWritable, or a returning buffer, says when to try again).
 func (c *Conn) Buffer() (memreg.Buf, error) {
+	if c.isClosing() {
+		return memreg.Buf{}, c.opErr("buffer", ErrClosed)
+	}
 	b, err := c.q.getSendBufFor(c)
 	if err != nil {
 		return b, c.opErr("buffer", err)
@@ -300,6 +309,9 @@ func (c *Conn) Buffer() (memreg.Buf, error) {
 // waiters are served in arrival order. On a queue goroutine it returns ErrWouldBlock instead
 // of waiting.
 func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
+	if c.isClosing() {
+		return memreg.Buf{}, c.opErr("buffer", ErrClosed)
+	}
 	b, err := c.q.getSendBufFor(c)
 	if err == nil {
 		return b, nil
@@ -348,6 +360,11 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 	}
 	loan, err := b.Lend()
 	if err != nil {
+		if errors.Is(err, memreg.ErrClosed) {
+			// The engine closed (its pools with it): the buffer is still the caller's.
+			b.Release()
+			err = ErrClosed
+		}
 		return c.opErr("send", err)
 	}
 	return c.enqueue(seg{loan: loan, n: int32(n)})
@@ -384,6 +401,9 @@ func (c *Conn) SendData(d Data) error {
 	loan, err := d.buf.Lend()
 	if err != nil {
 		d.Release()
+		if errors.Is(err, memreg.ErrClosed) {
+			err = ErrClosed
+		}
 		return c.opErr("send", err)
 	}
 	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c})

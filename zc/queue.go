@@ -189,6 +189,9 @@ func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getSendBufFor(nil) }
 func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) {
 	for {
 		b, err := q.send.Get()
+		if errors.Is(err, memreg.ErrClosed) {
+			return b, ErrClosed // the engine closed
+		}
 		if err == nil || !errors.Is(err, memreg.ErrExhausted) {
 			return b, err
 		}
