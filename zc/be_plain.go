@@ -28,9 +28,11 @@ type epart lpart
 
 // evMask is what a connection wants to hear about now.
 func evMask(c *Conn) uint32 {
-	m := uint32(unix.EPOLLRDHUP)
+	// EPOLLRDHUP only while receiving: it is level-triggered, and a paused connection whose
+	// peer half-closed would wake the queue in a busy loop.
+	m := uint32(0)
 	if c.recvArmed {
-		m |= unix.EPOLLIN
+		m |= unix.EPOLLIN | unix.EPOLLRDHUP
 	}
 	if c.wantOut {
 		m |= unix.EPOLLOUT
@@ -325,6 +327,12 @@ func (ec *econn) OnEvent(lq *loop.Queue, ev loop.Event) {
 }
 
 func (b *plainBackend) onEvent(c *Conn, events uint32) {
+	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.wantOut && c.recvUD != 0 {
+		// epoll reports these whatever the mask: while the connection neither receives nor
+		// waits to send, silence them until the next update (armRecv, a blocked send).
+		b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.recvUD)
+		return
+	}
 	if events&unix.EPOLLOUT != 0 && c.wantOut {
 		b.send(c)
 		if !c.wantOut {
