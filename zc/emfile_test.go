@@ -43,6 +43,8 @@ func emfileChild(backend string) int {
 		b = BackendIOUring
 	case "plain":
 		b = BackendPlain
+	case "shim":
+		b = BackendShim
 	default:
 		return fail("backend %q", backend)
 	}
@@ -100,6 +102,12 @@ func TestAcceptBackoffEMFILE(t *testing.T) {
 }
 
 func testAcceptBackoffEMFILE(t *testing.T, b Backend) {
+	if b == BackendShim {
+		// The child must see the module the parent loaded (needShim).
+		if err := shimAvailable(); err != nil {
+			t.Fatalf("shim: %v", err)
+		}
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), emfileChildEnv+"="+b.String())
 	stdin, err := cmd.StdinPipe()

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -458,8 +459,12 @@ func TestRelay(t *testing.T) {
 	}
 }
 
-func testRelay(t *testing.T, backend Backend, conns, perConn, runs int) {
+// testRelay runs the relay cases (all when only is empty, else those named).
+func testRelay(t *testing.T, backend Backend, conns, perConn, runs int, only ...string) {
 	for _, tc := range relayCases() {
+		if len(only) > 0 && !slices.Contains(only, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
 			cfg.Backend = backend
