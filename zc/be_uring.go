@@ -84,13 +84,17 @@ func (b *uringBackend) zeroCopy() bool                { return true }
 func (b *uringBackend) recvPool() *memreg.Pool        { return b.rr.Pool() }
 func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
 func (b *uringBackend) start(c *Conn) error           { return nil }
-func (b *uringBackend) sending(c *Conn) bool          { return c.tx != nil && c.tx.ud != 0 }
+func (b *uringBackend) sending(c *Conn) bool {
+	t := c.txp.Load()
+	return t != nil && t.ud != 0
+}
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
-	if c.tx == nil || c.tx.ud == 0 {
+	t := c.txp.Load()
+	if t == nil || t.ud == 0 {
 		return 0
 	}
-	return c.tx.segs
+	return t.segs
 }
 
 func (b *uringBackend) close() {
@@ -212,7 +216,7 @@ func (b *uringBackend) getIov() *iovBuf {
 }
 
 func (b *uringBackend) putIov(c *Conn) {
-	if c.tx != nil && c.tx.iov != nil {
+	if t := c.txp.Load(); t != nil && t.iov != nil {
 		clear(c.tx.iov.iov[:])
 		b.iovs = append(b.iovs, c.tx.iov)
 		c.tx.iov = nil

@@ -63,6 +63,7 @@ func (c *Conn) txLocked() *sender {
 		t := &sender{}
 		t.zc.init(&c.e.cfg)
 		c.tx = t
+		c.txp.Store(t)
 	}
 	return c.tx
 }
@@ -128,12 +129,15 @@ type Conn struct {
 	notifsOut  atomic.Int64
 
 	// Loop side.
-	h          Handler
-	tx         *sender // the send side, made by the first send (idle connections carry none)
-	ops        int     // operations in the kernel (recv, send, connect, poll)
-	recvUD     uint64  // multishot recv / epoll registration / poll
-	paused     int     // pause reasons
-	destPauses int     // destinations we wait for
+	h  Handler
+	tx *sender // the send side, made by the first send (idle connections carry none)
+	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
+	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
+	txp        atomic.Pointer[sender]
+	ops        int    // operations in the kernel (recv, send, connect, poll)
+	recvUD     uint64 // multishot recv / epoll registration / poll
+	paused     int    // pause reasons
+	destPauses int    // destinations we wait for
 	recvArmed  bool
 	wantOut    bool // plain backend: waiting for EPOLLOUT
 	needArm    bool // waiting for receive buffers

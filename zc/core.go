@@ -79,17 +79,19 @@ func (c *Conn) pump() {
 // pendLen / zwaitLen: segments not yet sent, zero-copy sends not yet notified (0 for a
 // connection that never sent).
 func (c *Conn) pendLen() int {
-	if c.tx == nil {
+	t := c.txp.Load()
+	if t == nil {
 		return 0
 	}
-	return len(c.tx.pend)
+	return len(t.pend)
 }
 
 func (c *Conn) zwaitLen() int {
-	if c.tx == nil {
+	t := c.txp.Load()
+	if t == nil {
 		return 0
 	}
-	return len(c.tx.zwait)
+	return len(t.zwait)
 }
 
 // popPend removes the head segment.
