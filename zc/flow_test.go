@@ -3,6 +3,7 @@ package zc
 import (
 	"context"
 	"crypto/sha256"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,4 +225,61 @@ func testQueuedAccounting(t *testing.T, cfg Config) {
 	}
 	c.Close()
 	<-c.Done()
+}
+
+// TestRecvHeldBound: a handler that keeps every Data it gets holds at most about
+// MaxRecvHeld: receiving stops at the bound (a little more may be in flight when it stops:
+// one receive's worth), whatever the peer sends.
+func TestRecvHeldBound(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testRecvHeldBound(t, Config{Backend: b, Queues: 1, NoPin: true}) })
+	}
+}
+
+func testRecvHeldBound(t *testing.T, cfg Config) {
+	e := newEngine(t, cfg)
+	maxHeld := e.Config().MaxRecvHeld
+	var mu sync.Mutex
+	var kept []Data
+	defer func() {
+		mu.Lock()
+		for _, d := range kept {
+			d.Release()
+		}
+		mu.Unlock()
+	}()
+	acc := make(chan *Conn, 1)
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		acc <- c
+		return HandlerFuncs{Data: func(c *Conn, d Data) {
+			mu.Lock()
+			kept = append(kept, d)
+			mu.Unlock()
+		}}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s := dialPlain(t, l.Addr().String())
+	c := recvEvent(t, acc, "accept")
+	s.Control(func(fd int) error { return unix.SetNonblock(fd, true) })
+	p := make([]byte, 1<<20)
+	deadline := time.Now().Add(3 * time.Second)
+	sent := 0
+	for time.Now().Before(deadline) {
+		n, _ := s.Write(p)
+		if n > 0 {
+			sent += n
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	held := c.Stats().RecvHeld
+	slack := 64 * e.Config().RecvBufSize // one bundle of receive buffers
+	t.Logf("peer sent %d MiB; the connection holds %d KiB (MaxRecvHeld %d KiB, receive pool %d KiB)",
+		sent>>20, held>>10, maxHeld>>10, e.Stats().RecvPoolBytes>>10)
+	if held > maxHeld+slack {
+		t.Errorf("a connection holds %d KiB of received data, MaxRecvHeld is %d KiB", held>>10, maxHeld>>10)
+	}
 }

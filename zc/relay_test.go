@@ -448,6 +448,10 @@ func relayCases() []relayCase {
 		{name: "2queues-tight", once: true, cfg: Config{Queues: 2, NoPin: true, SocketOptions: small,
 			MaxQueuedBytes: 256 << 10, MaxRecvHeld: 128 << 10, RecvPoolMax: 4 << 20}},
 		{name: "1queue-same-engine", once: true, sameEngine: true, cfg: Config{Queues: 1, NoPin: true}},
+		// The relay and its backend share one queue's receive pool, which is smaller than the
+		// connections' receive credit put together.
+		{name: "1queue-same-engine-tight", once: true, sameEngine: true, cfg: Config{Queues: 1, NoPin: true,
+			MaxQueuedBytes: 256 << 10, MaxRecvHeld: 128 << 10, RecvPoolMax: 4 << 20}},
 	}
 }
 
