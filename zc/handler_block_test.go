@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -348,4 +349,87 @@ func closeEngineBounded(t *testing.T, e *Engine) {
 	if err := waitHang(t, done, "Engine.Close", func() string { return "" }); err != nil {
 		t.Fatalf("Engine.Close = %v", err)
 	}
+}
+
+// TestCrossQueueBufferFromHandler: a handler on one queue takes send buffers of a connection
+// on another queue while that queue's handler does the same the other way round, and both
+// pools must grow: neither queue may wait for the other (that would be two loops waiting on
+// each other for good). Buffer from a queue goroutine must never block on another queue.
+func TestCrossQueueBufferFromHandler(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testCrossQueueBuffer(t, Config{Backend: b}) })
+	}
+}
+
+func testCrossQueueBuffer(t *testing.T, cfg Config) {
+	cfg.Queues, cfg.NoPin = 2, true
+	cfg.SendBufs, cfg.SendBufSize = 2, 4096 // small pools: taking buffers makes them grow
+	// Not newEngine: if the queues deadlock, Close would hang the test binary; the leak
+	// check reports the abandoned engine instead.
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+	if err != nil {
+		e.Close()
+		t.Fatal(err)
+	}
+	// One dialed connection on each queue.
+	var on [2]*Conn
+	for i := 0; i < 16 && (on[0] == nil || on[1] == nil); i++ {
+		c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+		if err != nil {
+			e.Close()
+			t.Fatal(err)
+		}
+		if on[c.Queue()] == nil {
+			on[c.Queue()] = c
+		}
+	}
+	if on[0] == nil || on[1] == nil {
+		e.Close()
+		t.Fatal("no connection on one of the queues")
+	}
+	var ready atomic.Int32
+	type result struct {
+		held []memreg.Buf
+		err  error
+	}
+	got := make(chan result, 2)
+	for i := 0; i < 2; i++ {
+		mine, other := on[i], on[1-i]
+		mine.Post(func() {
+			// Start together: both loops are inside a handler now.
+			ready.Add(1)
+			for start := time.Now(); ready.Load() < 2 && time.Since(start) < time.Second; {
+			}
+			var r result
+			for k := 0; k < 64; k++ {
+				b, err := other.Buffer()
+				if err != nil {
+					r.err = err
+					break
+				}
+				r.held = append(r.held, b)
+			}
+			got <- r
+		})
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case r := <-got:
+			for _, b := range r.held {
+				b.Release()
+			}
+			if r.err != nil && !errors.Is(r.err, memreg.ErrExhausted) && !errors.Is(r.err, ErrWouldBlock) {
+				t.Errorf("Buffer of another queue's connection from a handler: %v", r.err)
+			}
+		case <-time.After(hangBound):
+			dumpStacks(t)
+			t.Fatal("two queues wait on each other: Buffer of another queue's connection, called from a handler, waits for that queue (pool growth by Queue.Do)")
+		}
+	}
+	l.Close()
+	e.Close()
 }
