@@ -70,6 +70,7 @@ type queue struct {
 
 	notifsPending atomic.Int64
 	growErr       atomic.Pointer[error]
+	growPosted    atomic.Bool // a background pool growth is posted (getSendBufFor)
 	ctr           counters
 	zx            zcrxQueue // RecvZcrx (zcrx.go)
 }
@@ -213,6 +214,18 @@ func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) {
 				q.ctr.sendPoolGrows.Add(1)
 			}
 			return err
+		}
+		if !q.OnLoop() && q.e.onAnyLoop() {
+			// Another queue's goroutine (a handler using a connection of this queue) must not
+			// wait for this queue: two queues doing that to each other wait forever. Grow in
+			// the background; the caller sees ErrExhausted and tries again (OnWritable, or a
+			// returning buffer).
+			if q.growPosted.CompareAndSwap(false, true) {
+				if q.Post(func() { q.growPosted.Store(false); grow() }) != nil {
+					q.growPosted.Store(false)
+				}
+			}
+			return b, err
 		}
 		if err := q.Do(grow); err != nil {
 			if errors.Is(err, loop.ErrClosed) {
