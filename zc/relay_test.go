@@ -100,6 +100,10 @@ type relayRun struct {
 	backendSeq  atomic.Uint64
 	dialsFailed atomic.Int64
 	retries     atomic.Int64 // backend senders that found no buffer with nothing queued
+
+	connsMu sync.Mutex
+	conns   []*Conn // the relay's client-side connections (sampled for RecvHeld)
+	maxHeld int     // the most receive-buffer bytes one of them held at a sample
 }
 
 func (r *relayRun) fail(err error) {
@@ -183,6 +187,9 @@ func relayAccept(r *relayRun, e *Engine, backend string) func(c *Conn) Handler {
 	return func(c *Conn) Handler {
 		p := &relayPair{}
 		p.a.Store(c)
+		r.connsMu.Lock()
+		r.conns = append(r.conns, c)
+		r.connsMu.Unlock()
 		if err := c.SetReceivePaused(true); err != nil {
 			r.fail(fmt.Errorf("pause in accept: %w", err))
 			return nil
@@ -485,9 +492,9 @@ func testRelay(t *testing.T, backend Backend, conns, perConn, runs int, only ...
 				start := time.Now()
 				r := relayOnce(t, relay, be, conns, perConn)
 				st := relay.Stats()
-				t.Logf("run %d: %d conns × %d KiB each way in %v; relay credit pauses %d, buf-ring empty %d, pool %d/%d bytes, sender retries %d",
+				t.Logf("run %d: %d conns × %d KiB each way in %v; relay credit pauses %d, buf-ring empty %d, pool %d/%d bytes, sender retries %d; most held by one connection %d KiB (MaxRecvHeld %d KiB)",
 					run, conns, perConn>>10, time.Since(start).Round(time.Millisecond), st.CreditPauses, st.BufRingEmpty,
-					st.RecvPoolBytes, st.RecvPoolMax, r.retries.Load())
+					st.RecvPoolBytes, st.RecvPoolMax, r.retries.Load(), r.maxHeld>>10, relay.Config().MaxRecvHeld>>10)
 				if t.Failed() {
 					return
 				}
@@ -533,6 +540,11 @@ func relayOnce(t *testing.T, relay, be *Engine, conns, perConn int) *relayRun {
 			clientsDone = true
 			done = nil
 		case <-tick.C:
+			r.connsMu.Lock()
+			for _, c := range r.conns {
+				r.maxHeld = max(r.maxHeld, c.Stats().RecvHeld)
+			}
+			r.connsMu.Unlock()
 		}
 		if p := r.progress.Load() + int64(relay.Stats().Conns+be.Stats().Conns)<<40; p != last {
 			last, lastChange = p, time.Now()
