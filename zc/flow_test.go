@@ -241,11 +241,14 @@ func testRecvHeldBound(t *testing.T, cfg Config) {
 	maxHeld := e.Config().MaxRecvHeld
 	var mu sync.Mutex
 	var kept []Data
+	stopped := false
 	defer func() {
 		mu.Lock()
+		stopped = true // data arriving from now on is released at once
 		for _, d := range kept {
 			d.Release()
 		}
+		kept = nil
 		mu.Unlock()
 	}()
 	acc := make(chan *Conn, 1)
@@ -253,7 +256,11 @@ func testRecvHeldBound(t *testing.T, cfg Config) {
 		acc <- c
 		return HandlerFuncs{Data: func(c *Conn, d Data) {
 			mu.Lock()
-			kept = append(kept, d)
+			if stopped {
+				d.Release()
+			} else {
+				kept = append(kept, d)
+			}
 			mu.Unlock()
 		}}
 	})
