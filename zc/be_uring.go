@@ -124,7 +124,13 @@ func (b *uringBackend) armRecv(c *Conn) {
 		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
 	} else {
 		c.recvUD = b.newOp(c, tagRecv)
-		sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
+		if c.credit()-c.held.Load() < 8*int64(b.rr.BufSize()) {
+			// Close to its credit: one buffer per receive. A multishot receive (with bundles)
+			// keeps delivering until its cancel lands and overshoots the credit many times.
+			sqe.PrepRecvSelect(int32(c.fd), b.rr.Group(), 0)
+		} else {
+			sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
+		}
 	}
 	sqe.UserData = c.recvUD
 	c.recvArmed = true

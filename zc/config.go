@@ -160,8 +160,10 @@ type Config struct {
 	MaxQueuedBytes int
 	// MaxRecvHeld bounds the receive-buffer bytes one connection may hold: Data not yet
 	// released, and Data forwarded by SendData and not yet sent. A connection at its bound
-	// stops receiving until some is released, so no connection can take every receive
-	// buffer of its queue (default 1 MiB).
+	// stops receiving until some is released (default 1 MiB). With many connections on a
+	// queue the bound shrinks to their share of half the receive pool (RecvPoolMax / (2 ×
+	// connections), at least one buffer): together they can never hold the whole pool, so
+	// the connections that would drain held data can always receive.
 	MaxRecvHeld int
 	// CloseTimeout bounds how long Close waits for queued sends (then the connection is
 	// reset) and, again, for zero-copy notifications (default 5 s).

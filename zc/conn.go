@@ -254,7 +254,7 @@ func (c *Conn) Stats() ConnStats {
 	} else {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
 	}
-	s.RecvPaused = s.RecvHeld >= c.e.cfg.MaxRecvHeld
+	s.RecvPaused = int64(s.RecvHeld) >= c.credit()
 	return s
 }
 

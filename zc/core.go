@@ -307,13 +307,31 @@ func (c *Conn) deliver(d Data) {
 	c.callData(d)
 }
 
-// checkCredit pauses receiving while the connection holds MaxRecvHeld bytes or more.
+// credit is how many receive-buffer bytes this connection may hold now: MaxRecvHeld, but
+// never more than its share of half the queue's receive pool (RecvPoolMax / (2 × the
+// queue's connections)), at least one buffer. So however many connections hold their
+// credit — a relay whose data waits in other connections' send queues, handlers that keep
+// what they get — half the pool stays free for the others, and the connections that would
+// drain the held data can always receive: the pool cannot be held up entirely.
+func (c *Conn) credit() int64 {
+	cfg := &c.e.cfg
+	cr := int64(cfg.MaxRecvHeld)
+	if n := c.q.nconns.Load(); n > 0 {
+		if share := int64(cfg.RecvPoolMax) / (2 * n); share < cr {
+			cr = max(share, int64(cfg.RecvBufSize))
+		}
+	}
+	return cr
+}
+
+// checkCredit pauses receiving while the connection holds its credit or more.
 func (c *Conn) checkCredit() {
-	if c.paused&pauseCredit == 0 && c.held.Load() >= int64(c.e.cfg.MaxRecvHeld) {
+	cr := c.credit()
+	if c.paused&pauseCredit == 0 && c.held.Load() >= cr {
 		c.q.ctr.creditPauses.Add(1)
 		c.pause(pauseCredit)
 		// A release may have come in between: look again on the loop.
-		if c.held.Load() < int64(c.e.cfg.MaxRecvHeld) {
+		if c.held.Load() < cr {
 			c.postResume()
 		}
 	}
@@ -322,7 +340,7 @@ func (c *Conn) checkCredit() {
 // releaseHeld returns receive credit (any goroutine).
 func (c *Conn) releaseHeld(n int64) {
 	v := c.held.Add(-n)
-	if v < int64(c.e.cfg.MaxRecvHeld)/2 || v <= 0 {
+	if v < c.credit()/2 || v <= 0 {
 		c.postResume()
 	}
 }
@@ -342,7 +360,7 @@ func (c *Conn) creditPaused() bool { return c.credPaused.Load() }
 
 func (c *Conn) resumeCredit() {
 	c.resumeReq.Store(false)
-	if c.paused&pauseCredit != 0 && c.held.Load() < int64(c.e.cfg.MaxRecvHeld) {
+	if c.paused&pauseCredit != 0 && c.held.Load() < c.credit() {
 		c.unpause(pauseCredit)
 	}
 }

@@ -30,7 +30,8 @@
 //
 // A connection holds at most Config.MaxRecvHeld bytes of receive buffers (Data not yet
 // released, or forwarded by SendData and not yet sent); at the bound it stops receiving until
-// some is released, so no connection can take every buffer of its queue. SendData counts
+// some is released; with many connections the bound shrinks to each one's share of half the
+// queue's receive pool, so together they never hold all of it. SendData counts
 // toward the destination's MaxQueuedBytes; above it the source connection stops receiving
 // until the destination drains to half of it (OnWritable runs there then). A relay written
 // with SendData both ways therefore needs no flow-control code and cannot deadlock.

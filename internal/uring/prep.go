@@ -154,3 +154,12 @@ func (s *SQE) PrepSendmsg(fd int32, msg unsafe.Pointer, msgFlags uint32) {
 	s.prepRW(OpSendmsg, fd, uintptr(msg), 1, 0)
 	s.OpFlags = msgFlags
 }
+
+// PrepRecvSelect prepares a single recv into one buffer picked from provided-buffer group
+// bgid (no multishot, no bundle): it takes at most one buffer.
+func (s *SQE) PrepRecvSelect(fd int32, bgid uint16, msgFlags uint32) {
+	s.prepRW(OpRecv, fd, 0, 0, 0)
+	s.OpFlags = msgFlags
+	s.Flags |= SQEBufferSelect
+	s.BufIndex = bgid
+}
