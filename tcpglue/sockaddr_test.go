@@ -297,3 +297,47 @@ func ExampleRecvWindow() {
 	// Output:
 	// hello, window (mapped 0, copied 13)
 }
+
+// TestSocketAddrsNoAlloc: LocalAddr and RemoteAddr of a connected socket agree with the
+// other end, unmap IPv4 peers of a dual-stack listener, and do not allocate (zc reads both
+// for every accepted connection).
+func TestSocketAddrsNoAlloc(t *testing.T) {
+	for _, tc := range []struct{ listen, dial string }{
+		{"127.0.0.1:0", "127.0.0.1"},
+		{"[::1]:0", "::1"},
+		{"[::]:0", "127.0.0.1"}, // dual stack: the kernel reports ::ffff:127.0.0.1
+	} {
+		ln, err := Listen("tcp", tc.listen, ListenOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		la, _ := ln.LocalAddr()
+		c, err := DialAddrPort(netip.AddrPortFrom(netip.MustParseAddr(tc.dial), la.Port()), DialOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, peer, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err1 := c.LocalAddr()
+		cr, err2 := c.RemoteAddr()
+		sl, err3 := s.LocalAddr()
+		sr, err4 := s.RemoteAddr()
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			t.Fatal(err)
+		}
+		if sr != cl || sl != cr || sr != peer || sr.Addr().String() != tc.dial {
+			t.Errorf("%s: server sees %v->%v (accept said %v), client %v->%v", tc.listen, sr, sl, peer, cl, cr)
+		}
+		if n := testing.AllocsPerRun(100, func() { s.LocalAddr(); s.RemoteAddr() }); n != 0 {
+			t.Errorf("%s: %.0f allocations per LocalAddr+RemoteAddr", tc.listen, n)
+		}
+		s.Close()
+		c.Close()
+		ln.Close()
+		if _, err := s.RemoteAddr(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("RemoteAddr after Close: %v", err)
+		}
+	}
+}

@@ -491,37 +491,36 @@ func (s *Socket) Shutdown(how int) error {
 	return nil
 }
 
-// LocalAddr returns the address the socket is bound to (getsockname).
+// LocalAddr returns the address the socket is bound to (getsockname). It does not
+// allocate (an IPv6 zone name lookup aside).
 func (s *Socket) LocalAddr() (netip.AddrPort, error) {
 	fd, err := s.incref("getsockname")
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
 	defer s.decref()
-	sa, err := unix.Getsockname(fd)
+	ap, err := sockName(fd, unix.SYS_GETSOCKNAME)
 	if err != nil {
-		return netip.AddrPort{}, opErr("getsockname", fd, nil, sysErr("getsockname", err))
-	}
-	ap, err := AddrPortFromSockaddr(sa)
-	if err != nil {
+		if e, ok := err.(unix.Errno); ok {
+			err = sysErr("getsockname", e)
+		}
 		return netip.AddrPort{}, opErr("getsockname", fd, nil, err)
 	}
 	return ap, nil
 }
 
-// RemoteAddr returns the peer's address (getpeername).
+// RemoteAddr returns the peer's address (getpeername), without allocating.
 func (s *Socket) RemoteAddr() (netip.AddrPort, error) {
 	fd, err := s.incref("getpeername")
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
 	defer s.decref()
-	sa, err := unix.Getpeername(fd)
+	ap, err := sockName(fd, unix.SYS_GETPEERNAME)
 	if err != nil {
-		return netip.AddrPort{}, opErr("getpeername", fd, nil, sysErr("getpeername", err))
-	}
-	ap, err := AddrPortFromSockaddr(sa)
-	if err != nil {
+		if e, ok := err.(unix.Errno); ok {
+			err = sysErr("getpeername", e)
+		}
 		return netip.AddrPort{}, opErr("getpeername", fd, nil, err)
 	}
 	return ap, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,9 @@ type sender struct {
 	stage    memreg.Buf
 	stageN   int
 	hasStage bool
+	// sources paused until our queue drains (SendData), under the connection's mu: only a
+	// connection with queued bytes has any, so idle connections do not carry the slice
+	destWaits []*Conn
 	// counters, read by Stats from any goroutine
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
 }
@@ -101,31 +105,31 @@ const (
 
 // Conn is a TCP connection served by one queue for its whole life.
 type Conn struct {
-	e       *Engine
-	q       *queue
-	sock    *tcpglue.Socket // owns the descriptor: Socket/CloseWrite never see a reused fd
-	fd      int             // the descriptor number, for the loop (-1 once closed)
-	network string
-	laddr   *net.TCPAddr
-	raddr   *net.TCPAddr
+	e     *Engine
+	q     *queue
+	sock  *tcpglue.Socket // owns the descriptor: Socket/CloseWrite never see a reused fd
+	fd    int             // the descriptor number, for the loop (-1 once closed)
+	laddr netip.AddrPort  // values, not *net.TCPAddr: an idle connection carries no address objects
+	raddr netip.AddrPort
 
 	// Producer side (any goroutine), under mu.
-	mu        sync.Mutex
-	out       []seg
-	queued    int   // bytes accepted and not yet sent
-	werr      error // sticky: sends fail with it
-	kicked    bool  // the loop knows about our work, or has a send in flight
-	closeReq  bool
-	shutReq   bool
-	spaceCh   chan struct{} // made on the first blocked writer
-	destWaits []*Conn       // sources paused until our queue drains (SendData)
+	mu       sync.Mutex
+	out      []seg
+	queued   int           // bytes accepted and not yet sent
+	werr     error         // sticky: sends fail with it
+	spaceCh  chan struct{} // made on the first blocked writer
+	doneCh   chan struct{} // made by the first Done (under mu): idle connections carry none
+	kicked   bool          // the loop knows about our work, or has a send in flight
+	closeReq bool
+	shutReq  bool
+	network  netKind
+	qi       int32 // index in the queue's connection list (loop only; -1 when not in it)
 
 	scheduled  atomic.Bool
-	doneCh     chan struct{} // made by the first Done (under mu): idle connections carry none
-	closedAt   atomic.Bool   // finished: Done is (or returns) a closed channel
-	held       atomic.Int64  // receive-buffer bytes held
-	resumeReq  atomic.Bool   // a credit resume is posted
-	credPaused atomic.Bool   // paused for MaxRecvHeld (what releaseHeld looks at)
+	closedAt   atomic.Bool  // finished: Done is (or returns) a closed channel
+	resumeReq  atomic.Bool  // a credit resume is posted
+	credPaused atomic.Bool  // paused for MaxRecvHeld (what releaseHeld looks at)
+	held       atomic.Int64 // receive-buffer bytes held
 	notifsOut  atomic.Int64
 
 	// Loop side.
@@ -134,43 +138,82 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	ops        int    // operations in the kernel (recv, send, connect, poll)
 	recvUD     uint64 // multishot recv / epoll registration / poll
-	paused     int    // pause reasons
-	destPauses int    // destinations we wait for
+	ops        int32  // operations in the kernel (recv, send, connect, poll)
+	paused     int32  // pause reasons
+	destPauses int32  // destinations we wait for
 	recvArmed  bool
 	wantOut    bool // plain backend: waiting for EPOLLOUT
 	needArm    bool // waiting for receive buffers
 	eof        bool
 	started    bool
 	closing    bool
-	closeErr   error
 	fdClosed   bool
 	finished   bool
 	wrShut     bool
+	closeErr   error
 	cl         *closeState // made by beginClose
 	shim       *shimConnState
 	m          *mappedRecv
 	zx         *zcrxConn // RecvZcrx (zcrx.go)
 	connect    *connectState
 
-	steer *bpf.Steering // the listener's steering, to forget the flow on close
-	flow  *bpf.FlowKey
+	steer *bpf.Steering // the listener's steering, to forget the flow (raddr->laddr) on close
 
 	ctr struct {
 		recv, recvMapped atomic.Uint64
 	}
 }
 
-func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Conn {
-	return &Conn{e: e, q: q, sock: s, fd: fd, network: network}
+// netKind is the network a connection was made for ("tcp", "tcp4" or "tcp6"), in a byte.
+type netKind uint8
+
+const (
+	netTCP netKind = iota
+	netTCP4
+	netTCP6
+)
+
+func netKindOf(network string) netKind {
+	switch network {
+	case "tcp4":
+		return netTCP4
+	case "tcp6":
+		return netTCP6
+	}
+	return netTCP
 }
 
-// LocalAddr returns the local address.
-func (c *Conn) LocalAddr() net.Addr { return c.laddr }
+func (k netKind) String() string {
+	switch k {
+	case netTCP4:
+		return "tcp4"
+	case netTCP6:
+		return "tcp6"
+	}
+	return "tcp"
+}
 
-// RemoteAddr returns the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.raddr }
+func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Conn {
+	return &Conn{e: e, q: q, sock: s, fd: fd, network: netKindOf(network), qi: -1}
+}
+
+// LocalAddr returns the local address (a *net.TCPAddr; a nil one if it is unknown).
+func (c *Conn) LocalAddr() net.Addr { return tcpAddr(c.laddr) }
+
+// RemoteAddr returns the peer's address (a *net.TCPAddr; a nil one if it is unknown).
+func (c *Conn) RemoteAddr() net.Addr { return tcpAddr(c.raddr) }
+
+// LocalAddrPort and RemoteAddrPort return the addresses without allocating.
+func (c *Conn) LocalAddrPort() netip.AddrPort  { return c.laddr }
+func (c *Conn) RemoteAddrPort() netip.AddrPort { return c.raddr }
+
+func tcpAddr(ap netip.AddrPort) *net.TCPAddr {
+	if !ap.IsValid() {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(ap)
+}
 
 // Queue returns the index of the queue that owns the connection.
 func (c *Conn) Queue() int { return c.q.idx }
@@ -283,10 +326,10 @@ func (c *Conn) opErr(op string, err error) error {
 		return err
 	}
 	var a net.Addr
-	if c.raddr != nil {
-		a = c.raddr
+	if c.raddr.IsValid() {
+		a = tcpAddr(c.raddr)
 	}
-	return &OpError{Op: op, Net: c.network, Addr: a, Err: err}
+	return &OpError{Op: op, Net: c.network.String(), Addr: a, Err: err}
 }
 
 // onLoop reports whether the caller runs on any of the engine's queue goroutines.
@@ -423,12 +466,12 @@ func (c *Conn) enqueue(s seg) error {
 		return c.opErr("send", err)
 	}
 	c.flushStageLocked()
-	c.txLocked()
+	tx := c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n)
 	over := c.queued > c.e.cfg.MaxQueuedBytes
 	if over && s.src != nil && s.src != c {
-		c.destWaits = append(c.destWaits, s.src)
+		tx.destWaits = append(tx.destWaits, s.src)
 	}
 	kick := c.kickLocked()
 	c.mu.Unlock()

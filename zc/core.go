@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
 )
 
@@ -141,9 +142,9 @@ func (c *Conn) sentBytes(n int) {
 	c.mu.Lock()
 	c.queued -= n
 	var waiters []*Conn
-	if len(c.destWaits) > 0 && c.queued <= c.e.cfg.MaxQueuedBytes/2 {
-		waiters = c.destWaits
-		c.destWaits = nil
+	if tx := c.tx; tx != nil && len(tx.destWaits) > 0 && c.queued <= c.e.cfg.MaxQueuedBytes/2 {
+		waiters = tx.destWaits
+		tx.destWaits = nil
 	}
 	ch := c.spaceCh
 	c.mu.Unlock()
@@ -395,7 +396,7 @@ func (c *Conn) resumeFromDest() {
 	}
 }
 
-func (c *Conn) pause(reason int) {
+func (c *Conn) pause(reason int32) {
 	if c.paused&reason != 0 {
 		return
 	}
@@ -408,7 +409,7 @@ func (c *Conn) pause(reason int) {
 	}
 }
 
-func (c *Conn) unpause(reason int) {
+func (c *Conn) unpause(reason int32) {
 	if c.paused&reason == 0 {
 		return
 	}
@@ -620,11 +621,14 @@ func (c *Conn) finish() {
 		c.m.close(c)
 	}
 	if c.steer != nil {
-		c.steer.Forget(*c.flow) // no stale flow entries after churn
+		c.steer.Forget(bpf.FlowKey{Remote: c.raddr, Local: c.laddr}) // no stale flow entries after churn
 	}
+	var waiters []*Conn
 	c.mu.Lock()
-	waiters := c.destWaits
-	c.destWaits = nil
+	if tx := c.tx; tx != nil {
+		waiters = tx.destWaits
+		tx.destWaits = nil
+	}
 	c.mu.Unlock()
 	for _, s := range waiters {
 		s.resumeFromDest()

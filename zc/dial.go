@@ -115,7 +115,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	}
 	q := e.pickQueue()
 	c := newConn(e, q, s, s.Fd(), network)
-	c.raddr = raddr
+	c.raddr = ap
 	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
 	c.connect = cs
 	// The watcher may fire before the connect starts: it marks the dial cancelled on the loop,

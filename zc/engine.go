@@ -134,7 +134,7 @@ func (e *Engine) startQueues(b Backend) error {
 	}
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
-		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1), conns: map[*Conn]struct{}{}}
+		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1)}
 		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)

@@ -16,7 +16,7 @@ func engineDump(e *Engine) string {
 		ch := make(chan string, 1)
 		err := q.Post(func() {
 			s := fmt.Sprintf("queue %d: %d conns, send pool %d/%d free\n", q.idx, len(q.conns), q.send.Free(), q.send.Buffers())
-			for c := range q.conns {
+			for _, c := range q.conns {
 				c.mu.Lock()
 				out, queued, kicked := len(c.out), c.queued, c.kicked
 				c.mu.Unlock()

@@ -339,10 +339,8 @@ func (l *Listener) create(q *queue, fd int) {
 	}
 	c := newConn(l.e, q, s, fd, l.network)
 	c.fillAddrs()
-	if l.steer != nil {
-		if k, err := bpf.FlowKeyFromFD(fd); err == nil {
-			c.steer, c.flow = l.steer, &k
-		}
+	if l.steer != nil && c.laddr.IsValid() && c.raddr.IsValid() {
+		c.steer = l.steer
 	}
 	q.addConn(c)
 	if err := q.be.start(c); err != nil {
@@ -434,12 +432,12 @@ func (c *Conn) fillAddrs() {
 	if !c.e.cfg.Nagle {
 		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	}
-	if sa, err := unix.Getsockname(c.fd); err == nil {
-		c.laddr = tcpglue.TCPAddrFromSockaddr(sa)
+	if ap, err := c.sock.LocalAddr(); err == nil {
+		c.laddr = ap
 	}
-	if c.raddr == nil {
-		if sa, err := unix.Getpeername(c.fd); err == nil {
-			c.raddr = tcpglue.TCPAddrFromSockaddr(sa)
+	if !c.raddr.IsValid() {
+		if ap, err := c.sock.RemoteAddr(); err == nil {
+			c.raddr = ap
 		}
 	}
 }

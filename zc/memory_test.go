@@ -77,7 +77,8 @@ func vmRSS() int64 {
 
 // TestIdleConnMemory: 2,000 idle accepted connections; the Go heap the server engine holds
 // for them, per connection (the clients are raw descriptors: no heap). The target is
-// 1 KiB per idle connection; more than 2 KiB fails. ZC_IDLE_CONNS scales it.
+// 1 KiB per idle connection (RSS, which the bench's idle scenario measures); more than 1 KiB
+// of heap fails. ZC_IDLE_CONNS scales it.
 func TestIdleConnMemory(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) { testIdleConnMemory(t, b, envInt(t, "ZC_IDLE_CONNS", 2000)) })
@@ -145,7 +146,7 @@ func testIdleConnMemory(t *testing.T, b Backend, n int) {
 	per := (int64(heap1) - int64(heap0)) / int64(n)
 	t.Logf("%s: %d idle connections: Go heap +%d KiB (%d B per connection), VmRSS +%d KiB (%d B per connection, kernel socket memory not included)",
 		b, n, (int64(heap1)-int64(heap0))>>10, per, (rss1-rss0)>>10, (rss1-rss0)/int64(n))
-	if per > 2048 {
-		t.Errorf("%d B of Go heap per idle connection (target 1 KiB, limit 2 KiB)", per)
+	if per > 1024 {
+		t.Errorf("%d B of Go heap per idle connection (at most 1 KiB)", per)
 	}
 }

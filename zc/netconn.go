@@ -104,7 +104,7 @@ func (n *netConn) opErr(op string, err error) error {
 	if errors.As(err, &zerr) {
 		err = zerr.Err
 	}
-	return &net.OpError{Op: op, Net: n.c.network, Source: n.c.LocalAddr(), Addr: n.c.RemoteAddr(), Err: err}
+	return &net.OpError{Op: op, Net: n.c.network.String(), Source: n.c.LocalAddr(), Addr: n.c.RemoteAddr(), Err: err}
 }
 
 func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {

@@ -77,3 +77,20 @@ func release() string {
 	maj, min, patch := KernelVersion()
 	return fmt.Sprintf("%d.%d.%d", maj, min, patch)
 }
+
+// WriteAll writes all of p to the blocking descriptor fd: write(2) on a socket returns a
+// short count when a signal (the Go runtime's preemption signal, under load) interrupts it
+// after some bytes were copied, and EINTR before any.
+func WriteAll(fd int, p []byte) error {
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		p = p[n:]
+	}
+	return nil
+}

@@ -408,7 +408,7 @@ func TestZcrxNoDevExhaustion(t *testing.T) {
 	payload := make([]byte, 256<<10)
 	fill(payload, 5)
 	go func() {
-		unix.Write(cfd, payload)
+		testutil.WriteAll(cfd, payload)
 		unix.Shutdown(cfd, unix.SHUT_WR)
 	}()
 	x := &zcrxRecv{t: t, r: r, z: z, area: area, fd: int32(sfd), cqes: make([]CQE32, 256)}
@@ -475,7 +475,7 @@ func TestZcrxExportImport(t *testing.T) {
 	payload := make([]byte, 1<<20)
 	fill(payload, 9)
 	go func() {
-		unix.Write(cfd, payload)
+		testutil.WriteAll(cfd, payload)
 		unix.Shutdown(cfd, unix.SHUT_WR)
 	}()
 	x := &zcrxRecv{t: t, r: r2, z: z2, area: area, fd: int32(sfd), cqes: make([]CQE32, 256)}

@@ -2,6 +2,7 @@ package zcrx
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 // TestMeasureRecv prints (never asserts) loopback receive throughput and CPU per MiB of a
@@ -27,12 +29,12 @@ func TestMeasureRecv(t *testing.T) {
 	payload := pattern(1<<20, 12)
 	type sample struct{ mbps, cpuPerMiB float64 }
 	var readS, zcrxS []sample
-	measure := func(recv func(fd int) int) sample {
+	measure := func(path string, recv func(fd int) (int, error)) sample {
 		cfd, sfd := tcpPair(t)
 		done := make(chan error, 1)
 		go func() {
 			for off := 0; off < size; off += len(payload) {
-				if _, err := unix.Write(cfd, payload); err != nil {
+				if err := testutil.WriteAll(cfd, payload); err != nil {
 					done <- err
 					return
 				}
@@ -42,37 +44,43 @@ func TestMeasureRecv(t *testing.T) {
 		var ru0, ru1 unix.Rusage
 		unix.Getrusage(unix.RUSAGE_SELF, &ru0)
 		t0 := time.Now()
-		n := recv(sfd)
+		n, rerr := recv(sfd)
 		el := time.Since(t0)
 		unix.Getrusage(unix.RUSAGE_SELF, &ru1)
-		if err := <-done; err != nil || n != size {
-			t.Fatalf("received %d of %d: %v", n, size, err)
+		if err := <-done; err != nil || n != size || rerr != nil {
+			t.Fatalf("%s: received %d of %d: receiver %v, sender %v; receiver stats %+v", path, n, size, rerr, err, r.Stats())
 		}
 		cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) * time.Nanosecond
 		return sample{float64(size) / el.Seconds() / 1e6, cpu.Seconds() * 1e3 / float64(size>>20)}
 	}
-	readPath := func(fd int) int {
+	readPath := func(fd int) (int, error) {
 		buf := make([]byte, 64<<10)
 		n, sum := 0, 0
 		for {
 			k, err := unix.Read(fd, buf)
+			if err == unix.EINTR {
+				continue
+			}
 			if err != nil || k == 0 {
 				_ = sum
-				return n
+				return n, err
 			}
 			sum += int(buf[0]) + int(buf[k-1])
 			n += k
 		}
 	}
-	zcrxPath := func(fd int) int {
+	zcrxPath := func(fd int) (int, error) {
 		h := &sumHandler{end: make(chan error, 1)}
 		recv(t, r, fd, h)
-		<-h.end
-		return h.n
+		err := <-h.end
+		if err == io.EOF {
+			err = nil
+		}
+		return h.n, err
 	}
 	for i := 0; i < rounds; i++ {
-		readS = append(readS, measure(readPath))
-		zcrxS = append(zcrxS, measure(zcrxPath))
+		readS = append(readS, measure("read(2)", readPath))
+		zcrxS = append(zcrxS, measure("zcrx", zcrxPath))
 	}
 	med := func(s []sample, f func(sample) float64) float64 {
 		v := make([]float64, len(s))

@@ -26,6 +26,11 @@ var (
 	ErrCanceled = errors.New("zcrx: stream canceled")
 	// ErrStale: the Buf was released already.
 	ErrStale = errors.New("zcrx: stale buffer handle")
+	// ErrLost ends a stream that received bytes it could not deliver (a completion outside
+	// the area, or more buffers held by the application than the receiver tracks): the
+	// stream stops there, so the bytes its handler saw are a prefix of what was sent and
+	// never a stream with a gap in it.
+	ErrLost = errors.New("zcrx: received bytes could not be delivered")
 )
 
 // Error is a failed zcrx operation.
@@ -85,6 +90,7 @@ type Stats struct {
 	KernelCopyBytes uint64
 	KernelStats     bool
 	Stray           uint64 // completions for unknown streams or outside the area (a bug if non-zero)
+	Lost            uint64 // streams ended with ErrLost
 }
 
 // area is the registered memory, shared by a receiver and those it was shared with; the
@@ -161,8 +167,8 @@ type Receiver struct {
 	wake      atomic.Bool  // another sharer released buffers: re-arm the waiting streams
 	closeCall atomic.Bool
 
-	bytes, cqes, refills, flushes, enospc, nomore, stalls, stray atomic.Uint64
-	flushErr                                                     atomic.Pointer[error]
+	bytes, cqes, refills, flushes, enospc, nomore, stalls, stray, lost atomic.Uint64
+	flushErr                                                           atomic.Pointer[error]
 }
 
 // onLoop runs fn on q's goroutine (directly when already there).
@@ -290,7 +296,7 @@ func (r *Receiver) Buffers() (n, size int) {
 func (r *Receiver) Stats() Stats {
 	s := Stats{NoDev: r.nodev, Bytes: r.bytes.Load(), CQEs: r.cqes.Load(), Refills: r.refills.Load(),
 		Flushes: r.flushes.Load(), ENOSPCRearms: r.enospc.Load(), NoMoreRearms: r.nomore.Load(),
-		AreaStalls: r.stalls.Load(), Held: r.held.Load(), Streams: r.nstreams.Load(), Stray: r.stray.Load()}
+		AreaStalls: r.stalls.Load(), Held: r.held.Load(), Streams: r.nstreams.Load(), Stray: r.stray.Load(), Lost: r.lost.Load()}
 	if !r.closing.Load() {
 		// The refill region holds the kernel's counters until the queue closes.
 		if ks, ok := r.z.Stats(); ok {
@@ -321,6 +327,7 @@ type Stream struct {
 	ended  bool
 	dry    int // consecutive ENOMEM ends with no buffer on the application's side
 	bytes  uint64
+	err    error // set when bytes were lost: nothing more is delivered, End gets it
 }
 
 // Fd returns the stream's socket.
@@ -425,6 +432,8 @@ func (r *Receiver) OnEvent(q *loop.Queue, ev loop.Event) {
 	s.armed = false
 	res := ev.Res
 	switch {
+	case s.err != nil:
+		r.end(s, s.err)
 	case s.cancel || r.closed:
 		if r.closed && !s.cancel {
 			r.end(s, ErrClosed)
@@ -467,20 +476,23 @@ func (r *Receiver) OnEvent(q *loop.Queue, ev loop.Event) {
 func (r *Receiver) deliver(s *Stream, ev loop.Event) {
 	off := ev.Big[0] // struct io_uring_zcrx_cqe's off
 	o, n := off&^uring.ZcrxAreaMask, uint64(ev.Res)
+	if s.err != nil {
+		r.giveBack(off, uint32(ev.Res)) // after a loss nothing more is delivered
+		return
+	}
 	if off&uring.ZcrxAreaMask != r.z.AreaToken() || o+n > uint64(len(r.mem)) {
-		// Not in our area: nothing we can show. Count it; hand it back.
+		// Not in our area: nothing we can show. Count it, hand it back, and end the
+		// stream: what follows would reach the handler with a gap before it.
 		r.stray.Add(1)
 		r.giveBack(off, uint32(ev.Res))
+		r.lose(s, fmt.Errorf("%w: a completion of %d bytes at offset %#x is outside the area", ErrLost, n, off))
 		return
 	}
 	idx, sl := r.slabs.get()
 	if sl == nil {
 		r.stray.Add(1)
 		r.giveBack(off, uint32(ev.Res))
-		if !s.cancel {
-			s.cancel = true // ends with ErrCanceled: the application holds too much
-			r.u.CancelOp(s.ud)
-		}
+		r.lose(s, fmt.Errorf("%w: the application holds every buffer slot", ErrLost))
 		return
 	}
 	sl.off, sl.n = off, uint32(ev.Res)
@@ -492,6 +504,17 @@ func (r *Receiver) deliver(s *Stream, ev loop.Event) {
 	s.bytes += n
 	s.dry = 0
 	s.h.Data(s, r.mem[o:o+n:o+n], Buf{r: r, idx: idx, gen: gen})
+}
+
+// lose ends s with err (ErrLost) once the kernel confirms: its receive is cancelled and
+// nothing more is delivered.
+func (r *Receiver) lose(s *Stream, err error) {
+	r.lost.Add(1)
+	s.err = &Error{Op: "recv", Err: err}
+	if !s.cancel {
+		s.cancel = true
+		r.u.CancelOp(s.ud)
+	}
 }
 
 // Flush runs on the queue's goroutine before it submits: it takes the released buffers,

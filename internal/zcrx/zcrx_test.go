@@ -289,7 +289,7 @@ func TestEcho(t *testing.T) {
 	buf := make([]byte, 64<<10)
 	for i := 0; i < 100; i++ {
 		msg := pattern(1+rng.Intn(20000), int64(i))
-		if _, err := unix.Write(cfd, msg); err != nil {
+		if err := testutil.WriteAll(cfd, msg); err != nil {
 			t.Fatal(err)
 		}
 		got := 0
@@ -568,7 +568,7 @@ func TestCloseWithBuffersHeld(t *testing.T) {
 	c := newCollector(nil)
 	recv(t, r, sfd, c)
 	want := pattern(40<<10, 7)
-	if _, err := unix.Write(cfd, want); err != nil {
+	if err := testutil.WriteAll(cfd, want); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

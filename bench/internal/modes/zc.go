@@ -294,13 +294,13 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	wg.Add(c.Conns)
 	var accepted atomic.Int32
 	var perQueue queueCount
+	srv := &zcServer{c: c, fail: fail.set, done: wg.Done, mapped: z.mmap}
 	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
 		if accepted.Add(1) > int32(c.Conns) {
 			return nil // not ours: closed
 		}
 		perQueue.add(conn.Queue())
-		s := &zcServerConn{c: c, v: m.NewVerifier(), fail: fail.set, done: wg.Done, mapped: z.mmap}
-		return s
+		return &zcServerConn{zcServer: srv, v: m.NewVerifier()}
 	})
 	if err != nil {
 		return err
@@ -319,17 +319,23 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	return fail.get()
 }
 
-type zcServerConn struct {
+// zcServer is what the connections of a zc server share (one per server, so that an idle
+// connection carries only its own state, as a user's server would).
+type zcServer struct {
 	c      harness.Case
-	v      *frame.Verifier
 	fail   func(error)
 	done   func()
+	mapped bool // RecvMapped: Data may be pages of the socket, not a receive buffer
+}
+
+type zcServerConn struct {
+	*zcServer
+	v      *frame.Verifier
 	failed bool
 	eof    bool
-	mapped bool // RecvMapped: Data may be pages of the socket, not a receive buffer
 	// echo: the request being gathered in a send buffer
-	req    memreg.Buf
 	have   bool
+	req    memreg.Buf
 	filled int
 }
 
