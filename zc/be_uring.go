@@ -124,11 +124,19 @@ func (b *uringBackend) armRecv(c *Conn) {
 		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
 	} else {
 		c.recvUD = b.newOp(c, tagRecv)
-		if c.credit()-c.held.Load() < 8*int64(b.rr.BufSize()) {
+		bs := int64(b.rr.BufSize())
+		room := c.credit() - c.held.Load()
+		switch {
+		case b.rr.MultishotLimit():
+			// The receive ends by itself once it delivered the credit left (at least one
+			// buffer): the connection never holds more than MaxRecvHeld (its share) plus
+			// the rounding to whole buffers.
+			sqe.PrepRecvMultishotLimit(int32(c.fd), b.rr.Group(), b.rr.Bundles(), uint32(min(max(room, bs), 1<<30)))
+		case room < 8*bs:
 			// Close to its credit: one buffer per receive. A multishot receive (with bundles)
 			// keeps delivering until its cancel lands and overshoots the credit many times.
 			sqe.PrepRecvSelect(int32(c.fd), b.rr.Group(), 0)
-		} else {
+		default:
 			sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
 		}
 	}

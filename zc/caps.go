@@ -18,10 +18,15 @@ type Capabilities struct {
 	IOUringFeature uint32 // IORING_FEAT_* word
 	SendZC         error  // IORING_OP_SEND_ZC
 	RecvBundle     error  // multishot recv bundles (6.10+)
-	DeferTaskrun   error  // SINGLE_ISSUER|DEFER_TASKRUN rings
-	MappedRecv     error  // TCP_ZEROCOPY_RECEIVE
-	BPFSteering    error  // the sk_reuseport/sockops/XDP/tc programs load
-	Shim           error  // the zcshim module's /dev/zcshim is usable
+	// RecvLimit: a multishot receive takes a limit on its total bytes (6.17+), so an io_uring
+	// connection never receives more than its remaining credit (MaxRecvHeld). Without it a
+	// connection far from its credit receives with an unlimited multishot receive and can
+	// overshoot by what arrives before the credit pause lands (up to the socket's queue).
+	RecvLimit    error
+	DeferTaskrun error // SINGLE_ISSUER|DEFER_TASKRUN rings
+	MappedRecv   error // TCP_ZEROCOPY_RECEIVE
+	BPFSteering  error // the sk_reuseport/sockops/XDP/tc programs load
+	Shim         error // the zcshim module's /dev/zcshim is usable
 
 	// NICs is the per-NIC report of the caller's network namespace (hwq.ProbeAll): queues,
 	// header split, ntuple, RSS, zcrx, devmem, AF_XDP zero-copy, hardware timestamps and
@@ -41,11 +46,14 @@ func Probe() Capabilities {
 		if !u.Has(uring.FeatRecvsendBundle) {
 			c.RecvBundle = fmt.Errorf("io_uring recv bundles (Linux 6.10+): %w", ErrNotSupported)
 		}
+		if !u.RecvMultishotLimit {
+			c.RecvLimit = fmt.Errorf("a total limit on multishot io_uring recv (Linux 6.17+): %w", ErrNotSupported)
+		}
 		if !u.SetupOK(uring.SetupSingleIssuer | uring.SetupDeferTaskrun) {
 			c.DeferTaskrun = fmt.Errorf("IORING_SETUP_DEFER_TASKRUN (Linux 6.1+): %w", ErrNotSupported)
 		}
 	} else {
-		c.SendZC, c.RecvBundle, c.DeferTaskrun = u.Err, u.Err, u.Err
+		c.SendZC, c.RecvBundle, c.RecvLimit, c.DeferTaskrun = u.Err, u.Err, u.Err, u.Err
 	}
 	c.MappedRecv = tcpglue.ProbeZeroCopyReceive()
 	c.BPFSteering = bpf.Probe()
@@ -70,6 +78,7 @@ func (c Capabilities) String() string {
 	}
 	line("send_zc", c.SendZC)
 	line("recv bundles", c.RecvBundle)
+	line("recv limit", c.RecvLimit)
 	line("defer taskrun", c.DeferTaskrun)
 	line("mapped recv", c.MappedRecv)
 	line("bpf steering", c.BPFSteering)

@@ -58,6 +58,14 @@ func (s *SQE) PrepRecvMultishot(fd int32, bgid uint16, msgFlags uint32, bundle b
 	s.BufIndex = bgid
 }
 
+// PrepRecvMultishotLimit is PrepRecvMultishot that ends (without CQEFMore) once limit bytes
+// were delivered in all (the SQE's optlen; Capabilities.RecvMultishotLimit says whether the
+// kernel takes it). limit 0 is no limit.
+func (s *SQE) PrepRecvMultishotLimit(fd int32, bgid uint16, bundle bool, limit uint32) {
+	s.PrepRecvMultishot(fd, bgid, 0, bundle)
+	s.FileIndex = int32(limit)
+}
+
 // PrepAccept prepares accept4(2). addr/addrLen may be 0; otherwise they point to a sockaddr
 // buffer and a socklen_t the kernel writes at completion.
 func (s *SQE) PrepAccept(fd int32, addr, addrLen uintptr, flags uint32) {

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -167,6 +168,10 @@ type Capabilities struct {
 	Features   uint32 // Feat* word
 	Probe      *Probe
 	SetupFlags uint32 // setup flags (and combinations) that were accepted, see DetectCapabilities
+	// RecvMultishotLimit: a multishot RECV takes a limit on its total bytes in the SQE's
+	// optlen (PrepRecvMultishotLimit; Linux 6.17+, EINVAL before): it ends, without
+	// CQEFMore, once that many bytes were delivered. Probed on a socket pair.
+	RecvMultishotLimit bool
 }
 
 // Has reports whether every bit of feat is in the kernel's feature word.
@@ -231,7 +236,50 @@ func detect() *Capabilities {
 			c.SetupFlags |= f
 		}
 	}
+	c.RecvMultishotLimit = probeRecvMultishotLimit()
 	return c
+}
+
+// probeRecvMultishotLimit arms a multishot RECV limited to 4 bytes in all on a socket pair
+// holding 16, with two buffers to pick from: true when it delivers and ends (no CQEFMore)
+// although a buffer is left, false on EINVAL (older kernels refuse a non-zero
+// optlen/file_index) or anything else. (Without bundles the kernel checks the limit after a
+// receive: this one brings all 16 bytes. With bundles the limit caps the receive itself.)
+func probeRecvMultishotLimit() bool {
+	r, err := New(4, nil)
+	if err != nil {
+		return false
+	}
+	buf := make([]byte, 64) // the kernel may write it until the ring is closed
+	defer func() {
+		r.Close()
+		runtime.KeepAlive(buf)
+	}()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	br, err := r.RegisterBufRing(2, 1, 0)
+	if err != nil {
+		return false
+	}
+	defer br.Close()
+	br.Add(uintptr(unsafe.Pointer(&buf[0])), 32, 0, 0)
+	br.Add(uintptr(unsafe.Pointer(&buf[32])), 32, 1, 1)
+	br.Advance(2)
+	if _, err := unix.Write(fds[1], make([]byte, 16)); err != nil {
+		return false
+	}
+	sqe := r.GetSQE()
+	sqe.PrepRecvMultishotLimit(int32(fds[0]), 1, false, 4)
+	sqe.UserData = 1
+	if _, err := r.Submit(); err != nil {
+		return false
+	}
+	cqe, err := r.WaitCQETimeout(time.Second)
+	return err == nil && cqe.UserData == 1 && cqe.Res > 0 && !cqe.More()
 }
 
 // NeedOp returns nil if op is supported, or an error wrapping ErrNotSupported naming it.

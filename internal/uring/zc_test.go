@@ -3,10 +3,13 @@ package uring
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 // TestSendZCFixed sends from a registered buffer with SEND_ZC over loopback TCP and checks that
@@ -298,5 +301,61 @@ func TestIncrementalBufRing(t *testing.T) {
 	}
 	if !sawMore {
 		t.Error("no CQE said the incremental buffer had room left (F_BUF_MORE)")
+	}
+}
+
+// TestRecvMultishotLimit: a multishot bundle receive limited to 40 KiB in all delivers
+// exactly 40 KiB of the 200 KiB waiting and ends without CQEFMore (zc limits every receive
+// to a connection's credit this way).
+func TestRecvMultishotLimit(t *testing.T) {
+	caps := DetectCapabilities()
+	if !caps.RecvMultishotLimit {
+		testutil.SkipIfNotSupported(t, fmt.Errorf("multishot recv total limit: %w", ErrNotSupported), "6.17")
+	}
+	if !caps.Has(FeatRecvsendBundle) {
+		t.Fatal("a kernel with the multishot limit has bundles")
+	}
+	r := newRing(t, 16, nil)
+	c, s := tcpPair(t)
+	const nbufs, bufSize, limit = 64, 4096, 40 << 10
+	bufs := mmapBuf(t, nbufs*bufSize)
+	br, err := r.RegisterBufRing(nbufs, 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	for i := 0; i < nbufs; i++ {
+		br.Add(addr(bufs)+uintptr(i*bufSize), bufSize, uint16(i), i)
+	}
+	br.Advance(nbufs)
+	want := make([]byte, 200<<10)
+	fill(want, 3)
+	if err := testutil.WriteAll(c, want); err != nil {
+		t.Fatal(err)
+	}
+	sqe := r.GetSQE()
+	sqe.PrepRecvMultishotLimit(int32(s), 5, true, limit)
+	sqe.UserData = 9
+	var got []byte
+	for {
+		mustSubmit(t, r)
+		cqe, err := r.WaitCQETimeout(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		if cqe.Res < 0 {
+			t.Fatalf("recv: %v", unix.Errno(-cqe.Res))
+		}
+		for left, bid := int(cqe.Res), int(cqe.BufferID()); left > 0; bid = (bid + 1) % nbufs {
+			n := min(left, bufSize)
+			got = append(got, bufs[bid*bufSize:bid*bufSize+n]...)
+			left -= n
+		}
+		if !cqe.More() {
+			break
+		}
+	}
+	if len(got) != limit || !bytes.Equal(got, want[:limit]) {
+		t.Fatalf("received %d bytes (want the first %d, intact)", len(got), limit)
 	}
 }
