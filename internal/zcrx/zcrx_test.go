@@ -874,3 +874,41 @@ func TestProbe(t *testing.T) {
 		t.Fatalf("this guest has udmabuf: %v", c.Dmabuf)
 	}
 }
+
+// TestLostCompletion: a completion the receiver cannot deliver (here one injected with an
+// offset outside the area) ends its stream with ErrLost: bytes that arrive after the gap
+// never reach the handler, so what it saw is a prefix of the stream, never a stream with a
+// hole (zc fails the connection on ErrLost; ErrCanceled would have been taken for a pause).
+func TestLostCompletion(t *testing.T) {
+	q := newQueue(t, loop.URingConfig{CQE32: true})
+	r := noDev(t, q, Config{AreaSize: 64 << 10})
+	cfd, sfd := tcpPair(t)
+	c := newCollector(func(b Buf) { b.Release() })
+	s := recv(t, r, sfd, c)
+	first := pattern(8<<10, 21)
+	if err := testutil.WriteAll(cfd, first); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(c.bytes()) < len(first) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !bytes.Equal(c.bytes(), first) {
+		t.Fatalf("before the loss: %d bytes", len(c.bytes()))
+	}
+	q.Queue().Do(func() error {
+		off := r.z.AreaToken() + 1<<uring.ZcrxAreaShift // another area's
+		r.OnEvent(q.Queue(), loop.Event{UD: s.ud, Tag: s.tag, Res: 4096, Flags: uring.CQEFMore, Big: [2]uint64{off}})
+		return nil
+	})
+	if err := testutil.WriteAll(cfd, pattern(32<<10, 22)); err != nil {
+		t.Fatal(err)
+	}
+	waitEnd(t, c, ErrLost, 10*time.Second)
+	if got := c.bytes(); !bytes.Equal(got, first) {
+		t.Fatalf("the handler saw %d bytes; want exactly the %d before the loss", len(got), len(first))
+	}
+	if st := r.Stats(); st.Lost != 1 || st.Stray != 1 || st.Streams != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
