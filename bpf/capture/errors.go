@@ -3,12 +3,9 @@ package capture
 import (
 	"errors"
 	"fmt"
-	"strings"
-
-	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/internal/bpferr"
 	"github.com/zcnet/zcnet/internal/errs"
 )
 
@@ -49,7 +46,7 @@ func (e *OpError) Error() string { return "capture: " + e.Op + ": " + e.Err.Erro
 func (e *OpError) Unwrap() error { return e.Err }
 
 // opErr wraps err for operation op, classifying the kernel's answer into a
-// sentinel when it is conclusive.
+// sentinel when it is conclusive (bpferr.Classify, shared with package bpf).
 func opErr(op string, err error) error {
 	if err == nil {
 		return nil
@@ -58,55 +55,16 @@ func opErr(op string, err error) error {
 	if errors.As(err, &oe) {
 		return err
 	}
-	switch {
-	case errors.Is(err, ErrPermission), errors.Is(err, ErrNotSupported),
-		errors.Is(err, ErrInvalid), errors.Is(err, ErrClosed), errors.Is(err, ErrNotFound):
-	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		err = fmt.Errorf("%w: %s: %w", ErrPermission, missingCaps(), err)
-	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EOPNOTSUPP),
-		errors.Is(err, unix.ENOSYS):
-		err = fmt.Errorf("%w: %w", errOldKernel, err)
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		err = fmt.Errorf("%w: %w", ErrNotFound, err)
-	}
-	return &OpError{Op: op, Err: err}
+	return &OpError{Op: op, Err: bpferr.Classify(err, errOldKernel, needCaps, nil)}
 }
+
+// Capture needs CAP_BPF (programs, ring buffer), CAP_NET_ADMIN (tcx) and CAP_PERFMON (fexit
+// on an XDP program, reading kernel memory).
+var needCaps = []bpferr.Cap{bpferr.CapBPF, bpferr.CapNetAdmin, bpferr.CapPerfmon}
+
+func missingCaps() string { return bpferr.MissingCaps(needCaps, nil) }
 
 // invalid returns an *OpError matching ErrInvalid.
 func invalid(op, format string, args ...any) error {
 	return &OpError{Op: op, Err: fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))}
-}
-
-// Capability numbers (linux/capability.h).
-const (
-	capNetAdmin = 12
-	capSysAdmin = 21
-	capPerfmon  = 38
-	capBPF      = 39
-)
-
-// missingCaps names the capabilities this thread lacks for capture.
-func missingCaps() string {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return "capabilities unknown"
-	}
-	has := func(c uint) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
-	if has(capSysAdmin) {
-		return "CAP_SYS_ADMIN is present: denied by an LSM, a file permission or a sysctl"
-	}
-	var missing []string
-	for _, c := range []struct {
-		n    uint
-		name string
-	}{{capBPF, "CAP_BPF"}, {capNetAdmin, "CAP_NET_ADMIN"}, {capPerfmon, "CAP_PERFMON"}} {
-		if !has(c.n) {
-			missing = append(missing, c.name)
-		}
-	}
-	if len(missing) == 0 {
-		return "CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON are present: denied by an LSM, a file permission or a sysctl"
-	}
-	return "missing " + strings.Join(missing, ", ")
 }

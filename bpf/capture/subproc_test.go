@@ -63,7 +63,7 @@ func TestNoPrivileges(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helper: %v", err)
 	}
-	if !strings.Contains(string(out), "missing CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON") {
+	if !strings.Contains(string(out), "missing CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON") {
 		t.Errorf("the error does not name the missing capabilities")
 	}
 }
