@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/zcnet/zcnet/internal/bpferr"
 	"golang.org/x/sys/unix"
 )
 
@@ -884,30 +885,8 @@ func (s *Steering) AttachTCEgress(ifindex int) (xps bool, err error) {
 	return xpsConfigured(name), nil
 }
 
-// ifName returns the name of the interface with this index in the calling
-// thread's network namespace; an error matching ErrInvalid if none.
-func ifName(ifindex int) (string, error) {
-	if ifindex <= 0 {
-		return "", fmt.Errorf("%w: bad interface index %d", ErrInvalid, ifindex)
-	}
-	ifr, err := unix.NewIfreq("")
-	if err != nil {
-		return "", err
-	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return "", os.NewSyscallError("socket", err)
-	}
-	defer unix.Close(fd)
-	ifr.SetUint32(uint32(ifindex))
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return "", fmt.Errorf("%w: no interface with index %d in this network namespace", ErrInvalid, ifindex)
-		}
-		return "", os.NewSyscallError("ioctl SIOCGIFNAME", err)
-	}
-	return ifr.Name(), nil
-}
+// ifName is bpferr.IfName (shared by bpf and capture).
+var ifName = bpferr.IfName
 
 // xpsConfigured reports whether any TX queue of the interface has a
 // non-empty xps_cpus or xps_rxqs mask.

@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -9,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/bpferr"
 )
 
 // Interface describes an interface a capture is attached to, and what it
@@ -71,30 +71,8 @@ func ProbeInterface(ifindex int) (Interface, error) {
 	return i, nil
 }
 
-// ifName returns the name of the interface with this index in the calling
-// thread's network namespace; an error matching ErrInvalid if none.
-func ifName(ifindex int) (string, error) {
-	if ifindex <= 0 {
-		return "", fmt.Errorf("%w: bad interface index %d", ErrInvalid, ifindex)
-	}
-	ifr, err := unix.NewIfreq("")
-	if err != nil {
-		return "", err
-	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return "", os.NewSyscallError("socket", err)
-	}
-	defer unix.Close(fd)
-	ifr.SetUint32(uint32(ifindex))
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr); err != nil {
-		if errors.Is(err, unix.ENODEV) {
-			return "", fmt.Errorf("%w: no interface with index %d in this network namespace", ErrInvalid, ifindex)
-		}
-		return "", os.NewSyscallError("ioctl SIOCGIFNAME", err)
-	}
-	return ifr.Name(), nil
-}
+// ifName is bpferr.IfName (shared by bpf and capture).
+var ifName = bpferr.IfName
 
 // xdpProgID returns the ID of the XDP program attached to the interface
 // (netlink RTM_GETLINK, IFLA_XDP), 0 if none.

@@ -1,6 +1,7 @@
 // Package bpferr holds what package bpf and its capture package share to turn the kernel's
 // and cilium/ebpf's answers into zcnet's sentinels: the sentinels themselves (bpf re-exports
-// them, capture aliases them), the classification, and the capability report.
+// them, capture aliases them), the classification, the capability report, and interface
+// names.
 package bpferr
 
 import (
@@ -111,4 +112,29 @@ func andList(s []string) string {
 		return strings.Join(s, "")
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// IfName returns the name of the interface with this index in the calling thread's network
+// namespace; an error matching ErrInvalid if there is none.
+func IfName(ifindex int) (string, error) {
+	if ifindex <= 0 {
+		return "", fmt.Errorf("%w: bad interface index %d", ErrInvalid, ifindex)
+	}
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return "", err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", os.NewSyscallError("socket", err)
+	}
+	defer unix.Close(fd)
+	ifr.SetUint32(uint32(ifindex))
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFNAME, ifr); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			return "", fmt.Errorf("%w: no interface with index %d in this network namespace", ErrInvalid, ifindex)
+		}
+		return "", os.NewSyscallError("ioctl SIOCGIFNAME", err)
+	}
+	return ifr.Name(), nil
 }
