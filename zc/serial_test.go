@@ -127,14 +127,23 @@ func testHandlersSerialized(t *testing.T, cfg Config) {
 	// Posters hammer every connection's queue while data flows both ways.
 	stop := make(chan struct{})
 	var posts atomic.Int64
+	// Every poster gets one post accepted before the data starts (an accepted Post always
+	// runs), so each handler sees posted functions whatever the scheduler does.
+	var first sync.WaitGroup
 	for i := 0; i < conns; i++ {
 		for _, pair := range []struct {
 			c *Conn
 			h *serialHandler
 		}{{cs[i], cliHs[i]}, {srvConns[i], srvH[i]}} {
 			wg.Add(1)
+			first.Add(1)
 			go func() {
 				defer wg.Done()
+				if err := pair.h.post(pair.c); err != nil {
+					t.Errorf("first post: %v", err)
+				}
+				posts.Add(1)
+				first.Done()
 				for {
 					select {
 					case <-stop:
@@ -149,6 +158,7 @@ func testHandlersSerialized(t *testing.T, cfg Config) {
 			}()
 		}
 	}
+	first.Wait()
 	var writers sync.WaitGroup
 	for _, c := range cs {
 		writers.Add(1)
