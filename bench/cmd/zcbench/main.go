@@ -1,7 +1,7 @@
 // Command zcbench measures zcnet against plain sockets on this machine: bulk
 // throughput and CPU per GB, echo and small-message rates, ping-pong latency. Every
 // case runs as a server and a client child process of zcbench (pinned to different
-// CPUs when there are two), variants interleave A B C A B C, each figure is a median
+// CPUs when there are two), variants interleave A B C C B A (odd rounds run backwards), each figure is a median
 // with min–max over the repetitions, and every payload byte is checked.
 //
 // Usage:

@@ -16,13 +16,19 @@ type Run struct {
 	Rep   int // 0-based repetition
 }
 
-// Interleave orders reps repetitions of variants as A B C A B C ...: every variant runs
-// once per round, so slow drift of a shared machine spreads over all of them.
+// Interleave orders reps repetitions of variants as A B C C B A A B C ...: every variant
+// runs once per round, so slow drift of a shared machine spreads over all of them, and odd
+// rounds run backwards, so no variant always runs right after the same neighbour (a mode
+// that always followed a CPU-heavy one would carry its warm caches or its leftover load).
 func Interleave(variants []Variant, reps int) []Run {
 	runs := make([]Run, 0, len(variants)*reps)
 	for r := range reps {
-		for i, v := range variants {
-			runs = append(runs, Run{Variant: v, Index: i, Rep: r})
+		for k := range variants {
+			i := k
+			if r%2 == 1 {
+				i = len(variants) - 1 - k
+			}
+			runs = append(runs, Run{Variant: variants[i], Index: i, Rep: r})
 		}
 	}
 	return runs

@@ -17,7 +17,7 @@ func TestInterleave(t *testing.T) {
 			t.Fatalf("run %+v: Index points at %s", r, vs[r.Index].Mode)
 		}
 	}
-	if s := strings.Join(got, " "); s != "A0 B0 C0 A1 B1 C1 A2 B2 C2" {
+	if s := strings.Join(got, " "); s != "A0 B0 C0 C1 B1 A1 A2 B2 C2" {
 		t.Fatalf("order %s", s)
 	}
 	if len(Interleave(vs, 0)) != 0 {
