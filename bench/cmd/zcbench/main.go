@@ -62,6 +62,7 @@ type config struct {
 	pin        bool
 	mcQueues   int
 	mcConns    string
+	bulkSizes  string
 	idleConns  int
 	fileSize   int64
 	fileDir    string
@@ -81,6 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+")")
 	fs.IntVar(&cfg.mcQueues, "mc-queues", 4, "multicore: server queues, one CPU each (at most half the CPUs; the load runs on the others)")
 	fs.StringVar(&cfg.mcConns, "mc-conns", "512,4096", "multicore: comma-separated connection counts")
+	fs.StringVar(&cfg.bulkSizes, "bulk-sizes", "4096,65536,1048576", "bulk: comma-separated write sizes in bytes (4096 to 16 MiB)")
 	fs.IntVar(&cfg.idleConns, "idle-conns", 10000, "idle: connections held open (RLIMIT_NOFILE is raised for them when it can be)")
 	fs.Int64Var(&cfg.fileSize, "file-size", 0, "filesend: file size in bytes (default 1 GiB, 256 MiB with -quick)")
 	fs.StringVar(&cfg.fileDir, "file-dir", "", "filesend: where the frame file is made (default /dev/shm, else the temp dir)")
@@ -545,8 +547,12 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 		}
 		switch s {
 		case harness.Bulk:
-			for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
-				add(s, size, 1)
+			for _, f := range strings.Split(cfg.bulkSizes, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil || n < 4096 || n > 16<<20 {
+					return nil, nil, fmt.Errorf("-bulk-sizes: bad size %q (4096 to %d bytes)", f, 16<<20)
+				}
+				add(s, n, 1)
 			}
 		case harness.Echo:
 			add(s, 64, 64)

@@ -111,7 +111,7 @@ func TestPerRun(t *testing.T) {
 // The plan of a default run on this machine: every scenario with the modes that fit it,
 // multicore left out (with the reason) where there are fewer than 4 CPUs.
 func TestPlan(t *testing.T) {
-	cfg := config{mcConns: "512,4096", idleConns: 10000}
+	cfg := config{mcConns: "512,4096", idleConns: 10000, bulkSizes: "4096,65536,1048576"}
 	skipped := map[harness.Scenario]string{harness.MultiCore: "needs ≥ 4 CPUs"}
 	vs, notes, err := plan(cfg, skipped)
 	if err != nil {
@@ -157,8 +157,22 @@ func TestPlan(t *testing.T) {
 			}
 		}
 	}
-	if _, _, err := plan(config{mcConns: "512,x", idleConns: 1}, nil); err == nil {
+	if _, _, err := plan(config{mcConns: "512,x", idleConns: 1, bulkSizes: "4096"}, nil); err == nil {
 		t.Error("bad -mc-conns accepted")
+	}
+	// -bulk-sizes picks the bulk write sizes; out-of-range or garbage sizes are refused.
+	vs, _, err = plan(config{scenarios: "bulk", modes: "net", bulkSizes: " 8192,2097152"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []harness.Variant{{Scenario: harness.Bulk, Mode: "net", Size: 8192, Conns: 1},
+		{Scenario: harness.Bulk, Mode: "net", Size: 2 << 20, Conns: 1}}; !slices.Equal(vs, want) {
+		t.Errorf("-bulk-sizes 8192,2097152 planned %+v", vs)
+	}
+	for _, bad := range []string{"", "x", "4095", "0", "-4096", "16777217", "4096,,8192"} {
+		if _, _, err := plan(config{scenarios: "bulk", modes: "net", bulkSizes: bad}, nil); err == nil || !strings.Contains(err.Error(), "-bulk-sizes") {
+			t.Errorf("-bulk-sizes %q: %v", bad, err)
+		}
 	}
 }
 

@@ -53,12 +53,14 @@ func init() {
 //     batch of sends completed, refills them; nothing crosses threads per send;
 //   - frames of 4 KiB and more are sent from the engine's registered send buffers
 //     (one frame per buffer, filled once per buffer, only re-stamped afterwards) with
-//     Conn.Send; smaller frames go through Conn.Write, which copies them into a
+//     Conn.Send, up to the engine's MaxQueuedBytes queued (then OnWritable resumes
+//     them below half of it, the way Conn.Send's documentation asks); smaller frames go through Conn.Write, which copies them into a
 //     staging buffer and coalesces them while a send is in flight (on the queue
 //     goroutine it returns zc.ErrWouldBlock instead of waiting: the rest of the frame
 //     goes out in the next OnWritable);
 //   - bulk/stream receivers Feed the borrowed Data (a receive buffer of the
-//     provided-buffer ring, Case.RecvBuf bytes like every mode's, or with zc-mmap the
+//     provided-buffer ring, Case.RecvBuf bytes like every mode's read but at most
+//     64 KiB, since a completion carries what arrived whatever the size; or with zc-mmap the
 //     mapped window) to the verifier and Release it at once;
 //   - echo servers send a request that arrived in one receive buffer straight back
 //     from that buffer (Conn.SendData, no copy); one split over several buffers, or
@@ -175,7 +177,12 @@ func (z ZC) config(c harness.Case, server bool) zc.Config {
 	}
 	budget := regionBudget()
 	if c.Scenario.OneWay() {
-		cfg.RecvBufSize, cfg.RecvBufs = c.RecvBuf, bufCount(c.RecvBuf, budget)
+		// A ring buffer is not a read size: a completion carries what arrived, so buffers
+		// larger than 64 KiB only spread the receiver over more memory (16 × 1 MiB buffers
+		// cycle through 16 MiB, where the copy into them and the check after it miss the
+		// cache): at 1 MiB writes, 64 KiB buffers took 0.90× the receiver CPU per GB.
+		rb := min(c.RecvBuf, 64<<10)
+		cfg.RecvBufSize, cfg.RecvBufs = rb, bufCount(rb, budget)
 		if directSend(c) {
 			cfg.SendBufSize, cfg.SendBufs = c.Size, bufCount(c.Size, budget)
 		}
@@ -454,7 +461,8 @@ func (z ZC) Client(ctx context.Context, c harness.Case, m *harness.Meter) error 
 // queue goroutine: a posted function starts the sender, and every OnWritable (a batch of
 // sends completed) refills it, so no goroutine hands sends across threads.
 func zcSource(ctx context.Context, e *zc.Engine, c harness.Case, m *harness.Meter, fail *errs) error {
-	s := &zcSender{c: c, m: m, src: m.NewSource(), fail: fail.set, direct: directSend(c)}
+	s := &zcSender{c: c, m: m, src: m.NewSource(), fail: fail.set, direct: directSend(c),
+		maxQueued: e.Config().MaxQueuedBytes}
 	if s.direct {
 		s.filled = map[uintptr]bool{}
 	} else {
@@ -484,10 +492,15 @@ type zcSender struct {
 	src    *frame.Source
 	fail   func(error)
 	direct bool
-	filled map[uintptr]bool // registered buffers that already hold the payload (direct)
-	frame  []byte           // the stamped frame Written next (not direct)
-	off    int              // bytes of frame already accepted by Write
-	done   bool
+	// maxQueued is the engine's MaxQueuedBytes: the direct sender queues up to it, then waits
+	// for OnWritable (Conn.Send's documented way to keep a stream bounded). Taking buffers
+	// until the pool ran dry instead kept every send buffer in flight (16 MiB at 1 MiB
+	// writes): the kernel's copy out of them missed the cache, 1.2× the sender CPU per GB.
+	maxQueued int
+	filled    map[uintptr]bool // registered buffers that already hold the payload (direct)
+	frame     []byte           // the stamped frame Written next (not direct)
+	off       int              // bytes of frame already accepted by Write
+	done      bool
 }
 
 func (s *zcSender) OnWritable(conn *zc.Conn) { s.pump(conn) }
@@ -498,7 +511,7 @@ func (s *zcSender) pump(conn *zc.Conn) {
 		return
 	}
 	if s.direct {
-		for {
+		for conn.Queued() < s.maxQueued {
 			b, err := conn.Buffer()
 			if err != nil {
 				if errors.Is(err, memreg.ErrExhausted) {
@@ -511,6 +524,7 @@ func (s *zcSender) pump(conn *zc.Conn) {
 				return
 			}
 		}
+		return // MaxQueuedBytes queued: OnWritable comes again below half of it
 	}
 	for {
 		n, err := conn.Write(s.frame[s.off:])
