@@ -287,6 +287,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	report.Table(stdout, rows)
 	goals := report.Goals(rows, skipped)
 	report.PrintGoals(stdout, goals)
+	report.PrintNoise(stdout, rows)
 	fmt.Fprintln(stdout, "Ratios are of medians (mode/net unless named). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 
 	status := 0

@@ -332,3 +332,62 @@ func TestSizeString(t *testing.T) {
 		}
 	}
 }
+
+// The A/A pair: its deviation marks goal checks it cannot decide, it never counts as the
+// best mode of goal 1, and it is printed and written to JSON.
+func TestNoiseFloor(t *testing.T) {
+	var rows []Row
+	for _, size := range bulkSizes {
+		rows = append(rows, bulk("net", size, 10, 10, 10), bulk(ZCCopy, size, 10, 10, 10),
+			bulk(ZC, size, 9.7, 9.7, 9.7)) // zc / zc-copy = 0.97: missed by 1%
+	}
+	if checks, dev := NoiseFloor(rows); len(checks) != 0 || dev != 0 {
+		t.Fatalf("no A/A rows: %d checks, dev %v", len(checks), dev)
+	}
+	g6 := goalByID(t, Goals(rows, nil), 6)
+	if g6.Status != StatusMissed || g6.Checks[0].InNoise || g6.Note != "" {
+		t.Fatalf("goal 6 without A/A: %s %+v %q", g6.Status, g6.Checks, g6.Note)
+	}
+
+	// The A/A pair differs by 5% at 64 KiB (and is the fastest there: not goal 1's best).
+	rows = append(rows, bulk(ZCCopyAA, 4096, 10, 10, 10), bulk(ZCCopyAA, 65536, 10.5, 10.5, 10.5))
+	checks, dev := NoiseFloor(rows)
+	if len(checks) != 2 || math.Abs(dev-0.05) > 1e-9 || math.Abs(*checks[1].Ratio-1.05) > 1e-9 {
+		t.Fatalf("A/A: %d checks, dev %v", len(checks), dev)
+	}
+	gs := Goals(rows, nil)
+	g6 = goalByID(t, gs, 6)
+	if g6.Status != StatusMissed || !g6.Checks[0].InNoise || !strings.Contains(g6.Note, "3 of 3 checks lie within this run's A/A noise (±5.0%") {
+		t.Errorf("goal 6 with A/A: %s %+v %q", g6.Status, g6.Checks, g6.Note)
+	}
+	g1 := goalByID(t, gs, 1)
+	if !strings.Contains(g1.Checks[1].What, "zc / net (best)") && !strings.Contains(g1.Checks[1].What, "zc / zc-copy (best)") {
+		t.Errorf("goal 1 at 64 KiB compared against %q", g1.Checks[1].What)
+	}
+	// Goal 1 (0.97 against 0.9) is outside the noise: decided, no note.
+	if g1.Status != StatusMet || g1.Note != "" || g1.Checks[0].InNoise {
+		t.Errorf("goal 1: %s %q %+v", g1.Status, g1.Note, g1.Checks)
+	}
+
+	var sb strings.Builder
+	PrintGoals(&sb, gs)
+	PrintNoise(&sb, rows)
+	out := sb.String()
+	for _, s := range []string{"want ≥ 0.98: missed (within the A/A noise)", "NOISE (A/A):", "up to 5.0% in this run",
+		"64 KiB: zc-copy-aa / zc-copy = 1.050× [rounds 1.05–1.05] (10.5 vs 10 Gbit/s)"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "b.json")
+	if err := WriteJSON(path, RunInfo{}, rows, gs); err != nil {
+		t.Fatal(err)
+	}
+	var doc Document
+	if b, err := os.ReadFile(path); err != nil || json.Unmarshal(b, &doc) != nil {
+		t.Fatalf("read back: %v", err)
+	}
+	if len(doc.Noise) != 2 || !goalByID(t, doc.Goals, 6).Checks[0].InNoise {
+		t.Errorf("JSON: noise %+v, goal 6 %+v", doc.Noise, goalByID(t, doc.Goals, 6))
+	}
+}
