@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/netns"
 )
+
+// nsPrefix names the network namespaces the tests create (testutil.NewVethPair).
+const nsPrefix = "zcbpf"
 
 // ourProgs are the names of the programs this package loads; the leak check
 // looks for them (other engineers may run their own BPF on this machine).
@@ -151,6 +155,7 @@ func TestMain(m *testing.M) {
 	if h := os.Getenv(helperEnv); h != "" {
 		os.Exit(runHelper(h))
 	}
+	netns.RemoveStale(nsPrefix)
 	code := m.Run()
 	if fds := ownBPFFDs(); len(fds) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: BPF fds still open after tests:\n  %s\n", strings.Join(fds, "\n  "))
@@ -344,27 +349,4 @@ func waitAccepted(ch <-chan accepted, pending map[int]accepted, port int, timeou
 			return accepted{}, false
 		}
 	}
-}
-
-// inNetns runs fn on an OS thread switched into the network namespace at
-// path; the thread is discarded afterwards. Sockets fn creates stay in that
-// namespace and can be used from any goroutine.
-func inNetns(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with us
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-		if err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }

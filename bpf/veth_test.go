@@ -13,96 +13,24 @@ import (
 	"regexp"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-)
 
-// vethPair is two network namespaces joined by a multi-queue veth pair,
-// created for one test and removed at cleanup.
-type vethPair struct {
-	srvNS, cliNS   string // names under /run/netns
-	srvIf, cliIf   string
-	srvIdx, cliIdx int
-	srvAddr        netip.Addr
-	cliAddr        netip.Addr
-}
+	"github.com/zcnet/zcnet/internal/testutil"
+)
 
 const vethQueues = 4
 
-func ipCmd(t *testing.T, args ...string) {
-	t.Helper()
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-func newVethPair(t *testing.T, tag string) *vethPair {
-	t.Helper()
-	requireRoot(t)
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 not installed")
-	}
-	id := os.Getpid() % 100000
-	v := &vethPair{
-		srvNS:   fmt.Sprintf("zcbpf-%s-s%d", tag, id),
-		cliNS:   fmt.Sprintf("zcbpf-%s-c%d", tag, id),
-		srvIf:   fmt.Sprintf("zs%s%d", tag, id),
-		cliIf:   fmt.Sprintf("zc%s%d", tag, id),
-		srvAddr: netip.MustParseAddr("10.213.6.1"),
-		cliAddr: netip.MustParseAddr("10.213.6.2"),
-	}
-	ipCmd(t, "netns", "add", v.srvNS)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", v.srvNS).Run() })
-	ipCmd(t, "netns", "add", v.cliNS)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", v.cliNS).Run() })
-	q := strconv.Itoa(vethQueues)
-	// Created inside the server namespace, the peer inside the client one:
-	// nothing is ever added to the host's namespace.
-	ipCmd(t, "-n", v.srvNS, "link", "add", v.srvIf, "numtxqueues", q, "numrxqueues", q,
-		"type", "veth", "peer", "name", v.cliIf, "netns", v.cliNS, "numtxqueues", q, "numrxqueues", q)
-	ipCmd(t, "-n", v.srvNS, "addr", "add", v.srvAddr.String()+"/24", "dev", v.srvIf)
-	ipCmd(t, "-n", v.cliNS, "addr", "add", v.cliAddr.String()+"/24", "dev", v.cliIf)
-	for _, ns := range []string{v.srvNS, v.cliNS} {
-		ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-	}
-	ipCmd(t, "-n", v.srvNS, "link", "set", v.srvIf, "up")
-	ipCmd(t, "-n", v.cliNS, "link", "set", v.cliIf, "up")
-	v.srvIdx = v.ifindex(t, v.srvNS, v.srvIf)
-	v.cliIdx = v.ifindex(t, v.cliNS, v.cliIf)
-	return v
-}
-
-func (v *vethPair) nsPath(ns string) string { return "/run/netns/" + ns }
-
-func (v *vethPair) ifindex(t *testing.T, ns, name string) int {
-	t.Helper()
-	var idx int
-	err := inNetns(v.nsPath(ns), func() error {
-		ifi, err := net.InterfaceByName(name)
-		if err != nil {
-			return err
-		}
-		idx = ifi.Index
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return idx
-}
-
-// in runs fn in namespace ns, failing the test on error.
-func (v *vethPair) in(t *testing.T, ns string, fn func() error) {
-	t.Helper()
-	if err := inNetns(v.nsPath(ns), fn); err != nil {
-		t.Fatal(err)
-	}
+// vethConfig makes the multi-queue veth pair the tests below steer across.
+var vethConfig = testutil.VethConfig{
+	Prefix: nsPrefix,
+	Queues: vethQueues,
+	Server: netip.MustParsePrefix("10.213.6.1/24"),
+	Client: netip.MustParsePrefix("10.213.6.2/24"),
 }
 
 // txChecksumOff turns off TX checksum offload on a device (ETHTOOL_STXCSUM
@@ -185,7 +113,7 @@ func exchange(a, b net.Conn, n int, timeout time.Duration) error {
 }
 
 func TestVethXDPAndTCEgress(t *testing.T) {
-	v := newVethPair(t, "x")
+	v := testutil.NewVethPair(t, vethConfig)
 	ncpu := runtime.NumCPU()
 	if ncpu > MaxQueues {
 		ncpu = MaxQueues
@@ -199,18 +127,18 @@ func TestVethXDPAndTCEgress(t *testing.T) {
 			unix.Close(fd)
 		}
 	}()
-	v.in(t, v.srvNS, func() error {
+	v.In(t, v.Srv, func() error {
 		var err error
-		if fds, port, err = reuseportListeners(vethQueues, v.srvAddr, 0); err != nil {
+		if fds, port, err = reuseportListeners(vethQueues, v.SrvAddr, 0); err != nil {
 			return err
 		}
 		if srv, err = NewSteering(fds, nil); err != nil {
 			return err
 		}
-		if err := srv.AttachXDP(v.srvIdx, XDPDriver); err != nil {
+		if err := srv.AttachXDP(v.SrvIdx, XDPDriver); err != nil {
 			return err
 		}
-		xps, err := srv.AttachTCEgress(v.srvIdx)
+		xps, err := srv.AttachTCEgress(v.SrvIdx)
 		if xps {
 			t.Log("XPS configured on the server veth: it overrides the tc choice")
 		}
@@ -219,15 +147,15 @@ func TestVethXDPAndTCEgress(t *testing.T) {
 	defer srv.Close()
 	// Client side: XDP only, to count packets per RX queue (= the server's
 	// TX queue: veth delivers TX queue i to the peer's RX queue i).
-	v.in(t, v.cliNS, func() error {
+	v.In(t, v.Cli, func() error {
 		var err error
-		if err := txChecksumOff(v.cliIf); err != nil {
+		if err := txChecksumOff(v.CliIf); err != nil {
 			return err
 		}
 		if cli, err = NewSteering(nil, &Options{Queues: vethQueues}); err != nil {
 			return err
 		}
-		return cli.AttachXDP(v.cliIdx, XDPDriver)
+		return cli.AttachXDP(v.CliIdx, XDPDriver)
 	})
 	defer cli.Close()
 	for q := 0; q < vethQueues; q++ {
@@ -238,21 +166,21 @@ func TestVethXDPAndTCEgress(t *testing.T) {
 	ch, stop := acceptAll(t, fds)
 	defer stop()
 	pending := map[int]accepted{}
-	server := netip.AddrPortFrom(v.srvAddr, uint16(port))
+	server := netip.AddrPortFrom(v.SrvAddr, uint16(port))
 
 	for q := 0; q < vethQueues; q++ {
 		cpu := q % ncpu
 		s0, _ := srv.Stats()
 		c0, _ := cli.Stats()
-		e0 := ethtoolRxXDP(v.cliNS, v.cliIf)
+		e0 := ethtoolRxXDP(v.Cli.Name, v.CliIf)
 
 		var fd, cport int
-		v.in(t, v.cliNS, func() error {
+		v.In(t, v.Cli, func() error {
 			var err error
-			fd, cport, err = boundClient(v.cliAddr)
+			fd, cport, err = boundClient(v.CliAddr)
 			return err
 		})
-		key := FlowKey{Remote: netip.AddrPortFrom(v.cliAddr, uint16(cport)), Local: server}
+		key := FlowKey{Remote: netip.AddrPortFrom(v.CliAddr, uint16(cport)), Local: server}
 		if err := srv.SetFlow(key, q); err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +208,7 @@ func TestVethXDPAndTCEgress(t *testing.T) {
 
 		s1, _ := srv.Stats()
 		c1, _ := cli.Stats()
-		e1 := ethtoolRxXDP(v.cliNS, v.cliIf)
+		e1 := ethtoolRxXDP(v.Cli.Name, v.CliIf)
 		redirected := s1.Queues[q].XDPRedirected - s0.Queues[q].XDPRedirected
 		onCPU := s1.CPUPackets[cpu] - s0.CPUPackets[cpu]
 		tcMapped := s1.Queues[q].TCMapped - s0.Queues[q].TCMapped
@@ -319,25 +247,25 @@ func TestVethXDPAndTCEgress(t *testing.T) {
 }
 
 func TestVethFaultInjector(t *testing.T) {
-	v := newVethPair(t, "f")
+	v := testutil.NewVethPair(t, vethConfig)
 	const udpPort = 9
 	// A UDP sink on the server side.
 	var sink int
-	v.in(t, v.srvNS, func() error {
+	v.In(t, v.Srv, func() error {
 		var err error
 		sink, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		if err != nil {
 			return err
 		}
 		unix.SetsockoptInt(sink, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
-		return unix.Bind(sink, sockaddr(netip.AddrPortFrom(v.srvAddr, udpPort)))
+		return unix.Bind(sink, sockaddr(netip.AddrPortFrom(v.SrvAddr, udpPort)))
 	})
 	defer unix.Close(sink)
 	var cf, sf *Fault
 	var usock int
-	v.in(t, v.cliNS, func() error {
+	v.In(t, v.Cli, func() error {
 		var err error
-		if cf, err = NewFault(v.cliIdx, true); err != nil {
+		if cf, err = NewFault(v.CliIdx, true); err != nil {
 			return err
 		}
 		usock, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -345,9 +273,9 @@ func TestVethFaultInjector(t *testing.T) {
 	})
 	defer cf.Close()
 	defer unix.Close(usock)
-	v.in(t, v.srvNS, func() error {
+	v.In(t, v.Srv, func() error {
 		var err error
-		sf, err = NewFault(v.srvIdx, true)
+		sf, err = NewFault(v.SrvIdx, true)
 		return err
 	})
 	defer sf.Close()
@@ -357,7 +285,7 @@ func TestVethFaultInjector(t *testing.T) {
 	if err := sf.Set(frac, unix.IPPROTO_UDP, udpPort); err != nil {
 		t.Fatal(err)
 	}
-	to := sockaddr(netip.AddrPortFrom(v.srvAddr, udpPort))
+	to := sockaddr(netip.AddrPortFrom(v.SrvAddr, udpPort))
 	sent, received := 0, 0
 	payload := make([]byte, 64)
 	drain := make([]byte, 2048)
@@ -410,8 +338,8 @@ func TestVethFaultInjector(t *testing.T) {
 	// as a loss, which would not exercise recovery.
 	var lfd int
 	var port int
-	v.in(t, v.srvNS, func() error {
-		fds, p, err := reuseportListeners(1, v.srvAddr, 0)
+	v.In(t, v.Srv, func() error {
+		fds, p, err := reuseportListeners(1, v.SrvAddr, 0)
 		if err != nil {
 			return err
 		}
@@ -430,12 +358,12 @@ func TestVethFaultInjector(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fd, cport int
-	v.in(t, v.cliNS, func() error {
+	v.In(t, v.Cli, func() error {
 		var err error
-		fd, cport, err = boundClient(v.cliAddr)
+		fd, cport, err = boundClient(v.CliAddr)
 		return err
 	})
-	server := netip.AddrPortFrom(v.srvAddr, uint16(port))
+	server := netip.AddrPortFrom(v.SrvAddr, uint16(port))
 	// The SYN itself may be dropped: connect retries.
 	c, err := connectFD(fd, server)
 	if err != nil {

@@ -5,14 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 // expectUdmabuf: the qemu guests of make vmtest (6.12, 7.3 kernels built with
@@ -117,34 +117,15 @@ func TestDmabufRequireHugePages(t *testing.T) {
 
 // TestUdmabufABI compares the udmabuf ioctl ABI with <linux/udmabuf.h>.
 func TestUdmabufABI(t *testing.T) {
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed")
-	}
 	if _, err := os.Stat("/usr/include/linux/udmabuf.h"); err != nil {
 		t.Skip("no /usr/include/linux/udmabuf.h (install linux-libc-dev)")
 	}
-	dir := t.TempDir()
-	src := `#include <stdio.h>
-#include <stddef.h>
-#include <linux/udmabuf.h>
-int main(void){printf("%llu %llu %llu %llu %llu\n",
- (unsigned long long)sizeof(struct udmabuf_create), (unsigned long long)offsetof(struct udmabuf_create, offset),
- (unsigned long long)offsetof(struct udmabuf_create, size), (unsigned long long)UDMABUF_CREATE,
- (unsigned long long)UDMABUF_FLAGS_CLOEXEC);return 0;}`
-	if err := os.WriteFile(filepath.Join(dir, "u.c"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(cc, "-o", filepath.Join(dir, "u"), filepath.Join(dir, "u.c")).CombinedOutput(); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	out, err := exec.Command(filepath.Join(dir, "u")).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var a udmabufCreateArg
-	want := fmt.Sprintf("%d %d %d %d %d\n", unsafe.Sizeof(a), unsafe.Offsetof(a.Offset), unsafe.Offsetof(a.Size), udmabufCreate, udmabufFlagsCloexec)
-	if string(out) != want {
-		t.Fatalf("C says %q, Go says %q", out, want)
-	}
+	testutil.CompareWithC(t, []string{"linux/udmabuf.h"}, nil, map[string]uint64{
+		"sizeof(struct udmabuf_create)":           uint64(unsafe.Sizeof(a)),
+		"offsetof(struct udmabuf_create, offset)": uint64(unsafe.Offsetof(a.Offset)),
+		"offsetof(struct udmabuf_create, size)":   uint64(unsafe.Offsetof(a.Size)),
+		"UDMABUF_CREATE":                          uint64(udmabufCreate),
+		"UDMABUF_FLAGS_CLOEXEC":                   uint64(udmabufFlagsCloexec),
+	})
 }

@@ -8,15 +8,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 // zcSender sends with MSG_ZEROCOPY and tracks the completion notifications
@@ -419,10 +418,6 @@ func TestRecvWindowCloseWakes(t *testing.T) {
 
 // TestZeroCopyReceiveLayoutC checks zcReceive against <linux/tcp.h>.
 func TestZeroCopyReceiveLayoutC(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed")
-	}
 	if _, err := os.Stat("/usr/include/linux/tcp.h"); err != nil {
 		t.Skip("no /usr/include/linux/tcp.h")
 	}
@@ -444,40 +439,15 @@ func TestZeroCopyReceiveLayoutC(t *testing.T) {
 		{"msg_flags", unsafe.Offsetof(zcReceive{}.MsgFlags), 4},
 		{"reserved", unsafe.Offsetof(zcReceive{}.Reserved), 4},
 	}
-	var src strings.Builder
-	src.WriteString("#include <stdio.h>\n#include <stddef.h>\n#include <linux/tcp.h>\nint main(void) {\n")
+	checks := map[string]uint64{
+		"sizeof(struct tcp_zerocopy_receive)":      uint64(unsafe.Sizeof(zcReceive{})),
+		"TCP_RECEIVE_ZEROCOPY_FLAG_TLB_CLEAN_HINT": tcpReceiveZerocopyFlagTLBCleanHint,
+	}
 	for _, f := range fields {
-		fmt.Fprintf(&src, "  printf(\"%%zu %%zu\\n\", offsetof(struct tcp_zerocopy_receive, %s), sizeof(((struct tcp_zerocopy_receive *)0)->%s));\n", f.c, f.c)
+		checks["offsetof(struct tcp_zerocopy_receive, "+f.c+")"] = uint64(f.off)
+		checks["sizeof(((struct tcp_zerocopy_receive *)0)->"+f.c+")"] = uint64(f.sz)
 	}
-	src.WriteString("  printf(\"%zu %d\\n\", sizeof(struct tcp_zerocopy_receive), TCP_RECEIVE_ZEROCOPY_FLAG_TLB_CLEAN_HINT);\n  return 0;\n}\n")
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "zc.c"), []byte(src.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(gcc, "-o", filepath.Join(dir, "zc"), filepath.Join(dir, "zc.c")).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	out, err := exec.Command(filepath.Join(dir, "zc")).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(fields)+1 {
-		t.Fatalf("unexpected output %q", out)
-	}
-	for i, f := range fields {
-		var off, sz uintptr
-		fmt.Sscan(lines[i], &off, &sz)
-		if off != f.off || sz != f.sz {
-			t.Errorf("%s: Go off %d size %d, C off %d size %d", f.c, f.off, f.sz, off, sz)
-		}
-	}
-	var size uintptr
-	var flag int
-	fmt.Sscan(lines[len(fields)], &size, &flag)
-	if size != unsafe.Sizeof(zcReceive{}) || flag != tcpReceiveZerocopyFlagTLBCleanHint {
-		t.Errorf("C size %d flag %d, Go size %d flag %d", size, flag, unsafe.Sizeof(zcReceive{}), tcpReceiveZerocopyFlagTLBCleanHint)
-	}
+	testutil.CompareWithC(t, []string{"linux/tcp.h"}, nil, checks)
 }
 
 // TestRecvWindowRealigns queues an unaligned plain write in front of

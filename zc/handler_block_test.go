@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // A handler cannot hang the engine (issue 9): every call that would wait for its own queue
@@ -22,26 +23,42 @@ const hangBound = 10 * time.Second
 // handlerSites are the places a call is made from.
 var handlerSites = []string{"accept", "OnData", "Post"}
 
+// queueSite is what runOnQueue set up: the listener, the client socket (kept open) and the
+// accepted connection.
+type queueSite struct {
+	l *Listener
+	s *tcpglue.Socket
+	c *Conn
+}
+
 // runOnQueue listens on e and runs fn on the queue goroutine of the accepted connection,
-// from site. It returns the listener and the client socket (kept open).
-func runOnQueue(t *testing.T, e *Engine, site string, fn func(c *Conn)) *Listener {
+// from site; fn gets the listener too. onClose, if not nil, is the connection's OnClose.
+// The listener is closed at cleanup.
+func runOnQueue(t *testing.T, e *Engine, site string, fn func(l *Listener, c *Conn), onClose func(c *Conn, err error)) queueSite {
 	t.Helper()
 	conns := make(chan *Conn, 1)
+	ready := make(chan struct{}) // l is set
+	var l *Listener
 	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		<-ready
 		if site == "accept" {
-			fn(c)
+			fn(l, c)
 		}
 		conns <- c
-		return HandlerFuncs{Data: func(c *Conn, d Data) {
-			d.Release()
-			if site == "OnData" {
-				fn(c)
-			}
-		}}
+		return HandlerFuncs{
+			Data: func(c *Conn, d Data) {
+				d.Release()
+				if site == "OnData" {
+					fn(l, c)
+				}
+			},
+			Close: onClose,
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	close(ready)
 	t.Cleanup(func() { l.Close() })
 	s := dialPlain(t, l.Addr().String())
 	c := recvEvent(t, conns, "accept")
@@ -51,11 +68,11 @@ func runOnQueue(t *testing.T, e *Engine, site string, fn func(c *Conn)) *Listene
 			t.Fatal(err)
 		}
 	case "Post":
-		if err := c.Post(func() { fn(c) }); err != nil {
+		if err := c.Post(func() { fn(l, c) }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return l
+	return queueSite{l: l, s: s, c: c}
 }
 
 func waitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string) T {
@@ -84,13 +101,13 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 			e := newEngine(t, base)
 			target, _ := listenEvents(t, e)
 			got := make(chan error, 1)
-			runOnQueue(t, e, site, func(c *Conn) {
+			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
 				nc, err := e.Dial(context.Background(), "tcp", target.Addr().String(), HandlerFuncs{})
 				if nc != nil {
 					nc.Close()
 				}
 				got <- err
-			})
+			}, nil)
 			err := waitHang(t, got, "Engine.Dial from "+site, func() string { return engineDump(e) })
 			if !errors.Is(err, ErrWouldBlock) {
 				t.Fatalf("Engine.Dial from %s = %v, want ErrWouldBlock", site, err)
@@ -111,14 +128,14 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 				onLoop bool
 			}
 			got := make(chan result, 1)
-			runOnQueue(t, e, site, func(c *Conn) {
+			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
 				err := e.DialAsync(context.Background(), "tcp", target.Addr().String(), k.handler(), func(nc *Conn, err error) {
 					got <- result{nc, err, e.onAnyLoop()}
 				})
 				if err != nil {
 					got <- result{nil, err, true}
 				}
-			})
+			}, nil)
 			r := waitHang(t, got, "DialAsync's callback", func() string { return engineDump(e) })
 			if r.err != nil || r.c == nil || !r.onLoop {
 				t.Fatalf("DialAsync from %s: conn %v, err %v, callback on a queue goroutine %v", site, r.c, r.err, r.onLoop)
@@ -137,83 +154,36 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 			}
 			got := make(chan error, 1)
 			closed := make(chan error, 1)
-			conns := make(chan *Conn, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				conns <- c
-				h := HandlerFuncs{
-					Data:  func(c *Conn, d Data) { d.Release(); got <- e.Close() },
-					Close: func(c *Conn, err error) { closed <- err },
-				}
-				if site == "accept" {
-					got <- e.Close()
-				}
-				return h
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := dialPlain(t, l.Addr().String())
-			c := recvEvent(t, conns, "accept")
-			switch site {
-			case "OnData":
-				s.Write([]byte("x"))
-			case "Post":
-				if err := c.Post(func() { got <- e.Close() }); err != nil {
-					t.Fatal(err)
-				}
-			}
+			q := runOnQueue(t, e, site, func(*Listener, *Conn) { got <- e.Close() },
+				func(c *Conn, err error) { closed <- err })
 			if err := waitHang(t, got, "Engine.Close from "+site, func() string { return "" }); err != nil {
 				t.Fatalf("Engine.Close from %s = %v", site, err)
 			}
 			waitHang(t, e.Done(), "the engine's background close", func() string { return "" })
-			waitHang(t, c.Done(), "the connection's close", func() string { return "" })
+			waitHang(t, q.c.Done(), "the connection's close", func() string { return "" })
 			if site != "accept" {
 				// The handler was installed: OnClose ran.
 				waitHang(t, closed, "OnClose", func() string { return "" })
 			}
-			waitHang(t, l.Done(), "the listener's close", func() string { return "" })
+			waitHang(t, q.l.Done(), "the listener's close", func() string { return "" })
 			if err := e.Close(); !errors.Is(err, ErrClosed) {
 				t.Fatalf("second Engine.Close = %v, want ErrClosed", err)
 			}
 		})
 		t.Run("ListenerClose/"+site, func(t *testing.T) {
 			e := newEngine(t, base)
-			var l *Listener
 			got := make(chan error, 1)
-			ready := make(chan struct{})
-			conns := make(chan *Conn, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				<-ready
-				conns <- c
-				if site == "accept" {
-					got <- l.Close()
-				}
-				return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release(); got <- l.Close() }}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			close(ready)
-			s := dialPlain(t, l.Addr().String())
-			c := recvEvent(t, conns, "accept")
-			switch site {
-			case "OnData":
-				s.Write([]byte("x"))
-			case "Post":
-				if err := c.Post(func() { got <- l.Close() }); err != nil {
-					t.Fatal(err)
-				}
-			}
+			q := runOnQueue(t, e, site, func(l *Listener, _ *Conn) { got <- l.Close() }, nil)
 			if err := waitHang(t, got, "Listener.Close from "+site, func() string { return engineDump(e) }); err != nil {
 				t.Fatalf("Listener.Close from %s = %v", site, err)
 			}
-			waitHang(t, l.Done(), "the listener's background close", func() string { return engineDump(e) })
+			waitHang(t, q.l.Done(), "the listener's background close", func() string { return engineDump(e) })
 			// The accepted connection stays open and working.
-			if _, err := c.Write([]byte("still here")); err != nil {
+			if _, err := q.c.Write([]byte("still here")); err != nil {
 				t.Fatalf("Write on the accepted connection after Listener.Close: %v", err)
 			}
 			buf := make([]byte, 16)
-			if n, err := s.Read(buf); string(buf[:n]) != "still here" {
+			if n, err := q.s.Read(buf); string(buf[:n]) != "still here" {
 				t.Fatalf("peer read %q, %v", buf[:n], err)
 			}
 		})
@@ -231,10 +201,10 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 			}
 			defer nc.Close()
 			got := make(chan error, 1)
-			runOnQueue(t, e, site, func(c *Conn) {
+			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
 				_, err := nc.Read(make([]byte, 16))
 				got <- err
-			})
+			}, nil)
 			err = waitHang(t, got, "NetConn.Read from "+site, func() string { return engineDump(e) })
 			var ne *net.OpError
 			if !errors.Is(err, ErrWouldBlock) || !errors.As(err, &ne) {
@@ -250,7 +220,7 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 				held int
 			}
 			got := make(chan result, 1)
-			runOnQueue(t, e, site, func(c *Conn) {
+			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
 				var held []memreg.Buf
 				defer func() {
 					for _, b := range held {
@@ -270,7 +240,7 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 				}
 				_, err := c.BufferWait(0) // would wait forever for a buffer this goroutine holds
 				got <- result{err, len(held)}
-			})
+			}, nil)
 			r := waitHang(t, got, "BufferWait from "+site, func() string { return engineDump(e) })
 			if r.held != 4 || !errors.Is(r.err, ErrWouldBlock) {
 				t.Fatalf("BufferWait from %s with the pool exhausted (%d buffers held) = %v, want ErrWouldBlock", site, r.held, r.err)
@@ -287,10 +257,10 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 			}
 			got := make(chan result, 1)
 			p := make([]byte, 1<<20)
-			runOnQueue(t, e, site, func(c *Conn) {
+			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
 				n, err := c.Write(p) // the loop cannot send while we are in it: the bound is hit
 				got <- result{n, err}
-			})
+			}, nil)
 			r := waitHang(t, got, "Write from "+site, func() string { return engineDump(e) })
 			if !errors.Is(r.err, ErrWouldBlock) || r.n < cfg.MaxQueuedBytes || r.n >= len(p) {
 				t.Fatalf("Write of %d bytes over MaxQueuedBytes %d from %s = %d, %v; want ErrWouldBlock after at least the bound",
@@ -300,41 +270,18 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 		t.Run("ConnClose/"+site, func(t *testing.T) {
 			e := newEngine(t, base)
 			closed := make(chan error, 2)
-			conns := make(chan *Conn, 1)
 			got := make(chan error, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				conns <- c
-				if site == "accept" {
-					got <- c.Close()
-				}
-				return HandlerFuncs{
-					Data:  func(c *Conn, d Data) { d.Release(); got <- c.Close() },
-					Close: func(c *Conn, err error) { closed <- err },
-				}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			s := dialPlain(t, l.Addr().String())
-			c := recvEvent(t, conns, "accept")
-			switch site {
-			case "OnData":
-				s.Write([]byte("x"))
-			case "Post":
-				if err := c.Post(func() { got <- c.Close() }); err != nil {
-					t.Fatal(err)
-				}
-			}
+			q := runOnQueue(t, e, site, func(_ *Listener, c *Conn) { got <- c.Close() },
+				func(c *Conn, err error) { closed <- err })
 			if err := waitHang(t, got, "Conn.Close from "+site, func() string { return engineDump(e) }); err != nil {
 				t.Fatalf("Conn.Close from %s = %v", site, err)
 			}
-			waitHang(t, c.Done(), "the connection's close", func() string { return engineDump(e) })
+			waitHang(t, q.c.Done(), "the connection's close", func() string { return engineDump(e) })
 			if err := waitHang(t, closed, "OnClose", func() string { return engineDump(e) }); err != nil {
 				t.Fatalf("OnClose after a local Close: %v", err)
 			}
 			buf := make([]byte, 1)
-			if n, err := s.Read(buf); n != 0 || err != io.EOF {
+			if n, err := q.s.Read(buf); n != 0 || err != io.EOF {
 				t.Fatalf("peer after Close from %s: %d, %v; want EOF", site, n, err)
 			}
 		})

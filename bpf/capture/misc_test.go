@@ -15,6 +15,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/zc"
 )
 
@@ -24,8 +25,8 @@ func TestBadInput(t *testing.T) {
 	v := newVethPair(t, 1)
 	e := zcEngine(t)
 	srv := echoListener(t, v, e)
-	flow := Flow(bpfFlowKey(netip.AddrPortFrom(v.cliAddr, 40000), srv))
-	good := Options{Interfaces: []int{v.srvIdx}, Snap: 128}
+	flow := Flow(bpfFlowKey(netip.AddrPortFrom(v.CliAddr, 40000), srv))
+	good := Options{Interfaces: []int{v.SrvIdx}, Snap: 128}
 	with := func(f func(o *Options)) Options {
 		o := good
 		o.Interfaces = append([]int(nil), good.Interfaces...)
@@ -48,7 +49,7 @@ func TestBadInput(t *testing.T) {
 		{"no interface", io.Discard, with(func(o *Options) { o.Interfaces = nil }), nil, ErrInvalid},
 		{"ifindex 0", io.Discard, with(func(o *Options) { o.Interfaces = []int{0} }), nil, ErrInvalid},
 		{"unknown ifindex", io.Discard, with(func(o *Options) { o.Interfaces = []int{99999} }), nil, ErrInvalid},
-		{"interface twice", io.Discard, with(func(o *Options) { o.Interfaces = []int{v.srvIdx, v.srvIdx} }), nil, ErrInvalid},
+		{"interface twice", io.Discard, with(func(o *Options) { o.Interfaces = []int{v.SrvIdx, v.SrvIdx} }), nil, ErrInvalid},
 		{"ring not a power of two", io.Discard, with(func(o *Options) { o.RingSize = 3 << 20 }), nil, ErrInvalid},
 		{"ring too small for snap", io.Discard, with(func(o *Options) { o.Snap = MaxSnap; o.RingSize = 64 << 10 }), nil, ErrInvalid},
 		{"ring too large", io.Discard, with(func(o *Options) { o.RingSize = 2 * MaxRingSize }), nil, ErrInvalid},
@@ -56,14 +57,14 @@ func TestBadInput(t *testing.T) {
 		{"empty selector", io.Discard, good, []Selector{{}}, ErrInvalid},
 		{"flow without addresses", io.Discard, good, []Selector{Flow(bpf.FlowKey{})}, ErrInvalid},
 		{"flow of mixed families", io.Discard, good, []Selector{Flow(bpfFlowKey(netip.MustParseAddrPort("[2001:db8::1]:5"), srv))}, ErrInvalid},
-		{"flow with local port 0", io.Discard, good, []Selector{Flow(bpfFlowKey(netip.AddrPortFrom(v.cliAddr, 5), netip.AddrPortFrom(v.srvAddr, 0)))}, ErrInvalid},
-		{"listener port 0", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.srvAddr, 0))}, ErrInvalid},
-		{"unknown listener", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.srvAddr, 1))}, ErrNotFound},
-		{"listener in another namespace", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.cliAddr, srv.Port()))}, ErrNotFound},
-		{"steered flow without steering", io.Discard, good, []Selector{Steered(nil, bpfFlowKey(netip.AddrPortFrom(v.cliAddr, 5), srv))}, ErrInvalid},
+		{"flow with local port 0", io.Discard, good, []Selector{Flow(bpfFlowKey(netip.AddrPortFrom(v.CliAddr, 5), netip.AddrPortFrom(v.SrvAddr, 0)))}, ErrInvalid},
+		{"listener port 0", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.SrvAddr, 0))}, ErrInvalid},
+		{"unknown listener", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.SrvAddr, 1))}, ErrNotFound},
+		{"listener in another namespace", io.Discard, good, []Selector{Listener(netip.AddrPortFrom(v.CliAddr, srv.Port()))}, ErrNotFound},
+		{"steered flow without steering", io.Discard, good, []Selector{Steered(nil, bpfFlowKey(netip.AddrPortFrom(v.CliAddr, 5), srv))}, ErrInvalid},
 	} {
 		var err error
-		v.in(t, v.srvNS, func() error {
+		v.In(t, v.Srv, func() error {
 			var cp *Capture
 			cp, err = New(c.w, c.opts, c.sel...)
 			if err == nil {
@@ -87,7 +88,7 @@ func TestBadInput(t *testing.T) {
 	if err := c.Remove(Listener(srv)); !errors.Is(err, ErrNotFound) {
 		t.Errorf("remove of a selector never added: %v", err)
 	}
-	if err := c.Add(Listener(netip.AddrPortFrom(v.srvAddr, 1))); !errors.Is(err, ErrNotFound) {
+	if err := c.Add(Listener(netip.AddrPortFrom(v.SrvAddr, 1))); !errors.Is(err, ErrNotFound) {
 		t.Errorf("add of a listener that does not exist (checked from another namespace's thread): %v", err)
 	}
 	if err := c.Add(Selector{}); !errors.Is(err, ErrInvalid) {
@@ -125,7 +126,7 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// A writer that fails: Close reports it, and everything is freed.
-	v.in(t, v.srvNS, func() (err error) {
+	v.In(t, v.Srv, func() (err error) {
 		c, err = New(failWriter{}, good, flow)
 		return err
 	})
@@ -153,16 +154,16 @@ func TestSelectors(t *testing.T) {
 	srv := echoListener(t, v, e)
 
 	var st *bpf.Steering
-	v.in(t, v.srvNS, func() (err error) {
+	v.In(t, v.Srv, func() (err error) {
 		st, err = bpf.NewSteering(nil, &bpf.Options{Queues: 1})
 		return err
 	})
 	defer st.Close()
-	unknown := bpfFlowKey(netip.AddrPortFrom(v.cliAddr, 5), srv)
+	unknown := bpfFlowKey(netip.AddrPortFrom(v.CliAddr, 5), srv)
 	var err error
-	v.in(t, v.srvNS, func() error {
+	v.In(t, v.Srv, func() error {
 		var c *Capture
-		c, err = New(io.Discard, Options{Interfaces: []int{v.srvIdx}, Snap: 128}, Steered(st, unknown))
+		c, err = New(io.Discard, Options{Interfaces: []int{v.SrvIdx}, Snap: 128}, Steered(st, unknown))
 		if err == nil {
 			c.Close()
 		}
@@ -174,11 +175,11 @@ func TestSelectors(t *testing.T) {
 	t.Logf("unknown steered flow: %v", err)
 	// A peer-wide flow-table entry for the client: a Steered selector of it
 	// captures all of the client's flows to srv.
-	peer := bpfFlowKey(netip.AddrPortFrom(v.cliAddr, 0), srv)
+	peer := bpfFlowKey(netip.AddrPortFrom(v.CliAddr, 0), srv)
 	if err := st.SetFlow(peer, 0); err != nil {
 		t.Fatal(err)
 	}
-	c, path := startCapture(t, v, Options{Interfaces: []int{v.srvIdx}, Snap: MaxSnap}, Steered(st, peer))
+	c, path := startCapture(t, v, Options{Interfaces: []int{v.SrvIdx}, Snap: MaxSnap}, Steered(st, peer))
 	if _, err := echoExchange(t, v, e, srv, randomBytes(64<<10)); err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestSelectors(t *testing.T) {
 	// once it is connected.
 	a := newLongFlow(t, v, e, srv)
 	b := newLongFlow(t, v, e, srv)
-	c, path = startCapture(t, v, Options{Interfaces: []int{v.srvIdx}, Snap: MaxSnap}, Flow(bpfFlowKey(a.local, srv)))
+	c, path = startCapture(t, v, Options{Interfaces: []int{v.SrvIdx}, Snap: MaxSnap}, Flow(bpfFlowKey(a.local, srv)))
 	payloadA, payloadB := randomBytes(200<<10), randomBytes(300<<10)
 	errc := make(chan error, 2)
 	go func() { errc <- a.exchange(payloadA) }()
@@ -231,10 +232,10 @@ type longFlow struct {
 	local netip.AddrPort
 }
 
-func newLongFlow(t *testing.T, v *vethPair, e *zc.Engine, to netip.AddrPort) *longFlow {
+func newLongFlow(t *testing.T, v *testutil.VethPair, e *zc.Engine, to netip.AddrPort) *longFlow {
 	t.Helper()
 	f := &longFlow{}
-	v.in(t, v.cliNS, func() (err error) {
+	v.In(t, v.Cli, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		f.conn, err = e.NetDial(ctx, "tcp", to.String())
@@ -281,20 +282,20 @@ func testXDP(t *testing.T, steering bool) {
 	srv := echoListener(t, v, e)
 	if steering {
 		var st *bpf.Steering
-		v.in(t, v.srvNS, func() (err error) {
+		v.In(t, v.Srv, func() (err error) {
 			st, err = bpf.NewSteering(nil, &bpf.Options{Queues: 2})
 			if err != nil {
 				return err
 			}
-			return st.AttachXDP(v.srvIdx, bpf.XDPAuto)
+			return st.AttachXDP(v.SrvIdx, bpf.XDPAuto)
 		})
 		defer st.Close()
 	}
-	opts := Options{Interfaces: []int{v.srvIdx}, Hooks: HookXDP | HookEgress, Snap: MaxSnap}
+	opts := Options{Interfaces: []int{v.SrvIdx}, Hooks: HookXDP | HookEgress, Snap: MaxSnap}
 	if steering {
 		before := bpfFDs()
 		var err error
-		v.in(t, v.srvNS, func() error {
+		v.In(t, v.Srv, func() error {
 			var c *Capture
 			if c, err = New(io.Discard, opts, Listener(srv)); err == nil {
 				c.Close()
@@ -363,7 +364,7 @@ func TestLoopback(t *testing.T) {
 	v := newVethPair(t, 1) // only its server namespace is used
 	e := zcEngine(t)
 	var ln net.Listener
-	v.in(t, v.srvNS, func() (err error) {
+	v.In(t, v.Srv, func() (err error) {
 		ln, err = e.NetListen("tcp", "127.0.0.1:0")
 		return err
 	})
@@ -380,7 +381,7 @@ func TestLoopback(t *testing.T) {
 	}()
 	c, path := startCapture(t, v, Options{Interfaces: []int{1}, Snap: MaxSnap}, Listener(srv))
 	var f *longFlow
-	v.in(t, v.srvNS, func() (err error) {
+	v.In(t, v.Srv, func() (err error) {
 		f = &longFlow{}
 		f.conn, err = e.NetDial(context.Background(), "tcp", srv.String())
 		return err

@@ -24,6 +24,8 @@ import (
 
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/zcnet/zcnet/internal/netns"
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/zc"
 )
 
@@ -43,11 +45,11 @@ func zcEngine(t *testing.T) *zc.Engine {
 
 // echoListener listens with zc's net.Listener face in namespace ns and
 // echoes every connection until it closes.
-func echoListener(t *testing.T, v *vethPair, e *zc.Engine) netip.AddrPort {
+func echoListener(t *testing.T, v *testutil.VethPair, e *zc.Engine) netip.AddrPort {
 	t.Helper()
 	var ln net.Listener
-	v.in(t, v.srvNS, func() (err error) {
-		ln, err = e.NetListen("tcp", netip.AddrPortFrom(v.srvAddr, 0).String())
+	v.In(t, v.Srv, func() (err error) {
+		ln, err = e.NetListen("tcp", netip.AddrPortFrom(v.SrvAddr, 0).String())
 		return err
 	})
 	t.Cleanup(func() { ln.Close() })
@@ -88,9 +90,9 @@ func echoConn(c net.Conn) {
 // echoExchange dials to from the client namespace with zc, sends payload
 // while reading the echo, and checks every byte came back. It returns the
 // connection's local address.
-func echoExchange(t *testing.T, v *vethPair, e *zc.Engine, to netip.AddrPort, payload []byte) (netip.AddrPort, error) {
+func echoExchange(t *testing.T, v *testutil.VethPair, e *zc.Engine, to netip.AddrPort, payload []byte) (netip.AddrPort, error) {
 	var c zc.NetConn
-	err := inNetns("/run/netns/"+v.cliNS, func() (err error) {
+	err := netns.Do(v.Cli.Fd(), func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		c, err = e.NetDial(ctx, "tcp", to.String())
@@ -130,7 +132,7 @@ func randomBytes(n int) []byte {
 
 // startCapture starts a capture in the server namespace writing to a
 // temporary file.
-func startCapture(t *testing.T, v *vethPair, opts Options, sel ...Selector) (*Capture, string) {
+func startCapture(t *testing.T, v *testutil.VethPair, opts Options, sel ...Selector) (*Capture, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "cap.pcapng")
 	f, err := os.Create(path)
@@ -139,7 +141,7 @@ func startCapture(t *testing.T, v *vethPair, opts Options, sel ...Selector) (*Ca
 	}
 	t.Cleanup(func() { f.Close() })
 	var c *Capture
-	v.in(t, v.srvNS, func() (err error) {
+	v.In(t, v.Srv, func() (err error) {
 		c, err = New(f, opts, sel...)
 		return err
 	})
@@ -242,10 +244,10 @@ func TestCaptureListenerVeth(t *testing.T) {
 	e := zcEngine(t)
 	chosen := echoListener(t, v, e)
 	other := echoListener(t, v, e)
-	c, path := startCapture(t, v, Options{Interfaces: []int{v.srvIdx}, Snap: MaxSnap, RingSize: 32 << 20}, Listener(chosen))
+	c, path := startCapture(t, v, Options{Interfaces: []int{v.SrvIdx}, Snap: MaxSnap, RingSize: 32 << 20}, Listener(chosen))
 
 	// veth has software timestamps only, and says so.
-	if ifs := c.Interfaces(); len(ifs) != 1 || ifs[0].Name != v.srvIf || ifs[0].HWTimestamping || ifs[0].TimestampInfoErr != nil ||
+	if ifs := c.Interfaces(); len(ifs) != 1 || ifs[0].Name != v.SrvIf || ifs[0].HWTimestamping || ifs[0].TimestampInfoErr != nil ||
 		!strings.Contains(ifs[0].Timestamps(), "no hardware timestamping") {
 		t.Errorf("interfaces: %+v", ifs)
 	}
@@ -284,7 +286,7 @@ func TestCaptureListenerVeth(t *testing.T) {
 		t.Fatalf("%d interfaces in the file", r.NInterfaces())
 	}
 	ifc, _ := r.Interface(0)
-	if ifc.Name != v.srvIf || ifc.TimestampResolution != 9 || ifc.LinkType != 1 || !strings.Contains(ifc.Description, "software") ||
+	if ifc.Name != v.SrvIf || ifc.TimestampResolution != 9 || ifc.LinkType != 1 || !strings.Contains(ifc.Description, "software") ||
 		!strings.Contains(ifc.Description, "no hardware timestamping") {
 		t.Errorf("interface description: %+v", ifc)
 	}
@@ -342,7 +344,7 @@ func TestCaptureListenerVeth(t *testing.T) {
 		if sport != cp && dport != cp {
 			t.Errorf("tshark: packet of another flow: %s", line)
 		}
-		if f[7] != v.srvIf {
+		if f[7] != v.SrvIf {
 			t.Errorf("tshark: interface %q", f[7])
 		}
 		if f[5] == "1" && f[6] == "0" {
@@ -378,7 +380,7 @@ func TestRingFull(t *testing.T) {
 	e := zcEngine(t)
 	srv := echoListener(t, v, e)
 	snap := 1514
-	c, path := startCapture(t, v, Options{Interfaces: []int{v.srvIdx}, Snap: snap, RingSize: minRingSize(snap)}, Listener(srv))
+	c, path := startCapture(t, v, Options{Interfaces: []int{v.SrvIdx}, Snap: snap, RingSize: minRingSize(snap)}, Listener(srv))
 	if _, err := echoExchange(t, v, e, srv, randomBytes(16<<20)); err != nil {
 		t.Fatal(err)
 	}
@@ -435,9 +437,9 @@ func TestRingFull(t *testing.T) {
 // deterministic pseudo-random stream until stop is closed, reading the
 // echo and checking every byte of it against the same stream. It returns
 // the number of bytes that went both ways.
-func streamExchange(v *vethPair, e *zc.Engine, to netip.AddrPort, stop <-chan struct{}) (int64, error) {
+func streamExchange(v *testutil.VethPair, e *zc.Engine, to netip.AddrPort, stop <-chan struct{}) (int64, error) {
 	var c zc.NetConn
-	err := inNetns("/run/netns/"+v.cliNS, func() (err error) {
+	err := netns.Do(v.Cli.Fd(), func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		c, err = e.NetDial(ctx, "tcp", to.String())
@@ -536,8 +538,8 @@ func TestStartStopLive(t *testing.T) {
 			t.Fatal(err)
 		}
 		var c *Capture
-		v.in(t, v.srvNS, func() (err error) {
-			c, err = New(f, Options{Interfaces: []int{v.srvIdx}, Snap: 256}, Listener(srv))
+		v.In(t, v.Srv, func() (err error) {
+			c, err = New(f, Options{Interfaces: []int{v.SrvIdx}, Snap: 256}, Listener(srv))
 			return err
 		})
 		time.Sleep(5 * time.Millisecond)

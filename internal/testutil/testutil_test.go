@@ -54,3 +54,25 @@ func TestSkipIfNotSupported(t *testing.T) {
 		}
 	}
 }
+
+// errorRecorder keeps what Errorf reports instead of failing the test.
+type errorRecorder struct {
+	testing.TB
+	errors []string
+}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func TestCompareWithC(t *testing.T) {
+	r := &errorRecorder{TB: t}
+	CompareWithC(r, []string{"stdint.h"}, nil, map[string]uint64{
+		"sizeof(uint32_t)": 4,
+		"UINT16_MAX":       65535,
+		"sizeof(uint64_t)": 4, // wrong on purpose
+	})
+	if len(r.errors) != 1 || r.errors[0] != "sizeof(uint64_t): C says 8, Go says 4" {
+		t.Errorf("errors %q, want the one wrong check", r.errors)
+	}
+}
