@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
-	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/netns"
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -498,59 +497,23 @@ type steerVeth struct {
 	srvIdx, cliIdx int
 }
 
+// The ends' names, as testutil.NewVethPair gives them.
 const (
-	steerSrvIf = "zst0"
-	steerCliIf = "zsc0"
+	steerSrvIf = "zveth-s"
+	steerCliIf = "zveth-c"
 )
 
+// newSteerVeth joins two fresh namespaces with a 2-queue veth pair (10.213.7.1 server, .2
+// client). The client keeps veth's TX checksum offload (the default): zc's generic-mode XDP
+// on veth must keep the checksum state of what it redirects.
 func newSteerVeth(t *testing.T) *steerVeth {
 	t.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 not installed")
+	p := testutil.NewVethPair(t, testutil.VethConfig{Prefix: steerNSPrefix, Queues: 2,
+		Server: netip.MustParsePrefix("10.213.7.1/24"), Client: netip.MustParsePrefix("10.213.7.2/24")})
+	if p.SrvIf != steerSrvIf || p.CliIf != steerCliIf {
+		t.Fatalf("veth ends %s/%s, want %s/%s", p.SrvIf, p.CliIf, steerSrvIf, steerCliIf)
 	}
-	v := &steerVeth{}
-	var err error
-	if v.srv, err = netns.Create(steerNSPrefix); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { v.srv.Close() })
-	if v.cli, err = netns.Create(steerNSPrefix); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { v.cli.Close() })
-	// Created inside the server namespace, the peer moved into the client one: nothing is
-	// ever added to the host's namespace.
-	for _, args := range [][]string{
-		{"-n", v.srv.Name, "link", "add", steerSrvIf, "numtxqueues", "2", "numrxqueues", "2", "type", "veth",
-			"peer", "name", steerCliIf, "netns", v.cli.Name, "numtxqueues", "2", "numrxqueues", "2"},
-		{"-n", v.srv.Name, "addr", "add", "10.213.7.1/24", "dev", steerSrvIf},
-		{"-n", v.cli.Name, "addr", "add", "10.213.7.2/24", "dev", steerCliIf},
-		{"-n", v.srv.Name, "link", "set", steerSrvIf, "up"},
-		{"-n", v.cli.Name, "link", "set", steerCliIf, "up"},
-	} {
-		if err := netns.IP(args...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The client keeps veth's TX checksum offload (the default): zc's generic-mode XDP on
-	// veth must keep the checksum state of what it redirects.
-	hc, err := hwq.Open(hwq.Options{NetNS: v.cli.Fd()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	if v.cliIdx, err = hc.Ifindex(steerCliIf); err != nil {
-		t.Fatal(err)
-	}
-	hs, err := hwq.Open(hwq.Options{NetNS: v.srv.Fd()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hs.Close()
-	if v.srvIdx, err = hs.Ifindex(steerSrvIf); err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return &steerVeth{srv: p.Srv, cli: p.Cli, srvIdx: p.SrvIdx, cliIdx: p.CliIdx}
 }
 
 // xdpAttached reports whether the interface in ns has an XDP program (ip -d link show).
