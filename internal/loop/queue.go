@@ -173,6 +173,14 @@ func (q *Queue) loop() {
 		}
 		q.flush()
 		timeout := q.nextTimeout()
+		if timeout != 0 && q.yield.Load() {
+			// A goroutine we readied sits in this thread's run queue: the thread is locked to
+			// us and is about to block in the kernel (or to busy-poll, holding its P), where
+			// the runtime would leave it waiting until sysmon notices (20 µs to 10 ms). Hand
+			// it over now.
+			q.yield.Store(false)
+			runtime.Gosched()
+		}
 		if timeout != 0 && q.cfg.BusyPoll > 0 && q.inbox.empty() && len(q.dirty) == 0 {
 			busy, err := q.spin(timeout)
 			if err != nil {
@@ -182,13 +190,6 @@ func (q *Queue) loop() {
 			if busy {
 				continue
 			}
-		}
-		if timeout != 0 && q.yield.Load() {
-			// A goroutine we readied sits in this thread's run queue: the thread is locked to
-			// us and is about to block in the kernel, where the runtime would leave it waiting
-			// until sysmon notices (20 µs to 10 ms). Hand it over now.
-			q.yield.Store(false)
-			runtime.Gosched()
 		}
 		if !q.inbox.empty() || len(q.dirty) > 0 {
 			timeout = 0
