@@ -184,6 +184,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: BPF objects left behind after tests:\n  %s\n", strings.Join(left, "\n  "))
 		code = 1
 	}
+	if ns := netns.Own(nsPrefix); len(ns) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: network namespaces left behind: %v\n", ns)
+		code = 1
+	}
 	os.Exit(code)
 }
 

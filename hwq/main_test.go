@@ -3,7 +3,6 @@ package hwq
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -18,7 +17,7 @@ func TestMain(m *testing.M) {
 	netns.RemoveStale(nsPrefix)
 	code := leakcheck.Main(m, 0, leakcheck.Check{Name: "hwq clients", Open: openClients.Load})
 	// Every namespace a test created must be gone.
-	if left, _ := filepath.Glob(filepath.Join("/run/netns", nsPrefix+"-"+strconv.Itoa(os.Getpid())+"-*")); len(left) > 0 {
+	if left := netns.Own(nsPrefix); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "leak: network namespaces left behind: %v\n", left)
 		code = 1
 	}

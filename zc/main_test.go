@@ -1,11 +1,13 @@
 package zc
 
 import (
-	"github.com/zcnet/zcnet/internal/leakcheck"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/leakcheck"
+	"github.com/zcnet/zcnet/internal/netns"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/internal/zcrx"
 	"github.com/zcnet/zcnet/memreg"
@@ -18,11 +20,17 @@ func TestMain(m *testing.M) {
 	if os.Getenv(steerChildEnv) != "" {
 		os.Exit(steerChild())
 	}
+	netns.RemoveStale(steerNSPrefix)
 	// Connections finish closing asynchronously: give stragglers a few seconds.
-	os.Exit(leakcheck.Main(m, 5*time.Second,
+	code := leakcheck.Main(m, 5*time.Second,
 		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
 		leakcheck.Check{Name: "regions", Open: memreg.OpenRegions},
 		leakcheck.Check{Name: "buffer rings", Open: uring.OpenBufRings},
 		leakcheck.Check{Name: "zcrx receivers", Open: zcrx.OpenReceivers},
-	))
+	)
+	if ns := netns.Own(steerNSPrefix); len(ns) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: network namespaces left behind: %v\n", ns)
+		code = 1
+	}
+	os.Exit(code)
 }

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"strings"
@@ -24,7 +25,12 @@ func TestMain(m *testing.M) {
 	netns.RemoveStale(nsPrefix)
 	// Every kernel object a capture creates (programs, maps, links, the
 	// ring) is held by an fd of this process; a leaked one shows here.
-	os.Exit(leakcheck.Main(m, 2*time.Second, leakcheck.Check{Name: "BPF fds", Open: bpfFDs}))
+	code := leakcheck.Main(m, 2*time.Second, leakcheck.Check{Name: "BPF fds", Open: bpfFDs})
+	if ns := netns.Own(nsPrefix); len(ns) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: network namespaces left behind: %v\n", ns)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // bpfFDs counts this process's open BPF fds (programs, maps, links).

@@ -133,3 +133,10 @@ func RemoveStale(prefix string) {
 		IP("netns", "del", e.Name())
 	}
 }
+
+// Own lists the namespaces named PREFIX-PID-N that this process created and has not
+// removed: a test binary's TestMain checks it is empty at the end.
+func Own(prefix string) []string {
+	left, _ := filepath.Glob(filepath.Join("/run/netns", fmt.Sprintf("%s-%d-*", prefix, os.Getpid())))
+	return left
+}

@@ -5,8 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/zcnet/zcnet/internal/leakcheck"
@@ -20,7 +18,7 @@ const nsPrefix = "netinfotest"
 func TestMain(m *testing.M) {
 	netns.RemoveStale(nsPrefix)
 	code := leakcheck.Main(m, 0, leakcheck.Check{Name: "netinfo stacks", Open: openStacks.Load})
-	if left, _ := filepath.Glob(filepath.Join("/run/netns", nsPrefix+"-"+strconv.Itoa(os.Getpid())+"-*")); len(left) > 0 {
+	if left := netns.Own(nsPrefix); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "leak: network namespaces left behind: %v\n", left)
 		code = 1
 	}
