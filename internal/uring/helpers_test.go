@@ -1,6 +1,7 @@
 package uring
 
 import (
+	"errors"
 	"github.com/zcnet/zcnet/internal/leakcheck"
 	"os"
 	"testing"
@@ -29,6 +30,27 @@ func mmapBuf(t testing.TB, n int) []byte {
 }
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// filledBufRing registers a buffer ring of nbufs buffers of bufSize bytes for group, backed
+// by mapped memory, with every buffer added (buffer i has ID i). It skips where the kernel
+// lacks the ring's flags; the ring is closed, then the memory unmapped, at test end.
+func filledBufRing(t testing.TB, r *Ring, nbufs, bufSize int, group uint16, flags uint16) (*BufRing, []byte) {
+	t.Helper()
+	bufs := mmapBuf(t, nbufs*bufSize)
+	br, err := r.RegisterBufRing(uint32(nbufs), group, flags)
+	if errors.Is(err, ErrNotSupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { br.Close() })
+	for i := range nbufs {
+		br.Add(addr(bufs)+uintptr(i*bufSize), uint32(bufSize), uint16(i), i)
+	}
+	br.Advance(nbufs)
+	return br, bufs
+}
 
 func newRing(t testing.TB, entries uint32, opt *Options) *Ring {
 	t.Helper()

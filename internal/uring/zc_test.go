@@ -221,16 +221,7 @@ func TestMultishotRecvBufRing(t *testing.T) {
 			r := newRing(t, 16, nil)
 			c, s := tcpPair(t)
 			const nbufs, bufSize, size = 16, 4096, 4 << 20
-			bufs := mmapBuf(t, nbufs*bufSize)
-			br, err := r.RegisterBufRing(nbufs, 3, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer br.Close()
-			for i := 0; i < nbufs; i++ {
-				br.Add(addr(bufs)+uintptr(i*bufSize), bufSize, uint16(i), i)
-			}
-			br.Advance(nbufs)
+			br, bufs := filledBufRing(t, r, nbufs, bufSize, 3, 0)
 			want := make([]byte, size)
 			fill(want, 11)
 			go func() {
@@ -257,20 +248,8 @@ func TestMultishotRecvBufRing(t *testing.T) {
 
 func TestIncrementalBufRing(t *testing.T) {
 	r := newRing(t, 16, nil)
-	br, err := r.RegisterBufRing(4, 9, PbufRingInc)
-	if errors.Is(err, ErrNotSupported) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
 	const bufSize = 64 << 10
-	bufs := mmapBuf(t, 4*bufSize)
-	for i := 0; i < 4; i++ {
-		br.Add(addr(bufs)+uintptr(i*bufSize), bufSize, uint16(i), i)
-	}
-	br.Advance(4)
+	_, bufs := filledBufRing(t, r, 4, bufSize, 9, PbufRingInc)
 	c, s := tcpPair(t)
 	want := make([]byte, 3000)
 	fill(want, 5)
@@ -318,16 +297,7 @@ func TestRecvMultishotLimit(t *testing.T) {
 	r := newRing(t, 16, nil)
 	c, s := tcpPair(t)
 	const nbufs, bufSize, limit = 64, 4096, 40 << 10
-	bufs := mmapBuf(t, nbufs*bufSize)
-	br, err := r.RegisterBufRing(nbufs, 5, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
-	for i := 0; i < nbufs; i++ {
-		br.Add(addr(bufs)+uintptr(i*bufSize), bufSize, uint16(i), i)
-	}
-	br.Advance(nbufs)
+	_, bufs := filledBufRing(t, r, nbufs, bufSize, 5, 0)
 	want := make([]byte, 200<<10)
 	fill(want, 3)
 	if err := testutil.WriteAll(c, want); err != nil {
