@@ -47,10 +47,10 @@ func Classify(err, oldKernel error, need, hint []Cap) error {
 type Cap uint
 
 const (
-	CapNetAdmin Cap = 12
-	CapSysAdmin Cap = 21
-	CapPerfmon  Cap = 38
-	CapBPF      Cap = 39
+	CapNetAdmin Cap = unix.CAP_NET_ADMIN
+	CapSysAdmin Cap = unix.CAP_SYS_ADMIN
+	CapPerfmon  Cap = unix.CAP_PERFMON
+	CapBPF      Cap = unix.CAP_BPF
 )
 
 func (c Cap) String() string {
