@@ -24,19 +24,18 @@ type RecvRingConfig struct {
 // the ring through the queue's inbox. The pool grows, on the loop, when fewer than a quarter
 // of its buffers are left in the ring.
 type RecvRing struct {
-	u          *URing
-	br         *uring.BufRing
-	pool       *memreg.Pool
-	bundles    bool
-	mshotLimit bool
-	mask       uint32
-	shadow     []uint16 // buffer id at each ring slot (bundles consume consecutive slots)
-	rhead      uint32   // ring entries the kernel consumed
-	rtail      uint32   // ring entries published
-	adds       int      // added since the last publish
-	dirty      bool
-	waiters    []Flusher
-	waiting    atomic.Bool // len(waiters) > 0, for the recyclers
+	u       *URing
+	br      *uring.BufRing
+	pool    *memreg.Pool
+	bundles bool
+	mask    uint32
+	shadow  []uint16 // buffer id at each ring slot (bundles consume consecutive slots)
+	rhead   uint32   // ring entries the kernel consumed
+	rtail   uint32   // ring entries published
+	adds    int      // added since the last publish
+	dirty   bool
+	waiters []Flusher
+	waiting atomic.Bool // len(waiters) > 0, for the recyclers
 
 	out, empty, mismatch, grows, growFails atomic.Int64
 	lastGrowErr                            atomic.Pointer[error]
@@ -59,8 +58,7 @@ func (u *URing) NewRecvRing(cfg RecvRingConfig) (*RecvRing, error) {
 	for int(entries) < maxBufs {
 		entries <<= 1
 	}
-	r := &RecvRing{u: u, bundles: cfg.Bundles && u.caps.Has(uring.FeatRecvsendBundle),
-		mshotLimit: u.caps.RecvMultishotLimit, mask: entries - 1,
+	r := &RecvRing{u: u, bundles: cfg.Bundles && u.caps.Has(uring.FeatRecvsendBundle), mask: entries - 1,
 		shadow: make([]uint16, entries)}
 	var err error
 	r.br, err = u.ring.RegisterBufRing(entries, 0, 0)
@@ -106,7 +104,7 @@ func (r *RecvRing) Bundles() bool { return r.bundles }
 
 // MultishotLimit reports whether a multishot receive takes a limit on its total bytes
 // (uring.Capabilities.RecvMultishotLimit).
-func (r *RecvRing) MultishotLimit() bool { return r.mshotLimit }
+func (r *RecvRing) MultishotLimit() bool { return r.u.caps.RecvMultishotLimit }
 
 // BufSize returns the size of each buffer.
 func (r *RecvRing) BufSize() int { return r.pool.BufSize() }

@@ -250,11 +250,14 @@ func probeRecvMultishotLimit() bool {
 	if err != nil {
 		return false
 	}
-	buf := make([]byte, 64) // the kernel may write it until the ring is closed
-	defer func() {
-		r.Close()
-		runtime.KeepAlive(buf)
-	}()
+	defer r.Close()
+	// Mapped, never Go heap: the kernel may write it until the ring is closed (unmapped
+	// after the Close above, deferred later so it runs first).
+	buf, err := unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return false
+	}
+	defer unix.Munmap(buf)
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return false
