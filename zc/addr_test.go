@@ -52,4 +52,13 @@ func TestConnAddrs(t *testing.T) {
 			}
 		})
 	}
+	// Unknown addresses (a connection that failed before they were read) are nil
+	// interfaces, not nil pointers in one: comparisons with nil and net.OpError's text work.
+	var c Conn
+	if c.LocalAddr() != nil || c.RemoteAddr() != nil {
+		t.Errorf("unknown addresses: %#v, %#v", c.LocalAddr(), c.RemoteAddr())
+	}
+	if s := (&net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: ErrClosed}).Error(); s != "read tcp: "+ErrClosed.Error() {
+		t.Errorf("OpError without addresses: %q", s)
+	}
 }

@@ -198,17 +198,20 @@ func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Co
 	return &Conn{e: e, q: q, sock: s, fd: fd, network: netKindOf(network), qi: -1}
 }
 
-// LocalAddr returns the local address (a *net.TCPAddr; a nil one if it is unknown).
+// LocalAddr returns the local address, a *net.TCPAddr, or nil if it is unknown (the
+// connection failed before its address was read).
 func (c *Conn) LocalAddr() net.Addr { return tcpAddr(c.laddr) }
 
-// RemoteAddr returns the peer's address (a *net.TCPAddr; a nil one if it is unknown).
+// RemoteAddr returns the peer's address, a *net.TCPAddr, or nil if it is unknown.
 func (c *Conn) RemoteAddr() net.Addr { return tcpAddr(c.raddr) }
 
 // LocalAddrPort and RemoteAddrPort return the addresses without allocating.
 func (c *Conn) LocalAddrPort() netip.AddrPort  { return c.laddr }
 func (c *Conn) RemoteAddrPort() netip.AddrPort { return c.raddr }
 
-func tcpAddr(ap netip.AddrPort) *net.TCPAddr {
+// tcpAddr is ap as a net.Addr: a nil interface, not a nil *net.TCPAddr in one, when ap is
+// not valid (net.OpError and callers comparing with nil see "no address").
+func tcpAddr(ap netip.AddrPort) net.Addr {
 	if !ap.IsValid() {
 		return nil
 	}
@@ -325,11 +328,7 @@ func (c *Conn) opErr(op string, err error) error {
 	if errors.As(err, &oe) && oe.Op == op {
 		return err
 	}
-	var a net.Addr
-	if c.raddr.IsValid() {
-		a = tcpAddr(c.raddr)
-	}
-	return &OpError{Op: op, Net: c.network.String(), Addr: a, Err: err}
+	return &OpError{Op: op, Net: c.network.String(), Addr: tcpAddr(c.raddr), Err: err}
 }
 
 // onLoop reports whether the caller runs on any of the engine's queue goroutines.
