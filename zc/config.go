@@ -154,7 +154,7 @@ type Config struct {
 	// read size, bigger is rarely faster: a completion carries what had arrived, and the ring
 	// cycles through all its buffers, so 1 MiB buffers spread a stream over many MiB that the
 	// kernel's copy and the handler's reads take from memory rather than cache (zcbench, bulk
-	// at 1 MiB writes: 64 KiB buffers took 0.85–0.93× the receiver CPU per GB of 1 MiB ones).
+	// at 1 MiB writes: 64 KiB buffers took 0.86–0.93× the receiver CPU per GB of 1 MiB ones).
 	RecvBufSize int
 	RecvBufs    int // receive buffers per queue at start (default 16)
 	RecvPoolMax int // cap of a queue's receive pool in bytes (default 32 MiB; at most 32768 buffers)

@@ -57,7 +57,8 @@ func init() {
 //   - frames of 4 KiB and more are sent from the engine's registered send buffers
 //     (one frame per buffer, filled once per buffer, only re-stamped afterwards) with
 //     Conn.Send, up to the engine's MaxQueuedBytes queued (then OnWritable resumes
-//     them below half of it, the way Conn.Send's documentation asks); smaller frames go through Conn.Write, which copies them into a
+//     them below half of it, the way Conn.Send's documentation asks); smaller frames
+//     go through Conn.Write, which copies them into a
 //     staging buffer and coalesces them while a send is in flight (on the queue
 //     goroutine it returns zc.ErrWouldBlock instead of waiting: the rest of the frame
 //     goes out in the next OnWritable);
@@ -183,7 +184,7 @@ func (z ZC) config(c harness.Case, server bool) zc.Config {
 		// A ring buffer is not a read size: a completion carries what arrived, so buffers
 		// larger than 64 KiB only spread the receiver over more memory (16 × 1 MiB buffers
 		// cycle through 16 MiB, where the copy into them and the check after it miss the
-		// cache): at 1 MiB writes, 64 KiB buffers took 0.90× the receiver CPU per GB.
+		// cache): at 1 MiB writes, 64 KiB buffers took 0.86–0.93× the receiver CPU per GB.
 		rb := min(c.RecvBuf, 64<<10)
 		cfg.RecvBufSize, cfg.RecvBufs = rb, bufCount(rb, budget)
 		if directSend(c) {
@@ -498,7 +499,7 @@ type zcSender struct {
 	// maxQueued is the engine's MaxQueuedBytes: the direct sender queues up to it, then waits
 	// for OnWritable (Conn.Send's documented way to keep a stream bounded). Taking buffers
 	// until the pool ran dry instead kept every send buffer in flight (16 MiB at 1 MiB
-	// writes): the kernel's copy out of them missed the cache, 1.2× the sender CPU per GB.
+	// writes): the kernel's copy out of them missed the cache, 1.1–1.2× the sender CPU per GB.
 	maxQueued int
 	filled    map[uintptr]bool // registered buffers that already hold the payload (direct)
 	frame     []byte           // the stamped frame Written next (not direct)
