@@ -424,7 +424,7 @@ func (c *Conn) unpause(reason int32) {
 
 // armRecv (re)starts receiving unless something says not to.
 func (c *Conn) armRecv() {
-	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil {
+	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil || c.readsDirect() {
 		return
 	}
 	c.q.be.armRecv(c)

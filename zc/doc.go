@@ -15,7 +15,11 @@
 //
 // The net.Conn face (Engine.NetListen, Engine.NetDial) wraps the same connections in
 // net.Conn / net.Listener, copying where that interface demands it, with deadlines and
-// *net.OpError errors.
+// *net.OpError errors. Its Read does what Go's net does: read(2) into the caller's slice on
+// the reading goroutine, waiting in Go's poller (one copy; the queue is not involved), and
+// its Write writes directly while nothing is queued; queued sends, sendfile and splice
+// (io.ReaderFrom) and closing go through the queue. Config.NetConnRing makes Read take
+// bytes from the queue's receive ring instead, as the event-loop face does.
 //
 // # Handlers must not block
 //

@@ -186,6 +186,16 @@ func (e *Engine) pickQueue() *queue {
 
 // onAnyLoop reports whether the caller runs on one of the engine's queue goroutines.
 func (e *Engine) onAnyLoop() bool {
+	maybe := false
+	for _, q := range e.queues {
+		if q.MayBeOnLoop() {
+			maybe = true
+			break
+		}
+	}
+	if !maybe {
+		return false // every queue waits in the kernel: no system call needed to know
+	}
 	tid := int32(unix.Gettid())
 	for _, q := range e.queues {
 		if q.TID() == tid {
@@ -263,6 +273,9 @@ type Stats struct {
 	BytesRecvRing    uint64 // received through the provided-buffer ring
 	BytesRecvPlain   uint64 // received with read(2) (plain backend)
 	BytesRecvShim    uint64 // received through the zcshim module
+	// BytesRecvDirect: read by the net.Conn face's Read with read(2) on the reading goroutine
+	// (the default; Config.NetConnRing turns it off).
+	BytesRecvDirect uint64
 	// BytesRecvMapped / BytesRecvMappedCopied: received through the mapped window (RecvMapped),
 	// as mapped pages / copied because they could not be mapped.
 	BytesRecvMapped       uint64
@@ -341,6 +354,7 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesRecvRing += c.recvRing.Load()
 	s.BytesRecvPlain += c.recvPlain.Load()
 	s.BytesRecvShim += c.recvShim.Load()
+	s.BytesRecvDirect += c.recvDirect.Load()
 	s.BytesRecvMapped += c.recvMapped.Load()
 	s.BytesRecvMappedCopied += c.recvMappedCopied.Load()
 	s.RecvMappedFallbacks += c.mappedFallbacks.Load()

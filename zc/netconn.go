@@ -8,14 +8,17 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
-// The net.Conn face: a connection whose Handler queues received buffers for Read, with
-// deadlines and *net.OpError errors. Read copies out of the borrowed receive buffers (the one
-// copy the interface demands); Write copies into send buffers. Flow control is the engine's:
-// the queued buffers count toward MaxRecvHeld, so a reader that falls behind stops the
-// connection's receiving, not the queue's.
+// The net.Conn face, with deadlines and *net.OpError errors. By default Read calls read(2) on
+// the reading goroutine, waiting in Go's poller (netconn_direct.go): one copy, kernel to p,
+// as in Go's net. With Config.NetConnRing (and where direct reads are not possible: the
+// zcshim backend, RecvMapped, RecvZcrx) the Handler queues received buffers for Read, which
+// copies out of them; flow control is then the engine's: the queued buffers count toward
+// MaxRecvHeld, so a reader that falls behind stops the connection's receiving, not the
+// queue's. Write copies into send buffers, or writes directly when nothing is queued.
 
 type netConn struct {
 	c *Conn
@@ -27,6 +30,14 @@ type netConn struct {
 	rerr    error
 	closed  bool
 	readyCh chan struct{}
+
+	// Direct reads (netconn_direct.go): direct is fixed at creation; df/drc are the
+	// socket's duplicate in Go's poller, set once before the connection is handed out;
+	// dfShut: df was closed.
+	direct bool
+	df     *os.File
+	drc    syscall.RawConn
+	dfShut bool
 
 	readers  atomic.Int32 // goroutines waiting in Read
 	rdl, wdl atomic.Pointer[time.Time]
@@ -47,8 +58,8 @@ func (n *netConn) deadlineWatch() <-chan struct{} {
 	return n.dlCh
 }
 
-func newNetConn(c *Conn) *netConn {
-	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{})}
+func newNetConn(e *Engine, c *Conn) *netConn {
+	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{}), direct: e.directReads()}
 }
 
 func signal(ch chan struct{}) {
@@ -93,6 +104,9 @@ func (n *netConn) OnClose(c *Conn, err error) {
 		n.rerr = err
 	}
 	n.mu.Unlock()
+	if n.direct {
+		n.directClosedByEngine()
+	}
 	signal(n.readyCh)
 }
 
@@ -117,6 +131,9 @@ func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
 // Read reads received bytes, blocking until some arrive, the deadline passes or the
 // connection closes. On a queue goroutine it returns ErrWouldBlock instead of waiting.
 func (n *netConn) Read(p []byte) (int, error) {
+	if n.direct {
+		return n.readDirect(p)
+	}
 	for {
 		n.mu.Lock()
 		if n.closed {
@@ -252,6 +269,9 @@ func (n *netConn) Close() error {
 	for _, d := range rq {
 		d.Release()
 	}
+	if n.direct {
+		n.closeDirect()
+	}
 	err := n.c.Close()
 	signal(n.readyCh)
 	n.deadlineChanged()
@@ -268,16 +288,24 @@ func (n *netConn) LocalAddr() net.Addr  { return n.c.LocalAddr() }
 func (n *netConn) RemoteAddr() net.Addr { return n.c.RemoteAddr() }
 
 func (n *netConn) SetDeadline(t time.Time) error {
-	n.rdl.Store(&t)
+	n.SetReadDeadline(t)
 	n.wdl.Store(&t)
-	n.deadlineChanged()
 	n.c.wakeWriters()
 	return nil
 }
 
 func (n *netConn) SetReadDeadline(t time.Time) error {
+	if n.direct {
+		n.setReadDeadlineDirect(t) // the poller wakes its waiting readers itself
+		return nil
+	}
 	n.rdl.Store(&t)
-	n.deadlineChanged()
+	// Only a waiting reader needs the broadcast (net/http sets a deadline twice a request):
+	// one that starts waiting after the check counts itself first and reads the new
+	// deadline.
+	if n.readers.Load() > 0 {
+		n.deadlineChanged()
+	}
 	return nil
 }
 
@@ -307,7 +335,7 @@ type NetConn interface {
 
 // NetDial dials like Dial and returns a net.Conn.
 func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
-	nc := newNetConn(nil)
+	nc := newNetConn(e, nil)
 	c, err := e.Dial(ctx, network, address, nc)
 	if err != nil {
 		var zerr *OpError
@@ -317,6 +345,12 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 		return nil, err
 	}
 	nc.c = c
+	if nc.direct {
+		if err := nc.openDirect(); err != nil {
+			c.Close()
+			return nil, &net.OpError{Op: "dial", Net: network, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		}
+	}
 	return nc, nil
 }
 
@@ -341,7 +375,13 @@ const acceptBacklog = 1024
 func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{})}
 	l, err := e.Listen(network, address, func(c *Conn) Handler {
-		nc := newNetConn(c)
+		nc := newNetConn(e, c)
+		if nc.direct {
+			if err := nc.openDirect(); err != nil {
+				c.q.ctr.acceptErrs.Add(1) // out of descriptors, most likely: as if accept failed
+				return nil
+			}
+		}
 		nl.mu.Lock()
 		if nl.shut {
 			nl.mu.Unlock()

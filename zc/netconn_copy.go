@@ -319,6 +319,9 @@ func wrapNetErr(err error) error {
 
 // WriteTo implements io.WriterTo: the received buffers go to w as they are, until EOF.
 func (n *netConn) WriteTo(w io.Writer) (int64, error) {
+	if n.direct {
+		return n.writeToDirect(w)
+	}
 	var total int64
 	for {
 		n.mu.Lock()

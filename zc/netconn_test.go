@@ -68,6 +68,11 @@ func TestNettestConn(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			nettest.TestConn(t, netPipe(t, smallCfg(b)))
 		})
+		t.Run(b.String()+"/NetConnRing", func(t *testing.T) {
+			cfg := smallCfg(b)
+			cfg.NetConnRing = true
+			nettest.TestConn(t, netPipe(t, cfg))
+		})
 	}
 }
 

@@ -48,7 +48,7 @@ type counters struct {
 	creditPauses, closeTimeouts, handlerPanics     atomic.Uint64
 	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
-	sentSpliced, directWrites                      atomic.Uint64
+	sentSpliced, directWrites, recvDirect          atomic.Uint64
 }
 
 // queue is one of the engine's queues: an event loop, its backend, its send pool and its

@@ -97,6 +97,11 @@ type Queue struct {
 	freeOps []uint32
 	onBuf   func(arg int32) // buffer-return tasks (see PostBuffer)
 	yield   atomic.Bool     // YieldSoon was called
+	// inCode: the loop may be running code other than its own (tasks, events, timers,
+	// flushes); false while it waits or polls in the kernel. OnLoop asks the thread id only
+	// when it is set: a goroutine that sees it clear cannot be the loop (the loop sets it
+	// before it runs anything, and sees its own writes).
+	inCode atomic.Bool
 	atStop  []func()
 
 	stopReq atomic.Bool
@@ -133,6 +138,7 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 	// its io_uring task context with it.
 	runtime.LockOSThread()
 	q.tid.Store(int32(unix.Gettid()))
+	q.inCode.Store(true)
 	if !q.cfg.NoPin && q.cfg.CPU >= 0 {
 		var set unix.CPUSet
 		set.Set(q.cfg.CPU)
@@ -149,6 +155,7 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 	q.drv = drv
 	ready <- nil
 	q.loop()
+	q.inCode.Store(true)
 	// Stopping: work posted before the seal still runs (a successful Post always runs).
 	for {
 		t := q.inbox.seal()
@@ -166,6 +173,7 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 
 func (q *Queue) loop() {
 	for {
+		q.inCode.Store(true)
 		q.runTasks(q.inbox.takeAll())
 		q.runTimers()
 		if q.stopReq.Load() {
@@ -199,6 +207,7 @@ func (q *Queue) loop() {
 				timeout = 0
 			}
 		}
+		q.inCode.Store(false) // Dispatch sets it again before an event reaches its owner
 		err := q.drv.Wait(timeout)
 		q.sleeping.Store(0)
 		q.waits.Add(1)
@@ -218,6 +227,7 @@ func (q *Queue) spin(timeout time.Duration) (bool, error) {
 	}
 	for {
 		before := q.events.Load()
+		q.inCode.Store(false)
 		err := q.drv.Wait(0)
 		q.waits.Add(1)
 		q.spins.Add(1)
@@ -269,8 +279,13 @@ func (q *Queue) flush() {
 func (q *Queue) ID() int { return q.cfg.ID }
 
 // OnLoop reports whether the caller runs on the queue's goroutine (its thread is locked to
-// it, so the thread id tells).
-func (q *Queue) OnLoop() bool { return int32(unix.Gettid()) == q.tid.Load() }
+// it, so the thread id tells; while the loop waits in the kernel no caller can be it, and
+// the answer costs no system call).
+func (q *Queue) OnLoop() bool { return q.inCode.Load() && int32(unix.Gettid()) == q.tid.Load() }
+
+// MayBeOnLoop is false when the caller certainly does not run on the queue's goroutine (the
+// loop waits in the kernel); true means OnLoop must be asked.
+func (q *Queue) MayBeOnLoop() bool { return q.inCode.Load() }
 
 // TID returns the loop thread's id.
 func (q *Queue) TID() int32 { return q.tid.Load() }
@@ -418,6 +433,9 @@ func (q *Queue) OpLive(ud uint64) bool {
 
 // Dispatch hands an event to its operation's owner (drivers call it; loop only).
 func (q *Queue) Dispatch(ev Event) {
+	if !q.inCode.Load() {
+		q.inCode.Store(true)
+	}
 	q.events.Add(1)
 	slot, gen := uint32(ev.UD), uint32(ev.UD>>32)
 	if gen == 0 {

@@ -611,3 +611,77 @@ func TestNestedReap(t *testing.T) {
 		}
 	}
 }
+
+// OnLoop is true in every place the loop runs other code (a posted task, a timer, an event's
+// owner, busy polling included) and false everywhere else, whether the loop sleeps in the
+// kernel (no system call is made then) or runs.
+func TestOnLoop(t *testing.T) {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
+		for _, busy := range []time.Duration{0, 50 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%v/busy=%v", k, busy), func(t *testing.T) {
+				var ep *Epoll
+				q, err := Start(Config{NoPin: true, BusyPoll: busy}, func(q *Queue) (Driver, error) {
+					if k == kindURing {
+						return NewURing(q, URingConfig{})
+					}
+					d, err := NewEpoll(q)
+					ep = d
+					return d, err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer q.Close()
+				got := make(chan string, 8)
+				check := func(where string) {
+					if !q.OnLoop() {
+						got <- where + ": OnLoop false on the loop"
+						return
+					}
+					got <- ""
+				}
+				q.Post(func() { check("Post") })
+				q.Post(func() { q.After(time.Millisecond, func() { check("timer") }) })
+				if k == kindEpoll {
+					fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer unix.Close(fds[0])
+					defer unix.Close(fds[1])
+					var ud uint64
+					o := &funcOwner{fn: func(q *Queue, ev Event) { ep.Del(fds[1]); q.FreeOp(ud); check("event") }}
+					q.Do(func() error { ud = q.NewOp(o, 1); return ep.Add(fds[1], unix.EPOLLIN, ud) })
+					time.Sleep(5 * time.Millisecond) // the loop waits (or polls) first
+					unix.Write(fds[0], []byte("x"))
+				} else {
+					got <- ""
+				}
+				for i := 0; i < 3; i++ {
+					select {
+					case msg := <-got:
+						if msg != "" {
+							t.Error(msg)
+						}
+					case <-time.After(10 * time.Second):
+						t.Fatal("a check did not run")
+					}
+				}
+				// Elsewhere: while the loop sleeps, and while it is busy with a task.
+				for i := 0; i < 100; i++ {
+					if q.OnLoop() {
+						t.Fatal("OnLoop true off the loop (loop idle)")
+					}
+				}
+				release := make(chan struct{})
+				running := make(chan struct{})
+				q.Post(func() { close(running); <-release })
+				<-running
+				if q.OnLoop() || !q.MayBeOnLoop() {
+					t.Errorf("while the loop runs a task: OnLoop %v (want false), MayBeOnLoop %v (want true)", q.OnLoop(), q.MayBeOnLoop())
+				}
+				close(release)
+			})
+		}
+	}
+}

@@ -1,0 +1,206 @@
+package zc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash/crc32"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Direct reads (netconn_direct.go): the net.Conn face reads the socket itself by default,
+// through the ring with Config.NetConnRing; both carry every byte, the counters say which
+// path carried them, and the descriptors come and go with the connections (TestMain counts
+// them).
+
+func TestNetConnReadPaths(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		for _, ring := range []bool{false, true} {
+			name := b.String() + "/direct"
+			if ring {
+				name = b.String() + "/ring"
+			}
+			t.Run(name, func(t *testing.T) {
+				cfg := smallCfg(b)
+				cfg.NetConnRing = ring
+				srv, cli := newEngine(t, cfg), newEngine(t, cfg)
+				ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				// The server echoes with io.Copy (its WriteTo and ReadFrom), the client
+				// writes 8 MiB from one goroutine and reads it back on another.
+				go func() {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					io.Copy(c, c)
+					c.(NetConn).CloseWrite()
+					c.Close()
+				}()
+				c, err := cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				msg := make([]byte, 8<<20)
+				for i := range msg {
+					msg[i] = byte(i*31 + i>>9)
+				}
+				werr := make(chan error, 1)
+				go func() {
+					for p := msg; len(p) > 0; {
+						k := min(len(p), 1+len(p)%70001)
+						if _, err := c.Write(p[:k]); err != nil {
+							werr <- err
+							return
+						}
+						p = p[k:]
+					}
+					werr <- c.CloseWrite()
+				}()
+				c.SetReadDeadline(time.Now().Add(hangBound))
+				got, err := io.ReadAll(c)
+				if err != nil {
+					t.Fatalf("ReadAll: %v after %d bytes", err, len(got))
+				}
+				if err := <-werr; err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, msg) {
+					t.Fatalf("echoed %d bytes (crc %08x), sent %d (crc %08x)", len(got), crc32.ChecksumIEEE(got), len(msg), crc32.ChecksumIEEE(msg))
+				}
+				for side, e := range map[string]*Engine{"server": srv, "client": cli} {
+					st := e.Stats()
+					if ring && (st.BytesRecvDirect != 0 || st.BytesRecvRing+st.BytesRecvPlain < uint64(len(msg))) {
+						t.Errorf("%s with NetConnRing: %d bytes read directly, %d through the queue", side, st.BytesRecvDirect, st.BytesRecvRing+st.BytesRecvPlain)
+					}
+					if !ring && (st.BytesRecvDirect != uint64(len(msg)) || st.BytesRecvRing+st.BytesRecvPlain != 0) {
+						t.Errorf("%s: %d bytes read directly, %d through the queue; want %d and 0", side, st.BytesRecvDirect, st.BytesRecvRing+st.BytesRecvPlain, len(msg))
+					}
+				}
+				if n := c.(NetConn).Zc().Stats().BytesRecv; n != uint64(len(msg)) {
+					t.Errorf("ConnStats.BytesRecv = %d, want %d", n, len(msg))
+				}
+			})
+		}
+	}
+}
+
+// A Read waiting in the poller ends with the connection: when the application closes it
+// (net.ErrClosed), when the engine closes it (the peer sees the close, the reader an error),
+// and at its deadline, moved while it waits.
+func TestNetConnDirectReadWakes(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			for _, how := range []string{"Close", "Engine.Close", "deadline"} {
+				t.Run(how, func(t *testing.T) {
+					e, err := New(Config{Backend: b, Queues: 1, NoPin: true})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer e.Close()
+					ln, err := e.NetListen("tcp", "127.0.0.1:0")
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer ln.Close()
+					s := dialPlain(t, ln.Addr().String())
+					nc, err := ln.Accept()
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer nc.Close()
+					got := make(chan error, 1)
+					go func() {
+						_, err := nc.Read(make([]byte, 64))
+						got <- err
+					}()
+					time.Sleep(20 * time.Millisecond) // let it wait in the poller
+					switch how {
+					case "Close":
+						nc.Close()
+					case "Engine.Close":
+						e.Close()
+					case "deadline":
+						nc.SetReadDeadline(time.Now().Add(time.Hour))
+						time.Sleep(5 * time.Millisecond)
+						nc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+					}
+					err = waitHang(t, got, "a waiting Read after "+how, func() string { return engineDump(e) })
+					var ne net.Error
+					switch how {
+					case "Close":
+						if !errors.Is(err, net.ErrClosed) {
+							t.Fatalf("Read after Close: %v, want net.ErrClosed", err)
+						}
+					case "Engine.Close":
+						if err != io.EOF && !errors.Is(err, ErrClosed) {
+							t.Fatalf("Read after Engine.Close: %v, want io.EOF or ErrClosed", err)
+						}
+						// The peer sees the close (FIN), and nothing keeps the socket open.
+						s.SetNonblocking(false)
+						k, rerr := s.Read(make([]byte, 8))
+						if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
+							t.Fatalf("peer after Engine.Close: read %d, %v; want the end of the stream", k, rerr)
+						}
+						if _, err := nc.Read(make([]byte, 8)); err == nil {
+							t.Fatal("a second Read after Engine.Close succeeded")
+						}
+					case "deadline":
+						if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+							t.Fatalf("Read past its deadline: %v, want a timeout", err)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// Out of descriptors for the duplicate: an accepted connection is refused (counted in
+// AcceptErrors; the peer sees it end), NetDial fails with the errno; nothing leaks.
+func TestNetConnDirectNoDescriptor(t *testing.T) {
+	old := dupFD
+	dupFD = func(int) (int, error) { return -1, unix.EMFILE }
+	defer func() { dupFD = old }()
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
+			ln, err := e.NetListen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			s := dialPlain(t, ln.Addr().String())
+			s.SetNonblocking(false)
+			k, rerr := s.Read(make([]byte, 8))
+			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
+				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
+			}
+			if n := e.Stats().AcceptErrors; n != 1 {
+				t.Errorf("AcceptErrors = %d, want 1", n)
+			}
+			nc, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())
+			var oe *net.OpError
+			if err == nil || !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(err, unix.EMFILE) {
+				t.Fatalf("NetDial without a descriptor for the poller: %v, %v; want a dial *net.OpError matching EMFILE", nc, err)
+			}
+			deadline := time.Now().Add(hangBound)
+			for e.Stats().Conns > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d connections left after the refusals", e.Stats().Conns)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}
