@@ -102,7 +102,7 @@ type Queue struct {
 	// when it is set: a goroutine that sees it clear cannot be the loop (the loop sets it
 	// before it runs anything, and sees its own writes).
 	inCode atomic.Bool
-	atStop  []func()
+	atStop []func()
 
 	stopReq atomic.Bool
 	done    chan struct{}
