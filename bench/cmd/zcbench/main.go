@@ -398,7 +398,7 @@ func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 	need := 0
 	for _, v := range vs {
 		if v.Scenario == harness.Idle || v.Scenario == harness.MultiCore {
-			need = max(need, v.Conns)
+			need = max(need, v.Conns*modeFDs(v.Mode))
 		}
 	}
 	if need == 0 {
@@ -419,27 +419,50 @@ func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 	}
 	old := lim.Max
 	lim.Cur, lim.Max = want, want
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
-		return vs, fmt.Sprintf("raised RLIMIT_NOFILE from %d to %d for %d connections", old, want, need)
+	err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	if err == nil {
+		return vs, fmt.Sprintf("raised RLIMIT_NOFILE from %d to %d for %d descriptors", old, want, need)
 	}
-	fit := max(1, int(old)-spare)
-	var out []harness.Variant
-	var dropped []string
+	out, idleFit, dropped := shrinkToFit(vs, max(1, int(old)-spare), modeFDs)
+	note := fmt.Sprintf("RLIMIT_NOFILE is %d and cannot be raised to %d (%v): idle runs with at most %d connections", old, want, err, idleFit)
+	if len(dropped) > 0 {
+		note += "; multicore variants left out: " + strings.Join(dropped, ", ")
+	}
+	return out, note
+}
+
+// modeFDs is how many descriptors the named mode's server holds per connection.
+func modeFDs(mode string) int {
+	for _, m := range modes.All() {
+		if m.Name() == mode {
+			return harness.FDsPerConn(m)
+		}
+	}
+	return 1
+}
+
+// shrinkToFit fits the plan into fit descriptors: idle variants all get the connection
+// count the hungriest mode fits (they are compared with each other), multi-core variants
+// that do not fit are dropped (named in dropped).
+func shrinkToFit(vs []harness.Variant, fit int, fds func(mode string) int) (out []harness.Variant, idleFit int, dropped []string) {
+	for _, v := range vs {
+		if v.Scenario == harness.Idle {
+			if f := max(1, fit/fds(v.Mode)); idleFit == 0 || f < idleFit {
+				idleFit = f
+			}
+		}
+	}
 	for _, v := range vs {
 		switch {
-		case v.Scenario == harness.Idle && v.Conns > fit:
-			v.Conns = fit
-		case v.Scenario == harness.MultiCore && v.Conns > fit:
+		case v.Scenario == harness.Idle && v.Conns > idleFit:
+			v.Conns = idleFit
+		case v.Scenario == harness.MultiCore && v.Conns > max(1, fit/fds(v.Mode)):
 			dropped = append(dropped, fmt.Sprintf("%s ×%d", v.Mode, v.Conns))
 			continue
 		}
 		out = append(out, v)
 	}
-	note := fmt.Sprintf("RLIMIT_NOFILE is %d and cannot be raised (not root?): idle runs with at most %d connections", old, fit)
-	if len(dropped) > 0 {
-		note += "; multicore variants left out: " + strings.Join(dropped, ", ")
-	}
-	return out, note
+	return out, idleFit, dropped
 }
 
 // fixedCost is how long a run that does not follow the traffic time takes, roughly

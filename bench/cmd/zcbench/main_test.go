@@ -189,3 +189,27 @@ func TestFDLimit(t *testing.T) {
 		t.Errorf("no connections to make room for: %v %q", out, note)
 	}
 }
+
+// Where the limit cannot be raised: idle variants shrink together to what the hungriest
+// mode fits (zc-net holds two descriptors per connection), multi-core ones that do not fit
+// are left out; the zc-net server is asked for 2 per connection.
+func TestShrinkToFit(t *testing.T) {
+	if n := modeFDs("zc-net"); n != 2 {
+		t.Errorf("zc-net holds %d descriptors per connection, want 2", n)
+	}
+	if n := modeFDs("net"); n != 1 {
+		t.Errorf("net holds %d descriptors per connection, want 1", n)
+	}
+	vs := []harness.Variant{{Scenario: harness.Idle, Mode: "net", Conns: 10000},
+		{Scenario: harness.Idle, Mode: "zc-net", Conns: 10000},
+		{Scenario: harness.MultiCore, Mode: "net", Conns: 4096},
+		{Scenario: harness.MultiCore, Mode: "zc", Conns: 512},
+		{Scenario: harness.Bulk, Mode: "net", Conns: 1}}
+	out, idleFit, dropped := shrinkToFit(vs, 3000, modeFDs)
+	if idleFit != 1500 || len(out) != 4 || out[0].Conns != 1500 || out[1].Conns != 1500 || out[2].Conns != 512 {
+		t.Errorf("shrinkToFit(3000): idle %d, plan %+v", idleFit, out)
+	}
+	if len(dropped) != 1 || dropped[0] != "net ×4096" {
+		t.Errorf("dropped %q, want the 4096-connection multicore variant", dropped)
+	}
+}

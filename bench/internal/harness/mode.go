@@ -167,6 +167,20 @@ type Mode interface {
 	Client(ctx context.Context, c Case, m *Meter) error
 }
 
+// FDCounter is implemented by modes whose server holds more than one descriptor per
+// connection (zc-net: the socket and its duplicate in Go's poller).
+type FDCounter interface {
+	FDsPerConn() int
+}
+
+// FDsPerConn is how many descriptors m's server holds per connection.
+func FDsPerConn(m Mode) int {
+	if f, ok := m.(FDCounter); ok {
+		return f.FDsPerConn()
+	}
+	return 1
+}
+
 // ScenarioSupporter is implemented by modes that run only some scenarios.
 type ScenarioSupporter interface {
 	Supports(s Scenario) bool

@@ -25,6 +25,10 @@ func (ZCNet) Name() string { return "zc-net" }
 // Supports implements harness.ScenarioSupporter.
 func (ZCNet) Supports(s harness.Scenario) bool { return slices.Contains(zcNetScenarios, s) }
 
+// FDsPerConn implements harness.FDCounter: a net.Conn face that reads directly holds a
+// duplicate of its socket in Go's poller.
+func (ZCNet) FDsPerConn() int { return 2 }
+
 // Available implements harness.Mode.
 func (ZCNet) Available() error { return ZC{path: zc.SendAdaptive}.Available() }
 
