@@ -358,9 +358,11 @@ func testNetConnReadAfterEngineClose(t *testing.T, cfg Config, partial bool) {
 		t.Fatal(err)
 	}
 	msg := make([]byte, 200<<10) // several receive buffers
-	if !cfg.NetConnRing {
+	direct := false
+	if e.directReads() {
 		// Direct reads: "received" is what the socket holds, which is within its buffer.
 		msg = msg[:60<<10]
+		direct = true
 	}
 	for i := range msg {
 		msg[i] = byte(i * 7)
@@ -372,7 +374,13 @@ func testNetConnReadAfterEngineClose(t *testing.T, cfg Config, partial bool) {
 	// Wait until everything arrived: queued in the net.Conn (ring: the engine received it
 	// all) or in the socket (direct reads).
 	zconn := nc.(NetConn).Zc()
+	if nc.(*netConn).direct != direct {
+		t.Fatalf("the connection reads directly: %v, the engine says %v", nc.(*netConn).direct, direct)
+	}
 	arrived := func() uint64 {
+		if !direct {
+			return zconn.Stats().BytesRecv
+		}
 		inq := 0
 		zconn.Socket(func(s *tcpglue.Socket) error {
 			return s.Control(func(fd int) error {

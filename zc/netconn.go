@@ -287,7 +287,21 @@ func (n *netConn) CloseWrite() error { return n.c.CloseWrite() }
 func (n *netConn) LocalAddr() net.Addr  { return n.c.LocalAddr() }
 func (n *netConn) RemoteAddr() net.Addr { return n.c.RemoteAddr() }
 
+// closedSet is what the deadline setters return on a closed connection (as Go's net does).
+func (n *netConn) closedSet() error {
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return n.opErr("set", net.ErrClosed)
+	}
+	return nil
+}
+
 func (n *netConn) SetDeadline(t time.Time) error {
+	if err := n.closedSet(); err != nil {
+		return err
+	}
 	n.SetReadDeadline(t)
 	n.wdl.Store(&t)
 	n.c.wakeWriters()
@@ -295,6 +309,9 @@ func (n *netConn) SetDeadline(t time.Time) error {
 }
 
 func (n *netConn) SetReadDeadline(t time.Time) error {
+	if err := n.closedSet(); err != nil {
+		return err
+	}
 	if n.direct {
 		n.setReadDeadlineDirect(t) // the poller wakes its waiting readers itself
 		return nil
@@ -310,6 +327,9 @@ func (n *netConn) SetReadDeadline(t time.Time) error {
 }
 
 func (n *netConn) SetWriteDeadline(t time.Time) error {
+	if err := n.closedSet(); err != nil {
+		return err
+	}
 	n.wdl.Store(&t)
 	n.c.wakeWriters()
 	return nil

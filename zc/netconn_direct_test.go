@@ -142,6 +142,13 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 						if !errors.Is(err, net.ErrClosed) {
 							t.Fatalf("Read after Close: %v, want net.ErrClosed", err)
 						}
+						// As in Go's net: setting a deadline on a closed connection fails.
+						for name, set := range map[string]func(time.Time) error{"SetDeadline": nc.SetDeadline,
+							"SetReadDeadline": nc.SetReadDeadline, "SetWriteDeadline": nc.SetWriteDeadline} {
+							if err := set(time.Now()); !errors.Is(err, net.ErrClosed) {
+								t.Errorf("%s after Close: %v, want net.ErrClosed", name, err)
+							}
+						}
 					case "Engine.Close":
 						if err != io.EOF && !errors.Is(err, ErrClosed) {
 							t.Fatalf("Read after Engine.Close: %v, want io.EOF or ErrClosed", err)
