@@ -222,7 +222,7 @@ func TestCorruptionHarnessScenarios(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
 		s    harness.Scenario
-	}{{"net", harness.MultiCore}, {"net", harness.HTTP}, {"net", harness.FileSend}, {"zc-net", harness.FileSend}} {
+	}{{"net", harness.MultiCore}, {"net", harness.HTTP}, {"net", harness.FileSend}, {"zc-net", harness.FileSend}, {"zc-net-ring", harness.FileSend}} {
 		t.Run(tc.mode+"/"+string(tc.s), func(t *testing.T) {
 			var m harness.Mode
 			for _, x := range All() {

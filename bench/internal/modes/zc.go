@@ -41,6 +41,7 @@ func init() {
 		ZC{name: "zc-hash", steer: zc.SteerReuseportHash, scens: []harness.Scenario{mc}},
 		ZC{name: "zc-cpu", steer: zc.SteerBPF, cpuPolicy: true, scens: []harness.Scenario{mc}},
 		ZCNet{},
+		ZCNet{Ring: true},
 	)
 }
 

@@ -14,27 +14,47 @@ import (
 // net.Conn code gets by switching to zc. It runs the scenarios of issue 10's goal 5:
 // net/http on NetListen (HTTP), a file sent with io.Copy from an *os.File (FileSend:
 // io.Copy uses the connection's io.ReaderFrom when it has one), and idle connections.
-// The engine is configured like "zc"'s (io_uring, fallback forbidden, NoPin).
-type ZCNet struct{}
+// The engine is configured like "zc"'s (io_uring, fallback forbidden, NoPin). Its Read is
+// read(2) on the reading goroutine (zc's default); "zc-net-ring" (Ring) reads through the
+// queue's receive ring instead (Config.NetConnRing), side by side for HTTP and file send.
+type ZCNet struct{ Ring bool }
 
 var zcNetScenarios = []harness.Scenario{harness.FileSend, harness.HTTP, harness.Idle}
 
 // Name implements harness.Mode.
-func (ZCNet) Name() string { return "zc-net" }
+func (z ZCNet) Name() string {
+	if z.Ring {
+		return "zc-net-ring"
+	}
+	return "zc-net"
+}
 
 // Supports implements harness.ScenarioSupporter.
-func (ZCNet) Supports(s harness.Scenario) bool { return slices.Contains(zcNetScenarios, s) }
+func (z ZCNet) Supports(s harness.Scenario) bool {
+	return slices.Contains(zcNetScenarios, s) && !(z.Ring && s == harness.Idle)
+}
 
 // FDsPerConn implements harness.FDCounter: a net.Conn face that reads directly holds a
 // duplicate of its socket in Go's poller.
-func (ZCNet) FDsPerConn() int { return 2 }
+func (z ZCNet) FDsPerConn() int {
+	if z.Ring {
+		return 1
+	}
+	return 2
+}
 
 // Available implements harness.Mode.
 func (ZCNet) Available() error { return ZC{path: zc.SendAdaptive}.Available() }
 
+func (z ZCNet) config(c harness.Case, server bool) zc.Config {
+	cfg := ZC{path: zc.SendAdaptive}.config(c, server)
+	cfg.NetConnRing = z.Ring
+	return cfg
+}
+
 // Server implements harness.Mode.
-func (ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	e, err := zc.New(ZC{path: zc.SendAdaptive}.config(c, true))
+func (z ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
+	e, err := zc.New(z.config(c, true))
 	if err != nil {
 		return err
 	}
@@ -54,8 +74,8 @@ func (ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready f
 }
 
 // Client implements harness.Mode.
-func (ZCNet) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
-	e, err := zc.New(ZC{path: zc.SendAdaptive}.config(c, false))
+func (z ZCNet) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
+	e, err := zc.New(z.config(c, false))
 	if err != nil {
 		return err
 	}
