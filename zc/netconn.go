@@ -39,6 +39,8 @@ type netConn struct {
 	drc    syscall.RawConn
 	dfShut bool
 
+	addrs atomic.Pointer[[2]net.Addr] // local, remote: made on first use (errors, LocalAddr)
+
 	readers  atomic.Int32 // goroutines waiting in Read
 	rdl, wdl atomic.Pointer[time.Time]
 	dlMu     sync.Mutex
@@ -118,7 +120,19 @@ func (n *netConn) opErr(op string, err error) error {
 	if errors.As(err, &zerr) {
 		err = zerr.Err
 	}
-	return &net.OpError{Op: op, Net: n.c.network.String(), Source: n.c.LocalAddr(), Addr: n.c.RemoteAddr(), Err: err}
+	a := n.addrPair()
+	return &net.OpError{Op: op, Net: n.c.network.String(), Source: a[0], Addr: a[1], Err: err}
+}
+
+// addrPair returns the connection's addresses as net.Addrs, made once: net/http ends a
+// background Read with a deadline on every request, and each error names both.
+func (n *netConn) addrPair() *[2]net.Addr {
+	if a := n.addrs.Load(); a != nil {
+		return a
+	}
+	a := &[2]net.Addr{n.c.LocalAddr(), n.c.RemoteAddr()}
+	n.addrs.CompareAndSwap(nil, a)
+	return n.addrs.Load()
 }
 
 func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
@@ -284,8 +298,8 @@ func (n *netConn) Close() error {
 // CloseWrite shuts down the sending side after queued data is sent.
 func (n *netConn) CloseWrite() error { return n.c.CloseWrite() }
 
-func (n *netConn) LocalAddr() net.Addr  { return n.c.LocalAddr() }
-func (n *netConn) RemoteAddr() net.Addr { return n.c.RemoteAddr() }
+func (n *netConn) LocalAddr() net.Addr  { return n.addrPair()[0] }
+func (n *netConn) RemoteAddr() net.Addr { return n.addrPair()[1] }
 
 // closedSet is what the deadline setters return on a closed connection (as Go's net does).
 func (n *netConn) closedSet() error {
@@ -353,7 +367,9 @@ type NetConn interface {
 	Zc() *Conn
 }
 
-// NetDial dials like Dial and returns a net.Conn.
+// NetDial dials like Dial and returns a net.Conn. Where the connection reads directly (the
+// default, see Config.NetConnRing) and its socket cannot be duplicated for Go's poller, the
+// connection is closed and NetDial fails with the errno (EMFILE: out of descriptors).
 func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
 	nc := newNetConn(e, nil)
 	c, err := e.Dial(ctx, network, address, nc)
@@ -392,6 +408,9 @@ type netListener struct {
 const acceptBacklog = 1024
 
 // NetListen listens like Listen and returns a net.Listener whose Accept returns net.Conns.
+// Where the connections read directly (the default, see Config.NetConnRing), one whose socket
+// cannot be duplicated for Go's poller (out of descriptors) is closed and counted in
+// Stats.AcceptErrors, as if its accept had failed.
 func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{})}
 	l, err := e.Listen(network, address, func(c *Conn) Handler {
