@@ -211,3 +211,83 @@ func TestNetConnDirectNoDescriptor(t *testing.T) {
 		})
 	}
 }
+
+// Races on direct connections: readers, deadline changes, Close and the engine's close
+// arrive in any order; every call returns (no hang, no panic), and the descriptors come
+// back (TestMain counts them).
+func TestNetConnDirectRaces(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			for round := 0; round < 3; round++ {
+				e, err := New(Config{Backend: b, Queues: 2, NoPin: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ln, err := e.NetListen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				const conns = 16
+				var peers []net.Conn
+				for i := 0; i < conns; i++ {
+					p, err := net.Dial("tcp", ln.Addr().String())
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer p.Close()
+					peers = append(peers, p)
+				}
+				done := make(chan struct{}, 4*conns)
+				for i := 0; i < conns; i++ {
+					nc, err := ln.Accept()
+					if err != nil {
+						t.Fatal(err)
+					}
+					go func() { // a reader
+						defer func() { done <- struct{}{} }()
+						buf := make([]byte, 512)
+						for {
+							if _, err := nc.Read(buf); err != nil {
+								var ne net.Error
+								if errors.As(err, &ne) && ne.Timeout() {
+									continue
+								}
+								return
+							}
+						}
+					}()
+					go func() { // deadlines moving under it
+						defer func() { done <- struct{}{} }()
+						for j := 0; j < 50; j++ {
+							if nc.SetReadDeadline(time.Now().Add(time.Duration(j%3) * time.Millisecond)) != nil {
+								return
+							}
+							time.Sleep(100 * time.Microsecond)
+						}
+					}()
+					go func(i int) { // the peer writes; half the connections are closed by us
+						defer func() { done <- struct{}{} }()
+						peers[i].Write(make([]byte, 1000*(i+1)))
+						if i%2 == 0 {
+							time.Sleep(time.Duration(i) * 200 * time.Microsecond)
+							nc.Close()
+						}
+					}(i)
+					go func() { // a second reader now and then
+						defer func() { done <- struct{}{} }()
+						nc.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+						nc.Read(make([]byte, 64))
+					}()
+				}
+				time.Sleep(3 * time.Millisecond)
+				closed := make(chan error, 1)
+				go func() { closed <- e.Close() }()
+				waitHang(t, closed, "Engine.Close among racing readers", func() string { return engineDump(e) })
+				for i := 0; i < 4*conns; i++ {
+					waitHang(t, done, "a racing net.Conn call", func() string { return "" })
+				}
+				ln.Close()
+			}
+		})
+	}
+}
