@@ -259,7 +259,7 @@ func TestNetConnDirectRaces(t *testing.T) {
 					go func() { // deadlines moving under it
 						defer func() { done <- struct{}{} }()
 						for j := 0; j < 50; j++ {
-							if nc.SetReadDeadline(time.Now().Add(time.Duration(j%3) * time.Millisecond)) != nil {
+							if nc.SetReadDeadline(time.Now().Add(time.Duration(j%3)*time.Millisecond)) != nil {
 								return
 							}
 							time.Sleep(100 * time.Microsecond)
