@@ -87,7 +87,7 @@ func TestNetConnReadPaths(t *testing.T) {
 						t.Errorf("%s: %d bytes read directly, %d through the queue; want %d and 0", side, st.BytesRecvDirect, st.BytesRecvRing+st.BytesRecvPlain, len(msg))
 					}
 				}
-				if n := c.(NetConn).Zc().Stats().BytesRecv; n != uint64(len(msg)) {
+				if n := c.Zc().Stats().BytesRecv; n != uint64(len(msg)) {
 					t.Errorf("ConnStats.BytesRecv = %d, want %d", n, len(msg))
 				}
 			})
