@@ -49,8 +49,10 @@ type netConn struct {
 
 func (n *netConn) deadlineChanged() {
 	n.dlMu.Lock()
-	close(n.dlCh)
-	n.dlCh = make(chan struct{})
+	if n.dlCh != nil {
+		close(n.dlCh)
+		n.dlCh = make(chan struct{})
+	}
 	n.dlMu.Unlock()
 }
 
@@ -61,7 +63,13 @@ func (n *netConn) deadlineWatch() <-chan struct{} {
 }
 
 func newNetConn(e *Engine, c *Conn) *netConn {
-	return &netConn{c: c, readyCh: make(chan struct{}, 1), dlCh: make(chan struct{}), direct: e.directReads()}
+	n := &netConn{c: c, direct: e.directReads()}
+	if !n.direct {
+		// The ring path's wake-ups; a direct connection waits in the poller and carries
+		// neither (signal on a nil channel does nothing).
+		n.readyCh, n.dlCh = make(chan struct{}, 1), make(chan struct{})
+	}
+	return n
 }
 
 func signal(ch chan struct{}) {
