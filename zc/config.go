@@ -149,7 +149,8 @@ type Config struct {
 	NoPin     bool // do not pin queue threads to CPUs
 	// BusyPoll, when positive, makes each queue poll for events without sleeping for up to
 	// this long before it waits in the kernel: lower and steadier latency (request/response,
-	// ping-pong) for a CPU kept busy. Off by default (the default stays CPU-friendly).
+	// ping-pong) for a CPU kept busy. Off by default (the default stays CPU-friendly). See
+	// the package documentation, "Queues and Go's scheduler", for GOMAXPROCS.
 	BusyPoll time.Duration
 
 	// Memory. Each queue has a send pool (registered with the kernel: pinned, counted against
