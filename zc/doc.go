@@ -59,7 +59,8 @@
 // message rates. Measured on a 2-CPU VM, ping-pong of 64 B with each side confined to one
 // CPU and one queue: GOMAXPROCS=1 gave a 111 µs median round trip and 118–121 µs of CPU per
 // message, GOMAXPROCS=2 93–97 µs and 87–91 µs (Go's net: 83–93 µs and 91–100 µs). Give such
-// processes a GOMAXPROCS above Config.Queues, or let the queues spin (Config.BusyPoll).
+// processes a GOMAXPROCS above Config.Queues (Config.AddProcs does it for the engine's
+// lifetime), or let the queues spin (Config.BusyPoll).
 //
 // # Backends and fallbacks
 //

@@ -32,6 +32,18 @@ type Engine struct {
 
 	steerFallbacks atomic.Uint64
 	steerCtr       steerCounters
+
+	addedProcs int // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+}
+
+// procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
+// takes back its own count relative to the current value.
+var procsMu sync.Mutex
+
+func adjustProcs(delta int) {
+	procsMu.Lock()
+	runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)+delta))
+	procsMu.Unlock()
 }
 
 // allowedCPUs lists the CPUs this process may run on, so queue i is pinned to the i-th of
@@ -68,6 +80,15 @@ func threadCPUs() []int {
 // refused with a *ConfigError (matching ErrInvalid); a backend that cannot start falls back
 // (io_uring → zcshim → plain sockets) unless NoFallback or a specific Backend is asked for.
 func New(cfg Config) (*Engine, error) {
+	e, err := startEngine(cfg)
+	if err == nil && e.cfg.AddProcs {
+		e.addedProcs = e.cfg.Queues
+		adjustProcs(e.addedProcs)
+	}
+	return e, err
+}
+
+func startEngine(cfg Config) (*Engine, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, &OpError{Op: "new", Err: err}
 	}
@@ -255,6 +276,9 @@ func (e *Engine) shutdown() {
 		}
 	}
 	e.closeErr = e.stopQueues()
+	if e.addedProcs > 0 {
+		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
+	}
 }
 
 // Stats are engine-wide counters.
@@ -263,6 +287,8 @@ type Stats struct {
 	Fallback string // why the engine fell back to another backend; "" when it did not
 	Queues   int
 	Conns    int
+	// AddedProcs: the GOMAXPROCS Ps New added for the queues (Config.AddProcs), until Close.
+	AddedProcs int
 
 	BytesSentZC   uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
 	BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
@@ -376,7 +402,7 @@ func (s *Stats) addCounters(c *counters) {
 
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
-	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load()}
+	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}

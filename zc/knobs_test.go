@@ -3,6 +3,7 @@ package zc
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -66,5 +67,43 @@ func TestConnKnobs(t *testing.T) {
 	}
 	if err := c.SetTOS(0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("SetTOS after Close: %v, want ErrClosed", err)
+	}
+}
+
+// Config.AddProcs: New adds one GOMAXPROCS P per queue and Close takes them back, engine by
+// engine, in any order; a refused Config and the default change nothing.
+func TestAddProcs(t *testing.T) {
+	g0 := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(g0)
+	a, err := New(Config{Queues: 2, NoPin: true, AddProcs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := runtime.GOMAXPROCS(0); g != g0+2 || a.Stats().AddedProcs != 2 {
+		t.Fatalf("after New with 2 queues: GOMAXPROCS %d (was %d), AddedProcs %d", g, g0, a.Stats().AddedProcs)
+	}
+	b, err := New(Config{Queues: 1, NoPin: true, AddProcs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Queues: -1, AddProcs: true}); err == nil {
+		t.Fatal("Queues -1 accepted")
+	}
+	plain, err := New(Config{Queues: 1, NoPin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := runtime.GOMAXPROCS(0); g != g0+3 || plain.Stats().AddedProcs != 0 {
+		t.Fatalf("two engines with AddProcs (2 + 1 queues), a refused one and one without: GOMAXPROCS %d (was %d)", g, g0)
+	}
+	plain.Close()
+	a.Close()
+	a.Close() // twice: takes back nothing more
+	if g := runtime.GOMAXPROCS(0); g != g0+1 {
+		t.Fatalf("after the first engine closed: GOMAXPROCS %d, want %d", g, g0+1)
+	}
+	b.Close()
+	if g := runtime.GOMAXPROCS(0); g != g0 {
+		t.Fatalf("after both closed: GOMAXPROCS %d, want %d", g, g0)
 	}
 }

@@ -35,6 +35,11 @@ func init() {
 		ZC{name: "zc-copy-aa", path: zc.SendCopy, scens: []harness.Scenario{b}},
 		// Opt-in busy polling (Config.BusyPoll): the latency mode of goal 4.
 		ZC{name: "zc-busy", busy: 100 * time.Microsecond, scens: []harness.Scenario{e, p}},
+		// zc's default with Config.AddProcs (GOMAXPROCS raised by the number of queues), as
+		// zc's package doc advises ("Queues and Go's scheduler"): a queue waiting in the
+		// kernel holds a P, and with none idle the runtime's sysmon takes it back from every
+		// wait.
+		ZC{name: "zc-extra-p", extraP: true, scens: []harness.Scenario{e, p}},
 		ZC{name: "zc-sendzc", path: zc.SendZeroCopy, scens: []harness.Scenario{b}},
 		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true, scens: []harness.Scenario{b}},
 		// Steering set explicitly (the default "zc" takes Config's default steering).
@@ -89,6 +94,7 @@ type ZC struct {
 	steer     zc.SteeringMode
 	cpuPolicy bool
 	busy      time.Duration // Config.BusyPoll
+	extraP    bool          // Config.AddProcs
 	scens     []harness.Scenario
 }
 
@@ -160,7 +166,7 @@ func directSend(c harness.Case) bool { return c.Size >= 4096 }
 // config is the engine configuration of one side of c.
 func (z ZC) config(c harness.Case, server bool) zc.Config {
 	cfg := zc.Config{Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendPath: z.path,
-		Steering: z.steer, BusyPoll: z.busy}
+		Steering: z.steer, BusyPoll: z.busy, AddProcs: z.extraP}
 	if z.cpuPolicy {
 		cfg.SteerPolicy = bpf.PolicyCPU
 	}
