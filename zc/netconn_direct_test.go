@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // Direct reads (netconn_direct.go): the net.Conn face reads the socket itself by default,
@@ -154,7 +156,7 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 							t.Fatalf("Read after Engine.Close: %v, want io.EOF or ErrClosed", err)
 						}
 						// The peer sees the close (FIN), and nothing keeps the socket open.
-						s.SetNonblocking(false)
+						blockingWithTimeout(t, s)
 						k, rerr := s.Read(make([]byte, 8))
 						if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 							t.Fatalf("peer after Engine.Close: read %d, %v; want the end of the stream", k, rerr)
@@ -188,7 +190,7 @@ func TestNetConnDirectNoDescriptor(t *testing.T) {
 			}
 			defer ln.Close()
 			s := dialPlain(t, ln.Addr().String())
-			s.SetNonblocking(false)
+			blockingWithTimeout(t, s)
 			k, rerr := s.Read(make([]byte, 8))
 			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
@@ -289,5 +291,16 @@ func TestNetConnDirectRaces(t *testing.T) {
 				ln.Close()
 			}
 		})
+	}
+}
+
+// blockingWithTimeout makes s's reads block, for at most hangBound (a read that would hang
+// fails with EAGAIN instead).
+func blockingWithTimeout(t *testing.T, s *tcpglue.Socket) {
+	t.Helper()
+	s.SetNonblocking(false)
+	tv := unix.NsecToTimeval(int64(hangBound))
+	if err := s.Control(func(fd int) error { return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) }); err != nil {
+		t.Fatal(err)
 	}
 }
