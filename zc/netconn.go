@@ -368,7 +368,10 @@ func (c *Conn) wakeWriters() {
 	signal(ch)
 }
 
-// NetConn is the net.Conn face of a connection; it also exposes the zc Conn.
+// NetConn is the net.Conn face of a connection; it also exposes the zc Conn (counters,
+// socket options, sends). Where the face reads directly (the default, see
+// Config.NetConnRing), the Conn's receive side is unused: SetReceivePaused and MaxRecvHeld
+// have no effect, and the socket's receive buffer is the flow control, as in Go's net.
 type NetConn interface {
 	net.Conn
 	CloseWrite() error
