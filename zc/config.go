@@ -155,9 +155,10 @@ type Config struct {
 	// AddProcs makes New raise GOMAXPROCS by the number of queues, and Close lower it by as
 	// many again (each relative to the value then). A queue waiting in the kernel holds a P;
 	// where no other P is idle, Go's monitor takes it back from every wait, which costs CPU
-	// and latency (package doc, "Queues and Go's scheduler"; zcbench's zc-extra-p mode: ping-pong
-	// 0.79× zc's CPU per message). Off by default: setting GOMAXPROCS is the program's call,
-	// and it stops Go's automatic adjustment of GOMAXPROCS to CPU limits (Go 1.25+).
+	// and latency (package doc, "Queues and Go's scheduler"; zcbench's zc-extra-p mode:
+	// ping-pong at 0.74–0.79× zc's CPU per message). Off by default: setting GOMAXPROCS is the
+	// program's call, and it stops Go's automatic adjustment of GOMAXPROCS to CPU limits
+	// (Go 1.25+).
 	AddProcs bool
 
 	// Memory. Each queue has a send pool (registered with the kernel: pinned, counted against

@@ -287,7 +287,8 @@ type Stats struct {
 	Fallback string // why the engine fell back to another backend; "" when it did not
 	Queues   int
 	Conns    int
-	// AddedProcs: the GOMAXPROCS Ps New added for the queues (Config.AddProcs), until Close.
+	// AddedProcs: the GOMAXPROCS Ps New added for the queues (Config.AddProcs); Close takes
+	// them back.
 	AddedProcs int
 
 	BytesSentZC   uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
