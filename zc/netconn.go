@@ -325,8 +325,7 @@ func (n *netConn) SetDeadline(t time.Time) error {
 		return err
 	}
 	n.SetReadDeadline(t)
-	n.wdl.Store(&t)
-	n.c.wakeWriters()
+	n.setWriteDeadline(t)
 	return nil
 }
 
@@ -352,9 +351,23 @@ func (n *netConn) SetWriteDeadline(t time.Time) error {
 	if err := n.closedSet(); err != nil {
 		return err
 	}
+	n.setWriteDeadline(t)
+	return nil
+}
+
+// setWriteDeadline sets the deadline of Write (waits for queue room) and of ReadFrom's
+// sendfile/splice (the poller's, on a direct connection).
+func (n *netConn) setWriteDeadline(t time.Time) {
 	n.wdl.Store(&t)
 	n.c.wakeWriters()
-	return nil
+	if n.direct {
+		n.mu.Lock()
+		f := n.df
+		n.mu.Unlock()
+		if f != nil {
+			f.SetWriteDeadline(t) // a closed file: the write reports the close
+		}
+	}
 }
 
 // Zc returns the underlying connection (counters, socket options).

@@ -140,6 +140,51 @@ func (n *netConn) rawFD(fn func(fd int) error) error {
 	return err
 }
 
+// sendOut runs op (a sendfile or splice into the socket) until it does not find the socket
+// full, and returns what it returned. A direct connection waits for room in Go's poller, on
+// its duplicate of the socket (no thread blocked, the poller's write deadline); otherwise
+// the thread waits in poll(2) (pollOut).
+func (n *netConn) sendOut(fd int, op func(fd int) (int, error)) (int, error) {
+	if n.drc != nil {
+		var k int
+		var err error
+		werr := n.drc.Write(func(sfd uintptr) bool {
+			for {
+				k, err = op(int(sfd))
+				if err != unix.EINTR {
+					break
+				}
+			}
+			return err != unix.EAGAIN
+		})
+		if werr != nil {
+			if errors.Is(werr, os.ErrDeadlineExceeded) {
+				return 0, werr
+			}
+			return 0, ErrClosed // the duplicate closed: Close, or the engine closed the connection
+		}
+		if err != nil {
+			k = 0
+		}
+		return k, err
+	}
+	for {
+		k, err := op(fd)
+		switch err {
+		case nil:
+			return k, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			if perr := n.pollOut(fd); perr != nil {
+				return 0, perr
+			}
+			continue
+		}
+		return 0, err
+	}
+}
+
 // pollOut waits until fd is writable or the write deadline passes.
 func (n *netConn) pollOut(fd int) error {
 	timeout := -1
@@ -194,17 +239,12 @@ func (n *netConn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 				if limit >= 0 {
 					chunk = int(min(int64(chunk), limit-total))
 				}
-				k, err := unix.Sendfile(fd, int(ffd), nil, chunk)
+				k, err := n.sendOut(fd, func(sfd int) (int, error) { return unix.Sendfile(sfd, int(ffd), nil, chunk) })
 				if k > 0 {
 					total += int64(k)
 					n.c.q.ctr.sentSpliced.Add(uint64(k))
 				}
 				switch {
-				case err == unix.EAGAIN:
-					if perr := n.pollOut(fd); perr != nil {
-						return perr
-					}
-				case err == unix.EINTR:
 				case err != nil:
 					return err
 				case k == 0:
@@ -219,9 +259,21 @@ func (n *netConn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 		return total, ctlErr, true
 	}
 	if serr != nil {
-		return total, n.opErr("write", wrapNetErr(serr)), true
+		return total, n.opErr("write", n.closedOr(wrapNetErr(serr))), true
 	}
 	return total, nil, true
+}
+
+// closedOr is err, or ErrClosed when Close ran meanwhile (the socket failing under a
+// sendfile or splice after Close is the close, not a broken pipe).
+func (n *netConn) closedOr(err error) error {
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return err
 }
 
 // spliceFrom moves bytes from another socket through a pipe with splice(2), never through
@@ -285,26 +337,23 @@ func (n *netConn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) 
 				if err := n.writable(); err != nil {
 					return err
 				}
-				k, err := unix.Splice(p[0], nil, fd, nil, inPipe, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				k, err := n.sendOut(fd, func(sfd int) (int, error) {
+					k, err := unix.Splice(p[0], nil, sfd, nil, inPipe, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+					return int(k), err
+				})
 				if k > 0 {
-					inPipe -= int(k)
+					inPipe -= k
 					total += int64(k)
 					n.c.q.ctr.sentSpliced.Add(uint64(k))
 				}
-				switch {
-				case err == unix.EAGAIN:
-					if perr := n.pollOut(fd); perr != nil {
-						return perr
-					}
-				case err == unix.EINTR:
-				case err != nil:
+				if err != nil {
 					return err
 				}
 			}
 			return nil
 		})
 		if werr != nil {
-			return total, n.opErr("write", wrapNetErr(werr)), true
+			return total, n.opErr("write", n.closedOr(wrapNetErr(werr))), true
 		}
 	}
 	return total, nil, true

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // payload returns n deterministic bytes.
@@ -140,4 +143,151 @@ func TestNetConnReadFromDeadline(t *testing.T) {
 		t.Fatalf("io.Copy to a peer that does not read: %v, want a timeout", err)
 	}
 	_ = context.Background
+}
+
+// A sendfile into a peer that does not read waits for room (in Go's poller on a direct
+// connection, in poll(2) on a ring one) and ends at the write deadline, or at Close, with
+// the bytes sent so far counted.
+func TestNetConnSendfileStalled(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "big")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil { // sparse: sendfile reads zero pages
+		t.Fatal(err)
+	}
+	f.Close()
+	for _, ring := range []bool{false, true} {
+		for _, how := range []string{"deadline", "Close"} {
+			name := "direct/" + how
+			if ring {
+				name = "ring/" + how
+			}
+			t.Run(name, func(t *testing.T) {
+				cfg := smallCfg(BackendIOUring)
+				cfg.NetConnRing = ring
+				c1, _, stop, err := netPipe(t, cfg)()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer stop()
+				src, err := os.Open(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer src.Close()
+				if how == "deadline" {
+					c1.SetWriteDeadline(timeNow().Add(300 * timeMillisecond))
+				} else {
+					go func() {
+						time.Sleep(300 * time.Millisecond)
+						c1.Close()
+					}()
+				}
+				type result struct {
+					n   int64
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					n, err := io.Copy(c1, src)
+					done <- result{n, err}
+				}()
+				r := waitHang(t, done, "sendfile into a stalled peer", func() string { return "" })
+				if r.n <= 0 || r.n >= 1<<30 {
+					t.Errorf("sent %d bytes into a peer that does not read", r.n)
+				}
+				switch how {
+				case "deadline":
+					if !os.IsTimeout(r.err) {
+						t.Fatalf("sendfile past the write deadline: %v, want a timeout", r.err)
+					}
+				case "Close":
+					if !errors.Is(r.err, net.ErrClosed) {
+						t.Fatalf("sendfile when the connection closed: %v, want net.ErrClosed", r.err)
+					}
+				}
+				if st := c1.(NetConn).Zc().Stats(); st.BytesSentCopy+st.BytesSentZC+st.BytesZCCopied != 0 {
+					t.Logf("queued sends: %+v", st)
+				}
+			})
+		}
+	}
+}
+
+// Many stalled sendfiles on direct connections wait in Go's poller, not on threads: the
+// process does not grow a thread per waiting io.Copy (on the ring path each waits in poll(2)
+// on a thread of its own).
+func TestNetConnSendfileNoThreadPerWait(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "big")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// (With NetConnRing on the server, the same run went from 9 to 56 threads.)
+	srv, cli := newEngine(t, smallCfg(BackendIOUring)), newEngine(t, smallCfg(BackendIOUring))
+	ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const conns = 48
+	var peers []net.Conn
+	for i := 0; i < conns; i++ {
+		c, err := cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		peers = append(peers, c) // never read: the senders stall
+	}
+	threads := func() int {
+		b, _ := os.ReadFile("/proc/self/status")
+		var n int
+		for _, l := range bytes.Split(b, []byte("\n")) {
+			if bytes.HasPrefix(l, []byte("Threads:")) {
+				fmt.Sscan(string(bytes.TrimPrefix(l, []byte("Threads:"))), &n)
+			}
+		}
+		return n
+	}
+	before := threads()
+	done := make(chan error, conns)
+	var srvConns []net.Conn
+	for i := 0; i < conns; i++ {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		srvConns = append(srvConns, c)
+		go func() {
+			src, err := os.Open(file)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer src.Close()
+			_, err = io.Copy(c, src)
+			done <- err
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // every sender is stalled by now
+	during := threads()
+	for _, c := range srvConns {
+		c.Close()
+	}
+	for i := 0; i < conns; i++ {
+		if err := waitHang(t, done, "a stalled sendfile after Close", func() string { return "" }); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("stalled sendfile after Close: %v, want net.ErrClosed", err)
+		}
+	}
+	if during-before >= conns/2 {
+		t.Errorf("%d stalled sendfiles grew the process from %d to %d threads", conns, before, during)
+	}
+	t.Logf("threads: %d before, %d with %d stalled sendfiles", before, during, conns)
 }
