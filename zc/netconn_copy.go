@@ -14,8 +14,11 @@ import (
 
 // io.ReaderFrom and io.WriterTo for the net.Conn face, so io.Copy moves bytes the way it does
 // on a *net.TCPConn: sendfile(2) from a regular file, splice(2) from a socket, and otherwise
-// reads straight into registered send buffers (one copy, not two); WriteTo hands the borrowed
-// receive buffers to the writer without an intermediate buffer.
+// reads straight into registered send buffers (one copy, not two). A sendfile or splice that
+// finds the socket full waits in Go's poller on a direct connection (netconn_direct.go), as
+// net's does, so a thousand stalled senders are not a thousand threads; on a ring connection
+// it waits in poll(2). WriteTo hands the borrowed receive buffers to the writer without an
+// intermediate buffer (ring), or reads into one buffer and writes it (direct).
 
 const spliceChunk = 1 << 20
 
