@@ -33,7 +33,7 @@ type ConnStats struct {
 	NotifsPending   int  // zero-copy notifications outstanding
 	Queued          int  // bytes queued or in flight, not yet sent
 	RecvHeld        int  // receive-buffer bytes held (not released, or forwarded and not sent)
-	RecvPaused      bool // receiving is paused (by SetReceivePaused, held data, or a full destination)
+	RecvPaused      bool // receiving is paused (by SetReceivePaused, held data, a full destination, or a net.Conn face that reads the socket itself)
 }
 
 // sender is a connection's send side: allocated (under mu) by its first send, so an idle
@@ -101,6 +101,9 @@ const (
 	pauseUser   = 1 << iota // SetReceivePaused
 	pauseCredit             // MaxRecvHeld reached
 	pauseDest               // a SendData destination is over MaxQueuedBytes (see destWaits)
+	// pauseSelfRead: the net.Conn face reads the socket itself (netconn_direct.go); never
+	// lifted, so the receive ring cannot race it for the socket's bytes
+	pauseSelfRead
 )
 
 // Conn is a TCP connection served by one queue for its whole life.
@@ -128,7 +131,7 @@ type Conn struct {
 	scheduled  atomic.Bool
 	closedAt   atomic.Bool  // finished: Done is (or returns) a closed channel
 	resumeReq  atomic.Bool  // a credit resume is posted
-	credPaused atomic.Bool  // paused for MaxRecvHeld (what releaseHeld looks at)
+	pausedAt   atomic.Int32 // paused, readable anywhere (releaseHeld, Stats)
 	held       atomic.Int64 // receive-buffer bytes held
 	notifsOut  atomic.Int64
 
@@ -300,7 +303,7 @@ func (c *Conn) Stats() ConnStats {
 	} else {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
 	}
-	s.RecvPaused = int64(s.RecvHeld) >= c.credit()
+	s.RecvPaused = c.pausedAt.Load() != 0 || int64(s.RecvHeld) >= c.credit()
 	return s
 }
 

@@ -357,7 +357,7 @@ func (c *Conn) postResume() {
 	}
 }
 
-func (c *Conn) creditPaused() bool { return c.credPaused.Load() }
+func (c *Conn) creditPaused() bool { return c.pausedAt.Load()&pauseCredit != 0 }
 
 func (c *Conn) resumeCredit() {
 	c.resumeReq.Store(false)
@@ -401,9 +401,7 @@ func (c *Conn) pause(reason int32) {
 		return
 	}
 	c.paused |= reason
-	if reason == pauseCredit {
-		c.credPaused.Store(true)
-	}
+	c.pausedAt.Store(c.paused)
 	if c.recvArmed {
 		c.q.be.stopRecv(c)
 	}
@@ -414,9 +412,7 @@ func (c *Conn) unpause(reason int32) {
 		return
 	}
 	c.paused &^= reason
-	if reason == pauseCredit {
-		c.credPaused.Store(false)
-	}
+	c.pausedAt.Store(c.paused)
 	if c.paused == 0 {
 		c.armRecv()
 	}
@@ -424,7 +420,7 @@ func (c *Conn) unpause(reason int32) {
 
 // armRecv (re)starts receiving unless something says not to.
 func (c *Conn) armRecv() {
-	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil || c.readsDirect() {
+	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil {
 		return
 	}
 	c.q.be.armRecv(c)

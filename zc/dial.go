@@ -116,6 +116,10 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	q := e.pickQueue()
 	c := newConn(e, q, s, s.Fd(), network)
 	c.raddr = ap
+	if opts.selfRead {
+		c.paused = pauseSelfRead // before the loop sees the connection
+		c.pausedAt.Store(c.paused)
+	}
 	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
 	c.connect = cs
 	// The watcher may fire before the connect starts: it marks the dial cancelled on the loop,

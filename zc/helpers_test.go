@@ -2,10 +2,30 @@ package zc
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zcnet/zcnet/tcpglue"
 )
+
+// netAccepted listens on e's net.Listener face, connects a plain socket to it and accepts:
+// the peer and the accepted net.Conn (the listener closes with the test).
+func netAccepted(t *testing.T, e *Engine) (*tcpglue.Socket, net.Conn) {
+	t.Helper()
+	ln, err := e.NetListen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	s := dialPlain(t, ln.Addr().String())
+	nc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, nc
+}
 
 // engineDump describes every queue's connections (for failure messages), gathered on each
 // loop.

@@ -347,16 +347,7 @@ func testNetConnReadAfterEngineClose(t *testing.T, cfg Config, partial bool) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	ln, err := e.NetListen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	s := dialPlain(t, ln.Addr().String())
-	nc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, nc := netAccepted(t, e)
 	msg := make([]byte, 200<<10) // several receive buffers
 	direct := false
 	if e.directReads() {

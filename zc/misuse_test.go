@@ -233,10 +233,7 @@ func testHandlerPanics(t *testing.T, cfg Config) {
 			t.Fatal(err)
 		}
 		buf := make([]byte, len(msg))
-		healthy.Control(func(fd int) error {
-			tv := unix.NsecToTimeval(int64(hangBound))
-			return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		})
+		setRecvTimeout(healthy, hangBound)
 		if _, err := io.ReadFull(healthy, buf); err != nil || string(buf) != string(msg) {
 			t.Fatalf("the engine stopped serving after a panic in %s: %q, %v", when, buf, err)
 		}
@@ -286,10 +283,7 @@ func testHandlerPanics(t *testing.T, cfg Config) {
 			continue
 		}
 		// The peer sees the connection end.
-		s.Control(func(fd int) error {
-			tv := unix.NsecToTimeval(int64(hangBound))
-			return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-		})
+		setRecvTimeout(s, hangBound)
 		buf := make([]byte, 64)
 		for {
 			n, err := s.Read(buf)

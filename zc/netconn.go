@@ -246,14 +246,8 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 func (n *netConn) Write(p []byte) (int, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	n.mu.Lock()
-	closed := n.closed
-	n.mu.Unlock()
-	if closed {
-		return 0, n.opErr("write", net.ErrClosed)
-	}
-	if d := deadlineOf(&n.wdl); !d.IsZero() && !time.Now().Before(d) {
-		return 0, n.opErr("write", os.ErrDeadlineExceeded)
+	if err := n.writable(); err != nil {
+		return 0, err
 	}
 	written := 0
 	for len(p) > 0 {
@@ -264,13 +258,8 @@ func (n *netConn) Write(p []byte) (int, error) {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return written, n.opErr("write", os.ErrDeadlineExceeded)
 			}
-			if errors.Is(err, ErrClosed) {
-				n.mu.Lock()
-				closed := n.closed
-				n.mu.Unlock()
-				if !closed {
-					return written, n.opErr("write", io.ErrClosedPipe)
-				}
+			if errors.Is(err, ErrClosed) && !n.isClosed() {
+				return written, n.opErr("write", io.ErrClosedPipe)
 			}
 			return written, n.opErr("write", err)
 		}
@@ -309,12 +298,16 @@ func (n *netConn) CloseWrite() error { return n.c.CloseWrite() }
 func (n *netConn) LocalAddr() net.Addr  { return n.addrPair()[0] }
 func (n *netConn) RemoteAddr() net.Addr { return n.addrPair()[1] }
 
+// isClosed reports whether Close ran.
+func (n *netConn) isClosed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
+}
+
 // closedSet is what the deadline setters return on a closed connection (as Go's net does).
 func (n *netConn) closedSet() error {
-	n.mu.Lock()
-	closed := n.closed
-	n.mu.Unlock()
-	if closed {
+	if n.isClosed() {
 		return n.opErr("set", net.ErrClosed)
 	}
 	return nil
@@ -334,7 +327,9 @@ func (n *netConn) SetReadDeadline(t time.Time) error {
 		return err
 	}
 	if n.direct {
-		n.setReadDeadlineDirect(t) // the poller wakes its waiting readers itself
+		if f := n.pollerFile(); f != nil {
+			f.SetReadDeadline(t) // the poller wakes its waiting readers itself
+		}
 		return nil
 	}
 	n.rdl.Store(&t)
@@ -360,13 +355,8 @@ func (n *netConn) SetWriteDeadline(t time.Time) error {
 func (n *netConn) setWriteDeadline(t time.Time) {
 	n.wdl.Store(&t)
 	n.c.wakeWriters()
-	if n.direct {
-		n.mu.Lock()
-		f := n.df
-		n.mu.Unlock()
-		if f != nil {
-			f.SetWriteDeadline(t) // a closed file: the write reports the close
-		}
+	if f := n.pollerFile(); f != nil {
+		f.SetWriteDeadline(t)
 	}
 }
 
@@ -396,7 +386,7 @@ type NetConn interface {
 // connection is closed and NetDial fails with the errno (EMFILE: out of descriptors).
 func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
 	nc := newNetConn(e, nil)
-	c, err := e.Dial(ctx, network, address, nc)
+	c, err := e.DialWith(ctx, DialOptions{selfRead: nc.direct}, network, address, nc)
 	if err != nil {
 		var zerr *OpError
 		if errors.As(err, &zerr) {
@@ -440,6 +430,7 @@ func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 	l, err := e.Listen(network, address, func(c *Conn) Handler {
 		nc := newNetConn(e, c)
 		if nc.direct {
+			c.pause(pauseSelfRead) // on the loop, before the receive is armed
 			if err := nc.openDirect(); err != nil {
 				c.q.ctr.acceptErrs.Add(1) // out of descriptors, most likely: as if accept failed
 				return nil

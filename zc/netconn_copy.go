@@ -67,10 +67,7 @@ func (n *netConn) ReadFrom(r io.Reader) (int64, error) {
 
 // writable checks the connection before a bulk write.
 func (n *netConn) writable() error {
-	n.mu.Lock()
-	closed := n.closed
-	n.mu.Unlock()
-	if closed {
+	if n.isClosed() {
 		return n.opErr("write", ErrClosed)
 	}
 	if d := deadlineOf(&n.wdl); !d.IsZero() && !time.Now().Before(d) {
@@ -270,10 +267,7 @@ func (n *netConn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 // closedOr is err, or ErrClosed when Close ran meanwhile (the socket failing under a
 // sendfile or splice after Close is the close, not a broken pipe).
 func (n *netConn) closedOr(err error) error {
-	n.mu.Lock()
-	closed := n.closed
-	n.mu.Unlock()
-	if closed {
+	if n.isClosed() {
 		return ErrClosed
 	}
 	return err

@@ -18,27 +18,21 @@ import (
 // copy, kernel to p. Through the ring it was two (kernel to a receive buffer, buffer to p),
 // and every wait was a hand-off between the reading goroutine and the queue's locked thread:
 // the queue woke, readied the reader and yielded its P (a thread switch); the reader parked
-// and the runtime handed the P back (another). zcbench measured those switches as the
-// adapter's extra CPU per HTTP request (doc/notes/issue-10-perf.md). Writes were already
+// and the runtime handed the P back (another). Side by side (doc/notes/issue-10-perf.md,
+// session 5) the file send's receiver gained most; for HTTP the gain was within the 2-CPU
+// VM's noise, next to two per-request costs removed with it. Writes were already
 // direct while nothing is queued (Conn.write), so a request/response connection now never
 // involves the queue at all; queued sends, sendfile/splice (ReadFrom) and closing still do.
 //
 // The poller needs a descriptor of its own (registering the queue's would hand its closing
 // to the os.File): the connection keeps a duplicate, one more descriptor per connection.
-// The receive ring is not armed for such a connection (Conn.armRecv), so the two never race
-// for the socket's bytes.
+// The receive ring is never armed for such a connection (pause reason pauseSelfRead, set
+// before the loop first sees it), so the two never race for the socket's bytes.
 
 // directReads reports whether net.Conn faces of e read directly: RecvRing engines on a
 // backend whose sockets a goroutine may read itself, unless Config.NetConnRing.
 func (e *Engine) directReads() bool {
 	return !e.cfg.NetConnRing && e.cfg.RecvPath == RecvRing && len(e.queues) > 0 && e.queues[0].be.directOK()
-}
-
-// readsDirect reports whether the connection's handler is a net.Conn face that reads the
-// socket itself (loop only): the ring must stay unarmed.
-func (c *Conn) readsDirect() bool {
-	nc, ok := c.h.(*netConn)
-	return ok && nc.direct
 }
 
 // dupFD duplicates a descriptor (a variable: tests make it fail as EMFILE would).
@@ -199,14 +193,12 @@ func (n *netConn) readDirect(p []byte) (int, error) {
 	}
 }
 
-// setReadDeadlineDirect hands a read deadline to the poller.
-func (n *netConn) setReadDeadlineDirect(t time.Time) {
+// pollerFile returns the duplicate in Go's poller (nil: none was made). Deadlines set on a
+// closed one are ignored: the operation reports the close, not the deadline.
+func (n *netConn) pollerFile() *os.File {
 	n.mu.Lock()
-	f := n.df
-	n.mu.Unlock()
-	if f != nil {
-		f.SetReadDeadline(t) // a closed file: Read reports the close, not the deadline
-	}
+	defer n.mu.Unlock()
+	return n.df
 }
 
 // writeToDirect is WriteTo on a direct connection: Read into one buffer, write it to w.

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // Direct reads (netconn_direct.go): the net.Conn face reads the socket itself by default,
@@ -53,6 +51,14 @@ func TestNetConnReadPaths(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer c.Close()
+				// Misuse: asking the Conn underneath to receive must not start the ring
+				// beside the face's own reads (the counters below would show it).
+				if err := c.Zc().SetReceivePaused(false); err != nil {
+					t.Fatal(err)
+				}
+				if p := c.Zc().Stats().RecvPaused; p == ring {
+					t.Errorf("RecvPaused %v on a face that reads through the ring: %v", p, ring)
+				}
 				msg := make([]byte, 8<<20)
 				for i := range msg {
 					msg[i] = byte(i*31 + i>>9)
@@ -110,16 +116,7 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer e.Close()
-					ln, err := e.NetListen("tcp", "127.0.0.1:0")
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer ln.Close()
-					s := dialPlain(t, ln.Addr().String())
-					nc, err := ln.Accept()
-					if err != nil {
-						t.Fatal(err)
-					}
+					s, nc := netAccepted(t, e)
 					defer nc.Close()
 					got := make(chan error, 1)
 					go func() {
@@ -156,7 +153,8 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 							t.Fatalf("Read after Engine.Close: %v, want io.EOF or ErrClosed", err)
 						}
 						// The peer sees the close (FIN), and nothing keeps the socket open.
-						blockingWithTimeout(t, s)
+						s.SetNonblocking(false)
+						setRecvTimeout(s, hangBound)
 						k, rerr := s.Read(make([]byte, 8))
 						if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 							t.Fatalf("peer after Engine.Close: read %d, %v; want the end of the stream", k, rerr)
@@ -190,7 +188,8 @@ func TestNetConnDirectNoDescriptor(t *testing.T) {
 			}
 			defer ln.Close()
 			s := dialPlain(t, ln.Addr().String())
-			blockingWithTimeout(t, s)
+			s.SetNonblocking(false)
+			setRecvTimeout(s, hangBound)
 			k, rerr := s.Read(make([]byte, 8))
 			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
@@ -291,16 +290,5 @@ func TestNetConnDirectRaces(t *testing.T) {
 				ln.Close()
 			}
 		})
-	}
-}
-
-// blockingWithTimeout makes s's reads block, for at most hangBound (a read that would hang
-// fails with EAGAIN instead).
-func blockingWithTimeout(t *testing.T, s *tcpglue.Socket) {
-	t.Helper()
-	s.SetNonblocking(false)
-	tv := unix.NsecToTimeval(int64(hangBound))
-	if err := s.Control(func(fd int) error { return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) }); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -47,6 +47,8 @@ type DialOptions struct {
 	KeepAlive time.Duration
 	// LocalAddr, if valid, is bound before connecting.
 	LocalAddr netip.AddrPort
+
+	selfRead bool // the net.Conn face reads the socket itself: never arm the receive ring
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:
