@@ -128,12 +128,12 @@ type Conn struct {
 	network  netKind
 	qi       int32 // index in the queue's connection list (loop only; -1 when not in it)
 
-	scheduled  atomic.Bool
-	closedAt   atomic.Bool  // finished: Done is (or returns) a closed channel
-	resumeReq  atomic.Bool  // a credit resume is posted
-	pausedAt   atomic.Int32 // paused, readable anywhere (releaseHeld, Stats)
-	held       atomic.Int64 // receive-buffer bytes held
-	notifsOut  atomic.Int64
+	scheduled atomic.Bool
+	closedAt  atomic.Bool  // finished: Done is (or returns) a closed channel
+	resumeReq atomic.Bool  // a credit resume is posted
+	pausedAt  atomic.Int32 // paused, readable anywhere (releaseHeld, Stats)
+	held      atomic.Int64 // receive-buffer bytes held
+	notifsOut atomic.Int64
 
 	// Loop side.
 	h  Handler
