@@ -202,6 +202,13 @@ type Config struct {
 	SteerPolicy bpf.Policy
 	// OnFallback is called when the engine falls back to another backend (for logging).
 	OnFallback func(reason error)
+	// OnLimit is called (for logging) with a *LimitError when a configured size cannot be
+	// reached because of a process limit: at New when SendPoolMax × Queues does not fit
+	// under RLIMIT_MEMLOCK (without CAP_IPC_LOCK), and when a send pool's growth is refused
+	// for lack of locked memory. Such a refusal is a cap, not an error: senders wait for
+	// buffers as at SendPoolMax (Stats.MemlockCaps counts it). It may run on a queue
+	// goroutine: it must not block.
+	OnLimit func(err error)
 }
 
 // SteeringMode says how accepted flows are spread over queues.

@@ -361,14 +361,19 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 	if c.isClosing() {
 		return memreg.Buf{}, c.opErr("buffer", ErrClosed)
 	}
-	b, err := c.q.getSendBufFor(c)
+	onLoop := c.onLoop()
+	var waiter *Conn
+	if onLoop {
+		waiter = c // refused on a queue goroutine: OnWritable follows
+	}
+	b, err := c.q.getBuf(c, waiter)
 	if err == nil {
 		return b, nil
 	}
 	if !errors.Is(err, memreg.ErrExhausted) {
 		return b, c.opErr("buffer", err)
 	}
-	if c.onLoop() {
+	if onLoop {
 		return b, c.opErr("buffer", ErrWouldBlock)
 	}
 	var dl func() time.Time
@@ -495,7 +500,7 @@ func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil) }
 // writeCopy queues a copy of p without blocking (loop-safe): used for mapped Data.
 func (c *Conn) writeCopy(p []byte) error {
 	for len(p) > 0 {
-		b, err := c.q.getSendBuf()
+		b, err := c.q.getSendBufFor(c)
 		if err != nil {
 			return c.opErr("send", err)
 		}
@@ -558,12 +563,17 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 			if kick {
 				c.schedule()
 			}
-			b, err := c.q.getSendBuf()
+			onLoop := c.onLoop()
+			var waiter *Conn
+			if onLoop {
+				waiter = c // refused on a queue goroutine: OnWritable follows
+			}
+			b, err := c.q.getBuf(c, waiter)
 			if err != nil {
 				if !errors.Is(err, memreg.ErrExhausted) {
 					return written, c.opErr("write", err)
 				}
-				if c.onLoop() {
+				if onLoop {
 					return written, c.opErr("write", ErrWouldBlock)
 				}
 				if b, err = c.q.waitSendBuf(c.doneChan(), dl); err != nil {

@@ -629,6 +629,7 @@ func (c *Conn) finish() {
 	for _, s := range waiters {
 		s.resumeFromDest()
 	}
+	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
 	c.q.removeConn(c)
 	c.callClose(c.closeErr)
 	c.markDone()

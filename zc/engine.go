@@ -31,6 +31,8 @@ type Engine struct {
 	closeErr  error
 
 	steerFallbacks atomic.Uint64
+	memlockShort   atomic.Bool   // SendPoolMax × Queues exceeds RLIMIT_MEMLOCK (checkMemlock)
+	limitPanics    atomic.Uint64 // OnLimit panicked
 	steerCtr       steerCounters
 
 	addedProcs int // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
@@ -85,7 +87,58 @@ func New(cfg Config) (*Engine, error) {
 		e.addedProcs = e.cfg.Queues
 		adjustProcs(e.addedProcs)
 	}
+	if err == nil {
+		e.checkMemlock()
+	}
 	return e, err
+}
+
+// checkMemlock reports (Config.OnLimit, Stats.MemlockLimit) when the send pools' caps
+// together do not fit under RLIMIT_MEMLOCK: the pools will stop growing there and senders
+// wait, as at SendPoolMax.
+func (e *Engine) checkMemlock() {
+	if e.backend == BackendPlain {
+		return // plain sockets register nothing
+	}
+	limit, ok := memlockLimit()
+	if !ok {
+		return
+	}
+	want := uint64(e.cfg.SendPoolMax) * uint64(len(e.queues))
+	if want <= limit {
+		return
+	}
+	e.memlockShort.Store(true)
+	e.reportLimit(&LimitError{What: "send pool", Queue: -1, Have: int(min(limit, 1<<62)), Want: int(min(want, 1<<62)),
+		Err: memreg.NewMemlockError(int(min(want, 1<<62)), unix.ENOMEM)})
+}
+
+// memlockLimit returns RLIMIT_MEMLOCK when it applies to registered memory (ok false for
+// CAP_IPC_LOCK or no limit).
+func memlockLimit() (uint64, bool) {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) != nil || rl.Cur == unix.RLIM_INFINITY {
+		return 0, false
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) == nil && data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0 {
+		return 0, false
+	}
+	return rl.Cur, true
+}
+
+// reportLimit hands err to Config.OnLimit, which must not take the engine down.
+func (e *Engine) reportLimit(err error) {
+	if e.cfg.OnLimit == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			e.limitPanics.Add(1)
+		}
+	}()
+	e.cfg.OnLimit(err)
 }
 
 func startEngine(cfg Config) (*Engine, error) {
@@ -357,6 +410,15 @@ type Stats struct {
 	PoolGrows        uint64
 	PoolGrowFailures uint64
 	PoolGrowError    string // the last growth failure
+	// PoolWaits counts the times a connection was refused a send buffer (Buffer, Write or
+	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
+	// an OnWritable when a buffer is free for it (or OnClose).
+	PoolWaits uint64
+	// MemlockCaps counts the send pools whose growth RLIMIT_MEMLOCK refused (they stay at
+	// their size and senders wait); MemlockShort says the caps of all queues together do
+	// not fit under the limit (Config.OnLimit was told at New).
+	MemlockCaps  uint64
+	MemlockShort bool
 
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
@@ -399,11 +461,14 @@ func (s *Stats) addCounters(c *counters) {
 	s.AcceptBackoffs += c.acceptBackoffs.Load()
 	s.PoolGrows += c.sendPoolGrows.Load()
 	s.PoolGrowFailures += c.sendPoolGrowFails.Load()
+	s.PoolWaits += c.poolWaits.Load()
+	s.MemlockCaps += c.memlockCaps.Load()
 }
 
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
-	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs}
+	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs,
+		MemlockShort: e.memlockShort.Load()}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}

@@ -95,6 +95,27 @@ func newPanicError(method string, v any) *PanicError {
 	return &PanicError{Method: method, Value: v, Stack: debug.Stack()}
 }
 
+// LimitError says that a configured size cannot be reached because of a process limit
+// (RLIMIT_MEMLOCK): the engine runs with less (Have bytes instead of Want) and waits where it
+// would have grown. It unwraps to the cause (a *memreg.MemlockError, which names the fix).
+type LimitError struct {
+	What  string // "send pool"
+	Queue int    // the queue, or -1 for every queue together (at New)
+	Have  int    // bytes available (the pool's size, or the limit)
+	Want  int    // bytes configured
+	Err   error
+}
+
+func (e *LimitError) Error() string {
+	q := "every queue"
+	if e.Queue >= 0 {
+		q = fmt.Sprintf("queue %d", e.Queue)
+	}
+	return fmt.Sprintf("zc: %s of %s capped at %d of %d bytes (senders wait for buffers): %v", e.What, q, e.Have, e.Want, e.Err)
+}
+
+func (e *LimitError) Unwrap() error { return e.Err }
+
 // timeoutError is os.ErrDeadlineExceeded's behaviour for zc's own waits.
 var errTimeout error = os.ErrDeadlineExceeded
 

@@ -2,10 +2,13 @@ package zc
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
@@ -49,6 +52,7 @@ type counters struct {
 	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
 	sentSpliced, directWrites, recvDirect          atomic.Uint64
+	poolWaits, memlockCaps                         atomic.Uint64
 }
 
 // queue is one of the engine's queues: an event loop, its backend, its send pool and its
@@ -62,9 +66,23 @@ type queue struct {
 	send  *memreg.Pool
 	space chan struct{} // signalled when send buffers return
 
-	wmu     sync.Mutex
-	waiters []chan memreg.Buf // goroutines waiting for a send buffer, oldest first
-	nwait   atomic.Int32
+	// Waiters for a send buffer, oldest first (under wmu): goroutines blocked in Write or
+	// BufferWait, and connections that were refused a buffer (ErrExhausted, ErrWouldBlock)
+	// and are owed an OnWritable. Every buffer that returns (or that growth adds) goes to the
+	// oldest waiter: the pool is served in arrival order, and no refused connection is ever
+	// left without an event (grants, wakeGrants).
+	wmu      sync.Mutex
+	waiters  []poolWaiter
+	nwait    atomic.Int32
+	waiting  map[*Conn]connWait // connections in waiters or granted a buffer
+	nwaiting atomic.Int32       // len(waiting)
+	granted  []*Conn            // connections granted a buffer, to be told on the loop
+	grantsUp atomic.Bool        // a wakeGrants is posted
+
+	// memCap: a growth was refused for lack of locked memory (RLIMIT_MEMLOCK was memCapAt):
+	// the pool stays at its size, as at SendPoolMax, until the limit changes.
+	memCap   atomic.Bool
+	memCapAt atomic.Uint64
 
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64
@@ -83,28 +101,200 @@ func (q *queue) signalSpace() {
 	}
 }
 
-// sendBufFreed runs (any goroutine) when a send buffer returns to the pool: the oldest
-// waiters get buffers first, so a crowd of senders cannot starve one of them.
+// poolWaiter is one waiter for a send buffer: a blocked goroutine (ch) or a connection (c).
+type poolWaiter struct {
+	ch chan memreg.Buf
+	c  *Conn
+}
+
+// connWait is a connection's place among the pool's waiters.
+type connWait struct {
+	buf    memreg.Buf // granted, not yet taken
+	inList bool       // in q.waiters
+	again  bool       // refused again while granted: back in line after its OnWritable
+}
+
+// sendBufFreed runs (any goroutine) when a send buffer returns to the pool.
 func (q *queue) sendBufFreed() {
 	if q.nwait.Load() == 0 {
 		q.signalSpace()
 		return
 	}
+	q.serveWaiters()
+	q.signalSpace()
+}
+
+// serveWaiters hands free buffers to the oldest waiters (any goroutine): a blocked goroutine
+// gets its buffer at once, a connection is granted one and told on the loop.
+func (q *queue) serveWaiters() {
 	q.wmu.Lock()
+	grants := false
 	for len(q.waiters) > 0 {
 		b, err := q.send.Get()
 		if err != nil {
 			break
 		}
-		ch := q.waiters[0]
-		q.waiters[0] = nil
+		w := q.waiters[0]
+		q.waiters[0] = poolWaiter{}
 		q.waiters = q.waiters[1:]
 		q.nwait.Add(-1)
-		ch <- b // buffered: never blocks
-		q.YieldSoon()
+		if w.ch != nil {
+			w.ch <- b // buffered: never blocks
+			q.YieldSoon()
+			continue
+		}
+		q.waiting[w.c] = connWait{buf: b}
+		q.granted = append(q.granted, w.c)
+		grants = true
+	}
+	if len(q.waiters) == 0 {
+		q.waiters = nil
 	}
 	q.wmu.Unlock()
-	q.signalSpace()
+	if grants && q.grantsUp.CompareAndSwap(false, true) {
+		if q.Post(q.wakeGrants) != nil {
+			q.grantsUp.Store(false)
+			q.dropGrants() // the queue stopped: nobody will be told
+		}
+	}
+}
+
+// waitConn queues c for the next free send buffer (any goroutine): it was refused one, and
+// the rule is that it hears OnWritable (or OnClose) when one is free for it.
+func (q *queue) waitConn(c *Conn) {
+	q.wmu.Lock()
+	if w, ok := q.waiting[c]; ok {
+		if !w.inList {
+			w.again = true // refused during its own OnWritable: in line again after it
+			q.waiting[c] = w
+		}
+		q.wmu.Unlock()
+		return
+	}
+	if q.waiting == nil {
+		q.waiting = map[*Conn]connWait{}
+	}
+	q.waiting[c] = connWait{inList: true}
+	q.nwaiting.Add(1)
+	q.waiters = append(q.waiters, poolWaiter{c: c})
+	q.nwait.Add(1)
+	q.wmu.Unlock()
+	q.ctr.poolWaits.Add(1)
+	// A buffer may have come back (or the pool grown) before we queued up.
+	q.serveWaiters()
+}
+
+// takeGrant returns the buffer granted to c, if any (any goroutine).
+func (q *queue) takeGrant(c *Conn) (memreg.Buf, bool) {
+	if q.nwaiting.Load() == 0 {
+		return memreg.Buf{}, false
+	}
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	w, ok := q.waiting[c]
+	if !ok || !w.buf.Valid() {
+		return memreg.Buf{}, false
+	}
+	b := w.buf
+	w.buf = memreg.Buf{}
+	q.waiting[c] = w // still in q.granted: wakeGrants finishes it
+	return b, true
+}
+
+// maxGrantsPerTurn bounds the OnWritable calls one wakeGrants makes before it lets the loop
+// serve completions again (the rest follow in the next turn).
+const maxGrantsPerTurn = 64
+
+// wakeGrants tells the connections granted a buffer, oldest first (loop only): OnWritable
+// runs with the grant reserved for the connection (its next Buffer or Write takes it); a
+// grant the handler did not take goes back to the pool, that is to the next waiter.
+func (q *queue) wakeGrants() {
+	q.grantsUp.Store(false)
+	for i := 0; i < maxGrantsPerTurn; i++ {
+		q.wmu.Lock()
+		if len(q.granted) == 0 {
+			q.granted = nil
+			q.wmu.Unlock()
+			return
+		}
+		c := q.granted[0]
+		q.granted[0] = nil
+		q.granted = q.granted[1:]
+		q.wmu.Unlock()
+		if !c.finished && !c.closing {
+			c.writable()
+		}
+		q.wmu.Lock()
+		w, ok := q.waiting[c]
+		switch {
+		case !ok:
+		case w.again && !c.finished:
+			q.waiting[c] = connWait{inList: true}
+			q.waiters = append(q.waiters, poolWaiter{c: c})
+			q.nwait.Add(1)
+		default:
+			delete(q.waiting, c)
+			q.nwaiting.Add(-1)
+		}
+		q.wmu.Unlock()
+		if w.buf.Valid() {
+			w.buf.Release() // not taken: the next waiter's
+		} else if ok && w.again {
+			q.serveWaiters() // back in line: a buffer may be free already
+		}
+	}
+	if q.grantsUp.CompareAndSwap(false, true) {
+		if q.Post(q.wakeGrants) != nil {
+			q.grantsUp.Store(false)
+			q.dropGrants()
+		}
+	}
+}
+
+// dropGrants returns every grant (the queue stopped).
+func (q *queue) dropGrants() {
+	q.wmu.Lock()
+	var bufs []memreg.Buf
+	for _, c := range q.granted {
+		if w, ok := q.waiting[c]; ok {
+			if w.buf.Valid() {
+				bufs = append(bufs, w.buf)
+			}
+			delete(q.waiting, c)
+			q.nwaiting.Add(-1)
+		}
+	}
+	q.granted = nil
+	q.wmu.Unlock()
+	for _, b := range bufs {
+		b.Release()
+	}
+}
+
+// forgetConn drops c from the waiters (it finished: OnClose is its event).
+func (q *queue) forgetConn(c *Conn) {
+	if q.nwaiting.Load() == 0 {
+		return
+	}
+	q.wmu.Lock()
+	w, ok := q.waiting[c]
+	if ok {
+		delete(q.waiting, c)
+		q.nwaiting.Add(-1)
+		if w.inList {
+			for i, x := range q.waiters {
+				if x.c == c {
+					q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+					q.nwait.Add(-1)
+					break
+				}
+			}
+		}
+	}
+	q.wmu.Unlock()
+	if w.buf.Valid() {
+		w.buf.Release()
+	}
 }
 
 // waitSendBuf waits for a send buffer in FIFO order with the other waiters, until done is
@@ -112,14 +302,14 @@ func (q *queue) sendBufFreed() {
 func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	ch := make(chan memreg.Buf, 1)
 	q.wmu.Lock()
-	q.waiters = append(q.waiters, ch)
+	q.waiters = append(q.waiters, poolWaiter{ch: ch})
 	q.nwait.Add(1)
 	q.wmu.Unlock()
 	leave := func() (memreg.Buf, bool) {
 		q.wmu.Lock()
 		defer q.wmu.Unlock()
 		for i, w := range q.waiters {
-			if w == ch {
+			if w.ch == ch {
 				q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
 				q.nwait.Add(-1)
 				return memreg.Buf{}, false
@@ -128,12 +318,7 @@ func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.B
 		return <-ch, true // handed a buffer just now
 	}
 	// A buffer may have come back (or the pool grown) before we queued up.
-	if b, err := q.send.Get(); err == nil {
-		if got, ok := leave(); ok {
-			got.Release()
-		}
-		return b, nil
-	}
+	q.serveWaiters()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -162,33 +347,35 @@ func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.B
 			return memreg.Buf{}, ErrClosed
 		case <-t:
 		case <-tick.C:
-			// The pool may have grown (or a release missed the hand-off): try once more,
-			// keeping our place.
-			if q.send.Free() > 0 && q.oldest(ch) {
-				if b, err := q.send.Get(); err == nil {
-					if got, ok := leave(); ok {
-						got.Release()
-					}
-					return b, nil
-				}
+			// The pool may have grown meanwhile: serve the waiters (us among them) again.
+			if q.send.Free() > 0 {
+				q.serveWaiters()
 			}
 		}
 	}
 }
 
-func (q *queue) oldest(ch chan memreg.Buf) bool {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
-	return len(q.waiters) > 0 && q.waiters[0] == ch
-}
-
-// getSendBuf takes a send buffer, growing the pool (on the loop: registration needs the
-// ring's thread) when it is empty and may grow.
+// getSendBuf takes a send buffer for no connection in particular (the net.Conn face's
+// sendfile path waits with waitSendBuf itself).
 func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getSendBufFor(nil) }
 
-// getSendBufFor is getSendBuf for connection c: the pool does not grow for a connection that
-// already has MaxQueuedBytes queued (growth serves many connections, not one unbounded queue).
-func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) {
+// getSendBufFor takes a send buffer for connection c: the one granted to it, else a free one,
+// else one from a growth of the pool (on the loop: registration needs the ring's thread),
+// which is not made for a connection that already has MaxQueuedBytes queued (growth serves
+// many connections, not one unbounded queue). A refusal (an error matching
+// memreg.ErrExhausted) queues c among the pool's waiters: OnWritable follows when a buffer is
+// free for it. A growth refused for lack of locked memory (RLIMIT_MEMLOCK) is a cap, as
+// SendPoolMax is: counted, reported once (Config.OnLimit), and waited out like it.
+func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) { return q.getBuf(c, c) }
+
+// getBuf is getSendBufFor where a refusal queues waiter (nil: nobody, for a caller that
+// waits with waitSendBuf instead).
+func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
+	if c != nil {
+		if b, ok := q.takeGrant(c); ok {
+			return b, nil
+		}
+	}
 	for {
 		b, err := q.send.Get()
 		if errors.Is(err, memreg.ErrClosed) {
@@ -197,44 +384,90 @@ func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) {
 		if err == nil || !errors.Is(err, memreg.ErrExhausted) {
 			return b, err
 		}
+		refuse := func(err error) (memreg.Buf, error) {
+			if waiter != nil {
+				q.waitConn(waiter)
+			}
+			return memreg.Buf{}, err
+		}
 		if !q.send.CanGrow() {
-			return b, memreg.ErrPoolCap
+			return refuse(memreg.ErrPoolCap)
+		}
+		if q.memCapped() {
+			return refuse(errMemlockCap)
 		}
 		if c != nil && c.Queued() >= q.e.cfg.MaxQueuedBytes {
-			return b, err
+			return refuse(err)
 		}
 		grow := func() error {
 			if q.send.Free() > 0 {
 				return nil // someone released or grew meanwhile
 			}
 			_, err := q.send.Grow()
-			if err != nil {
+			var me *memreg.MemlockError
+			switch {
+			case err == nil:
+				q.ctr.sendPoolGrows.Add(1)
+				q.serveWaiters()
+			case errors.As(err, &me):
 				q.ctr.sendPoolGrowFails.Add(1)
 				q.growErr.Store(&err)
-			} else {
-				q.ctr.sendPoolGrows.Add(1)
+				q.capByMemlock(me)
+				return errMemlockCap
+			default:
+				q.ctr.sendPoolGrowFails.Add(1)
+				q.growErr.Store(&err)
 			}
 			return err
 		}
 		if !q.OnLoop() && q.e.onAnyLoop() {
 			// Another queue's goroutine (a handler using a connection of this queue) must not
 			// wait for this queue: two queues doing that to each other wait forever. Grow in
-			// the background; the caller sees ErrExhausted and tries again (OnWritable, or a
-			// returning buffer).
+			// the background; the caller is refused and queued (the growth serves it).
 			if q.growPosted.CompareAndSwap(false, true) {
 				if q.Post(func() { q.growPosted.Store(false); grow() }) != nil {
 					q.growPosted.Store(false)
 				}
 			}
-			return b, err
+			return refuse(err)
 		}
 		if err := q.Do(grow); err != nil {
 			if errors.Is(err, loop.ErrClosed) {
 				return memreg.Buf{}, ErrClosed
 			}
+			if errors.Is(err, errMemlockCap) {
+				return refuse(err)
+			}
 			return memreg.Buf{}, err
 		}
 	}
+}
+
+// errMemlockCap: the send pool cannot grow because RLIMIT_MEMLOCK is reached; it matches
+// memreg.ErrExhausted (the pool is at its cap) and waits the same way.
+var errMemlockCap = fmt.Errorf("send pool at the RLIMIT_MEMLOCK limit: %w", memreg.ErrExhausted)
+
+// capByMemlock records a growth refused for lack of locked memory (loop only).
+func (q *queue) capByMemlock(me *memreg.MemlockError) {
+	q.memCapAt.Store(me.Limit)
+	if q.memCap.CompareAndSwap(false, true) {
+		q.ctr.memlockCaps.Add(1)
+		q.e.reportLimit(&LimitError{What: "send pool", Queue: q.idx, Have: q.send.Bytes(),
+			Want: q.send.MaxBytes(), Err: me})
+	}
+}
+
+// memCapped reports whether growth is capped by RLIMIT_MEMLOCK; a raised limit lifts the cap.
+func (q *queue) memCapped() bool {
+	if !q.memCap.Load() {
+		return false
+	}
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) == nil && rl.Cur != q.memCapAt.Load() {
+		q.memCap.Store(false) // someone raised (or lowered) it: try again
+		return false
+	}
+	return true
 }
 
 func (q *queue) addConn(c *Conn) {

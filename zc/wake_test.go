@@ -1,0 +1,275 @@
+package zc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc"
+)
+
+// The rule these tests check: a call that refuses a connection a send buffer on a queue
+// goroutine (Buffer's ErrExhausted, Write's and BufferWait's ErrWouldBlock) owes it an
+// OnWritable when a buffer is free for it, whoever returns the buffer.
+
+// smallBufs makes the kernel's socket buffers small, so the send pool (not the kernel)
+// holds what the peers have not read.
+func smallBufs(s *tcpglue.Socket) error {
+	if _, err := s.SetSendBuffer(32 << 10); err != nil {
+		return err
+	}
+	_, err := s.SetRecvBuffer(32 << 10)
+	return err
+}
+
+// dialSmall dials addr from Go's net with a small receive buffer.
+func dialSmall(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// wakeBackends are the backends the host runs (zcshim only in the VM tests).
+var wakeBackends = []zc.Backend{zc.BackendIOUring, zc.BackendPlain}
+
+// readPattern reads the streamer's byte pattern to EOF and says what was wrong.
+func readPattern(c net.Conn, want int, slow bool) error {
+	defer c.Close()
+	buf := make([]byte, 16<<10)
+	var n int
+	var next byte
+	for {
+		k, err := c.Read(buf)
+		for _, v := range buf[:k] {
+			if v != next {
+				return fmt.Errorf("byte %d is %d, want %d", n, v, next)
+			}
+			next++
+			n++
+		}
+		if slow {
+			time.Sleep(time.Millisecond)
+		}
+		if err == io.EOF {
+			if n != want {
+				return fmt.Errorf("%d bytes, want %d", n, want)
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("after %d bytes: %w", n, err)
+		}
+	}
+}
+
+// TestWritableManyStreams runs ExampleWritable's streamer (the godoc's code) to 8× more
+// parallel readers than one queue's send pool serves at once: every stream must complete.
+func TestWritableManyStreams(t *testing.T) {
+	for _, b := range wakeBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			const streams, size = 64, 1 << 20
+			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 8,
+				SendPoolMax: 2 << 20, MaxQueuedBytes: 256 << 10, SocketOptions: smallBufs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
+				s := &streamer{left: size, max: e.Config().MaxQueuedBytes}
+				c.Post(func() { s.pump(c) })
+				return s
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			start := make(chan struct{})
+			errs := make(chan error, streams)
+			for i := 0; i < streams; i++ {
+				c := dialSmall(t, l.Addr().String())
+				go func() {
+					<-start
+					errs <- readPattern(c, size, i%8 == 0)
+				}()
+			}
+			// Hold every reader back until a connection was refused a buffer: the case
+			// that used to leave it without an event.
+			waitFor(t, "a connection refused a send buffer", func() bool { return e.Stats().PoolWaits > 0 })
+			close(start)
+			for i := 0; i < streams; i++ {
+				select {
+				case err := <-errs:
+					if err != nil {
+						t.Errorf("stream: %v", err)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatalf("%d of %d streams unfinished (stalled): %+v", streams-i, streams, e.Stats())
+				}
+			}
+			t.Logf("pool waits %d", e.Stats().PoolWaits)
+		})
+	}
+}
+
+// waitFor polls cond (a liveness wait, not a timing assertion).
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestPoolWakeMinimal: A's peer stops reading so A holds the whole pool; B, with nothing of
+// its own in flight, is refused (Write: ErrWouldBlock); when A's peer reads again, B must
+// hear OnWritable and finish.
+func TestPoolWakeMinimal(t *testing.T) {
+	for _, b := range wakeBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 8,
+				SendPoolMax: 512 << 10, MaxQueuedBytes: 4 << 20, SocketOptions: smallBufs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+
+			// A: takes buffers until the pool is dry (ignoring MaxQueuedBytes on purpose).
+			aDry := make(chan struct{})
+			var aOnce sync.Once
+			var aLeft = 4 << 20
+			var aPump func(c *zc.Conn)
+			aPump = func(c *zc.Conn) {
+				for aLeft > 0 {
+					buf, err := c.Buffer()
+					if errors.Is(err, memreg.ErrExhausted) {
+						aOnce.Do(func() { close(aDry) })
+						return
+					}
+					if err != nil {
+						t.Errorf("A: %v", err)
+						return
+					}
+					n := min(aLeft, len(buf.Bytes()))
+					if err := c.Send(buf, n); err != nil {
+						t.Errorf("A: %v", err)
+						return
+					}
+					aLeft -= n
+				}
+				c.Close()
+			}
+			a, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{Writable: aPump})
+			if err != nil {
+				t.Fatal(err)
+			}
+			aPeer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Post(func() { aPump(a) })
+			<-aDry
+
+			// B: writes 1 MiB on its queue goroutine; refused at once, it goes on in OnWritable.
+			const bSize = 1 << 20
+			payload := make([]byte, bSize)
+			for i := range payload {
+				payload[i] = byte(i * 7)
+			}
+			type first struct {
+				n   int
+				err error
+			}
+			bFirst := make(chan first, 1)
+			rest := payload
+			var bMu sync.Mutex
+			bWrite := func(c *zc.Conn) {
+				bMu.Lock()
+				defer bMu.Unlock()
+				for len(rest) > 0 {
+					n, err := c.Write(rest)
+					rest = rest[n:]
+					if errors.Is(err, zc.ErrWouldBlock) {
+						return
+					}
+					if err != nil {
+						t.Errorf("B: %v", err)
+						return
+					}
+				}
+				c.CloseWrite()
+			}
+			bc, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{Writable: bWrite})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bPeer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			bc.Post(func() {
+				bMu.Lock()
+				n, err := bc.Write(rest)
+				rest = rest[n:]
+				bMu.Unlock()
+				bFirst <- first{n, err}
+			})
+			f := <-bFirst
+			if f.n != 0 || !errors.Is(f.err, zc.ErrWouldBlock) {
+				t.Fatalf("B's first Write with the pool dry = %d, %v; want 0, ErrWouldBlock", f.n, f.err)
+			}
+			if q := bc.Queued(); q != 0 {
+				t.Fatalf("B queued %d", q)
+			}
+			bGot := make(chan []byte, 1)
+			go func() {
+				data, _ := io.ReadAll(bPeer)
+				bGot <- data
+			}()
+			go io.Copy(io.Discard, aPeer) // A's peer reads again: A drains, buffers return
+			select {
+			case data := <-bGot:
+				if len(data) != bSize {
+					t.Fatalf("B's peer got %d bytes, want %d", len(data), bSize)
+				}
+				for i := range data {
+					if data[i] != payload[i] {
+						t.Fatalf("B's byte %d differs", i)
+					}
+				}
+			case <-time.After(time.Minute):
+				t.Fatalf("B never heard OnWritable (lost wake-up): %+v", e.Stats())
+			}
+			aPeer.Close()
+			bPeer.Close()
+		})
+	}
+}
