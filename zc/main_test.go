@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(seccompChildEnv) != "" {
 		os.Exit(seccompChild())
 	}
+	if os.Getenv(memlockChildEnv) != "" {
+		os.Exit(memlockChild())
+	}
 	if os.Getenv(steerChildEnv) != "" {
 		os.Exit(steerChild())
 	}
