@@ -260,7 +260,9 @@ func (c *Conn) Queued() int {
 }
 
 // SetHandler replaces the handler. Call it from a handler method or the accept function (on
-// another goroutine it is posted to the connection's queue). A nil handler is refused.
+// another goroutine it is posted to the connection's queue: if the connection closes before
+// the new handler is in place, the new handler's OnClose still runs). A nil handler is
+// refused.
 func (c *Conn) SetHandler(h Handler) error {
 	if h == nil {
 		return c.opErr("sethandler", ErrInvalid)
@@ -278,7 +280,15 @@ func (c *Conn) SetHandler(h Handler) error {
 	if err := c.q.Post(func() {
 		if !c.finished {
 			c.h = h
+			return
 		}
+		// It closed meanwhile: the new handler still hears of it (no handler waits forever).
+		defer func() {
+			if v := recover(); v != nil {
+				c.q.ctr.handlerPanics.Add(1)
+			}
+		}()
+		h.OnClose(c, c.closeErr)
 	}); err != nil {
 		return c.opErr("sethandler", ErrClosed)
 	}

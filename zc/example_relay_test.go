@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strings"
+	"testing"
 
 	"github.com/zcnet/zcnet/zc"
 )
 
-// A relay as the README writes it: accept, DialAsync the backend, forward both ways with
-// SendData. The engine's flow control does the rest.
+// A relay as the README writes it: accept, DialAsync the backend, then zc.Relay forwards
+// both ways with SendData. The backend here answers, half-closes, and only then reads the
+// client's upload: the relay must pass the half-close on and keep forwarding the other way.
 func Example_relay() {
 	e, err := zc.New(zc.Config{Queues: 2})
 	if err != nil {
@@ -20,53 +24,40 @@ func Example_relay() {
 	}
 	defer e.Close()
 
-	// The backend: an echo server on Go's net.
+	// The backend, on Go's net: "hello", FIN, then count the upload.
 	backend, _ := net.Listen("tcp", "127.0.0.1:0")
 	defer backend.Close()
+	uploaded := make(chan int64, 1)
 	go func() {
-		for {
-			c, err := backend.Accept()
-			if err != nil {
-				return
-			}
-			go func() { // an echo (not io.Copy: its splice keeps pipes cached in the process)
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						c.Write(buf[:n])
-					}
-					if err != nil {
-						c.Close()
-						return
-					}
-				}
-			}()
+		c, err := backend.Accept()
+		if err != nil {
+			return
 		}
+		defer c.Close()
+		c.Write([]byte("hello"))
+		c.(*net.TCPConn).CloseWrite()
+		n, _ := io.Copy(io.Discard, c)
+		uploaded <- n
 	}()
 	backendAddr := backend.Addr().String()
+	relayAddr := "127.0.0.1:0"
 
-	l, err := e.Listen("tcp", "127.0.0.1:0", func(front *zc.Conn) zc.Handler {
+	// relay:begin
+	l, err := e.Listen("tcp", relayAddr, func(front *zc.Conn) zc.Handler {
 		front.SetReceivePaused(true) // until the backend is connected
-		e.DialAsync(context.Background(), "tcp", backendAddr, zc.HandlerFuncs{
-			Data: func(_ *zc.Conn, d zc.Data) { front.SendData(d) },
-			// The backend is done: pass its FIN on (after what is queued), then close.
-			EOF:   func(back *zc.Conn, _ error) { front.CloseWrite(); back.Close() },
-			Close: func(*zc.Conn, error) { front.Close() },
-		}, func(back *zc.Conn, err error) {
-			if err != nil {
-				front.Close()
-				return
-			}
-			front.SetHandler(zc.HandlerFuncs{
-				Data:  func(_ *zc.Conn, d zc.Data) { back.SendData(d) },
-				EOF:   func(*zc.Conn, error) { back.CloseWrite() },
-				Close: func(*zc.Conn, error) { back.Close() },
+		e.DialAsync(context.Background(), "tcp", backendAddr, zc.HandlerFuncs{},
+			func(back *zc.Conn, err error) { // on back's queue goroutine
+				if err != nil {
+					front.Close()
+					return
+				}
+				// Both ways with SendData; each side's FIN is passed on after what is
+				// queued, and the pair closes once both sides ended (or either failed).
+				zc.Relay(front, back)
 			})
-			front.SetReceivePaused(false)
-		})
 		return zc.HandlerFuncs{}
 	})
+	// relay:end
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -79,9 +70,47 @@ func Example_relay() {
 		return
 	}
 	defer c.Close()
-	msg := bytes.Repeat([]byte("relay "), 100000)
-	go func() { c.Write(msg); c.(*net.TCPConn).CloseWrite() }()
-	got, err := io.ReadAll(c)
-	fmt.Println(len(got) == len(msg), bytes.Equal(got, msg), err)
-	// Output: true true <nil>
+	answer, err := io.ReadAll(c) // up to the backend's FIN, passed on by the relay
+	fmt.Printf("%q %v\n", answer, err)
+	upload := bytes.Repeat([]byte("relay "), 8<<20/6)
+	if _, err := c.Write(upload); err != nil {
+		fmt.Println(err)
+		return
+	}
+	c.(*net.TCPConn).CloseWrite()
+	fmt.Println(<-uploaded == int64(len(upload)))
+	// Output:
+	// "hello" <nil>
+	// true
+}
+
+// TestReadmeRelay: README.md's relay is Example_relay's, line for line.
+func TestReadmeRelay(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("example_relay_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	between := func(s, begin, end string) []string {
+		i := strings.Index(s, begin)
+		j := strings.Index(s, end)
+		if i < 0 || j < i {
+			t.Fatalf("markers %q..%q not found", begin, end)
+		}
+		var lines []string
+		for _, l := range strings.Split(s[i+len(begin):j], "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	ex := between(string(src), "// relay:begin", "// relay:end")
+	doc := strings.Join(between(string(readme), "<!-- relay:begin -->", "<!-- relay:end -->"), "\n")
+	if !strings.Contains(doc, strings.Join(ex, "\n")) {
+		t.Fatalf("README.md's relay differs from Example_relay's:\nREADME:\n%s\n\nexample:\n%s", doc, strings.Join(ex, "\n"))
+	}
 }
