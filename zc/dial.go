@@ -54,7 +54,8 @@ func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, addres
 // DialAsync starts connecting and returns at once; done runs on the connection's queue
 // goroutine with the connection, or with nil and the error (which wraps the context's error
 // when ctx ended first, ErrClosed when the engine closed). It is the form to use from a
-// handler. An error returned by DialAsync itself (a bad address, a closed engine) means done
+// handler. A panic in done is recovered like a handler's: counted in Stats.HandlerPanics,
+// and the connection (if any) closed with a *PanicError. An error returned by DialAsync itself (a bad address, a closed engine) means done
 // will not run.
 func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handler, done func(*Conn, error)) error {
 	if done == nil {
@@ -196,7 +197,7 @@ func (c *Conn) dialDone(res int32) {
 	c.started = true
 	c.setupRecvPath()
 	c.armRecv()
-	cs.done(c, nil)
+	c.callDone(cs.done, c, nil)
 	c.service() // sends queued meanwhile, a Close from done
 }
 
@@ -231,5 +232,19 @@ func (c *Conn) dialFailed(err error) {
 	c.q.removeConn(c)
 	c.markDone()
 	c.dropProducer()
-	cs.done(nil, c.opErr("dial", err))
+	c.callDone(cs.done, nil, c.opErr("dial", err))
+}
+
+// callDone runs DialAsync's done function with a handler's protection: a panic is counted
+// and closes the new connection (if it connected) with a *PanicError; the process goes on.
+func (c *Conn) callDone(done func(*Conn, error), conn *Conn, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.q.ctr.handlerPanics.Add(1)
+			if conn != nil {
+				conn.fail(conn.opErr("dial", newPanicError("DialAsync done", v)))
+			}
+		}
+	}()
+	done(conn, err)
 }

@@ -3,6 +3,7 @@ package zc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -109,7 +110,7 @@ func (n *netConn) OnClose(c *Conn, err error) {
 	n.mu.Lock()
 	if n.rerr == nil {
 		if err == nil {
-			err = io.EOF
+			err = errClosedByEngine // not by this face's Close (n.closed), nor by the peer (OnEOF)
 		}
 		n.rerr = err
 	}
@@ -119,6 +120,10 @@ func (n *netConn) OnClose(c *Conn, err error) {
 	}
 	signal(n.readyCh)
 }
+
+// errClosedByEngine is what Read returns once Engine.Close closed the connection (after what
+// had arrived): it matches net.ErrClosed.
+var errClosedByEngine = fmt.Errorf("the engine closed the connection: %w", net.ErrClosed)
 
 func (n *netConn) opErr(op string, err error) error {
 	if err == io.EOF {
@@ -490,6 +495,8 @@ func (nl *netListener) Accept() (net.Conn, error) {
 		select {
 		case <-nl.ready:
 		case <-nl.closed:
+			return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+		case <-nl.l.Done(): // Engine.Close closed the listener under us
 			return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
 		}
 	}

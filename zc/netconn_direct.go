@@ -176,9 +176,9 @@ func (n *netConn) readDirect(p []byte) (int, error) {
 			// The rest of the stream after the engine's close: its end is the end of the
 			// connection. The peer's end (EOF) reads as io.EOF; bytes that had not arrived
 			// (EAGAIN) are lost with the close, which Read says (ErrClosed), not io.EOF.
-			if err != nil && rerr == io.EOF {
+			if err == nil && rerr == errClosedByEngine {
 				n.mu.Lock()
-				n.rerr = ErrClosed
+				n.rerr = io.EOF
 				n.mu.Unlock()
 			}
 			n.closeDirect()
