@@ -1,6 +1,9 @@
 // Package memreg owns the memory zcnet hands to the kernel: regions of mmap'd anonymous memory
-// (never Go heap), split into fixed-size buffers, registered once with io_uring rings as fixed
-// buffers, and the lifetime of every buffer.
+// (never Go heap), split into fixed-size buffers, and the lifetime of every buffer. Regions are
+// registered once with the kernel by their owner (the engine's io_uring driver keeps the
+// fixed-buffer table, the zcshim client the module's region table); HoldForKernel and
+// ReleaseFromKernel tell a region that a kernel table refers to it, so it is never unmapped
+// under the kernel. memreg itself knows no ring.
 //
 // # Ownership
 //

@@ -3,7 +3,6 @@ package memreg
 import (
 	"errors"
 	"fmt"
-	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -11,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/internal/errs"
 )
 
 var (
@@ -91,9 +90,9 @@ type Region struct {
 	// unmapped: the memory is gone. A region closed while the application still holds
 	// buffers stays mapped until the last of them is released (CloseWhenReleased).
 	unmapped bool
-	regs     map[*uring.Ring]uint32 // ring -> first fixed-buffer slot
-	pool     *Pool                  // the pool the region belongs to, if any
-	onFree   func()                 // called (unlocked) when a buffer returns to the free list
+	kernRefs int    // kernel tables that refer to the memory (HoldForKernel)
+	pool     *Pool  // the pool the region belongs to, if any
+	onFree   func() // called (unlocked) when a buffer returns to the free list
 
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
@@ -172,7 +171,7 @@ func New(opt Options) (*Region, error) {
 	r := &Region{
 		mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), bufSize: opt.BufSize, count: opt.Count, info: info,
 		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), free: make([]int32, opt.Count),
-		regs: map[*uring.Ring]uint32{}, memfd: memfd, dmabuf: dmabuf,
+		memfd: memfd, dmabuf: dmabuf,
 	}
 	for i := range r.free {
 		r.free[i] = int32(opt.Count - 1 - i) // pop from the end: buffer 0 first
@@ -260,11 +259,13 @@ func (b Buf) check() error {
 	if b.r == nil {
 		return ErrStale
 	}
-	if b.r.unmapped {
-		return ErrClosed
-	}
+	// A handle that no longer owns its buffer is stale, whether or not the region is still
+	// mapped (a second Release after the owner closed is ErrStale, as before it).
 	if b.r.state[b.idx] != Held || b.r.gen[b.idx] != b.gen {
 		return ErrStale
+	}
+	if b.r.unmapped {
+		return ErrClosed
 	}
 	return nil
 }
@@ -474,9 +475,9 @@ func (r *Region) StateOf(idx int) State {
 	return r.state[idx]
 }
 
-// Close unmaps the region. It refuses with ErrBusy while buffers are lent to the kernel or the
-// region is registered with a ring (unregister first, or close the ring: use Reset for a ring
-// that is gone). A second Close returns ErrClosed.
+// Close unmaps the region. It refuses with ErrBusy while buffers are lent to the kernel or a
+// kernel table holds the region (HoldForKernel; release it first, or Abandon for a ring that
+// is gone). A second Close returns ErrClosed.
 func (r *Region) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -486,8 +487,8 @@ func (r *Region) Close() error {
 	if r.lent > 0 {
 		return fmt.Errorf("memreg: close with %d buffers lent to the kernel: %w", r.lent, ErrBusy)
 	}
-	if len(r.regs) > 0 {
-		return fmt.Errorf("memreg: close while registered with %d rings: %w", len(r.regs), ErrBusy)
+	if r.kernRefs > 0 {
+		return fmt.Errorf("memreg: close while registered with %d kernel tables: %w", r.kernRefs, ErrBusy)
 	}
 	if r.held > 0 {
 		return fmt.Errorf("memreg: close with %d buffers held by the application: %w", r.held, ErrBusy)
@@ -514,7 +515,7 @@ func (r *Region) unmapLocked() {
 
 // unmapIfDoneLocked unmaps a region closed with CloseWhenReleased once nothing is held or lent.
 func (r *Region) unmapIfDoneLocked() {
-	if r.closed && !r.unmapped && r.held == 0 && r.lent == 0 && len(r.regs) == 0 {
+	if r.closed && !r.unmapped && r.held == 0 && r.lent == 0 && r.kernRefs == 0 {
 		r.unmapLocked()
 	}
 }
@@ -539,7 +540,7 @@ func (r *Region) CloseWhenReleased() bool {
 		}
 	}
 	r.lent = 0
-	clear(r.regs)
+	r.kernRefs = 0
 	r.unmapIfDoneLocked()
 	return r.unmapped
 }
@@ -565,7 +566,7 @@ func (r *Region) Abandon() {
 		}
 	}
 	r.lent = 0
-	clear(r.regs)
+	r.kernRefs = 0
 }
 
 // Data returns the lent buffer's memory for the code that performs the send (the plain

@@ -1,92 +1,33 @@
 package memreg
 
 import (
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/zcnet/zcnet/internal/uring"
 )
 
-// maxFixed is the largest fixed buffer io_uring accepts (1 GiB); bigger regions take several
-// consecutive slots.
-const maxFixed = 1 << 30
-
-// Slots returns how many fixed-buffer slots the region needs.
-func (r *Region) Slots() int { return (len(r.mem) + maxFixed - 1) / maxFixed }
-
-func (r *Region) iovecs() []uring.Iovec {
-	var v []uring.Iovec
-	for off := 0; off < len(r.mem); off += maxFixed {
-		n := min(maxFixed, len(r.mem)-off)
-		v = append(v, uring.Iovec{Base: uint64(r.base) + uint64(off), Len: uint64(n)})
-	}
-	return v
-}
-
-// Register installs the region in ring's fixed-buffer table (created sparse, e.g. with
-// RegisterBuffersSparse) at slots slot..slot+Slots()-1. The kernel pins the pages once, counted
-// against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
-func (r *Region) Register(ring *uring.Ring, slot uint32) error {
+// HoldForKernel records that a kernel table (an io_uring fixed-buffer table, the zcshim
+// module's region table) refers to the region's memory: Close refuses with ErrBusy and the
+// memory stays mapped until the matching ReleaseFromKernel. It fails with ErrClosed after
+// Close. The table itself belongs to its owner (internal/loop keeps the io_uring one).
+func (r *Region) HoldForKernel() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
-	if _, ok := r.regs[ring]; ok {
-		return fmt.Errorf("memreg: region already registered with this ring: %w", ErrBusy)
-	}
-	if _, err := ring.UpdateBuffers(slot, r.iovecs(), nil); err != nil {
-		if errors.Is(err, unix.ENOMEM) {
-			return NewMemlockError(len(r.mem), err)
-		}
-		return fmt.Errorf("memreg: register %d bytes at fixed slot %d: %w", len(r.mem), slot, err)
-	}
-	r.regs[ring] = slot
+	r.kernRefs++
 	return nil
 }
 
-// Unregister removes the region from ring's fixed-buffer table. Sends already submitted keep
-// the pages pinned until they complete.
-func (r *Region) Unregister(ring *uring.Ring) error {
+// ReleaseFromKernel undoes one HoldForKernel (the table no longer refers to the memory).
+func (r *Region) ReleaseFromKernel() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	slot, ok := r.regs[ring]
-	if !ok {
-		return fmt.Errorf("memreg: region not registered with this ring: %w", unix.ENOENT)
+	if r.kernRefs > 0 {
+		r.kernRefs--
 	}
-	empty := make([]uring.Iovec, r.Slots())
-	if _, err := ring.UpdateBuffers(slot, empty, nil); err != nil {
-		return fmt.Errorf("memreg: unregister: %w", err)
-	}
-	delete(r.regs, ring)
-	return nil
-}
-
-// Forget drops the registration record for a ring that was closed (the kernel already released
-// the pages).
-func (r *Region) Forget(ring *uring.Ring) {
-	r.mu.Lock()
-	delete(r.regs, ring)
-	r.mu.Unlock()
-}
-
-// FixedIndex returns the fixed-buffer slot that holds [addr, addr+n) in ring's table, or false
-// when the region is not registered there or the range crosses a slot boundary.
-func (r *Region) FixedIndex(ring *uring.Ring, addr uintptr, n int) (uint16, bool) {
-	r.mu.Lock()
-	slot, ok := r.regs[ring]
-	r.mu.Unlock()
-	if !ok || !r.Contains(addr, n) {
-		return 0, false
-	}
-	off := addr - r.base
-	first, last := off/maxFixed, (off+uintptr(max(n, 1))-1)/maxFixed
-	if first != last {
-		return 0, false
-	}
-	return uint16(slot + uint32(first)), true
+	r.unmapIfDoneLocked()
 }
 
 // MemlockError says that registering memory failed for lack of locked-memory allowance.

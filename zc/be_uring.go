@@ -165,7 +165,7 @@ func (b *uringBackend) send(c *Conn) {
 		addr := head.loan.Addr() + uintptr(head.off)
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
-		if idx, ok := head.loan.Region().FixedIndex(b.u.Ring(), addr, left); ok {
+		if idx, ok := b.u.FixedIndex(head.loan.Region(), addr, left); ok {
 			sqe.PrepSendZCFixed(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage, idx)
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)

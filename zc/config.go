@@ -296,6 +296,9 @@ func (c *Config) normalize() error {
 	if c.KeepAlive == 0 {
 		c.KeepAlive = defaultKeepAlive
 	}
+	if c.KeepAlive > maxKeepAlive {
+		return bad("KeepAlive", c.KeepAlive, fmt.Sprintf("at most %v (the kernel's TCP_KEEPIDLE limit; negative disables keep-alive)", maxKeepAlive))
+	}
 	switch {
 	case c.SendPath < SendAdaptive || c.SendPath > SendZeroCopy:
 		return bad("SendPath", c.SendPath, "unknown send path")

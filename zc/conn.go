@@ -2,6 +2,7 @@ package zc
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -404,7 +405,8 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 // stale once Send returns, and the buffer returns to its pool when the kernel is done with it
 // (after the zero-copy notification when the send was zero-copy). On error the buffer is
 // released (no leak), except memreg.ErrStale for a handle not owned by the caller. n must be
-// 1..len(b.Bytes()). Send does not block: above MaxQueuedBytes it still queues (wait for
+// 1..len(b.Bytes()) (0: ErrEmpty, negative: ErrInvalid, more: ErrTooLarge). Send does not
+// block: above MaxQueuedBytes it still queues (wait for
 // OnWritable, or check Queued, to keep a stream bounded).
 func (c *Conn) Send(b memreg.Buf, n int) error {
 	if !b.Valid() {
@@ -418,7 +420,10 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 	case n == 0:
 		b.Release()
 		return c.opErr("send", ErrEmpty)
-	case n < 0 || n > len(b.Bytes()):
+	case n < 0:
+		b.Release()
+		return c.opErr("send", fmt.Errorf("negative length %d: %w", n, ErrInvalid))
+	case n > len(b.Bytes()):
 		b.Release()
 		return c.opErr("send", ErrTooLarge)
 	}

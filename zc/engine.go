@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -292,23 +293,30 @@ func (e *Engine) checkOwn(r *memreg.Region) error {
 // still holds (a Buf, a Data) stays valid until released. It is idempotent; later calls
 // return an error wrapping ErrClosed. Called from a handler (a queue goroutine) it cannot
 // wait for its own queue: it starts the close in the background and returns nil (Done
-// tells when it finished).
-func (e *Engine) Close() error {
+// tells when it finished). Close waits at most about 2 × CloseTimeout; CloseContext bounds
+// the wait by a context instead.
+func (e *Engine) Close() error { return e.CloseContext(context.Background()) }
+
+// CloseContext is Close bounded by ctx as well: when ctx ends before the connections
+// finished closing gracefully, the rest are reset (queued sends dropped) and the queues
+// stop at once; it then returns an error wrapping ctx's error. Buffers the application holds
+// stay valid, as with Close.
+func (e *Engine) CloseContext(ctx context.Context) error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return &OpError{Op: "close", Err: ErrClosed}
 	}
 	if e.onAnyLoop() {
-		go e.shutdown()
+		go e.shutdown(ctx)
 		return nil
 	}
-	e.shutdown()
+	e.shutdown(ctx)
 	return e.closeErr
 }
 
 // Done is closed when Close has finished.
 func (e *Engine) Done() <-chan struct{} { return e.done }
 
-func (e *Engine) shutdown() {
+func (e *Engine) shutdown(ctx context.Context) {
 	defer close(e.done)
 	e.mu.Lock()
 	ls := make([]*Listener, 0, len(e.listeners))
@@ -323,12 +331,22 @@ func (e *Engine) shutdown() {
 		q.Post(q.closeAll)
 	}
 	deadline := time.Now().Add(2*e.cfg.CloseTimeout + time.Second)
+	var cut error
+wait:
 	for _, q := range e.queues {
 		for q.nconns.Load() > 0 && time.Now().Before(deadline) {
-			time.Sleep(2 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				cut = ctx.Err() // the queues' stop resets what is left (abortAll)
+				break wait
+			case <-time.After(2 * time.Millisecond):
+			}
 		}
 	}
 	e.closeErr = e.stopQueues()
+	if cut != nil && e.closeErr == nil {
+		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
+	}
 	if e.addedProcs > 0 {
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}

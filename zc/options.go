@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -54,6 +55,9 @@ type DialOptions struct {
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:
 // off) to s.
 func keepAlive(s *tcpglue.Socket, d time.Duration) error {
+	if d > maxKeepAlive {
+		return &ConfigError{Field: "KeepAlive", Value: d, Reason: fmt.Sprintf("at most %v (the kernel's TCP_KEEPIDLE limit)", maxKeepAlive)}
+	}
 	if d < 0 {
 		return s.SetKeepAlive(false)
 	}
@@ -63,6 +67,9 @@ func keepAlive(s *tcpglue.Socket, d time.Duration) error {
 	d = max(d, time.Second)
 	return s.SetKeepAliveParams(d, d, 9)
 }
+
+// maxKeepAlive is the largest keep-alive idle time and interval Linux takes (32767 s).
+const maxKeepAlive = 32767 * time.Second
 
 func (e *Engine) keepAliveFor(d time.Duration) time.Duration {
 	if d == 0 {

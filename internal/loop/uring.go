@@ -39,7 +39,8 @@ type URing struct {
 	closers []func()
 	reaping bool   // reap is running (a nested one uses its own array)
 	scratch []byte // mmap'd: the kernel writes the eventfd counter here asynchronously
-	fixed   []bool // fixed-buffer slots in use
+	fixed   []bool                    // fixed-buffer slots in use
+	regs    map[*memreg.Region]uint32 // registered regions -> first slot (the fixed-buffer table)
 	recv    *RecvRing
 }
 
@@ -72,7 +73,7 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 	if cfg.CQE32 {
 		flags |= uring.SetupCQE32
 	}
-	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots)}
+	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots), regs: map[*memreg.Region]uint32{}}
 	var err error
 	u.ring, err = uring.New(cfg.Entries, &uring.Options{Flags: flags | uring.SetupCQSize, CQEntries: 4 * cfg.Entries})
 	if err != nil {
@@ -231,10 +232,26 @@ func (u *URing) dispatch(ev Event) {
 	}
 }
 
+// maxFixed is the largest fixed buffer io_uring accepts (1 GiB); bigger regions take several
+// consecutive slots.
+const maxFixed = 1 << 30
+
+// fixedSlots returns how many fixed-buffer slots a mapping of n bytes needs.
+func fixedSlots(n int) int { return (n + maxFixed - 1) / maxFixed }
+
 // RegisterRegion installs r in free fixed-buffer slots and returns the first (loop only).
-// A refusal for lack of locked memory is a *memreg.MemlockError.
+// The kernel pins the pages, counted against RLIMIT_MEMLOCK unless the process has
+// CAP_IPC_LOCK: a refusal for lack of locked memory is a *memreg.MemlockError. The region
+// cannot be closed (memreg.ErrBusy) until UnregisterRegion or Close.
 func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
-	need := r.Slots()
+	if _, ok := u.regs[r]; ok {
+		return 0, fmt.Errorf("loop: region already registered with this ring: %w", memreg.ErrBusy)
+	}
+	mem := r.Memory()
+	if mem == nil {
+		return 0, memreg.ErrClosed
+	}
+	need := fixedSlots(len(mem))
 	for first := 0; first+need <= len(u.fixed); first++ {
 		free := true
 		for i := first; i < first+need; i++ {
@@ -246,23 +263,80 @@ func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
 		if !free {
 			continue
 		}
-		if err := r.Register(u.ring, uint32(first)); err != nil {
+		if err := r.HoldForKernel(); err != nil {
 			return 0, err
+		}
+		base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+		var iov []uring.Iovec
+		for off := 0; off < len(mem); off += maxFixed {
+			iov = append(iov, uring.Iovec{Base: base + uint64(off), Len: uint64(min(maxFixed, len(mem)-off))})
+		}
+		if _, err := u.ring.UpdateBuffers(uint32(first), iov, nil); err != nil {
+			r.ReleaseFromKernel()
+			if errors.Is(err, unix.ENOMEM) {
+				return 0, memreg.NewMemlockError(len(mem), err)
+			}
+			return 0, fmt.Errorf("loop: register %d bytes at fixed slot %d: %w", len(mem), first, err)
 		}
 		for i := first; i < first+need; i++ {
 			u.fixed[i] = true
 		}
+		u.regs[r] = uint32(first)
 		return uint32(first), nil
 	}
 	return 0, fmt.Errorf("loop: no %d free fixed-buffer slots of %d: %w", need, len(u.fixed), memreg.ErrExhausted)
 }
 
-// Close implements Driver: it closes the receive ring and the ring (the kernel drops its
-// references to registered memory), then runs the OnClose functions.
+// UnregisterRegion removes r from the fixed-buffer table (loop only). Sends already
+// submitted keep the pages pinned until they complete.
+func (u *URing) UnregisterRegion(r *memreg.Region) error {
+	first, ok := u.regs[r]
+	if !ok {
+		return fmt.Errorf("loop: region not registered with this ring: %w", unix.ENOENT)
+	}
+	n := fixedSlots(len(r.Memory()))
+	if _, err := u.ring.UpdateBuffers(first, make([]uring.Iovec, n), nil); err != nil {
+		return fmt.Errorf("loop: unregister: %w", err)
+	}
+	for i := first; i < first+uint32(n); i++ {
+		u.fixed[i] = false
+	}
+	delete(u.regs, r)
+	r.ReleaseFromKernel()
+	return nil
+}
+
+// FixedIndex returns the fixed-buffer slot that holds [addr, addr+n) of region r, or false
+// when r is not registered here or the range is outside it or crosses a slot boundary
+// (loop only).
+func (u *URing) FixedIndex(r *memreg.Region, addr uintptr, n int) (uint16, bool) {
+	first, ok := u.regs[r]
+	if !ok || !r.Contains(addr, n) {
+		return 0, false
+	}
+	off := addr - r.Base()
+	lo, hi := off/maxFixed, (off+uintptr(max(n, 1))-1)/maxFixed
+	if lo != hi {
+		return 0, false
+	}
+	return uint16(first + uint32(lo)), true
+}
+
+// Close implements Driver: it unregisters the fixed buffers (the kernel unpins them now,
+// not when its asynchronous ring teardown gets to it: a new engine right after this one
+// finds the locked-memory allowance back), closes the receive ring and the ring, then runs
+// the OnClose functions.
 func (u *URing) Close() {
 	if u.ring != nil {
+		if len(u.regs) > 0 {
+			u.ring.UnregisterBuffers()
+		}
 		u.ring.Close()
 	}
+	for r := range u.regs {
+		r.ReleaseFromKernel()
+	}
+	clear(u.regs)
 	for _, f := range u.closers {
 		f()
 	}
