@@ -37,8 +37,8 @@ type URing struct {
 	cqes    []uring.CQE
 	cqes32  []uring.CQE32 // instead of cqes on a CQE32 ring
 	closers []func()
-	reaping bool   // reap is running (a nested one uses its own array)
-	scratch []byte // mmap'd: the kernel writes the eventfd counter here asynchronously
+	reaping bool                      // reap is running (a nested one uses its own array)
+	scratch []byte                    // mmap'd: the kernel writes the eventfd counter here asynchronously
 	fixed   []bool                    // fixed-buffer slots in use
 	regs    map[*memreg.Region]uint32 // registered regions -> first slot (the fixed-buffer table)
 	recv    *RecvRing
