@@ -8,6 +8,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // TestDialAsyncDonePanics: a panic in DialAsync's done is a handler's panic: counted, the
@@ -84,5 +87,133 @@ func waitCond(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("never: %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestV3Sentinels: the bad inputs the core v3 probe found, each with its typed error.
+func TestV3Sentinels(t *testing.T) {
+	// KeepAlive above the kernel's limit: refused at New, at Listen and at Dial.
+	var ce *ConfigError
+	if _, err := New(Config{KeepAlive: 32768 * time.Second}); !errors.As(err, &ce) || ce.Field != "KeepAlive" || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("New with KeepAlive 32768s = %v, want a *ConfigError for KeepAlive", err)
+	}
+	e := newEngine(t, Config{Queues: 1, KeepAlive: 32767 * time.Second})
+	if _, err := e.ListenWith(ListenOptions{KeepAlive: 40000 * time.Second}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Listen with KeepAlive 40000s = %v, want ErrInvalid", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := e.DialWith(context.Background(), DialOptions{KeepAlive: 40000 * time.Second}, "tcp", ln.Addr().String(), HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Dial with KeepAlive 40000s = %v, want ErrInvalid", err)
+	}
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatalf("Dial with the longest KeepAlive: %v", err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	// Send with a negative length: ErrInvalid, and the buffer is not leaked.
+	b, err := c.BufferWait(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(b, -1); !errors.Is(err, ErrInvalid) || errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Send(b, -1) = %v, want ErrInvalid", err)
+	}
+	if b.Valid() {
+		t.Fatal("the buffer of a refused Send is still held")
+	}
+	c.Close()
+	<-c.Done()
+}
+
+// TestReleaseAfterEngineClose: Data held across Engine.Close is still readable, its first
+// Release succeeds and a second one is ErrStale (as before the close), with no crash.
+func TestReleaseAfterEngineClose(t *testing.T) {
+	e, err := New(Config{Queues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan Data, 1)
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		return HandlerFuncs{Data: func(_ *Conn, d Data) { got <- d }}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("kept across the close"))
+	d := <-got
+	e.Close()
+	if string(d.Bytes()) != "kept across the close" {
+		t.Fatalf("held Data after Engine.Close reads %q", d.Bytes())
+	}
+	if err := d.Release(); err != nil {
+		t.Fatalf("first Release after Engine.Close: %v", err)
+	}
+	if err := d.Release(); !errors.Is(err, memreg.ErrStale) {
+		t.Fatalf("second Release after Engine.Close = %v, want memreg.ErrStale", err)
+	}
+	if d.Bytes() != nil {
+		t.Fatal("released Data still has bytes")
+	}
+}
+
+// TestCloseContext: a peer that never reads keeps a graceful close waiting; CloseContext
+// returns when its context ends, with its error, and the connections are reset.
+func TestCloseContext(t *testing.T) {
+	e, err := New(Config{Queues: 1, CloseTimeout: time.Hour, SocketOptions: func(s *tcpglue.Socket) error {
+		_, err := s.SetSendBuffer(16 << 10)
+		return err
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	big := make([]byte, 8<<20)
+	go c.Write(big) // more than the socket takes: the rest waits in the queue
+	waitCond(t, "bytes queued", func() bool { return c.Queued() > 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.CloseContext(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("CloseContext = %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("CloseContext did not return when its context ended")
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the connection was not finished")
+	}
+	if err := e.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Close after CloseContext = %v, want ErrClosed", err)
 	}
 }
