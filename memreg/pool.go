@@ -23,6 +23,16 @@ type PoolOptions struct {
 	// OnFree, if set, is called (on the releasing goroutine, no lock held) whenever a buffer
 	// returns to a free list: someone waiting for a buffer can try again.
 	OnFree func()
+	// Scrub, if set, runs on every new region's memory and on each buffer's memory as it
+	// returns to a free list (with the region's lock held: it must not call into memreg). A
+	// debugging aid: fill freed buffers with a poison pattern, check it when they are handed
+	// out again.
+	Scrub func(mem []byte)
+	// KeepMapped keeps the regions' address ranges mapped for the life of the process: when a
+	// region would be unmapped its pages are given back to the system instead, so a slice
+	// kept past Release writes into nothing instead of faulting. A debugging aid (it costs
+	// address space, never memory).
+	KeepMapped bool
 }
 
 // Pool is a set of regions with buffers of one size that starts small and grows with demand,
@@ -214,6 +224,11 @@ func (p *Pool) grow(n int) error {
 	}
 	r.pool = p
 	r.onFree = p.opt.OnFree
+	r.scrub = p.opt.Scrub
+	r.keepMapped = p.opt.KeepMapped
+	if r.scrub != nil {
+		r.scrub(r.mem)
+	}
 	p.mu.Lock()
 	first := p.bufs
 	p.mu.Unlock()

@@ -93,6 +93,11 @@ type Region struct {
 	kernRefs int    // kernel tables that refer to the memory (HoldForKernel)
 	pool     *Pool  // the pool the region belongs to, if any
 	onFree   func() // called (unlocked) when a buffer returns to the free list
+	// scrub, when set, runs (locked) on a buffer's memory as it returns to the free list, and
+	// once on the whole region (PoolOptions.Scrub); keepMapped: never unmap, release the
+	// pages instead (PoolOptions.KeepMapped)
+	scrub      func([]byte)
+	keepMapped bool
 
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
@@ -324,6 +329,9 @@ func (b Buf) Release() error {
 		return nil
 	}
 	r.state[b.idx] = Free
+	if r.scrub != nil && !r.unmapped {
+		r.scrub(r.slice(int(b.idx)))
+	}
 	r.free = append(r.free, b.idx)
 	r.unmapIfDoneLocked()
 	onFree := r.onFree
@@ -404,6 +412,9 @@ func (l Loan) settleLocked(to State) (b Buf, freed bool, err error) {
 	}
 	r.state[l.idx] = to
 	if to == Free {
+		if r.scrub != nil && !r.unmapped {
+			r.scrub(r.slice(int(l.idx)))
+		}
 		r.free = append(r.free, l.idx)
 		r.unmapIfDoneLocked()
 		return Buf{}, true, nil
@@ -503,7 +514,13 @@ func (r *Region) unmapLocked() {
 		return
 	}
 	r.unmapped = true
-	unix.Munmap(r.mem)
+	if r.keepMapped {
+		// A slice kept past Release stays writable (into pages given back to the system)
+		// instead of faulting: the mapping's address range is never reused.
+		unix.Madvise(r.mem, unix.MADV_DONTNEED)
+	} else {
+		unix.Munmap(r.mem)
+	}
 	r.mem = nil
 	if r.dmabuf >= 0 {
 		unix.Close(r.dmabuf)

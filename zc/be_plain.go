@@ -207,14 +207,14 @@ func newPlainBackend(q *queue) (loop.Driver, error) {
 		return nil, err
 	}
 	b := &plainBackend{epollCommon: epollCommon{q: q, ep: ep}}
-	b.recv, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
-		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: b.bufferFreed})
+	b.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: b.bufferFreed}, false))
 	if err != nil {
 		ep.Close()
 		return nil, err
 	}
-	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed})
+	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed}, true))
 	if err != nil {
 		b.recv.CloseWhenReleased()
 		ep.Close()

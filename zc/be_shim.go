@@ -93,7 +93,7 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	}
 	_, cq := b.tx.Entries()
 	b.cqCap = int(cq)
-	b.recv, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+	b.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
 		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnGrow: func(r *memreg.Region, _ int) error {
 			k, err := b.rx.RegisterRegion(r.Base(), r.Info().Size, 0)
 			if err != nil {
@@ -106,18 +106,18 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 			}
 			b.txKeys[r] = k
 			return nil
-		}})
+		}}, false))
 	if err != nil {
 		return fail(err)
 	}
-	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
 		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
 			k, err := b.tx.RegisterRegion(r.Base(), r.Info().Size, 0)
 			if err == nil {
 				b.txKeys[r] = k
 			}
 			return err
-		}})
+		}}, true))
 	if err != nil {
 		return fail(err)
 	}

@@ -60,16 +60,17 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	}
 	b := &uringBackend{q: q, u: u}
 	b.rr, err = u.NewRecvRing(loop.RecvRingConfig{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
-		MaxBytes: cfg.RecvPoolMax, Bundles: !cfg.NoBundles, Tag: q.e})
+		MaxBytes: cfg.RecvPoolMax, Bundles: !cfg.NoBundles, Tag: q.e,
+		KeepMapped: q.e.dbg != nil && q.e.cfg.Debug.Buffers})
 	if err != nil {
 		u.Close()
 		return nil, err
 	}
-	q.send, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
 		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
 			_, err := u.RegisterRegion(r)
 			return err
-		}})
+		}}, true))
 	if err != nil {
 		u.Close()
 		return nil, err

@@ -209,6 +209,9 @@ type Config struct {
 	// buffers as at SendPoolMax (Stats.MemlockCaps counts it). It may run on a queue
 	// goroutine: it must not block.
 	OnLimit func(err error)
+	// Debug turns on misuse checks (writes to sent or released buffers, slow handlers,
+	// Data never released) that cost CPU: for tests and debugging (see DebugOptions).
+	Debug DebugOptions
 }
 
 // SteeringMode says how accepted flows are spread over queues.
@@ -283,6 +286,12 @@ func (c *Config) normalize() error {
 		case *f.p > f.max:
 			return bad(f.name, *f.p, fmt.Sprintf("at most %d", f.max))
 		}
+	}
+	if c.Debug.SlowHandler < 0 {
+		return bad("Debug.SlowHandler", c.Debug.SlowHandler, "negative (0: not timed)")
+	}
+	if c.Debug.HeldData < 0 {
+		return bad("Debug.HeldData", c.Debug.HeldData, "negative (0: not tracked)")
 	}
 	if c.BusyPoll < 0 || c.BusyPoll > time.Second {
 		return bad("BusyPoll", c.BusyPoll, "want 0 (off) .. 1s")

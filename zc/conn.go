@@ -82,9 +82,10 @@ type closeState struct {
 // seg is one buffer (or part of one) on its way out.
 type seg struct {
 	loan memreg.Loan
-	off  int32 // bytes already sent
-	n    int32 // bytes to send
-	src  *Conn // a forwarded receive buffer: src's receive credit, released once sent
+	off  int32  // bytes already sent
+	n    int32  // bytes to send
+	src  *Conn  // a forwarded receive buffer: src's receive credit, released once sent
+	sum  uint64 // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
 }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.
@@ -427,6 +428,10 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		b.Release()
 		return c.opErr("send", ErrTooLarge)
 	}
+	var sum uint64
+	if c.e.dbg != nil && c.e.dbg.opt.Buffers {
+		sum = debugSum(b.Bytes()[:n])
+	}
 	loan, err := b.Lend()
 	if err != nil {
 		if errors.Is(err, memreg.ErrClosed) {
@@ -436,7 +441,7 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(n)})
+	return c.enqueue(seg{loan: loan, n: int32(n), sum: sum})
 }
 
 // SendData forwards received bytes without copying them (a proxy's or echo server's fast
@@ -467,6 +472,13 @@ func (c *Conn) SendData(d Data) error {
 		d.Release()
 		return c.opErr("send", err)
 	}
+	var sum uint64
+	if dbg := c.e.dbg; dbg != nil {
+		dbg.untrackHeld(d.buf)
+		if dbg.opt.Buffers {
+			sum = debugSum(d.Bytes())
+		}
+	}
 	loan, err := d.buf.Lend()
 	if err != nil {
 		d.Release()
@@ -475,7 +487,7 @@ func (c *Conn) SendData(d Data) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c})
+	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum})
 }
 
 // enqueue adds s to the producer queue.

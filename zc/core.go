@@ -126,6 +126,9 @@ func (c *Conn) advance(res int) {
 
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
+	if s.sum != 0 {
+		c.checkSent(s)
+	}
 	size := int64(s.loan.Region().BufSize())
 	s.loan.Return() // a send buffer's return reaches waiters through the pool's OnFree
 	if s.src != nil {
@@ -305,6 +308,9 @@ func (c *Conn) deliver(d Data) {
 	}
 	d.c = c
 	c.held.Add(d.credit())
+	if c.e.dbg != nil {
+		c.trackHeld(d.buf)
+	}
 	c.callData(d)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -246,5 +247,8 @@ func (c *Conn) callDone(done func(*Conn, error), conn *Conn, err error) {
 			}
 		}
 	}()
+	if c.slowCheck() {
+		defer c.timed("DialAsync done", time.Now())
+	}
 	done(conn, err)
 }

@@ -36,7 +36,8 @@ type Engine struct {
 	limitPanics    atomic.Uint64 // OnLimit panicked
 	steerCtr       steerCounters
 
-	addedProcs int // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+	addedProcs int         // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+	dbg        *debugState // Config.Debug (nil: no checks)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -90,6 +91,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if err == nil {
 		e.checkMemlock()
+		e.dbg.start()
 	}
 	return e, err
 }
@@ -146,7 +148,7 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, &OpError{Op: "new", Err: err}
 	}
-	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
+	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), dbg: newDebug(cfg.Debug)}
 	switch cfg.Backend {
 	case BackendPlain, BackendShim:
 		if err := e.startQueues(cfg.Backend); err != nil {
@@ -350,6 +352,7 @@ wait:
 	if e.addedProcs > 0 {
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
+	e.dbg.close()
 }
 
 // Stats are engine-wide counters.
@@ -438,6 +441,12 @@ type Stats struct {
 	MemlockCaps  uint64
 	MemlockShort bool
 
+	// Config.Debug's findings (each also reported to DebugOptions.OnMisuse): buffers written
+	// after Send or after Release, handler calls over SlowHandler, Data held over HeldData.
+	Misuses          uint64
+	SlowHandlerCalls uint64
+	DataHeldLong     uint64
+
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
 	SteeringFallbacks uint64
@@ -487,6 +496,9 @@ func (s *Stats) addCounters(c *counters) {
 func (e *Engine) Stats() Stats {
 	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs,
 		MemlockShort: e.memlockShort.Load()}
+	if d := e.dbg; d != nil {
+		s.Misuses, s.SlowHandlerCalls, s.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
+	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}

@@ -1,6 +1,8 @@
 package zc
 
 import (
+	"time"
+
 	"github.com/zcnet/zcnet/internal/zcrx"
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -108,8 +110,13 @@ func (d Data) Release() error {
 		if d.zb.Release() != nil {
 			return memreg.ErrStale
 		}
-	} else if err := d.buf.Release(); err != nil {
-		return err
+	} else {
+		if d.c != nil && d.c.e.dbg != nil {
+			d.c.e.dbg.untrackHeld(d.buf)
+		}
+		if err := d.buf.Release(); err != nil {
+			return err
+		}
 	}
 	if d.c != nil {
 		d.c.releaseHeld(d.credit())
@@ -131,16 +138,25 @@ func (d Data) credit() int64 {
 
 func (c *Conn) callData(d Data) {
 	defer c.recoverHandler("OnData")
+	if c.slowCheck() {
+		defer c.timed("OnData", time.Now())
+	}
 	c.h.OnData(c, d)
 }
 
 func (c *Conn) callEOF(err error) {
 	defer c.recoverHandler("OnEOF")
+	if c.slowCheck() {
+		defer c.timed("OnEOF", time.Now())
+	}
 	c.h.OnEOF(c, err)
 }
 
 func (c *Conn) callWritable(w Writable) {
 	defer c.recoverHandler("OnWritable")
+	if c.slowCheck() {
+		defer c.timed("OnWritable", time.Now())
+	}
 	w.OnWritable(c)
 }
 
@@ -155,6 +171,9 @@ func (c *Conn) callClose(err error) {
 
 func (c *Conn) callPosted(fn func()) {
 	defer c.recoverHandler("posted function")
+	if c.slowCheck() {
+		defer c.timed("posted function", time.Now())
+	}
 	fn()
 }
 

@@ -300,6 +300,14 @@ func (q *queue) forgetConn(c *Conn) {
 // waitSendBuf waits for a send buffer in FIFO order with the other waiters, until done is
 // closed or the deadline dl returns passes (re-read while waiting: a deadline may change).
 func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+	b, err := q.waitSendBufRaw(done, dl)
+	if err == nil && q.e.dbg != nil {
+		q.checkPoison(b, nil)
+	}
+	return b, err
+}
+
+func (q *queue) waitSendBufRaw(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	ch := make(chan memreg.Buf, 1)
 	q.wmu.Lock()
 	q.waiters = append(q.waiters, poolWaiter{ch: ch})
@@ -368,9 +376,18 @@ func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getSendBufFor(nil) }
 // SendPoolMax is: counted, reported once (Config.OnLimit), and waited out like it.
 func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) { return q.getBuf(c, c) }
 
-// getBuf is getSendBufFor where a refusal queues waiter (nil: nobody, for a caller that
-// waits with waitSendBuf instead).
+// getBuf is takeBuf with Config.Debug's check of the buffer's poison.
 func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
+	b, err := q.takeBuf(c, waiter)
+	if err == nil && q.e.dbg != nil {
+		q.checkPoison(b, c)
+	}
+	return b, err
+}
+
+// takeBuf is getSendBufFor where a refusal queues waiter (nil: nobody, for a caller that
+// waits with waitSendBuf instead).
+func (q *queue) takeBuf(c, waiter *Conn) (memreg.Buf, error) {
 	if c != nil {
 		if b, ok := q.takeGrant(c); ok {
 			return b, nil

@@ -17,6 +17,8 @@ type RecvRingConfig struct {
 	MaxBytes int  // the pool grows (doubling) up to this
 	Bundles  bool // use recv bundles (one CQE for several buffers)
 	Tag      any  // memreg.PoolOptions.Tag
+	// KeepMapped: memreg.PoolOptions.KeepMapped (a debugging aid)
+	KeepMapped bool
 }
 
 // RecvRing is a provided-buffer ring (buffer group 0) fed from a growing memreg.Pool: multishot
@@ -66,7 +68,7 @@ func (u *URing) NewRecvRing(cfg RecvRingConfig) (*RecvRing, error) {
 		return nil, err
 	}
 	r.pool, err = memreg.NewPool(memreg.PoolOptions{BufSize: cfg.BufSize, Initial: cfg.Initial,
-		MaxBytes: maxBufs * cfg.BufSize, Tag: cfg.Tag, OnGrow: r.onGrow})
+		MaxBytes: maxBufs * cfg.BufSize, Tag: cfg.Tag, OnGrow: r.onGrow, KeepMapped: cfg.KeepMapped})
 	if err != nil {
 		r.br.Close()
 		return nil, err
