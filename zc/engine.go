@@ -15,6 +15,7 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue/netinfo"
 )
 
 // Engine owns queues, listeners and connections.
@@ -36,8 +37,9 @@ type Engine struct {
 	limitPanics    atomic.Uint64 // OnLimit panicked
 	steerCtr       steerCounters
 
-	addedProcs int         // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
-	dbg        *debugState // Config.Debug (nil: no checks)
+	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+	dbg        *debugState    // Config.Debug (nil: no checks)
+	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -353,6 +355,11 @@ wait:
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
 	e.dbg.close()
+	e.mu.Lock()
+	if e.stack != nil {
+		e.stack.Close()
+	}
+	e.mu.Unlock()
 }
 
 // Stats are engine-wide counters.
