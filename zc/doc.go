@@ -30,6 +30,29 @@
 // background (Engine.Done, Listener.Done). A panic in a handler closes only its connection,
 // with a *PanicError.
 //
+// # Every wait has a waker
+//
+// A call on a queue goroutine that refuses a connection for want of a resource promises an
+// event when the resource is back, whoever gives it back:
+//
+//   - Buffer's memreg.ErrExhausted, and Write's or BufferWait's ErrWouldBlock when the queue's
+//     send pool is empty: the connection joins the pool's waiters (goroutines blocked in
+//     Write or BufferWait, and refused connections, served in arrival order); the next
+//     buffer that returns is granted to the oldest of them, and a connection is told with
+//     OnWritable (its next Buffer or Write takes the grant; a grant not taken goes to the
+//     next waiter). Stats.PoolWaits counts the refusals.
+//   - Write's ErrWouldBlock at MaxQueuedBytes: OnWritable once less than half is queued.
+//   - SendData over the destination's MaxQueuedBytes: the source stops receiving and
+//     resumes when the destination drained to half of it.
+//   - Receive credit (MaxRecvHeld): receiving resumes when Data is released.
+//
+// OnClose ends every promise. A handler that does not implement Writable hears nothing but
+// OnClose: a sender must implement it. The send pool's growth refused by RLIMIT_MEMLOCK is
+// a cap like SendPoolMax: senders wait, they do not fail (Config.OnLimit, Stats.MemlockCaps).
+//
+// Config.Debug turns on checks for the misuses that cannot be made impossible: a buffer
+// written after Send or after Release, a handler that blocks, Data never released.
+//
 // # Flow control
 //
 // A connection holds at most Config.MaxRecvHeld bytes of receive buffers (Data not yet
@@ -38,7 +61,8 @@
 // queue's receive pool, so together they never hold all of it. SendData counts
 // toward the destination's MaxQueuedBytes; above it the source connection stops receiving
 // until the destination drains to half of it (OnWritable runs there then). A relay written
-// with SendData both ways therefore needs no flow-control code and cannot deadlock.
+// with SendData both ways therefore needs no flow-control code and cannot deadlock; Relay
+// is that relay, with each side's end of stream passed on to the other.
 //
 // # Memory
 //
