@@ -49,7 +49,7 @@
 //
 // Every failure is an *OpError{Op, Iface, Err}. A device, driver or kernel that cannot do
 // what was asked gives an error matching ErrNotSupported (the one zcnet sentinel); errors.As
-// with *errs.NotSupportedError names the feature ("header split (ethtool -G tcp-data-split
+// with *NotSupportedError names the feature ("header split (ethtool -G tcp-data-split
 // on)", "ntuple filters", "RSS indirection table (ethtool -x/-X)") and what it needs. A
 // refused Bind joins one such error per missing feature. Other kernel errors are
 // *netlink.OpError (errno plus the kernel's extended-ack message) or *os.SyscallError;

@@ -11,9 +11,13 @@ import (
 )
 
 // ErrNotSupported means this kernel, driver or NIC cannot do what was asked. Match it with
-// errors.Is; errors.As with *errs.NotSupportedError gives the feature and what it needs.
+// errors.Is; errors.As with *NotSupportedError gives the feature and what it needs.
 // It is the one sentinel every zcnet package shares.
 var ErrNotSupported = errs.ErrNotSupported
+
+// NotSupportedError is a refusal with its reason: What was asked, what it Needs, and the
+// cause. It matches ErrNotSupported. (The same type as zc.NotSupportedError.)
+type NotSupportedError = errs.NotSupportedError
 
 // OpError is the error of every failed operation of this package. Op names the operation
 // ("channels get", "ntuple insert", "bind"), Iface the interface it was applied to (empty

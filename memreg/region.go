@@ -24,7 +24,7 @@ var (
 	// It is the one sentinel every zcnet package shares.
 	ErrNotSupported = errs.ErrNotSupported
 	// ErrClosed: the region was closed.
-	ErrClosed = fmt.Errorf("memreg: region closed: %w", os.ErrClosed)
+	ErrClosed = fmt.Errorf("memreg: region closed: %w", errs.ErrClosed)
 )
 
 // State is a buffer's owner.

@@ -34,6 +34,11 @@ var (
 	ErrWouldBlock = loop.ErrWouldBlock
 )
 
+// NotSupportedError is a refusal with its reason (what was asked, what it needs, the cause),
+// shared by every zcnet package: errors.As finds it in any error matching ErrNotSupported
+// that says why.
+type NotSupportedError = errs.NotSupportedError
+
 // OpError is the error type of zc operations. It matches *net.OpError's fields so callers can
 // treat both alike, and unwraps to Err.
 type OpError struct {

@@ -19,7 +19,7 @@ import (
 var (
 	ErrPermission = errors.New("permission denied (needs CAP_BPF and CAP_NET_ADMIN, or root)")
 	ErrInvalid    = errors.New("invalid argument")
-	ErrClosed     = fmt.Errorf("handle closed (%w)", os.ErrClosed)
+	ErrClosed     = fmt.Errorf("handle closed (%w)", errs.ErrClosed)
 	ErrNotFound   = errors.New("not found")
 )
 

@@ -4,7 +4,23 @@
 // same value.
 package errs
 
-import "errors"
+import (
+	"errors"
+	"net"
+	"os"
+)
+
+// ErrClosed: the object (engine, connection, region, queue, handle) was closed. It is the one
+// "closed" error of every zcnet package: it matches net.ErrClosed (what zc and Go's net
+// return) and os.ErrClosed (what Go's os returns), so either test answers for all.
+var ErrClosed error = closedError{}
+
+type closedError struct{}
+
+func (closedError) Error() string { return "use of closed object" }
+
+// Is makes ErrClosed match net.ErrClosed and os.ErrClosed.
+func (closedError) Is(target error) bool { return target == net.ErrClosed || target == os.ErrClosed }
 
 // ErrNotSupported: this kernel, machine or process cannot do what was asked. The error that
 // wraps it says what was asked, what it needs (a kernel version, a config option, a device,

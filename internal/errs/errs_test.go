@@ -3,6 +3,8 @@ package errs
 import (
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"syscall"
 	"testing"
 )
@@ -21,5 +23,18 @@ func TestNotSupported(t *testing.T) {
 	}
 	if NotSupported("x", "", nil).Error() != "x: not supported" || !errors.Is(NotSupported("x", "", nil), ErrNotSupported) {
 		t.Fatal("nil cause")
+	}
+}
+
+// TestClosedFamily: one "closed" error, matched by both of Go's closed sentinels.
+func TestClosedFamily(t *testing.T) {
+	wrapped := fmt.Errorf("memreg: region closed: %w", ErrClosed)
+	for _, target := range []error{net.ErrClosed, os.ErrClosed, ErrClosed} {
+		if !errors.Is(wrapped, target) {
+			t.Errorf("a wrapped ErrClosed does not match %v", target)
+		}
+	}
+	if errors.Is(errors.New("other"), ErrClosed) || errors.Is(ErrNotSupported, net.ErrClosed) {
+		t.Error("unrelated errors match the closed family")
 	}
 }

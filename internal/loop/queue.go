@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/errs"
 )
 
 // ErrClosed is returned for work posted to a stopped queue.
-var ErrClosed = fmt.Errorf("loop: queue closed: %w", os.ErrClosed)
+var ErrClosed = fmt.Errorf("loop: queue closed: %w", errs.ErrClosed)
 
 // ErrWouldBlock: a call made on the queue's own goroutine would wait for that goroutine.
 var ErrWouldBlock = errors.New("loop: would block the queue's own goroutine")

@@ -21,7 +21,7 @@ var (
 	// ErrNotSupported is the one sentinel every zcnet package shares.
 	ErrNotSupported = errs.ErrNotSupported
 	// ErrClosed: the receiver (or its queue) is closed.
-	ErrClosed = fmt.Errorf("zcrx: receiver closed: %w", os.ErrClosed)
+	ErrClosed = fmt.Errorf("zcrx: receiver closed: %w", errs.ErrClosed)
 	// ErrCanceled ends a stream stopped with Stream.Cancel.
 	ErrCanceled = errors.New("zcrx: stream canceled")
 	// ErrStale: the Buf was released already.

@@ -96,7 +96,7 @@ func TestBadSQE(t *testing.T) {
 	}
 	for i, c := range cases {
 		c.sqe.User_data = uint64(1000 + i)
-		if err := q.PrepRaw(c.sqe); err != nil {
+		if err := q.prepRaw(c.sqe); err != nil {
 			t.Fatal(err)
 		}
 	}

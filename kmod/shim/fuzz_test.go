@@ -183,7 +183,7 @@ func TestFuzzRing(t *testing.T) {
 					e.Resv0 = 1
 				}
 			}
-			if err := q.PrepRaw(e); err != nil {
+			if err := q.prepRaw(e); err != nil {
 				t.Fatal(err)
 			}
 			seen[next] = &state{}

@@ -3,13 +3,13 @@ package shim
 import (
 	"errors"
 	"fmt"
-	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
 
+	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/kmod/internal/abi"
 	"golang.org/x/sys/unix"
 )
@@ -40,7 +40,7 @@ var (
 	// completions first.
 	ErrCQFull = errors.New("zcshim: completion queue has no room; reap completions")
 	// ErrClosed is returned by every method after Close.
-	ErrClosed = os.ErrClosed
+	ErrClosed = errs.ErrClosed
 )
 
 // OpError is the error type of this package: the operation and its cause
@@ -323,8 +323,8 @@ func (q *Queue) PrepRecv(sock SockID, key RegionKey, off uint64, length uint32, 
 	return q.prep(abi.Sqe{Opcode: abi.OpRecv, Sock: uint32(sock), Region: uint32(key), Off: off, Len: length, User_data: userData})
 }
 
-// PrepRaw prepares an arbitrary entry (tests and fuzzing).
-func (q *Queue) PrepRaw(e abi.Sqe) error { return q.prep(e) }
+// prepRaw prepares an arbitrary entry (tests and fuzzing).
+func (q *Queue) prepRaw(e abi.Sqe) error { return q.prep(e) }
 
 // Submit publishes prepared entries and rings the doorbell for up to n of
 // them (n < 0: all), then, if waitFor > 0, waits until at least waitFor
