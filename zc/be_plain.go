@@ -312,9 +312,9 @@ type plainWritable Conn
 
 func (w *plainWritable) Flush(*loop.Queue) {
 	c := (*Conn)(w)
-	if !c.finished && !c.closing {
+	if !c.ended() && !c.inClose() {
 		c.sendProgress()
-	} else if c.closing {
+	} else if c.inClose() {
 		c.advanceClose()
 	}
 }
@@ -350,13 +350,13 @@ func (b *plainBackend) onEvent(c *Conn, events uint32) {
 			c.sendProgress()
 		}
 	}
-	if c.finished {
+	if c.ended() {
 		return
 	}
 	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.recvArmed {
 		b.read(c)
 	}
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 	}
 }
@@ -395,7 +395,7 @@ func (b *plainBackend) read(c *Conn) {
 		}
 		b.q.ctr.recvPlain.Add(uint64(n))
 		c.deliver(Data{buf: buf, n: n})
-		if c.finished {
+		if c.ended() {
 			return
 		}
 		c.checkCredit()

@@ -232,7 +232,7 @@ func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
 			if c.shim != nil {
 				c.shim.blocked = false
 			}
-			if !c.finished {
+			if !c.ended() {
 				c.pump()
 				if c.paused == 0 && c.recvArmed && c.shim != nil && c.shim.ready {
 					b.postRecv(c)
@@ -347,7 +347,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
 			c.fail(c.opErr("write", cqe.Err()))
 		}
-		if !c.finished {
+		if !c.ended() {
 			c.sendProgress()
 		}
 	case tagRecv:
@@ -431,7 +431,7 @@ func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
 	case res > 0:
 		b.q.ctr.recvShim.Add(uint64(res))
 		c.deliver(Data{buf: buf, n: res})
-		if c.finished {
+		if c.ended() {
 			return
 		}
 		c.checkCredit()
@@ -444,7 +444,7 @@ func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
 		buf.Release()
 		c.gotEOF(cqe.Err())
 	}
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 		return
 	}

@@ -306,7 +306,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
-		if !c.finished {
+		if !c.ended() {
 			c.sendProgress()
 		}
 	case tagConnect:
@@ -319,7 +319,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.recvArmed = false
 		}
 		c.onPoll(ev)
-		if c.closing {
+		if c.inClose() {
 			c.advanceClose()
 		}
 	}
@@ -338,7 +338,7 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 	case res == 0:
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
-		if !c.recvArmed && !c.closing {
+		if !c.recvArmed && !c.inClose() {
 			c.needArm = true
 			b.rr.WaitBuffers((*rearm)(c))
 		}
@@ -348,11 +348,11 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 	default:
 		c.gotEOF(unix.Errno(-res))
 	}
-	if c.finished {
+	if c.ended() {
 		return
 	}
 	c.checkCredit()
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 		return
 	}

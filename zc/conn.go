@@ -143,18 +143,16 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	recvUD     uint64 // multishot recv / epoll registration / poll
-	ops        int32  // operations in the kernel (recv, send, connect, poll)
-	paused     int32  // pause reasons
-	destPauses int32  // destinations we wait for
+	recvUD     uint64        // multishot recv / epoll registration / poll
+	ops        int32         // operations in the kernel (recv, send, connect, poll)
+	paused     int32         // pause reasons
+	destPauses int32         // destinations we wait for
+	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
 	recvArmed  bool
 	wantOut    bool // plain backend: waiting for EPOLLOUT
 	needArm    bool // waiting for receive buffers
 	eof        bool
-	started    bool
-	closing    bool
-	fdClosed   bool
-	finished   bool
+	fdClosed   bool // the socket is closed (by the backend, or by a failed dial)
 	wrShut     bool
 	closeErr   error
 	cl         *closeState // made by beginClose
@@ -270,7 +268,7 @@ func (c *Conn) SetHandler(h Handler) error {
 		return c.opErr("sethandler", ErrInvalid)
 	}
 	if c.q.OnLoop() {
-		if c.finished {
+		if c.ended() {
 			return c.opErr("sethandler", ErrClosed)
 		}
 		c.h = h
@@ -280,7 +278,7 @@ func (c *Conn) SetHandler(h Handler) error {
 		return c.opErr("sethandler", ErrClosed)
 	}
 	if err := c.q.Post(func() {
-		if !c.finished {
+		if !c.ended() {
 			c.h = h
 			return
 		}
@@ -639,7 +637,7 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 
 // idleLocked reports whether nothing of ours is queued or in the kernel (mu held).
 func (c *Conn) idleLocked() bool {
-	return c.started && !c.kicked && c.werr == nil && len(c.out) == 0 && !c.staged() && c.queued == 0
+	return c.opened() && !c.kicked && c.werr == nil && len(c.out) == 0 && !c.staged() && c.queued == 0
 }
 
 // mayCopy reports whether a write of n bytes may go out by copy: not on the shim backend
@@ -831,7 +829,7 @@ func (c *Conn) Post(fn func()) error {
 		return c.opErr("post", ErrClosed)
 	}
 	if err := c.q.Post(func() {
-		if !c.closing && !c.finished {
+		if !c.inClose() && !c.ended() {
 			c.callPosted(fn)
 		}
 	}); err != nil {
@@ -844,7 +842,7 @@ func (c *Conn) Post(fn func()) error {
 // arrives and the kernel's receive window fills, pushing back on the peer.
 func (c *Conn) SetReceivePaused(on bool) error {
 	apply := func() {
-		if c.finished {
+		if c.ended() {
 			return
 		}
 		if on {
@@ -854,7 +852,7 @@ func (c *Conn) SetReceivePaused(on bool) error {
 		}
 	}
 	if c.q.OnLoop() {
-		if c.finished || c.closing {
+		if c.ended() || c.inClose() {
 			return c.opErr("pause", ErrClosed)
 		}
 		apply()

@@ -27,18 +27,18 @@ func (s *connSched) Flush(q *loop.Queue) {
 
 // service looks at the producer side: close requests, new sends, a half-close.
 func (c *Conn) service() {
-	if c.finished || !c.started {
+	if c.ended() || !c.opened() {
 		return
 	}
 	c.mu.Lock()
 	closeReq := c.closeReq
 	c.mu.Unlock()
-	if closeReq && !c.closing {
+	if closeReq && !c.inClose() {
 		c.beginClose(nil)
 		return
 	}
 	c.pump()
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 	}
 }
@@ -65,7 +65,7 @@ func (c *Conn) takeWork() {
 
 // pump hands pending segments to the backend.
 func (c *Conn) pump() {
-	if c.fdClosed || !c.started || c.connect != nil {
+	if c.fdClosed || !c.opened() || c.connect != nil {
 		return
 	}
 	c.takeWork()
@@ -166,7 +166,7 @@ func (c *Conn) sentBytes(n int) {
 // sendProgress runs after sends completed: more work, the half-close, OnWritable.
 func (c *Conn) sendProgress() {
 	c.pump()
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 		return
 	}
@@ -177,7 +177,7 @@ func (c *Conn) sendProgress() {
 // queued.
 func (c *Conn) writable() {
 	w, ok := c.h.(Writable)
-	if !ok || c.closing || c.finished {
+	if !ok || c.inClose() || c.ended() {
 		return
 	}
 	c.mu.Lock()
@@ -283,10 +283,10 @@ func (c *Conn) zcFinish(i int, copied bool) {
 	if w.s.loan.Region() != nil {
 		c.finishSeg(w.s)
 	}
-	if c.finished {
+	if c.ended() {
 		return
 	}
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 		return
 	}
@@ -301,7 +301,7 @@ func (c *Conn) zcFinish(i int, copied bool) {
 // deliver hands a received buffer to the handler, charging it to the receive credit.
 func (c *Conn) deliver(d Data) {
 	c.ctr.recv.Add(uint64(d.n))
-	if c.closing || c.finished {
+	if c.inClose() || c.ended() {
 		d.c = nil
 		d.Release()
 		return
@@ -426,7 +426,7 @@ func (c *Conn) unpause(reason int32) {
 
 // armRecv (re)starts receiving unless something says not to.
 func (c *Conn) armRecv() {
-	if c.recvArmed || c.eof || c.closing || c.finished || c.fdClosed || c.paused != 0 || !c.started || c.connect != nil {
+	if c.recvArmed || c.eof || c.inClose() || c.ended() || c.fdClosed || c.paused != 0 || !c.opened() || c.connect != nil {
 		return
 	}
 	c.q.be.armRecv(c)
@@ -439,13 +439,13 @@ func (c *Conn) gotEOF(err error) {
 	}
 	c.eof = true
 	if err == nil {
-		if !c.closing {
+		if !c.inClose() {
 			c.callEOF(io.EOF)
 		}
 		return
 	}
 	rerr := c.opErr("read", err)
-	if !c.closing {
+	if !c.inClose() {
 		c.callEOF(rerr)
 	}
 	c.fail(rerr)
@@ -474,10 +474,10 @@ func (c *Conn) fail(err error) { c.beginClose(err) }
 // beginClose starts closing: err == nil is a graceful Close (queued sends go out first,
 // bounded by CloseTimeout); an error aborts (queued sends are dropped, the peer gets a RST).
 func (c *Conn) beginClose(err error) {
-	if c.finished {
+	if c.ended() {
 		return
 	}
-	if c.closing {
+	if c.inClose() {
 		if err != nil && c.closeErr == nil {
 			// An error while closing gracefully: stop waiting for the sends.
 			c.closeErr = err
@@ -486,7 +486,7 @@ func (c *Conn) beginClose(err error) {
 		}
 		return
 	}
-	c.closing = true
+	c.setLife(lifeClosing)
 	c.closeErr = err
 	c.cl = &closeState{}
 	c.mu.Lock()
@@ -513,7 +513,7 @@ func (c *Conn) beginClose(err error) {
 func (c *Conn) closeTimer() {
 	c.cl.timer = nil
 	c.advanceClose()
-	if !c.finished && c.cl.timer == nil {
+	if !c.ended() && c.cl.timer == nil {
 		// Still waiting (zero-copy notifications): look again until the second deadline.
 		c.cl.timer = c.q.After(min(c.e.cfg.CloseTimeout, 100*time.Millisecond), c.closeTimer)
 	}
@@ -565,7 +565,7 @@ func (c *Conn) dropSeg(s seg) {
 
 // advanceClose moves a closing connection on.
 func (c *Conn) advanceClose() {
-	if !c.closing || c.finished {
+	if !c.inClose() || c.ended() {
 		return
 	}
 	now := time.Now()
@@ -601,10 +601,10 @@ func (c *Conn) advanceClose() {
 // keep their operations registered, so a late notification still returns the buffer; the
 // buffers stay lent until then.
 func (c *Conn) finish() {
-	if c.finished {
+	if c.ended() {
 		return
 	}
-	c.finished = true
+	c.setLife(lifeFinished)
 	if c.cl != nil && c.cl.timer != nil {
 		c.cl.timer.Stop()
 		c.cl.timer = nil

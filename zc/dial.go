@@ -195,7 +195,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	c.h = cs.h
-	c.started = true
+	c.setLife(lifeOpen)
 	c.setupRecvPath()
 	c.armRecv()
 	c.callDone(cs.done, c, nil)
@@ -205,7 +205,7 @@ func (c *Conn) dialDone(res int32) {
 // dialFailed ends a connection that never connected (loop only) and reports err to the dialer.
 func (c *Conn) dialFailed(err error) {
 	cs := c.connect
-	if cs == nil || c.finished {
+	if cs == nil || c.ended() {
 		return
 	}
 	if cs.stop != nil {
@@ -214,7 +214,7 @@ func (c *Conn) dialFailed(err error) {
 	if c.ops > 0 {
 		// The connect is still in the kernel: cancel it; its completion comes back here.
 		c.q.be.cancelDial(c)
-		if c.finished {
+		if c.ended() {
 			return // the backend completed the cancel at once (epoll): dialFailed already ran
 		}
 		cs.cancel = true
@@ -226,7 +226,7 @@ func (c *Conn) dialFailed(err error) {
 		}
 	}
 	c.connect = nil
-	c.finished = true
+	c.setLife(lifeFinished)
 	c.fdClosed = true
 	c.sock.Close()
 	c.fd = -1

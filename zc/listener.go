@@ -345,13 +345,13 @@ func (l *Listener) create(q *queue, fd int) {
 	q.addConn(c)
 	if err := q.be.start(c); err != nil {
 		c.h = HandlerFuncs{}
-		c.started = true
+		c.setLife(lifeOpen)
 		c.fail(c.opErr("accept", err))
 		return
 	}
-	c.started = true
+	c.setLife(lifeOpen)
 	h, err := l.callAccept(c)
-	if c.finished {
+	if c.ended() {
 		return
 	}
 	if err != nil || h == nil {

@@ -119,14 +119,14 @@ func (c *Conn) mappedResume() {
 	}
 	c.m.posted.Store(false)
 	c.mappedRead()
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 	}
 }
 
 func (c *Conn) mappedRead() {
 	m := c.m
-	for m.wantRead && m.out.Load() == 0 && !c.closing && c.paused == 0 && !c.eof && !c.finished {
+	for m.wantRead && m.out.Load() == 0 && !c.inClose() && c.paused == 0 && !c.eof && !c.ended() {
 		res, err := m.w.Recv(m.copyBuf)
 		if errors.Is(err, unix.EAGAIN) {
 			m.wantRead = false

@@ -221,14 +221,14 @@ func (q *queue) wakeGrants() {
 		q.granted[0] = nil
 		q.granted = q.granted[1:]
 		q.wmu.Unlock()
-		if !c.finished && !c.closing {
+		if !c.ended() && !c.inClose() {
 			c.writable()
 		}
 		q.wmu.Lock()
 		w, ok := q.waiting[c]
 		switch {
 		case !ok:
-		case w.again && !c.finished:
+		case w.again && !c.ended():
 			q.waiting[c] = connWait{inList: true}
 			q.waiters = append(q.waiters, poolWaiter{c: c})
 			q.nwait.Add(1)
@@ -512,7 +512,7 @@ func (q *queue) removeConn(c *Conn) {
 // CloseTimeout; connections still dialing fail with ErrClosed.
 func (q *queue) closeAll() {
 	for _, c := range slices.Clone(q.conns) { // closing removes connections
-		if c.finished {
+		if c.ended() {
 			continue
 		}
 		if c.connect != nil {
@@ -533,14 +533,14 @@ func (q *queue) closeAll() {
 // away with the driver right after.
 func (q *queue) abortAll() {
 	for _, c := range slices.Clone(q.conns) { // finishing removes connections
-		if c.finished {
+		if c.ended() {
 			continue
 		}
 		if c.connect != nil {
 			c.dialFailed(ErrClosed)
 			continue
 		}
-		if !c.closing {
+		if !c.inClose() {
 			c.beginClose(ErrClosed)
 		}
 		c.cl.deadline = c.cl.deadline.Add(-2 * c.e.cfg.CloseTimeout)

@@ -189,7 +189,7 @@ func (zx *zcrxConn) Data(s *zcrx.Stream, b []byte, buf zcrx.Buf) {
 	c := zx.c
 	c.q.zx.bytes.Add(uint64(len(b)))
 	c.deliver(Data{n: len(b), zb: buf})
-	if !c.finished && !zx.inStop {
+	if !c.ended() && !zx.inStop {
 		c.checkCredit()
 	}
 }
@@ -203,7 +203,7 @@ func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
 	zx.s = nil
 	c.recvArmed = false
 	c.ops--
-	if c.finished {
+	if c.ended() {
 		return
 	}
 	switch {
@@ -214,11 +214,11 @@ func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
 	default:
 		c.gotEOF(err)
 	}
-	if zx.inStop || c.finished {
+	if zx.inStop || c.ended() {
 		return // the caller of stop goes on
 	}
 	c.checkCredit()
-	if c.closing {
+	if c.inClose() {
 		c.advanceClose()
 		return
 	}

@@ -1,0 +1,56 @@
+package zc
+
+// connLife is where a connection is in its life. It only moves forward, and only the core
+// moves it (setLife): backends read it, never write it.
+//
+//	lifeNew      made: accepted and not yet handed its handler, or dialing (c.connect)
+//	lifeOpen     started (accept function or DialAsync's done ran): receiving and sending
+//	lifeClosing  Close or an error began the close (beginClose): queued sends drain (a
+//	             graceful close, bounded by CloseTimeout) or were dropped (an error), then
+//	             the socket is closed (fdClosed) and in-flight operations and zero-copy
+//	             notifications are waited for
+//	lifeFinished OnClose ran (finish), or the dial failed (dialFailed): Done is closed
+//
+// The socket itself is a resource, not a stage: fdClosed says it is gone (closing closes it
+// before finishing; a failed dial closes it and finishes at once).
+type connLife uint8
+
+const (
+	lifeNew connLife = iota
+	lifeOpen
+	lifeClosing
+	lifeFinished
+)
+
+func (l connLife) String() string {
+	switch l {
+	case lifeNew:
+		return "new"
+	case lifeOpen:
+		return "open"
+	case lifeClosing:
+		return "closing"
+	case lifeFinished:
+		return "finished"
+	}
+	return "connLife(?)"
+}
+
+// setLife moves the connection forward to l (loop only); a move backwards is ignored. The
+// field is atomic because a writer's fast path (idleLocked) reads it off the loop.
+func (c *Conn) setLife(l connLife) {
+	if l > c.lifeNow() {
+		c.life.Store(uint32(l))
+	}
+}
+
+func (c *Conn) lifeNow() connLife { return connLife(c.life.Load()) }
+
+// opened: the connection was started (its handler may have run; also once it finished).
+func (c *Conn) opened() bool { return c.lifeNow() >= lifeOpen }
+
+// inClose: closing began (or the connection finished).
+func (c *Conn) inClose() bool { return c.lifeNow() >= lifeClosing }
+
+// ended: the connection finished (OnClose ran, or the dial failed).
+func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
