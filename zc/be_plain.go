@@ -34,7 +34,7 @@ func evMask(c *Conn) uint32 {
 	if c.recvArmed {
 		m |= unix.EPOLLIN | unix.EPOLLRDHUP
 	}
-	if c.wantOut {
+	if c.bk.wantOut {
 		m |= unix.EPOLLOUT
 	}
 	return m
@@ -42,37 +42,37 @@ func evMask(c *Conn) uint32 {
 
 // register adds the connection's socket to epoll (with nothing wanted yet).
 func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
-	c.ops++
-	c.recvUD = b.q.NewOp(owner, tagRecv)
-	if err := b.ep.Add(c.fd, evMask(c), c.recvUD); err != nil {
-		b.q.FreeOp(c.recvUD)
-		c.recvUD = 0
-		c.ops--
+	c.opStarted()
+	c.bk.recvUD = b.q.NewOp(owner, tagRecv)
+	if err := b.ep.Add(c.fd, evMask(c), c.bk.recvUD); err != nil {
+		b.q.FreeOp(c.bk.recvUD)
+		c.bk.recvUD = 0
+		c.opEnded()
 		return err
 	}
 	return nil
 }
 
 func (b *epollCommon) update(c *Conn) {
-	if c.recvUD != 0 && !c.fdClosed {
-		b.ep.Mod(c.fd, evMask(c), c.recvUD)
+	if c.bk.recvUD != 0 && !c.fdClosed {
+		b.ep.Mod(c.fd, evMask(c), c.bk.recvUD)
 	}
 }
 
 // unregister removes the socket from epoll before it is closed.
 func (b *epollCommon) unregister(c *Conn) {
-	if c.recvUD != 0 {
+	if c.bk.recvUD != 0 {
 		b.ep.Del(c.fd)
-		b.q.FreeOp(c.recvUD)
-		c.recvUD = 0
-		c.ops--
+		b.q.FreeOp(c.bk.recvUD)
+		c.bk.recvUD = 0
+		c.opEnded()
 	}
 }
 
 func (b *epollCommon) freeOp(c *Conn, ud uint64) {
 	if b.q.OpLive(ud) {
 		b.q.FreeOp(ud)
-		c.ops--
+		c.opEnded()
 	}
 }
 
@@ -93,7 +93,7 @@ func (b *epollCommon) dial(c *Conn) {
 		c.dialDone(-int32(err.(unix.Errno)))
 		return
 	}
-	c.ops++
+	c.opStarted()
 	cs.ud = b.q.NewOp((*econn)(c), tagDial)
 	if err := b.ep.Add(c.fd, unix.EPOLLOUT, cs.ud); err != nil {
 		b.freeOp(c, cs.ud)
@@ -229,7 +229,7 @@ func (b *plainBackend) name() Backend             { return BackendPlain }
 func (b *plainBackend) directOK() bool            { return true }
 func (b *plainBackend) zeroCopy() bool            { return false }
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *plainBackend) sending(c *Conn) bool      { return c.wantOut }
+func (b *plainBackend) sending(c *Conn) bool      { return c.bk.wantOut }
 func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }
 func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn)(c)) }
 func (b *plainBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
@@ -244,20 +244,19 @@ func (b *plainBackend) close() {
 }
 
 func (b *plainBackend) armRecv(c *Conn) {
-	c.recvArmed = true
+	c.recvStarted()
 	b.update(c)
 }
 
 func (b *plainBackend) stopRecv(c *Conn) {
-	c.recvArmed = false
+	c.recvEnded()
 	b.update(c)
 }
 
 func (b *plainBackend) closeSocket(c *Conn) {
 	b.unregister(c)
-	c.wantOut = false
+	c.bk.wantOut = false
 	c.sock.Close()
-	c.fd = -1
 }
 
 // send writes the queued buffers with writev until they are out or the socket is full (then
@@ -290,11 +289,11 @@ func (b *plainBackend) send(c *Conn) {
 		progress = true
 	}
 	want := c.pendLen() > 0 && !c.fdClosed
-	if want != c.wantOut {
-		c.wantOut = want
+	if want != c.bk.wantOut {
+		c.bk.wantOut = want
 		b.update(c)
 	}
-	if progress && !c.wantOut {
+	if progress && !c.bk.wantOut {
 		// Completed synchronously: OnWritable runs from the loop, not from inside Send.
 		b.q.MarkDirty((*plainWritable)(c))
 	}
@@ -338,15 +337,15 @@ func (ec *econn) OnEvent(lq *loop.Queue, ev loop.Event) {
 }
 
 func (b *plainBackend) onEvent(c *Conn, events uint32) {
-	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.wantOut && c.recvUD != 0 {
+	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.bk.wantOut && c.bk.recvUD != 0 {
 		// epoll reports these whatever the mask: while the connection neither receives nor
 		// waits to send, silence them until the next update (armRecv, a blocked send).
-		b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.recvUD)
+		b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.bk.recvUD)
 		return
 	}
-	if events&unix.EPOLLOUT != 0 && c.wantOut {
+	if events&unix.EPOLLOUT != 0 && c.bk.wantOut {
 		b.send(c)
-		if !c.wantOut {
+		if !c.bk.wantOut {
 			c.sendProgress()
 		}
 	}
@@ -368,7 +367,7 @@ func (b *plainBackend) read(c *Conn) {
 		if err != nil {
 			// At the pool's cap: wait for a release.
 			b.stopRecv(c)
-			c.needArm = true
+			c.bk.needArm = true
 			b.starved = append(b.starved, c)
 			b.q.ctr.bufEmpty.Add(1)
 			return
@@ -432,8 +431,8 @@ func (b *plainBackend) retryStarved() {
 	st := b.starved
 	b.starved = nil
 	for _, c := range st {
-		if c.needArm {
-			c.needArm = false
+		if c.bk.needArm {
+			c.bk.needArm = false
 			c.armRecv()
 		}
 	}

@@ -138,7 +138,7 @@ func (b *shimBackend) name() Backend             { return BackendShim }
 func (b *shimBackend) directOK() bool            { return false }
 func (b *shimBackend) zeroCopy() bool            { return true }
 func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *shimBackend) sending(c *Conn) bool      { return c.shim != nil && c.shim.inflight > 0 }
+func (b *shimBackend) sending(c *Conn) bool      { return c.bk.shim != nil && c.bk.shim.inflight > 0 }
 func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
 func (b *shimBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
 func (b *shimBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
@@ -146,10 +146,10 @@ func (b *shimBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 
 func (b *shimBackend) inFlightSegs(c *Conn) int {
-	if c.shim == nil {
+	if c.bk.shim == nil {
 		return 0
 	}
-	return c.shim.inflight
+	return c.bk.shim.inflight
 }
 
 // close closes the module contexts (the module cancels what they hold and keeps pages the
@@ -188,11 +188,11 @@ func (b *shimBackend) start(c *Conn) error {
 		return shimErr(err)
 	}
 	st.txSock, st.rxSock, st.attached = tx, rx, true
-	c.shim = st
+	c.bk.shim = st
 	if err := b.register(c, (*econn)(c)); err != nil {
 		b.tx.Detach(tx)
 		b.rx.Detach(rx)
-		c.shim = nil
+		c.bk.shim = nil
 		return err
 	}
 	return nil
@@ -229,12 +229,12 @@ func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
 		bl := b.blocked
 		b.blocked = nil
 		for _, c := range bl {
-			if c.shim != nil {
-				c.shim.blocked = false
+			if c.bk.shim != nil {
+				c.bk.shim.blocked = false
 			}
 			if !c.ended() {
 				c.pump()
-				if c.paused == 0 && c.recvArmed && c.shim != nil && c.shim.ready {
+				if c.paused == 0 && c.recvArmed && c.bk.shim != nil && c.bk.shim.ready {
 					b.postRecv(c)
 				}
 			}
@@ -257,8 +257,8 @@ func (b *shimBackend) reap() {
 }
 
 func (b *shimBackend) block(c *Conn) {
-	if !c.shim.blocked {
-		c.shim.blocked = true
+	if !c.bk.shim.blocked {
+		c.bk.shim.blocked = true
 		b.blocked = append(b.blocked, c)
 	}
 }
@@ -270,7 +270,7 @@ func (b *shimBackend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
 }
 
 func (b *shimBackend) send(c *Conn) {
-	st := c.shim
+	st := c.bk.shim
 	if st == nil || !st.attached || c.fdClosed {
 		return
 	}
@@ -302,13 +302,13 @@ func (b *shimBackend) send(c *Conn) {
 			} else {
 				// Our buffers are smaller: send this part first, the rest next.
 				s.off += int32(k)
-				c.tx.pend = slices.Insert(c.tx.pend, c.shim.inflight, seg{loan: loan, n: int32(k)})
-				s = &c.tx.pend[c.shim.inflight]
+				c.tx.pend = slices.Insert(c.tx.pend, c.bk.shim.inflight, seg{loan: loan, n: int32(k)})
+				s = &c.tx.pend[c.bk.shim.inflight]
 			}
 			key, _ = b.txKey(loan.Region())
 		}
 		off := uint64(s.loan.Addr()-s.loan.Region().Base()) + uint64(s.off)
-		c.ops++
+		c.opStarted()
 		ud := b.q.NewOp((*scq)(c), tagSendZC)
 		if err := b.tx.PrepSend(st.txSock, key, off, uint32(s.n-s.off), ud); err != nil {
 			b.freeOp(c, ud)
@@ -339,7 +339,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 			return
 		}
 		b.sendRes--
-		c.shim.inflight--
+		c.bk.shim.inflight--
 		if !cqe.More() {
 			b.sendRes-- // no notification follows: its slot is free as well
 		}
@@ -359,35 +359,35 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 
 // onReadable: epoll says the socket has data (or EOF, or an error): post a RECV.
 func (b *shimBackend) onReadable(c *Conn, events uint32) {
-	if c.shim == nil {
+	if c.bk.shim == nil {
 		return
 	}
-	c.shim.ready = true
+	c.bk.shim.ready = true
 	// Level-triggered: stop listening until the RECV completes.
-	c.recvArmed = false
+	c.recvEnded()
 	b.update(c)
-	c.recvArmed = true
+	c.recvStarted()
 	b.postRecv(c)
 }
 
 func (b *shimBackend) armRecv(c *Conn) {
-	c.recvArmed = true
-	if c.shim != nil && c.shim.ready {
+	c.recvStarted()
+	if c.bk.shim != nil && c.bk.shim.ready {
 		b.postRecv(c)
 		return
 	}
-	if c.shim == nil || !c.shim.recvOut {
+	if c.bk.shim == nil || !c.bk.shim.recvOut {
 		b.update(c)
 	}
 }
 
 func (b *shimBackend) stopRecv(c *Conn) {
-	c.recvArmed = false
+	c.recvEnded()
 	b.update(c)
 }
 
 func (b *shimBackend) postRecv(c *Conn) {
-	st := c.shim
+	st := c.bk.shim
 	if st == nil || st.recvOut || !c.recvArmed || c.fdClosed || !st.attached {
 		return
 	}
@@ -409,7 +409,7 @@ func (b *shimBackend) postRecv(c *Conn) {
 	key := b.rxKeys[buf.Region()]
 	n := min(buf.Region().BufSize(), int(shim.RecvMax))
 	off := uint64(buf.Addr() - buf.Region().Base())
-	c.ops++
+	c.opStarted()
 	ud := b.q.NewOp((*scq)(c), tagRecv)
 	if err := b.rx.PrepRecv(st.rxSock, key, off, uint32(n), ud); err != nil {
 		b.freeOp(c, ud)
@@ -423,7 +423,7 @@ func (b *shimBackend) postRecv(c *Conn) {
 }
 
 func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
-	st := c.shim
+	st := c.bk.shim
 	st.recvOut = false
 	buf := st.recvBuf
 	st.recvBuf = memreg.Buf{}
@@ -458,7 +458,7 @@ func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
 // closeSocket detaches the socket from both contexts (the posted RECV completes with
 // ECANCELED) and closes it.
 func (b *shimBackend) closeSocket(c *Conn) {
-	st := c.shim
+	st := c.bk.shim
 	if st != nil && st.attached {
 		b.tx.Detach(st.txSock)
 		b.rx.Detach(st.rxSock)
@@ -466,5 +466,4 @@ func (b *shimBackend) closeSocket(c *Conn) {
 	}
 	b.unregister(c)
 	c.sock.Close()
-	c.fd = -1
 }

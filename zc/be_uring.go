@@ -87,15 +87,15 @@ func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
 func (b *uringBackend) start(c *Conn) error           { return nil }
 func (b *uringBackend) sending(c *Conn) bool {
 	t := c.txp.Load()
-	return t != nil && t.ud != 0
+	return t != nil && t.u.ud != 0
 }
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
 	t := c.txp.Load()
-	if t == nil || t.ud == 0 {
+	if t == nil || t.u.ud == 0 {
 		return 0
 	}
-	return t.segs
+	return t.u.segs
 }
 
 func (b *uringBackend) close() {
@@ -103,14 +103,14 @@ func (b *uringBackend) close() {
 }
 
 func (b *uringBackend) newOp(c *Conn, tag uint32) uint64 {
-	c.ops++
+	c.opStarted()
 	return b.q.NewOp((*uconn)(c), tag)
 }
 
 func (b *uringBackend) freeOp(c *Conn, ud uint64) {
 	if b.q.OpLive(ud) {
 		b.q.FreeOp(ud)
-		c.ops--
+		c.opEnded()
 	}
 }
 
@@ -121,10 +121,10 @@ func (b *uringBackend) armRecv(c *Conn) {
 	}
 	sqe := b.u.GetSQE()
 	if c.m != nil {
-		c.recvUD = b.newOp(c, tagPoll)
+		c.bk.recvUD = b.newOp(c, tagPoll)
 		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
 	} else {
-		c.recvUD = b.newOp(c, tagRecv)
+		c.bk.recvUD = b.newOp(c, tagRecv)
 		bs := int64(b.rr.BufSize())
 		room := c.credit() - c.held.Load()
 		switch {
@@ -141,9 +141,9 @@ func (b *uringBackend) armRecv(c *Conn) {
 			sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
 		}
 	}
-	sqe.UserData = c.recvUD
-	c.recvArmed = true
-	c.needArm = false
+	sqe.UserData = c.bk.recvUD
+	c.recvStarted()
+	c.bk.needArm = false
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
@@ -151,13 +151,13 @@ func (b *uringBackend) stopRecv(c *Conn) {
 		c.zx.stop()
 		return
 	}
-	if c.recvArmed && c.recvUD != 0 {
-		b.u.CancelOp(c.recvUD)
+	if c.recvArmed && c.bk.recvUD != 0 {
+		b.u.CancelOp(c.bk.recvUD)
 	}
 }
 
 func (b *uringBackend) send(c *Conn) {
-	if c.pendLen() == 0 || c.tx.ud != 0 || c.fdClosed {
+	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.fdClosed {
 		return
 	}
 	head := &c.tx.pend[0]
@@ -171,12 +171,12 @@ func (b *uringBackend) send(c *Conn) {
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
 		}
-		if c.tx.pollFirst {
+		if c.tx.u.pollFirst {
 			sqe.IoPrio |= uring.RecvsendPollFirst
-			c.tx.pollFirst = false
+			c.tx.u.pollFirst = false
 		}
 		sqe.UserData = ud
-		c.tx.ud, c.tx.segs, c.tx.zcOp = ud, 1, true
+		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, 1, true
 		c.zcStart(ud)
 		c.tx.sendZCOps.Add(1)
 		b.q.ctr.sendZCOps.Add(1)
@@ -209,14 +209,14 @@ func (b *uringBackend) send(c *Conn) {
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
 		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
-		c.tx.iov = iv
+		c.tx.u.iov = iv
 	}
-	if c.tx.pollFirst {
+	if c.tx.u.pollFirst {
 		sqe.IoPrio |= uring.RecvsendPollFirst
-		c.tx.pollFirst = false
+		c.tx.u.pollFirst = false
 	}
 	sqe.UserData = ud
-	c.tx.ud, c.tx.segs, c.tx.zcOp = ud, n, false
+	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
 	c.tx.sendOps.Add(1)
 	b.q.ctr.sendOps.Add(1)
 }
@@ -231,10 +231,10 @@ func (b *uringBackend) getIov() *iovBuf {
 }
 
 func (b *uringBackend) putIov(c *Conn) {
-	if t := c.txp.Load(); t != nil && t.iov != nil {
-		clear(c.tx.iov.iov[:])
-		b.iovs = append(b.iovs, c.tx.iov)
-		c.tx.iov = nil
+	if t := c.txp.Load(); t != nil && t.u.iov != nil {
+		clear(c.tx.u.iov.iov[:])
+		b.iovs = append(b.iovs, c.tx.u.iov)
+		c.tx.u.iov = nil
 	}
 }
 
@@ -246,7 +246,6 @@ func (b *uringBackend) closeSocket(c *Conn) {
 	b.stopRecv(c)
 	b.u.Submit()
 	c.sock.Close()
-	c.fd = -1
 }
 
 func (b *uringBackend) dial(c *Conn) {
@@ -274,7 +273,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		b.onRecv(c, ev, more)
 	case tagSend:
 		b.freeOp(c, ev.UD)
-		c.tx.ud, c.tx.segs = 0, 0
+		c.tx.u.ud, c.tx.u.segs = 0, 0
 		b.putIov(c)
 		switch {
 		case ev.Res > 0:
@@ -282,7 +281,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		case ev.Res == -int32(unix.EAGAIN):
 			// A non-blocking socket can make io_uring give up with EAGAIN (send buffer full):
 			// send again, waiting for room first.
-			c.tx.pollFirst = true
+			c.tx.u.pollFirst = true
 		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
@@ -292,7 +291,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
-		c.tx.ud, c.tx.segs, c.tx.zcOp = 0, 0, false
+		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = 0, 0, false
 		// A notification follows when the kernel says so (F_MORE), and also for a send cancelled
 		// because an earlier linked request failed: that one completes with -ECANCELED without
 		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,
@@ -300,7 +299,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		notif := more || ev.Res == -int32(unix.ECANCELED)
 		again := ev.Res == -int32(unix.EAGAIN)
 		if again {
-			c.tx.pollFirst = true // as for SEND: the segment stays, it goes again
+			c.tx.u.pollFirst = true // as for SEND: the segment stays, it goes again
 		}
 		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
@@ -315,8 +314,8 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	case tagPoll:
 		if !more {
 			b.freeOp(c, ev.UD)
-			c.recvUD = 0
-			c.recvArmed = false
+			c.bk.recvUD = 0
+			c.recvEnded()
 		}
 		c.onPoll(ev)
 		if c.inClose() {
@@ -328,8 +327,8 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 	if !more {
 		b.freeOp(c, ev.UD)
-		c.recvUD = 0
-		c.recvArmed = false
+		c.bk.recvUD = 0
+		c.recvEnded()
 	}
 	switch res := ev.Res; {
 	case res > 0:
@@ -339,7 +338,7 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.needArm = true
+			c.bk.needArm = true
 			b.rr.WaitBuffers((*rearm)(c))
 		}
 		return
@@ -366,8 +365,8 @@ type rearm Conn
 
 func (r *rearm) Flush(*loop.Queue) {
 	c := (*Conn)(r)
-	if c.needArm {
-		c.needArm = false
+	if c.bk.needArm {
+		c.bk.needArm = false
 		c.armRecv()
 	}
 }

@@ -43,14 +43,8 @@ type ConnStats struct {
 type sender struct {
 	pend  []seg // taken from the producer, not yet sent
 	zwait []zcWait
-	ud    uint64 // the send in flight
-	segs  int    // segments in the send in flight
-	zcOp  bool
-	// pollFirst: the last send gave up with EAGAIN; the next waits for room first
-	// (IORING_RECVSEND_POLL_FIRST).
-	pollFirst bool
-	iov       *iovBuf
-	zc        zcPolicy
+	u     uringTx // the io_uring backend's own send state (the core never touches it)
+	zc    zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
 	stage    memreg.Buf
 	stageN   int
@@ -60,6 +54,17 @@ type sender struct {
 	destWaits []*Conn
 	// counters, read by Stats from any goroutine
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
+}
+
+// uringTx is the io_uring backend's state of a connection's send side.
+type uringTx struct {
+	ud   uint64 // the send in flight
+	segs int    // segments in the send in flight
+	zcOp bool
+	// pollFirst: the last send gave up with EAGAIN; the next waits for room first
+	// (IORING_RECVSEND_POLL_FIRST).
+	pollFirst bool
+	iov       *iovBuf
 }
 
 // txLocked returns the send side, making it (mu held).
@@ -143,20 +148,17 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	recvUD     uint64        // multishot recv / epoll registration / poll
 	ops        int32         // operations in the kernel (recv, send, connect, poll)
 	paused     int32         // pause reasons
 	destPauses int32         // destinations we wait for
+	bk         backendConn   // the backend's own state of the connection (never the core's)
 	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
 	recvArmed  bool
-	wantOut    bool // plain backend: waiting for EPOLLOUT
-	needArm    bool // waiting for receive buffers
 	eof        bool
 	fdClosed   bool // the socket is closed (by the backend, or by a failed dial)
 	wrShut     bool
 	closeErr   error
 	cl         *closeState // made by beginClose
-	shim       *shimConnState
 	m          *mappedRecv
 	zx         *zcrxConn // RecvZcrx (zcrx.go)
 	connect    *connectState

@@ -586,7 +586,7 @@ func (c *Conn) advanceClose() {
 			c.q.be.stopRecv(c)
 		}
 		c.q.be.closeSocket(c)
-		c.fdClosed = true
+		c.socketClosed()
 	}
 	if c.ops > 0 && now.Before(c.cl.deadline.Add(c.e.cfg.CloseTimeout)) {
 		return // operations in the kernel: their completions come back here
@@ -611,7 +611,7 @@ func (c *Conn) finish() {
 	}
 	if !c.fdClosed {
 		c.q.be.closeSocket(c)
-		c.fdClosed = true
+		c.socketClosed()
 	}
 	for c.pendLen() > 0 {
 		s := c.popPend()

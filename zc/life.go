@@ -54,3 +54,29 @@ func (c *Conn) inClose() bool { return c.lifeNow() >= lifeClosing }
 
 // ended: the connection finished (OnClose ran, or the dial failed).
 func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
+
+// backendConn is a backend's own state of a connection: only the backend (and its receive
+// paths) reads or writes it, the core never does. What the core must know of the
+// backend's work it learns from the backend's reports (recvStarted, recvEnded, opStarted,
+// opEnded, and the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
+type backendConn struct {
+	recvUD  uint64         // multishot recv / epoll registration / poll
+	wantOut bool           // plain backend: waiting for EPOLLOUT
+	needArm bool           // waiting for receive buffers
+	shim    *shimConnState // zcshim backend
+}
+
+// recvStarted / recvEnded: the backend reports that receiving is armed / no longer armed.
+func (c *Conn) recvStarted() { c.recvArmed = true }
+func (c *Conn) recvEnded()   { c.recvArmed = false }
+
+// opStarted / opEnded: the backend reports an operation of the connection entering / leaving
+// the kernel (a close waits for every one of them).
+func (c *Conn) opStarted() { c.ops++ }
+func (c *Conn) opEnded()   { c.ops-- }
+
+// socketClosed records that the backend closed the socket (closeSocket).
+func (c *Conn) socketClosed() {
+	c.fdClosed = true
+	c.fd = -1
+}

@@ -168,9 +168,9 @@ func (zx *zcrxConn) arm() {
 		return
 	}
 	zx.s = s
-	c.recvArmed = true
-	c.needArm = false
-	c.ops++
+	c.recvStarted()
+	c.bk.needArm = false
+	c.opStarted()
 }
 
 // stop cancels the armed stream (the backend's stopRecv): its End follows, at once when the
@@ -201,8 +201,8 @@ func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
 		return
 	}
 	zx.s = nil
-	c.recvArmed = false
-	c.ops--
+	c.recvEnded()
+	c.opEnded()
 	if c.ended() {
 		return
 	}
