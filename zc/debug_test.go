@@ -201,3 +201,21 @@ func TestDebugKeptSliceAfterClose(t *testing.T) {
 		t.Fatal("write lost")
 	}
 }
+
+// TestQueueStalls: a handler that blocks its queue is counted, without Config.Debug.
+func TestQueueStalls(t *testing.T) {
+	e := newEngine(t, Config{Queues: 1})
+	release := make(chan struct{})
+	c, peer := dialPeer(t, e, HandlerFuncs{Data: func(_ *Conn, d Data) {
+		<-release // blocks the queue: the misuse
+		d.Release()
+	}})
+	peer.Write([]byte("x"))
+	waitCond(t, "the stall counted", func() bool { return e.Stats().QueueStalls > 0 })
+	close(release)
+	c.Close()
+	<-c.Done()
+	if n := e.Stats().QueueStalls; n != 1 {
+		t.Fatalf("one stall counted %d times", n)
+	}
+}

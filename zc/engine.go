@@ -39,6 +39,8 @@ type Engine struct {
 
 	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
 	dbg        *debugState    // Config.Debug (nil: no checks)
+	stopWatch  chan struct{}  // ends watchStalls
+	stalls     atomic.Uint64  // Stats.QueueStalls
 	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
 }
 
@@ -94,6 +96,8 @@ func New(cfg Config) (*Engine, error) {
 	if err == nil {
 		e.checkMemlock()
 		e.dbg.start()
+		e.stopWatch = make(chan struct{})
+		go e.watchStalls(stallTick)
 	}
 	return e, err
 }
@@ -322,6 +326,9 @@ func (e *Engine) Done() <-chan struct{} { return e.done }
 
 func (e *Engine) shutdown(ctx context.Context) {
 	defer close(e.done)
+	if e.stopWatch != nil {
+		close(e.stopWatch)
+	}
 	e.mu.Lock()
 	ls := make([]*Listener, 0, len(e.listeners))
 	for l := range e.listeners {
@@ -453,6 +460,10 @@ type Stats struct {
 	Misuses          uint64
 	SlowHandlerCalls uint64
 	DataHeldLong     uint64
+	// QueueStalls counts the times a queue was found running one piece of code (a handler,
+	// a posted function) for over 250 ms without returning to its loop: every other
+	// connection of the queue waited meanwhile. Handlers must not block.
+	QueueStalls uint64
 
 	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
 	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
@@ -503,6 +514,7 @@ func (s *Stats) addCounters(c *counters) {
 func (e *Engine) Stats() Stats {
 	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs,
 		MemlockShort: e.memlockShort.Load()}
+	s.QueueStalls = e.stalls.Load()
 	if d := e.dbg; d != nil {
 		s.Misuses, s.SlowHandlerCalls, s.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
 	}
@@ -543,4 +555,38 @@ func (e *Engine) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// stallTick is how often watchStalls looks at the queues.
+const stallTick = 250 * time.Millisecond
+
+// watchStalls counts queues stuck in one piece of code (Stats.QueueStalls): a queue that
+// runs code (not waiting in the kernel) and made no progress (no event dispatched, no wait)
+// between two looks. One stall is counted once however long it lasts. It costs a look per
+// queue every tick.
+func (e *Engine) watchStalls(tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last := make([]uint64, len(e.queues))
+	stuck := make([]bool, len(e.queues))
+	for {
+		select {
+		case <-e.stopWatch:
+			return
+		case <-t.C:
+		}
+		for i, q := range e.queues {
+			st := q.Queue.Stats()
+			progress := st.Events + st.Waits + st.Spins
+			if q.MayBeOnLoop() && progress == last[i] {
+				if !stuck[i] {
+					stuck[i] = true
+					e.stalls.Add(1)
+				}
+			} else {
+				stuck[i] = false
+			}
+			last[i] = progress
+		}
+	}
 }
