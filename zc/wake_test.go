@@ -273,3 +273,134 @@ func TestPoolWakeMinimal(t *testing.T) {
 		})
 	}
 }
+
+// subscriber is one connection of a fan-out: messages wait in its backlog until Write takes
+// them; ErrWouldBlock leaves the rest for OnWritable.
+type subscriber struct {
+	zc.HandlerFuncs
+	backlog [][]byte
+	off     int
+	closing bool
+}
+
+func (s *subscriber) OnWritable(c *zc.Conn) { s.flush(c) }
+
+func (s *subscriber) flush(c *zc.Conn) {
+	for len(s.backlog) > 0 {
+		m := s.backlog[0][s.off:]
+		n, err := c.Write(m)
+		if n == len(m) {
+			s.backlog[0] = nil
+			s.backlog = s.backlog[1:]
+			s.off = 0
+		} else {
+			s.off += n
+		}
+		if errors.Is(err, zc.ErrWouldBlock) {
+			return // OnWritable comes
+		}
+		if err != nil {
+			c.Close()
+			return
+		}
+	}
+	if s.closing {
+		c.Close()
+	}
+}
+
+// TestFanOutWakes: one publisher on the queue goroutine writes every message to 100
+// subscribers, some of them slow readers, through a send pool that holds a fraction of what
+// is in flight: every subscriber must get every message (Write on the loop, ErrWouldBlock,
+// OnWritable).
+func TestFanOutWakes(t *testing.T) {
+	for _, b := range wakeBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			const subs, msgs, size = 100, 200, 1024
+			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 4, SendBufSize: 16 << 10,
+				SendPoolMax: 256 << 10, MaxQueuedBytes: 64 << 10, SocketOptions: smallBufs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			type sub struct {
+				c *zc.Conn
+				s *subscriber
+			}
+			accepted := make(chan sub, subs)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
+				s := &subscriber{}
+				accepted <- sub{c, s}
+				return s
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			errs := make(chan error, subs)
+			for i := 0; i < subs; i++ {
+				c := dialSmall(t, l.Addr().String())
+				go func() {
+					defer c.Close()
+					buf := make([]byte, size)
+					for m := 0; m < msgs; m++ {
+						if _, err := io.ReadFull(c, buf); err != nil {
+							errs <- fmt.Errorf("message %d: %w", m, err)
+							return
+						}
+						for j, v := range buf {
+							if v != byte(m+j) {
+								errs <- fmt.Errorf("message %d byte %d corrupt", m, j)
+								return
+							}
+						}
+						if i%10 == 0 {
+							time.Sleep(time.Millisecond) // a slow subscriber
+						}
+					}
+					_, err := c.Read(buf)
+					if err != io.EOF {
+						err = fmt.Errorf("after the last message: %v", err)
+					} else {
+						err = nil
+					}
+					errs <- err
+				}()
+			}
+			all := make([]sub, 0, subs)
+			for i := 0; i < subs; i++ {
+				all = append(all, <-accepted)
+			}
+			// The publisher: every message to every subscriber, from the queue goroutine.
+			pub := all[0].c
+			for m := 0; m < msgs; m++ {
+				msg := make([]byte, size)
+				for j := range msg {
+					msg[j] = byte(m + j)
+				}
+				last := m == msgs-1
+				err := pub.Post(func() {
+					for _, x := range all {
+						x.s.backlog = append(x.s.backlog, msg)
+						x.s.closing = last
+						x.s.flush(x.c)
+					}
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 0; i < subs; i++ {
+				select {
+				case err := <-errs:
+					if err != nil {
+						t.Errorf("subscriber: %v", err)
+					}
+				case <-time.After(2 * time.Minute):
+					t.Fatalf("%d of %d subscribers unfinished (stalled): %+v", subs-i, subs, e.Stats())
+				}
+			}
+			t.Logf("pool waits %d", e.Stats().PoolWaits)
+		})
+	}
+}
