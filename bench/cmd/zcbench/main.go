@@ -214,7 +214,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.dur = perRun(cfg.budget, timed*cfg.reps, fixed*time.Duration(cfg.reps))
 	}
-	runs := harness.Interleave(variants, cfg.reps)
+	runs := harness.Interleave(variants, cfg.reps, func(v harness.Variant) bool { return v.Mode == report.ZCCopyAA })
 
 	title := describe(topology)
 	fmt.Fprintf(stdout, "zcbench: %s\n", title)
