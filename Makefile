@@ -8,7 +8,7 @@ export GOFLAGS
 TEST_EXTRA :=
 BUILD := $(CURDIR)/build
 
-.PHONY: all build test gotest vet lint bench deps-apt
+.PHONY: all build test gotest skipcheck vet lint bench deps-apt
 all: build
 
 # bench/ is its own module (so the library's go.mod does not pull plotting into users' builds).
@@ -22,10 +22,22 @@ vet:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
 
-# go test -race needs cgo (gcc is on this kind of machine).
+# go test -race needs cgo (gcc is on this kind of machine). The runs' JSON goes through
+# skipcheck (internal/testutil/skipcheck): it prints what go test prints, keeps the stream in
+# build/, and then fails on any skip that internal/testutil/skips.txt does not allow with a
+# reason, so a capability that regresses cannot turn into a skip.
+SKIPCHECK := $(BUILD)/skipcheck
+SKIPS_ALLOWED := internal/testutil/skips.txt
 gotest:
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
-	cd bench && CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 10m ./...
+	@mkdir -p $(BUILD)
+	$(GO) build -o $(SKIPCHECK) ./internal/testutil/skipcheck
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 20m ./... | $(SKIPCHECK) -echo -record $(BUILD)/gotest.json
+	set -o pipefail; cd bench && CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 10m ./... | $(SKIPCHECK) -echo -record $(BUILD)/gotest-bench.json
+	$(SKIPCHECK) -allow $(SKIPS_ALLOWED) $(BUILD)/gotest.json $(BUILD)/gotest-bench.json
+
+# skipcheck alone, on the JSON of the last make gotest.
+skipcheck:
+	$(SKIPCHECK) -allow $(SKIPS_ALLOWED) $(BUILD)/gotest.json $(BUILD)/gotest-bench.json
 
 # lint also cross-builds for arm64 (the library must build on every 64-bit Linux we support).
 lint: vet

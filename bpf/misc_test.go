@@ -15,6 +15,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 // The committed objects must come from the committed C sources: gen.sh
@@ -125,7 +127,7 @@ func openFDs(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	return len(ents)
 }
@@ -145,7 +147,7 @@ func TestBadInput(t *testing.T) {
 	mk := func(typ, proto int, reuse, listen bool, p int) int {
 		fd, err := unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, proto)
 		if err != nil {
-			t.Skipf("socket(%d, %d): %v", typ, proto, err)
+			t.Fatalf("socket(%d, %d): %v", typ, proto, err)
 		}
 		if reuse {
 			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
@@ -366,9 +368,10 @@ func TestPinning(t *testing.T) {
 func TestReuseportIPv6(t *testing.T) {
 	requireRoot(t)
 	lo6 := netip.MustParseAddr("::1")
+	testutil.RequireIPv6Loopback(t)
 	fds, port, err := reuseportListeners(3, lo6, 0)
 	if err != nil {
-		t.Skipf("no IPv6 loopback: %v", err)
+		t.Fatal(err)
 	}
 	f := &steerFixture{t: t, fds: fds, port: port, pending: map[int]accepted{}}
 	defer func() {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -14,9 +15,7 @@ import (
 // sender and a 4 KiB-multiple MSS (4108 with timestamps) the kernel maps pages, and the
 // counters say how many.
 func TestMappedReceive(t *testing.T) {
-	if err := tcpglue.ProbeZeroCopyReceive(); err != nil {
-		t.Skip(err)
-	}
+	testutil.SkipIfNotSupported(t, tcpglue.ProbeZeroCopyReceive(), "4.18")
 	for _, tc := range []struct {
 		name      string
 		mss       int

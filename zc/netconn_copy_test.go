@@ -271,8 +271,19 @@ func TestNetConnSendfileNoThreadPerWait(t *testing.T) {
 			done <- err
 		}()
 	}
-	time.Sleep(500 * time.Millisecond) // every sender is stalled by now
-	polling, threads := inPoll()
+	// Every sender has stalled once each waits somewhere: parked in Go's poller, or (the
+	// regression this test is for) on a thread asleep in poll(2).
+	var polling, threads int
+	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+		polling, threads = inPoll()
+		parked := ioWaiting("TestNetConnSendfileNoThreadPerWait")
+		if parked+polling-polling0 >= conns {
+			break
+		}
+		if time.Since(start) > 6*hangBound {
+			t.Fatalf("of %d senders, %d wait in the poller and %d threads in poll(2) (%d before)", conns, parked, polling, polling0)
+		}
+	}
 	for _, c := range srvConns {
 		c.Close()
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -123,7 +124,7 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 						_, err := nc.Read(make([]byte, 64))
 						got <- err
 					}()
-					time.Sleep(20 * time.Millisecond) // let it wait in the poller
+					waitIOWait(t, "TestNetConnDirectReadWakes", 1) // the Read waits in the poller
 					switch how {
 					case "Close":
 						nc.Close()
@@ -131,7 +132,7 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 						e.Close()
 					case "deadline":
 						nc.SetReadDeadline(time.Now().Add(time.Hour))
-						time.Sleep(5 * time.Millisecond)
+						waitIOWait(t, "TestNetConnDirectReadWakes", 1) // still waiting, under the new deadline
 						nc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 					}
 					err = waitHang(t, got, "a waiting Read after "+how, func() string { return engineDump(e) })
@@ -290,5 +291,38 @@ func TestNetConnDirectRaces(t *testing.T) {
 				ln.Close()
 			}
 		})
+	}
+}
+
+// ioWaiting counts the goroutines parked in Go's poller ("IO wait") whose stacks hold fn
+// (part of a function's name, such as the test's).
+func ioWaiting(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	k := 0
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		head, _, _ := bytes.Cut(g, []byte("\n"))
+		if bytes.Contains(head, []byte("[IO wait")) && bytes.Contains(g, []byte(fn)) {
+			k++
+		}
+	}
+	return k
+}
+
+// waitIOWait waits until at least n goroutines of fn wait in Go's poller; it fails when
+// they do not within hangBound.
+func waitIOWait(t *testing.T, fn string, n int) {
+	t.Helper()
+	for start := time.Now(); ioWaiting(fn) < n; time.Sleep(time.Millisecond) {
+		if time.Since(start) > hangBound {
+			t.Fatalf("%d goroutines of %s wait in the poller, want %d", ioWaiting(fn), fn, n)
+		}
 	}
 }

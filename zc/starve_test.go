@@ -177,7 +177,36 @@ func testNoSpinWhilePaused(t *testing.T, cfg Config) {
 	<-sync
 	s.Write([]byte("data while paused"))
 	s.Shutdown(unix.SHUT_WR)
-	time.Sleep(100 * time.Millisecond)
+	// The server's kernel holds the data and the FIN once the peer has nothing unacknowledged.
+	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+		ti, err := s.TCPInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ti.Unacked == 0 && ti.NotsentBytes == 0 {
+			break
+		}
+		if time.Since(start) > hangBound {
+			t.Fatalf("the peer's data is not acknowledged: %+v", ti)
+		}
+	}
+	// The loop goes round with the data there (each Post wakes it): a connection that were
+	// not paused would have delivered it by the last.
+	for i := 0; i < 3; i++ {
+		done := make(chan struct{})
+		c.Post(func() { close(done) })
+		waitHang(t, done, "a posted function", func() string { return "" })
+	}
+	select {
+	case got := <-ev.data:
+		t.Fatalf("data delivered while paused: %q", got)
+	case err := <-ev.eof:
+		t.Fatalf("end of stream delivered while paused: %v", err)
+	default:
+	}
+	if st := c.Stats(); st.BytesRecv != 0 || !st.RecvPaused {
+		t.Fatalf("while paused: %d bytes received, RecvPaused %v; want 0, true", st.BytesRecv, st.RecvPaused)
+	}
 	w0 := e.Stats().Waits
 	time.Sleep(300 * time.Millisecond)
 	waits := e.Stats().Waits - w0

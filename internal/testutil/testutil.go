@@ -64,6 +64,50 @@ func SkipIfNotSupported(tb testing.TB, err error, minKernel string) {
 	tb.Skipf("not supported here (kernel %s): %v", release(), err)
 }
 
+// RequireFeature is SkipIfNotSupported for a capability probed as a yes/no answer (an
+// opcode in the probe, a feature bit, a setup flag): it returns when ok, skips when the
+// kernel is older than minKernel ("X.Y"), and fails on a kernel at least minKernel.
+func RequireFeature(tb testing.TB, ok bool, feature, minKernel string) {
+	tb.Helper()
+	if ok {
+		return
+	}
+	SkipIfNotSupported(tb, fmt.Errorf("%s (Linux %s+): %w", feature, minKernel, errs.ErrNotSupported), minKernel)
+}
+
+// RequireIPv6Loopback skips the test only when the host truly has no ::1: the kernel has
+// no IPv6 (no /proc/net/if_inet6) or lo carries no ::1 (IPv6 disabled on it). A test that
+// then fails to use ::1 has found an error of its own code, not a missing feature.
+func RequireIPv6Loopback(tb testing.TB) {
+	tb.Helper()
+	ok, err := hasIPv6Loopback("/proc/net/if_inet6")
+	if err != nil {
+		tb.Fatalf("looking for ::1: %v", err)
+	}
+	if !ok {
+		tb.Skip("this host has no IPv6 loopback address (::1 on lo)")
+	}
+}
+
+// hasIPv6Loopback reads an if_inet6 table ("address ifindex plen scope flags name" per
+// line, the address as 32 hex digits). A missing file means a kernel without IPv6.
+func hasIPv6Loopback(path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 6 && f[0] == "00000000000000000000000000000001" && f[5] == "lo" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // RequireRoot skips the test unless the process runs as root. CI runs as root, so tests
 // that need root run there.
 func RequireRoot(tb testing.TB) {

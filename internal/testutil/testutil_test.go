@@ -2,6 +2,8 @@ package testutil
 
 import (
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/zcnet/zcnet/internal/errs"
@@ -74,5 +76,50 @@ func TestCompareWithC(t *testing.T) {
 	})
 	if len(r.errors) != 1 || r.errors[0] != "sizeof(uint64_t): C says 8, Go says 4" {
 		t.Errorf("errors %q, want the one wrong check", r.errors)
+	}
+}
+
+func TestRequireFeature(t *testing.T) {
+	for _, c := range []struct {
+		ok           bool
+		min          string
+		skip, failed bool
+	}{
+		{true, "2.6", false, false},
+		{false, "99.0", true, false},
+		{false, "2.6", false, true},
+	} {
+		f := &fakeTB{}
+		RequireFeature(f, c.ok, "thing", c.min)
+		if f.skipped != c.skip || f.failed != c.failed {
+			t.Errorf("%v/%q: skipped %v failed %v", c.ok, c.min, f.skipped, f.failed)
+		}
+	}
+}
+
+func TestHasIPv6Loopback(t *testing.T) {
+	dir := t.TempDir()
+	for name, c := range map[string]struct {
+		table string
+		want  bool
+	}{
+		"lo":      {"00000000000000000000000000000001 01 80 10 80       lo\nfe8000000000000000fc00fffe000001 04 40 20 80     eth0\n", true},
+		"no ::1":  {"fe8000000000000000fc00fffe000001 04 40 20 80     eth0\n", false},
+		"not lo":  {"00000000000000000000000000000001 04 80 10 80     eth0\n", false},
+		"missing": {"", false},
+	} {
+		p := dir + "/" + strings.ReplaceAll(name, " ", "_")
+		if name != "missing" {
+			if err := os.WriteFile(p, []byte(c.table), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := hasIPv6Loopback(p)
+		if err != nil || got != c.want {
+			t.Errorf("%s: %v, %v; want %v", name, got, err, c.want)
+		}
+	}
+	if _, err := hasIPv6Loopback(dir); err == nil {
+		t.Error("reading a directory as the table: no error")
 	}
 }

@@ -3,6 +3,7 @@ package uring
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"runtime"
@@ -11,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
 
 func TestNop(t *testing.T) {
@@ -195,18 +198,17 @@ func TestSetupFlagVariants(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		flags uint32
+		since string // the kernel that accepts the flags (unprivileged SQPOLL: 5.11)
 	}{
-		{"defer-taskrun", SetupSingleIssuer | SetupDeferTaskrun | SetupTaskrunFlag},
-		{"coop-taskrun", SetupCoopTaskrun | SetupTaskrunFlag},
-		{"no-sqarray", SetupNoSQArray},
-		{"cqe32", SetupCQE32},
-		{"sqe128", SetupSQE128},
-		{"sqpoll", SetupSQPoll | SetupSQAff},
+		{"defer-taskrun", SetupSingleIssuer | SetupDeferTaskrun | SetupTaskrunFlag, "6.1"},
+		{"coop-taskrun", SetupCoopTaskrun | SetupTaskrunFlag, "5.19"},
+		{"no-sqarray", SetupNoSQArray, "6.6"},
+		{"cqe32", SetupCQE32, "5.19"},
+		{"sqe128", SetupSQE128, "5.19"},
+		{"sqpoll", SetupSQPoll | SetupSQAff, "5.11"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !caps.SetupOK(tc.flags &^ SetupTaskrunFlag) {
-				t.Skipf("setup flags %#x not accepted by this kernel", tc.flags)
-			}
+			testutil.RequireFeature(t, caps.SetupOK(tc.flags&^SetupTaskrunFlag), fmt.Sprintf("setup flags %#x", tc.flags), tc.since)
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			r := newRing(t, 16, &Options{Flags: tc.flags, SQThreadIdle: 10})

@@ -17,9 +17,7 @@ import (
 // ZC_COPIED report is surfaced (loopback always copies).
 func TestSendZCFixed(t *testing.T) {
 	caps := DetectCapabilities()
-	if err := caps.NeedOp(OpSendZC, "SEND_ZC", "6.0"); err != nil {
-		t.Skip(err)
-	}
+	testutil.SkipIfNotSupported(t, caps.NeedOp(OpSendZC, "SEND_ZC", "6.0"), "6.0")
 	r := newRing(t, 32, nil)
 	c, s := tcpPair(t)
 	const chunk, total = 64 << 10, 8 << 20
@@ -215,8 +213,8 @@ func TestMultishotRecvBufRing(t *testing.T) {
 			name = "bundle"
 		}
 		t.Run(name, func(t *testing.T) {
-			if bundle && !DetectCapabilities().Has(FeatRecvsendBundle) {
-				t.Skip("no IORING_FEAT_RECVSEND_BUNDLE (Linux 6.10+)")
+			if bundle {
+				testutil.RequireFeature(t, DetectCapabilities().Has(FeatRecvsendBundle), "IORING_FEAT_RECVSEND_BUNDLE", "6.10")
 			}
 			r := newRing(t, 16, nil)
 			c, s := tcpPair(t)

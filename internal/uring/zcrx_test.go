@@ -153,9 +153,7 @@ func zcrxRing(t testing.TB, entries uint32) *Ring {
 // lo must fail with a typed refusal naming what it needs and leak nothing; the other bad
 // inputs fail with their errno.
 func TestZcrxRefusal(t *testing.T) {
-	if !DetectCapabilities().Probe.Supports(OpRecvZC) {
-		t.Skip("no IORING_OP_RECV_ZC (Linux 6.15+)")
-	}
+	testutil.RequireFeature(t, DetectCapabilities().Probe.Supports(OpRecvZC), "IORING_OP_RECV_ZC", "6.15")
 	testutil.RequireRoot(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

@@ -198,9 +198,7 @@ func countFDs() int {
 // no region, instance or fd behind.
 func TestDeviceRefusal(t *testing.T) {
 	testutil.RequireRoot(t)
-	if !uring.DetectCapabilities().Probe.Supports(uring.OpRecvZC) {
-		t.Skip("no IORING_OP_RECV_ZC (Linux 6.15+)")
-	}
+	testutil.RequireFeature(t, uring.DetectCapabilities().Probe.Supports(uring.OpRecvZC), "IORING_OP_RECV_ZC", "6.15")
 	q := newQueue(t, loop.URingConfig{CQE32: true})
 	lo, err := net.InterfaceByName("lo")
 	if err != nil {

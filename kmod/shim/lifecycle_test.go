@@ -316,7 +316,7 @@ func TestKillWithSendsInFlight(t *testing.T) {
 	if st.Ops == 0 || st.Notifs == 0 {
 		t.Fatalf("child has nothing in flight: %+v", st)
 	}
-	time.Sleep(200 * time.Millisecond) // let the child reach its wait in ENTER
+	waitInEnter(t, cmd.Process.Pid, 0, (<-chan int)(nil)) // the child waits in ENTER
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

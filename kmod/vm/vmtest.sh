@@ -9,6 +9,8 @@
 # install of kernels), pinned to the version the kernel line's metapackage
 # points at, and cached under $BUILD/kmodvm/<metapackage>.
 #
+# Each guest's top-level test results must match kmod/vm/expect/<kernel>.txt (count_tests).
+#
 # Entries "pin:NAME" are kernels pinned in kmod/vm/kernels/NAME.pin (Linux 7.3
 # from trixie-backports): fetched by kmod/vm/debfetch.sh through a private apt
 # configuration into a version-keyed cache, booted without the module, running
@@ -149,6 +151,7 @@ boot_and_judge() {
 	grep '^MEASURE' "$console.txt" > "$dir/measure.txt" || true
 
 	local fail=0 np nf ns
+	count_tests "$meta" "$console.txt" || fail=1
 	if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then log "[$meta] FAIL: timed out after ${TIMEOUT}s"; fail=1; fi
 	grep -q '^ZCVM: result rc=0' "$console.txt" || { log "[$meta] FAIL: tests did not report success"; fail=1; }
 	if grep -nE 'BUG:|WARNING:|Oops|general protection|Call Trace|zcshim: LEAK|kernel panic|Kernel panic|refcount_t:|list_(add|del) corruption' "$console.txt"; then
@@ -163,6 +166,43 @@ boot_and_judge() {
 	tot_pass=$((tot_pass + np)) tot_fail=$((tot_fail + nf)) tot_skip=$((tot_skip + ns))
 	if [ $fail != 0 ]; then log "[$meta] see $console.txt"; return 1; fi
 	return 0
+}
+
+# count_tests LABEL CONSOLE: the guest's top-level test results ("BINARY STATUS Test" a line,
+# the binary from the "ZCVM: run BINARY" marker before it) must be exactly
+# kmod/vm/expect/LABEL.txt: a renamed test, a -test.run pattern that matches nothing, a new
+# skip or a test that stopped running fails the kernel. ZCVM_WRITE_EXPECT=1 writes the file
+# from this run instead (review the diff before committing it).
+count_tests() {
+	local meta=$1 console=$2 want got
+	want=kmod/vm/expect/$(echo "$meta" | tr ':/' '--').txt
+	got=$(awk '
+		match($0, /ZCVM: run [^ ]+/) { bin = substr($0, RSTART + 10, RLENGTH - 10) }
+		/^--- (PASS|FAIL|SKIP): / { print bin, substr($2, 1, length($2) - 1), $3 }
+	' "$console" | sort)
+	if [ "${ZCVM_WRITE_EXPECT:-}" = 1 ]; then
+		if grep -q ' FAIL ' <<< "$got"; then
+			log "[$meta] FAIL: not writing $want from a run with failed tests"
+			return 1
+		fi
+		mkdir -p "$(dirname "$want")"
+		printf '%s\n' "$got" > "$want"
+		log "[$meta] wrote $want ($(wc -l < "$want") tests)"
+		return 0
+	fi
+	if [ ! -f "$want" ]; then
+		log "[$meta] FAIL: no $want (ZCVM_WRITE_EXPECT=1 writes it from a run)"
+		return 1
+	fi
+	local gp gs wp ws
+	gp=$(grep -c ' PASS ' <<< "$got" || true) gs=$(grep -c ' SKIP ' <<< "$got" || true)
+	wp=$(grep -c ' PASS ' "$want" || true) ws=$(grep -c ' SKIP ' "$want" || true)
+	if ! diff -u "$want" <(printf '%s\n' "$got") > "$console.expect.diff"; then
+		log "[$meta] FAIL: $gp passed and $gs skipped, $want expects $wp and $ws; the difference (- expected, + this run):"
+		grep -E '^[-+][^-+]' "$console.expect.diff" | sed "s#^#[$meta]   #"
+		return 1
+	fi
+	log "[$meta] $gp passed and $gs skipped, as $want expects"
 }
 
 # run_pinned NAME: the kernel of kmod/vm/kernels/NAME.pin, no module, the test binaries of

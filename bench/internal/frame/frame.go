@@ -84,12 +84,14 @@ type Source struct {
 	crc     uint32
 	next    uint64
 	sent    uint64
-	corrupt int64 // sequence number to send with a wrong CRC, or -1
+	corrupt int64 // sequence number of the frame to damage, or -1
 }
 
 // NewSource returns a Source of frames of size bytes. corruptSeq >= 0 makes the frame
-// with that sequence number carry a wrong checksum (fault injection for tests and
-// for checking the checker); pass -1 normally.
+// with that sequence number carry one flipped payload byte under the checksum of the
+// intact payload, so only a receiver that hashes the payload notices (fault injection for
+// tests and for checking the checker; a frame of MinSize, which has no payload, gets a
+// wrong checksum instead); pass -1 normally.
 func NewSource(size int, corruptSeq int64) (*Source, error) {
 	if size < MinSize {
 		return nil, fmt.Errorf("frame size %d below minimum %d", size, MinSize)
@@ -120,7 +122,14 @@ func (s *Source) Stamp(buf []byte) uint64 {
 	t := b[s.size-trlLen:]
 	binary.LittleEndian.PutUint64(t[0:], seq)
 	crc := s.crc
-	if int64(seq) == s.corrupt {
+	if k := (s.size - hdrLen - trlLen) / 2; k < len(s.payload) {
+		// One byte in the middle of the payload: rewritten in every frame, so a buffer
+		// that carried the damaged frame is whole again in the next.
+		b[hdrLen+k] = s.payload[k]
+		if int64(seq) == s.corrupt {
+			b[hdrLen+k] ^= 0x40
+		}
+	} else if int64(seq) == s.corrupt {
 		crc ^= 1
 	}
 	binary.LittleEndian.PutUint32(t[8:], crc)

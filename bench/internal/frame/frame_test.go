@@ -3,6 +3,7 @@ package frame
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -209,7 +210,32 @@ func TestCheck(t *testing.T) {
 	if _, err := Check(stream(t, 64, 1, -1), 65); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("frame of another size: %v", err)
 	}
-	if _, err := Check(stream(t, 64, 1, 0), 64); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("corrupted CRC accepted: %v", err)
+	for _, size := range []int{MinSize, 64, 1000} {
+		if _, err := Check(stream(t, size, 1, 0), size); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("size %d: the injected corruption was accepted: %v", size, err)
+		}
+	}
+}
+
+// The injected corruption is one payload byte under a correct checksum field: what a
+// receiver that checked only the header and trailer would miss. The frames after it are
+// whole again (the damaged byte is restored in a reused buffer).
+func TestInjectedCorruptionIsPayload(t *testing.T) {
+	const size = 256
+	good, bad := stream(t, size, 3, -1), stream(t, size, 3, 1)
+	var diff []int
+	for i := range good {
+		if good[i] != bad[i] {
+			diff = append(diff, i)
+		}
+	}
+	if len(diff) != 1 || diff[0] < size+hdrLen || diff[0] >= 2*size-trlLen {
+		t.Fatalf("corrupted stream differs at %v, want one payload byte of frame 1", diff)
+	}
+	if _, err := Check(bad[size:2*size], size); err == nil || !strings.Contains(err.Error(), "payload CRC-32C") {
+		t.Fatalf("Check of the damaged frame: %v, want a payload CRC-32C mismatch", err)
+	}
+	if _, err := Check(bad[2*size:], size); err != nil {
+		t.Fatalf("the frame after the damaged one: %v", err)
 	}
 }

@@ -387,8 +387,8 @@ func httpClient(ctx context.Context, c Case, m *Meter) error {
 }
 
 // MakeFrameFile writes a FileSend file of frames of size bytes into dir, about total
-// bytes (whole frames, at least one), frame corrupt (>= 0) with a wrong checksum; the
-// caller removes it.
+// bytes (whole frames, at least one), frame corrupt (>= 0) with a damaged payload byte
+// (frame.NewSource); the caller removes it.
 func MakeFrameFile(dir string, size int, total int64, corrupt int64) (string, error) {
 	src, err := frame.NewSource(size, corrupt)
 	if err != nil {

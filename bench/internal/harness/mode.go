@@ -83,8 +83,9 @@ type Case struct {
 	// Addr is host:port: where the server listens (port 0: any) or where the client
 	// dials.
 	Addr string `json:"addr"`
-	// CorruptSeq >= 0 makes the client send that frame of each connection with a
-	// wrong checksum (checks the checker); -1 normally.
+	// CorruptSeq >= 0 makes the client send that frame of each connection with one
+	// payload byte flipped under the intact payload's checksum (checks that the checker
+	// hashes the payload); -1 normally.
 	CorruptSeq int64 `json:"corrupt_seq"`
 	// ProfileDir, when set, makes each side write a CPU profile there
 	// (<mode>-<scenario>-<size>-<role>.pprof; a later repetition overwrites).

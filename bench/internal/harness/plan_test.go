@@ -9,7 +9,7 @@ import (
 
 func TestInterleave(t *testing.T) {
 	vs := []Variant{{Mode: "A"}, {Mode: "B"}, {Mode: "C"}}
-	runs := Interleave(vs, 3)
+	runs := Interleave(vs, 3, nil)
 	var got []string
 	for _, r := range runs {
 		got = append(got, fmt.Sprintf("%s%d", r.Mode, r.Rep))
@@ -20,8 +20,52 @@ func TestInterleave(t *testing.T) {
 	if s := strings.Join(got, " "); s != "A0 B0 C0 C1 B1 A1 A2 B2 C2" {
 		t.Fatalf("order %s", s)
 	}
-	if len(Interleave(vs, 0)) != 0 {
+	if len(Interleave(vs, 0, nil)) != 0 {
 		t.Fatal("0 reps gave runs")
+	}
+}
+
+// A floating variant (the A/A copy) runs once per round, at a position that moves over
+// the rounds, so it is not always next to its partner.
+func TestInterleaveFloating(t *testing.T) {
+	var vs []Variant
+	for _, m := range []string{"A", "B", "C", "D", "E", "F", "G", "H"} {
+		vs = append(vs, Variant{Mode: m})
+	}
+	vs = append(vs, Variant{Mode: "H-aa"})
+	const reps = 5
+	runs := Interleave(vs, reps, func(v Variant) bool { return strings.HasSuffix(v.Mode, "-aa") })
+	if len(runs) != len(vs)*reps {
+		t.Fatalf("%d runs, want %d", len(runs), len(vs)*reps)
+	}
+	dist := map[int]bool{}
+	for r := 0; r < reps; r++ {
+		round := runs[r*len(vs) : (r+1)*len(vs)]
+		seen := map[string]int{}
+		for i, run := range round {
+			if run.Rep != r || vs[run.Index].Mode != run.Mode {
+				t.Fatalf("round %d: %+v", r, run)
+			}
+			seen[run.Mode] = i
+		}
+		if len(seen) != len(vs) {
+			t.Fatalf("round %d runs %d distinct variants, want %d", r, len(seen), len(vs))
+		}
+		d := seen["H-aa"] - seen["H"]
+		dist[d] = true
+	}
+	if len(dist) < 4 {
+		t.Fatalf("the A/A copy sat at %d distinct distances from its partner over %d rounds, want at least 4", len(dist), reps)
+	}
+	// The fixed variants keep the A B C … / … C B A order.
+	var fixed []string
+	for _, run := range runs[:len(vs)] {
+		if run.Mode != "H-aa" {
+			fixed = append(fixed, run.Mode)
+		}
+	}
+	if s := strings.Join(fixed, ""); s != "ABCDEFGH" {
+		t.Fatalf("round 0 fixed order %s", s)
 	}
 }
 

@@ -98,8 +98,9 @@ func echoServer(c harness.Case, m *harness.Meter, s stream) error {
 	}
 }
 
-// drive is the client side of every scenario over blocking streams.
-func drive(c harness.Case, m *harness.Meter, dial func() (stream, error)) error {
+// drive is the client side of every scenario over blocking streams; wbuf > 0 buffers the
+// one-way senders' writes (source).
+func drive(c harness.Case, m *harness.Meter, wbuf int, dial func() (stream, error)) error {
 	conns := make([]stream, 0, c.Conns)
 	for range c.Conns {
 		s, err := dial()
@@ -117,21 +118,25 @@ func drive(c harness.Case, m *harness.Meter, dial func() (stream, error)) error 
 		if c.Scenario.RequestResponse() {
 			return echoClient(c, m, s)
 		}
-		return source(c, m, s)
+		return source(c, m, s, wbuf)
 	})
 }
 
 // source sends frames back to back until the meter says stop (at least one); FileSend
-// sends the file instead. The small-message stream over a net.Conn goes through a
-// bufio.Writer (its default 4 KiB), as net.Conn users write many small messages; raw
-// sockets (syscall) write each message with its own write(2).
-func source(c harness.Case, m *harness.Meter, s stream) error {
+// sends the file instead. With wbuf > 0 (net-buf, syscall-buf) every write goes through a
+// bufio.Writer of wbuf bytes. Otherwise the small-message stream over a net.Conn goes
+// through a bufio.Writer of its default 4 KiB, as net.Conn users write many small
+// messages, and raw sockets (syscall) and bulk writes make one write(2) per frame.
+func source(c harness.Case, m *harness.Meter, s stream, wbuf int) error {
 	if c.Scenario == harness.FileSend {
 		return harness.SendFile(c, m, s)
 	}
 	var w io.Writer = s
 	var bw *bufio.Writer
-	if _, isNetConn := s.(net.Conn); isNetConn && c.Scenario == harness.Stream {
+	if _, isNetConn := s.(net.Conn); wbuf > 0 {
+		bw = bufio.NewWriterSize(s, wbuf)
+		w = bw
+	} else if isNetConn && c.Scenario == harness.Stream {
 		bw = bufio.NewWriter(s)
 		w = bw
 	}
@@ -210,7 +215,7 @@ var registered []harness.Mode
 
 // All returns every mode of this package.
 func All() []harness.Mode {
-	return append([]harness.Mode{Net{}, Syscall{}}, registered...)
+	return append([]harness.Mode{Net{}, Net{Buf: UserBatch}, Syscall{}, Syscall{Buf: UserBatch}}, registered...)
 }
 
 // errs keeps the first error of many handlers.

@@ -16,10 +16,19 @@ import (
 // read(2)/write(2) (send/recv with no flags) on raw file descriptors, one goroutine
 // (and so one OS thread) per connection, no netpoller. TCP_NODELAY is on as in every
 // mode.
-type Syscall struct{}
+//
+// With Buf > 0 ("syscall-buf", bulk and stream only) the sender collects frames in a
+// buffer of Buf bytes and writes it with one write(2) when full, as a C program with its
+// own output buffer does (UserBatch).
+type Syscall struct{ Buf int }
 
 // Name implements harness.Mode.
-func (Syscall) Name() string { return "syscall" }
+func (s Syscall) Name() string {
+	if s.Buf > 0 {
+		return "syscall-buf"
+	}
+	return "syscall"
+}
 
 // Available implements harness.Mode.
 func (Syscall) Available() error { return nil }
@@ -57,12 +66,12 @@ func (Syscall) Server(_ context.Context, c harness.Case, m *harness.Meter, ready
 }
 
 // Client implements harness.Mode.
-func (Syscall) Client(_ context.Context, c harness.Case, m *harness.Meter) error {
+func (sc Syscall) Client(_ context.Context, c harness.Case, m *harness.Meter) error {
 	ap, err := netip.ParseAddrPort(c.Addr)
 	if err != nil {
 		return err
 	}
-	return drive(c, m, func() (stream, error) {
+	return drive(c, m, sc.Buf, func() (stream, error) {
 		fd, err := socketFor(ap)
 		if err != nil {
 			return nil, err
@@ -196,7 +205,10 @@ func (c *fdConn) Close() error {
 // Supports implements harness.ScenarioSupporter: a thread per connection is the C-style
 // baseline for one stream and 64 echo connections, not for thousands of connections, a
 // file send or HTTP.
-func (Syscall) Supports(s harness.Scenario) bool {
+func (sc Syscall) Supports(s harness.Scenario) bool {
+	if sc.Buf > 0 {
+		return s == harness.Bulk || s == harness.Stream
+	}
 	switch s {
 	case harness.Bulk, harness.Stream, harness.Echo, harness.PingPong:
 		return true

@@ -30,9 +30,10 @@ func init() {
 	registered = append(registered,
 		ZC{name: "zc", path: zc.SendAdaptive, scens: []harness.Scenario{b, e, p, s, mc, idle}},
 		ZC{name: "zc-copy", path: zc.SendCopy, scens: []harness.Scenario{b, e, p, s}},
-		// zc-copy again, as a variant of its own: how far two identical variants drift
-		// apart in one run is the noise floor the bulk goals are read against.
-		ZC{name: "zc-copy-aa", path: zc.SendCopy, scens: []harness.Scenario{b}},
+		// zc-copy again, as a variant of its own (the A/A pair): how far two identical
+		// variants drift apart round by round in one run is the noise every goal is read
+		// against (bulk: Gbit/s and CPU per GB; echo: msgs/s; ping-pong: p99).
+		ZC{name: "zc-copy-aa", path: zc.SendCopy, scens: []harness.Scenario{b, e, p}},
 		// Opt-in busy polling (Config.BusyPoll): the latency mode of goal 4.
 		ZC{name: "zc-busy", busy: 100 * time.Microsecond, scens: []harness.Scenario{e, p}},
 		// zc's default with Config.AddProcs (GOMAXPROCS raised by the number of queues), as

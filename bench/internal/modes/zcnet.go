@@ -80,7 +80,7 @@ func (z ZCNet) Client(ctx context.Context, c harness.Case, m *harness.Meter) err
 		return err
 	}
 	defer e.Close()
-	err = drive(c, m, func() (stream, error) { return e.NetDial(ctx, "tcp", c.Addr) })
+	err = drive(c, m, 0, func() (stream, error) { return e.NetDial(ctx, "tcp", c.Addr) })
 	m.Stop()
 	addZCStats(m, e)
 	return err

@@ -33,7 +33,7 @@ var known = []struct {
 	mode string
 	rgb  uint32
 }{
-	{"net", 0x000000}, {"syscall", 0x9c755f}, {"netpoll", 0x2ca02c}, {"iperf3", 0x7f7f7f},
+	{"net", 0x000000}, {"net-buf", 0x555555}, {"syscall", 0x9c755f}, {"syscall-buf", 0xc5b0d5}, {"netpoll", 0x2ca02c}, {"iperf3", 0x7f7f7f},
 	{"zc", 0xd62728}, {"zc-copy", 0xff7f0e}, {"zc-copy-aa", 0xffbb78}, {"zc-busy", 0x8c564b}, {"zc-extra-p", 0xc49c94}, {"zc-sendzc", 0x9467bd}, {"zc-mmap", 0xe377c2},
 	{"zc-hash", 0xbcbd22}, {"zc-cpu", 0x17becf}, {"zc-net", 0x1f77b4}, {"zc-net-ring", 0xaec7e8},
 }
