@@ -18,6 +18,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(unpinChildEnv) != "" {
+		os.Exit(unpinChild())
+	}
 	os.Exit(leakcheck.Main(m, 0,
 		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
 		leakcheck.Check{Name: "regions", Open: memreg.OpenRegions},
