@@ -176,6 +176,17 @@ static __always_inline int eq16(const __u8 *a, const __u8 *b)
 	return a0 == b0 && a1 == b1;
 }
 
+static __always_inline int eq6(const __u8 *a, const __u8 *b)
+{
+	__u32 a0, b0;
+	__u16 a1, b1;
+	__builtin_memcpy(&a0, a, 4);
+	__builtin_memcpy(&a1, a + 4, 2);
+	__builtin_memcpy(&b0, b, 4);
+	__builtin_memcpy(&b1, b + 4, 2);
+	return a0 == b0 && a1 == b1;
+}
+
 static __always_inline int matches(const struct xsk_rule *r, const struct pkt *p)
 {
 	__u32 m = r->match;
@@ -185,7 +196,7 @@ static __always_inline int matches(const struct xsk_rule *r, const struct pkt *p
 		return 0;
 	if ((m & XSK_M_IPV6) && !(p->have & XSK_M_IPV6))
 		return 0;
-	if ((m & XSK_M_DST_MAC) && __builtin_memcmp(r->dst_mac, p->dst_mac, 6) != 0)
+	if ((m & XSK_M_DST_MAC) && !eq6(r->dst_mac, p->dst_mac))
 		return 0;
 	if ((m & XSK_M_SRC) && !eq16(r->src, p->src))
 		return 0;
@@ -253,6 +264,7 @@ static __always_inline int steer(struct xdp_md *ctx, int want_meta)
 	struct xsk_config *cfg;
 	__u64 active;
 	__u32 len = ctx->data_end - ctx->data;
+	__u32 rxq = ctx->rx_queue_index;
 
 	count(XSK_C_SEEN);
 	cfg = bpf_map_lookup_elem(&xsk_settings, &zero);
@@ -272,7 +284,7 @@ static __always_inline int steer(struct xdp_md *ctx, int want_meta)
 		if (!r || !matches(r, &p))
 			continue;
 		st = bpf_map_lookup_elem(&xsk_rule_counters, &key);
-		if (!bpf_map_lookup_elem(&xsk_sockets, &ctx->rx_queue_index)) {
+		if (!bpf_map_lookup_elem(&xsk_sockets, &rxq)) {
 			if (st)
 				st->no_socket++;
 			count(XSK_C_NO_SOCKET);
@@ -285,7 +297,7 @@ static __always_inline int steer(struct xdp_md *ctx, int want_meta)
 		if (want_meta && (cfg->flags & XSK_F_META))
 			rx_meta(ctx);
 		count(XSK_C_REDIRECT);
-		return bpf_redirect_map(&xsk_sockets, ctx->rx_queue_index, XDP_PASS);
+		return bpf_redirect_map(&xsk_sockets, rxq, XDP_PASS);
 	}
 	count(XSK_C_PASS);
 	return XDP_PASS;
