@@ -714,7 +714,7 @@ func (q *RawQueue) reap() int {
 	loans := make([]memreg.Loan, 0, n)
 	q.loanMu.Lock()
 	for i := range n {
-		idx := *q.comp.addr(q.comp.local+uint32(i)) / q.bufSize
+		idx := *q.comp.addr(q.comp.local + uint32(i)) / q.bufSize
 		if idx < uint64(len(q.loans)) {
 			loans = append(loans, q.loans[idx])
 			q.loans[idx] = memreg.Loan{}

@@ -295,3 +295,175 @@ func collect(t *testing.T, qs []*RawQueue, want int, fn func(q int, f []byte)) i
 	}
 	return got
 }
+
+// packetSock is an AF_PACKET socket bound to one interface in a namespace: it sends crafted
+// frames and receives every frame the interface gets.
+type packetSock struct {
+	fd      int
+	ifindex int
+}
+
+func newPacketSock(t *testing.T, ns *netns.NS, ifname string) *packetSock {
+	t.Helper()
+	p := &packetSock{fd: -1}
+	if err := netns.Do(ns.Fd(), func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		p.ifindex = ifi.Index
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		p.fd = fd
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
+	}); err != nil {
+		if p.fd >= 0 {
+			unix.Close(p.fd)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p.fd) })
+	return p
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+func (p *packetSock) send(t *testing.T, f []byte) {
+	t.Helper()
+	for {
+		err := unix.Sendto(p.fd, f, 0, &unix.SockaddrLinklayer{Ifindex: p.ifindex})
+		if err == unix.ENOBUFS || err == unix.EAGAIN {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("AF_PACKET send: %v", err)
+		}
+		return
+	}
+}
+
+// recv returns the frames the socket got that pass keep, until want of them arrived (or
+// a 10 s safety net).
+func (p *packetSock) recv(want int, keep func([]byte) bool) [][]byte {
+	var out [][]byte
+	buf := make([]byte, 65536)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < want && time.Now().Before(deadline) {
+		n, from, err := unix.Recvfrom(p.fd, buf, unix.MSG_DONTWAIT)
+		if err != nil {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		if keep(buf[:n]) {
+			out = append(out, append([]byte(nil), buf[:n]...))
+		}
+	}
+	return out
+}
+
+// frameSpec describes a crafted Ethernet frame carrying UDP (or TCP) over IPv4 or IPv6.
+type frameSpec struct {
+	dstMAC, srcMAC net.HardwareAddr
+	src, dst       netip.Addr
+	proto          uint8 // UDP when 0
+	sport, dport   uint16
+	tos            uint8  // ToS / traffic class
+	flow           uint32 // IPv6 flow label
+	payload        []byte
+}
+
+func csumAdd(sum uint32, b []byte) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	return sum
+}
+
+func csumFold(sum uint32) uint16 {
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+// build makes the frame with correct IPv4 header and UDP/TCP checksums.
+func (s frameSpec) build() []byte {
+	proto := s.proto
+	if proto == 0 {
+		proto = unix.IPPROTO_UDP
+	}
+	var l4 []byte
+	if proto == unix.IPPROTO_TCP {
+		l4 = make([]byte, 20+len(s.payload))
+		binary.BigEndian.PutUint16(l4[0:], s.sport)
+		binary.BigEndian.PutUint16(l4[2:], s.dport)
+		binary.BigEndian.PutUint32(l4[4:], 1)
+		l4[12] = 5 << 4
+		l4[13] = 0x18 // PSH|ACK
+		binary.BigEndian.PutUint16(l4[14:], 65535)
+		copy(l4[20:], s.payload)
+	} else {
+		l4 = make([]byte, 8+len(s.payload))
+		binary.BigEndian.PutUint16(l4[0:], s.sport)
+		binary.BigEndian.PutUint16(l4[2:], s.dport)
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+		copy(l4[8:], s.payload)
+	}
+	ck := 6
+	if proto == unix.IPPROTO_TCP {
+		ck = 16
+	}
+	f := make([]byte, 14)
+	copy(f[0:], s.dstMAC)
+	copy(f[6:], s.srcMAC)
+	var pseudo []byte
+	if s.dst.Is4() {
+		binary.BigEndian.PutUint16(f[12:], 0x0800)
+		ip := make([]byte, 20)
+		ip[0] = 0x45
+		ip[1] = s.tos
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+		ip[8] = 64
+		ip[9] = proto
+		a, b := s.src.As4(), s.dst.As4()
+		copy(ip[12:], a[:])
+		copy(ip[16:], b[:])
+		binary.BigEndian.PutUint16(ip[10:], csumFold(csumAdd(0, ip)))
+		pseudo = append(append(append([]byte{}, a[:]...), b[:]...), 0, proto, byte(len(l4)>>8), byte(len(l4)))
+		f = append(f, ip...)
+	} else {
+		binary.BigEndian.PutUint16(f[12:], 0x86dd)
+		ip := make([]byte, 40)
+		binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(s.tos)<<20|s.flow&0xfffff)
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
+		ip[6] = proto
+		ip[7] = 64
+		a, b := s.src.As16(), s.dst.As16()
+		copy(ip[8:], a[:])
+		copy(ip[24:], b[:])
+		pseudo = append(append(append([]byte{}, a[:]...), b[:]...), 0, 0, byte(len(l4)>>8), byte(len(l4)), 0, 0, 0, proto)
+		f = append(f, ip...)
+	}
+	c := csumFold(csumAdd(csumAdd(0, pseudo), l4))
+	if c == 0 && proto == unix.IPPROTO_UDP {
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(l4[ck:], c)
+	return append(f, l4...)
+}
+
+// vxlan is a VXLAN header (I flag set) with vni, then an inner frame.
+func vxlan(vni uint32, inner []byte) []byte {
+	h := []byte{0x08, 0, 0, 0, byte(vni >> 16), byte(vni >> 8), byte(vni), 0}
+	return append(h, inner...)
+}

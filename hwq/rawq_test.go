@@ -2,11 +2,9 @@ package hwq
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
-	"github.com/zcnet/zcnet/internal/netns"
 )
 
 // sharedSteering attaches one raw-queue program to the server end, closed at the end.
@@ -277,6 +274,3 @@ func TestRawMulticastBypass(t *testing.T) {
 	t.Logf("mode %+v; %d rule add/remove pairs during traffic", qs[0].Mode(), churned.Load())
 }
 
-var _ = errors.Is
-var _ = os.ErrClosed
-var _ = netns.Do
