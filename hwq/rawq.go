@@ -32,6 +32,10 @@ type RawQueueOptions struct {
 	// RingSize is the number of entries of each of the four rings (fill, completion, RX,
 	// TX): a power of two, default 2048.
 	RingSize int
+	// FillSize is the number of entries of the fill and completion rings: a power of two,
+	// default RingSize. A fill ring larger than the RX ring keeps the kernel supplied with
+	// buffers while the application holds received frames.
+	FillSize int
 	// RequireZeroCopy refuses copy mode: where the driver cannot bind the queue in
 	// zero-copy mode, OpenRawQueue fails with an error matching ErrNotSupported instead of
 	// falling back.
@@ -222,6 +226,9 @@ func OpenRawQueue(ifname string, queue int, region *memreg.Region, opts *RawQueu
 	if o.RingSize == 0 {
 		o.RingSize = 2048
 	}
+	if o.FillSize == 0 {
+		o.FillSize = o.RingSize
+	}
 	if err := checkRawArgs(queue, region, &o); err != nil {
 		return nil, opErr(op, ifname, err)
 	}
@@ -262,9 +269,10 @@ func checkRawArgs(queue int, region *memreg.Region, o *RawQueueOptions) error {
 	if region.Free() != region.Count() {
 		return &ValueError{"region", fmt.Sprintf("%d of %d buffers free", region.Free(), region.Count()), "every buffer must be free: the raw queue owns the region"}
 	}
-	rs := o.RingSize
-	if rs <= 0 || rs > 1<<20 || bits.OnesCount(uint(rs)) != 1 {
-		return &ValueError{"ring size", rs, "a power of two up to 1<<20"}
+	for _, rs := range []int{o.RingSize, o.FillSize} {
+		if rs <= 0 || rs > 1<<20 || bits.OnesCount(uint(rs)) != 1 {
+			return &ValueError{"ring size", rs, "a power of two up to 1<<20"}
+		}
 	}
 	if o.Steering != nil && o.Metadata {
 		return &ValueError{"Metadata", true, "set it on the shared Steering (bpf.RawSteeringOptions)"}
@@ -303,10 +311,13 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 		}
 		return os.NewSyscallError("setsockopt XDP_UMEM_REG", err)
 	}
-	n := uint32(o.RingSize)
-	for _, opt := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING, unix.XDP_TX_RING} {
-		if err := xdpSetsockopt(fd, opt, unsafe.Pointer(&n), 4); err != nil {
-			return os.NewSyscallError(fmt.Sprintf("setsockopt SOL_XDP %d (ring size %d)", opt, n), err)
+	nr, nf := uint32(o.RingSize), uint32(o.FillSize)
+	for _, rs := range []struct {
+		opt int
+		n   *uint32
+	}{{unix.XDP_UMEM_FILL_RING, &nf}, {unix.XDP_UMEM_COMPLETION_RING, &nf}, {unix.XDP_RX_RING, &nr}, {unix.XDP_TX_RING, &nr}} {
+		if err := xdpSetsockopt(fd, rs.opt, unsafe.Pointer(rs.n), 4); err != nil {
+			return os.NewSyscallError(fmt.Sprintf("setsockopt SOL_XDP %d (ring size %d)", rs.opt, *rs.n), err)
 		}
 	}
 	var off unix.XDPMmapOffsets
@@ -318,12 +329,14 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 		o     unix.XDPRingOffset
 		pgoff int64
 		esz   uint64
+		n     uint32
 	}{
-		{&q.fill, off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, 8},
-		{&q.comp, off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, 8},
-		{&q.rx, off.Rx, unix.XDP_PGOFF_RX_RING, uint64(unsafe.Sizeof(unix.XDPDesc{}))},
-		{&q.tx, off.Tx, unix.XDP_PGOFF_TX_RING, uint64(unsafe.Sizeof(unix.XDPDesc{}))},
+		{&q.fill, off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, 8, nf},
+		{&q.comp, off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, 8, nf},
+		{&q.rx, off.Rx, unix.XDP_PGOFF_RX_RING, uint64(unsafe.Sizeof(unix.XDPDesc{})), nr},
+		{&q.tx, off.Tx, unix.XDP_PGOFF_TX_RING, uint64(unsafe.Sizeof(unix.XDPDesc{})), nr},
 	} {
+		n := m.n
 		size := int(m.o.Desc + uint64(n)*m.esz)
 		b, err := unix.Mmap(fd, m.pgoff, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
