@@ -154,6 +154,7 @@ type RawQueue struct {
 	loans  []memreg.Loan
 	inFill int // buffers on the fill ring or being received into
 
+	deadline  atomic.Value // time.Time: Receive's deadline
 	closeOnce sync.Once
 	closed    atomic.Bool
 	closeErr  error
@@ -389,7 +390,7 @@ func (q *RawQueue) bind(o *RawQueueOptions) error {
 		wake = 0
 	}
 	sa := &unix.SockaddrXDP{Flags: unix.XDP_ZEROCOPY | wake, Ifindex: uint32(q.ifindex), QueueID: uint32(q.queue)}
-	err := unix.Bind(q.fd, sa)
+	err := bindBusyRetry(q.fd, sa)
 	if err == nil {
 		q.mode.ZeroCopy, q.mode.NeedWakeup = true, wake != 0
 		return nil
@@ -408,12 +409,26 @@ func (q *RawQueue) bind(o *RawQueueOptions) error {
 		return reason
 	}
 	sa.Flags = unix.XDP_COPY | wake
-	if err := unix.Bind(q.fd, sa); err != nil {
+	if err := bindBusyRetry(q.fd, sa); err != nil {
 		return os.NewSyscallError("bind AF_XDP XDP_COPY", err)
 	}
 	q.mode.CopyReason, q.mode.NeedWakeup = reason, wake != 0
 	copyModeFallbacks.Add(1)
 	return nil
+}
+
+// bindBusyRetry binds, retrying EBUSY for up to a second: the kernel detaches a closed
+// socket's buffer pool from its queue in a workqueue after close(2) returns, so a queue
+// closed just before (by this process or a killed one) can still look taken for a moment.
+func bindBusyRetry(fd int, sa *unix.SockaddrXDP) error {
+	var err error
+	for wait := time.Millisecond; ; wait *= 2 {
+		err = unix.Bind(fd, sa)
+		if !errors.Is(err, unix.EBUSY) || wait > 512*time.Millisecond {
+			return err
+		}
+		time.Sleep(wait)
+	}
 }
 
 // linkQueues reads the device's RX and TX queue counts (IFLA_NUM_RX_QUEUES,
@@ -568,7 +583,9 @@ func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 // Receive waits until at least one frame is there, then takes up to len(frames) of them
 // (see TryReceive). It returns early with an error on Close (os.ErrClosed), on the read
 // deadline (os.ErrDeadlineExceeded) and when the interface goes away (ErrNoDevice). The
-// wait parks the goroutine in Go's netpoller on the socket.
+// wait parks the goroutine in Go's netpoller on the socket. The kernel does not report an
+// unbound socket through poll (xsk_poll has no EPOLLERR), so a waiting Receive also wakes
+// every DeviceCheck to read the socket's error.
 func (q *RawQueue) Receive(frames []Frame) (int, error) {
 	const op = "raw receive"
 	if len(frames) == 0 {
@@ -580,28 +597,49 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 	defer q.rxMu.Unlock()
 	var n int
 	var ierr error
-	err := q.rc.Read(func(fd uintptr) bool {
-		q.refill(int(fd))
-		n, ierr = q.take(frames)
-		if n > 0 || ierr != nil {
-			return true
+	for {
+		user, _ := q.deadline.Load().(time.Time)
+		wake := time.Now().Add(DeviceCheck)
+		last := !user.IsZero() && user.Before(wake)
+		if last {
+			wake = user
 		}
-		if ierr = sockErr(int(fd)); ierr != nil {
-			return true
+		if err := q.file.SetReadDeadline(wake); err != nil {
+			return 0, opErr(op, q.ifname, err)
 		}
-		return false
-	})
-	if err == nil {
-		err = ierr
-	} else if errors.Is(err, os.ErrClosed) || q.closed.Load() {
-		err = os.ErrClosed
+		err := q.rc.Read(func(fd uintptr) bool {
+			q.refill(int(fd))
+			n, ierr = q.take(frames)
+			if n > 0 || ierr != nil {
+				return true
+			}
+			if ierr = sockErr(int(fd)); ierr != nil {
+				return true
+			}
+			return false
+		})
+		switch {
+		case err == nil:
+			return n, opErr(op, q.ifname, ierr)
+		case errors.Is(err, os.ErrDeadlineExceeded) && !last:
+			continue
+		case errors.Is(err, os.ErrClosed) || q.closed.Load():
+			err = os.ErrClosed
+		}
+		return n, opErr(op, q.ifname, err)
 	}
-	return n, opErr(op, q.ifname, err)
 }
+
+// DeviceCheck is how often a waiting Receive checks that its interface still exists.
+const DeviceCheck = 250 * time.Millisecond
 
 // SetReadDeadline sets the deadline of Receive (the zero time: none).
 func (q *RawQueue) SetReadDeadline(t time.Time) error {
-	return q.file.SetReadDeadline(t)
+	if q.closed.Load() {
+		return opErr("raw set deadline", q.ifname, os.ErrClosed)
+	}
+	q.deadline.Store(t)
+	return nil
 }
 
 // sockErr reads the socket's pending error: the kernel sets ENETDOWN when the device
