@@ -273,4 +273,3 @@ func TestRawMulticastBypass(t *testing.T) {
 	}
 	t.Logf("mode %+v; %d rule add/remove pairs during traffic", qs[0].Mode(), churned.Load())
 }
-
