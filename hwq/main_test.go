@@ -41,6 +41,9 @@ func xdpFDs() int64 {
 const nsPrefix = "hwqtest"
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(rawChildEnv); spec != "" {
+		os.Exit(rawChild(spec))
+	}
 	netns.RemoveStale(nsPrefix)
 	// Raw queues: their sockets (UMEMs and rings go with them), the XDP programs and links of
 	// their steering (fds, counted by leakcheck too) and the regions used as UMEMs.
