@@ -64,7 +64,10 @@ struct {
 } xsk_counters SEC(".maps");
 
 extern int bpf_xdp_metadata_rx_timestamp(const struct xdp_md *ctx, __u64 *timestamp) __ksym;
-extern int bpf_xdp_metadata_rx_hash(const struct xdp_md *ctx, __u32 *hash, __u32 *rss_type) __ksym;
+/* The kernel's enum (include/net/xdp.h, not in the uapi headers): only its name and size
+ * matter to the kfunc's BTF check. */
+enum xdp_rss_hash_type { XDP_RSS_TYPE_NONE = 0 };
+extern int bpf_xdp_metadata_rx_hash(const struct xdp_md *ctx, __u32 *hash, enum xdp_rss_hash_type *rss_type) __ksym;
 
 /* What the parser found in a frame. */
 struct pkt {
@@ -238,7 +241,8 @@ static __always_inline void rx_meta(struct xdp_md *ctx)
 {
 	struct xsk_meta m = {};
 	__u64 ts = 0;
-	__u32 hash = 0, type = 0;
+	__u32 hash = 0;
+	enum xdp_rss_hash_type type = XDP_RSS_TYPE_NONE;
 
 	if (bpf_xdp_metadata_rx_timestamp(ctx, &ts) == 0) {
 		m.rx_timestamp = ts;
