@@ -135,6 +135,7 @@ type RawQueue struct {
 	ifindex int
 	queue   int
 	mtu     int
+	mac     net.HardwareAddr
 	region  *memreg.Region
 	bufSize uint64
 	file    *os.File
@@ -287,7 +288,7 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrNoDevice, err)
 	}
-	q.ifindex, q.mtu = ifi.Index, ifi.MTU
+	q.ifindex, q.mtu, q.mac = ifi.Index, ifi.MTU, ifi.HardwareAddr
 	nrx, ntx, qerr := linkQueues(ifi.Index)
 	if qerr == nil && (q.queue >= nrx || q.queue >= ntx) {
 		return &ValueError{"queue", q.queue, fmt.Sprintf("%s has %d RX and %d TX queues", q.ifname, nrx, ntx)}
@@ -490,6 +491,10 @@ func (q *RawQueue) Ifindex() int { return q.ifindex }
 // MTU is the interface's MTU when the queue was opened: Send takes frames of up to
 // MTU + 14 bytes.
 func (q *RawQueue) MTU() int { return q.mtu }
+
+// HardwareAddr is the interface's MAC address when the queue was opened (the source
+// address of frames the application builds).
+func (q *RawQueue) HardwareAddr() net.HardwareAddr { return q.mac }
 
 // refill lends free region buffers to the kernel through the fill ring. rxMu held; fd is
 // the socket, kept open by the caller (a RawConn callback).
@@ -876,4 +881,27 @@ func (q *RawQueue) teardown() error {
 		}
 	}
 	return errors.Join(errl...)
+}
+
+// NewRawSteering attaches the raw-queue steering program to interface ifname of the
+// network namespace netNS (an open descriptor; 0: the calling thread's), for several raw
+// queues of the interface to share (RawQueueOptions.Steering). The caller closes it after
+// the queues.
+func NewRawSteering(ifname string, netNS int, o *bpf.RawSteeringOptions) (*bpf.RawSteering, error) {
+	var s *bpf.RawSteering
+	fn := func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNoDevice, err)
+		}
+		s, err = bpf.NewRawSteering(ifi.Index, o)
+		return err
+	}
+	var err error
+	if netNS > 0 {
+		err = netns.Do(netNS, fn)
+	} else {
+		err = fn()
+	}
+	return s, opErr("raw steering", ifname, err)
 }

@@ -17,8 +17,8 @@ import (
 //
 // A RawWriter is not safe for concurrent use; Close flushes it (it does not close out).
 type RawWriter struct {
-	bw  *bufio.Writer
-	out *pcapWriter
+	bw    *bufio.Writer
+	out   *pcapWriter
 	off   int64
 	n     uint64
 	per   map[int]uint64 // frames written per ifindex
