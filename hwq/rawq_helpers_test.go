@@ -122,19 +122,6 @@ func newUDPSender(t *testing.T, ns *netns.NS, ifname string, v6 bool) *udpSender
 	return s
 }
 
-func (s *udpSender) setTOS(t *testing.T, v6 bool, tos int) {
-	t.Helper()
-	var err error
-	if v6 {
-		err = unix.SetsockoptInt(s.fd, unix.IPPROTO_IPV6, unix.IPV6_TCLASS, tos)
-	} else {
-		err = unix.SetsockoptInt(s.fd, unix.IPPROTO_IP, unix.IP_TOS, tos)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 func (s *udpSender) send(t *testing.T, dst netip.AddrPort, payload []byte) {
 	t.Helper()
 	var sa unix.Sockaddr
