@@ -146,8 +146,9 @@ type RawQueue struct {
 	steer    *bpf.RawSteering
 	ownSteer bool
 
-	rxMu     sync.Mutex
-	fill, rx ring
+	rxMu      sync.Mutex
+	fill, rx  ring
+	lastCheck time.Time // last sockErr of TryReceive (rxMu)
 	txMu     sync.Mutex
 	tx, comp ring
 	// loans: buffers in the kernel's hands (fill ring or TX ring), by region index.
@@ -563,7 +564,9 @@ func (q *RawQueue) lockRx(op string) error {
 
 // TryReceive takes up to len(frames) received frames without waiting (0 when none is
 // there) after refilling the fill ring from the region's free buffers. Each returned
-// frame's Buf belongs to the caller until Release.
+// frame's Buf belongs to the caller until Release. It enters the kernel only when the
+// kernel asks for a wake-up, and, when no frame is there, at most every DeviceCheck to see
+// whether the interface went away (ErrNoDevice).
 func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 	const op = "raw receive"
 	if err := q.lockRx(op); err != nil {
@@ -576,7 +579,12 @@ func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 		q.refill(int(fd))
 		n, err = q.take(frames)
 		if n == 0 && err == nil {
-			err = sockErr(int(fd))
+			// The socket's error (the interface went away) costs a system call: read it at
+			// most every DeviceCheck, so a polling loop stays out of the kernel.
+			if now := time.Now(); now.Sub(q.lastCheck) >= DeviceCheck {
+				q.lastCheck = now
+				err = sockErr(int(fd))
+			}
 		}
 	})
 	if cerr != nil {
