@@ -149,8 +149,8 @@ type RawQueue struct {
 	rxMu      sync.Mutex
 	fill, rx  ring
 	lastCheck time.Time // last sockErr of TryReceive (rxMu)
-	txMu     sync.Mutex
-	tx, comp ring
+	txMu      sync.Mutex
+	tx, comp  ring
 	// loans: buffers in the kernel's hands (fill ring or TX ring), by region index.
 	loanMu sync.Mutex
 	loans  []memreg.Loan
