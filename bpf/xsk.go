@@ -279,11 +279,11 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 	if err != nil {
 		return nil, opErr(op, err)
 	}
-	s := &RawSteering{ifindex: ifindex, sockets: map[int]bool{}}
-	mapSpecs := &ebpf.CollectionSpec{Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{}, Types: spec.Types}
-	if err := mapSpecs.LoadAndAssign(&s.maps, nil); err != nil {
+	s, err := newRawMaps(spec)
+	if err != nil {
 		return nil, opErr(op+": load maps", err)
 	}
+	s.ifindex = ifindex
 	ok := false
 	defer func() {
 		if !ok {
@@ -291,24 +291,7 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 		}
 	}()
 	load := func(name string, bound bool) (*ebpf.Program, error) {
-		ps := spec.Programs[name].Copy()
-		if bound {
-			ps.Flags |= unix.BPF_F_XDP_DEV_BOUND_ONLY
-			ps.Ifindex = uint32(ifindex)
-		}
-		coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{
-			Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps}, Types: spec.Types,
-		}, ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-			xskMapXskCounters: s.maps.XskCounters, xskMapXskRuleCounters: s.maps.XskRuleCounters,
-			xskMapXskRules: s.maps.XskRules, xskMapXskSettings: s.maps.XskSettings,
-			xskMapXskSockets: s.maps.XskSockets,
-		}})
-		if err != nil {
-			return nil, err
-		}
-		p := coll.DetachProgram(name)
-		coll.Close()
-		return p, nil
+		return s.loadProg(spec, name, ifindex, bound)
 	}
 	attach := func(p *ebpf.Program, flags link.XDPAttachFlags) (link.Link, error) {
 		return link.AttachXDP(link.XDPOptions{Program: p, Interface: ifindex, Flags: flags})
@@ -373,6 +356,39 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 	ok = true
 	openRawSteerings.Add(1)
 	return s, nil
+}
+
+// newRawMaps creates the program's maps (no program, nothing attached).
+func newRawMaps(spec *ebpf.CollectionSpec) (*RawSteering, error) {
+	s := &RawSteering{sockets: map[int]bool{}}
+	mapSpecs := &ebpf.CollectionSpec{Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{}, Types: spec.Types}
+	if err := mapSpecs.LoadAndAssign(&s.maps, nil); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// loadProg loads program name on s's maps; bound makes it device-bound to ifindex (for the
+// RX metadata kfuncs).
+func (s *RawSteering) loadProg(spec *ebpf.CollectionSpec, name string, ifindex int, bound bool) (*ebpf.Program, error) {
+	ps := spec.Programs[name].Copy()
+	if bound {
+		ps.Flags |= unix.BPF_F_XDP_DEV_BOUND_ONLY
+		ps.Ifindex = uint32(ifindex)
+	}
+	coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{
+		Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps}, Types: spec.Types,
+	}, ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		xskMapXskCounters: s.maps.XskCounters, xskMapXskRuleCounters: s.maps.XskRuleCounters,
+		xskMapXskRules: s.maps.XskRules, xskMapXskSettings: s.maps.XskSettings,
+		xskMapXskSockets: s.maps.XskSockets,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	p := coll.DetachProgram(name)
+	coll.Close()
+	return p, nil
 }
 
 func (s *RawSteering) writeConfig() error {
