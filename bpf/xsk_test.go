@@ -126,3 +126,19 @@ func TestParseRawMeta(t *testing.T) {
 		t.Fatal("short headroom parsed")
 	}
 }
+
+// FuzzParseRawMeta: any headroom bytes parse without panicking, and only bytes carrying the
+// program's magic give metadata.
+func FuzzParseRawMeta(f *testing.F) {
+	f.Add(make([]byte, 24))
+	f.Add([]byte{1, 2, 3})
+	good := make([]byte, 30)
+	binary.NativeEndian.PutUint32(good[len(good)-4:], xskMetaMagic)
+	f.Add(good)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, ok := ParseRawMeta(b)
+		if ok && (len(b) < xskMetaSize || binary.NativeEndian.Uint32(b[len(b)-4:]) != xskMetaMagic) {
+			t.Fatalf("metadata parsed from %x", b)
+		}
+	})
+}
