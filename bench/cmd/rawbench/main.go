@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -48,7 +49,11 @@ var (
 	dur     = flag.Duration("d", time.Second, "length of one run")
 	reps    = flag.Int("reps", 5, "rounds")
 	jsonOut = flag.String("json", "", "write the results as JSON to this file")
+	generic = flag.Bool("generic", true, "also receive with the program in generic (skb) XDP mode (xdp-gen)")
 )
+
+// lastNote says what the last RX run's receiver saw (where frames were lost, if anywhere).
+var lastNote string
 
 // sink is the MAC the frames go to: nobody's, so the peer stack drops them as
 // PACKET_OTHERHOST right after the taps (AF_PACKET) and the XDP hook.
@@ -277,7 +282,7 @@ func rawTX(ns *os.File, ifname string, size int, src net.HardwareAddr) func(*ato
 	}
 }
 
-func rawRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() error) {
+func rawRX(ifname string, mode bpf.XDPMode) (func(*atomic.Bool, *atomic.Uint64) error, func() error) {
 	var ready = make(chan error, 1)
 	body := func(stop *atomic.Bool, n *atomic.Uint64) error {
 		// 16384 frames of 2 KiB (32 MiB) and 8192-entry rings; the AF_PACKET ring is 16 MiB.
@@ -287,7 +292,7 @@ func rawRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() erro
 			return err
 		}
 		defer r.CloseWhenReleased()
-		q, err := hwq.OpenRawQueue(ifname, 0, r, &hwq.RawQueueOptions{RingSize: 8192, FillSize: 8192})
+		q, err := hwq.OpenRawQueue(ifname, 0, r, &hwq.RawQueueOptions{RingSize: 8192, FillSize: 8192, XDP: mode})
 		if err != nil {
 			ready <- err
 			return err
@@ -311,11 +316,10 @@ func rawRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() erro
 			got += uint64(k)
 			n.Store(got)
 		}
-		if os.Getenv("RAWBENCH_DEBUG") != "" {
-			ss, _ := q.Steering().Stats()
-			qs, _ := q.Stats()
-			fmt.Fprintf(os.Stderr, "debug: steering %+v queue %+v\n", ss, qs)
-		}
+		ss, _ := q.Steering().Stats()
+		qs, _ := q.Stats()
+		lastNote = fmt.Sprintf("XDP program ran on %d frames, redirected %d; queue lost %d (ring full %d, no fill buffer %d)",
+			ss.Seen, ss.Redirect, qs.RxRingFull+qs.RxDropped, qs.RxRingFull, qs.RxDropped)
 		return nil
 	}
 	return body, func() error { return <-ready }
@@ -452,6 +456,9 @@ func packetRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() e
 			blk = (blk + 1) % blockNr
 			n.Store(got)
 		}
+		if ps, err := unix.GetsockoptTpacketStatsV3(fd, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
+			lastNote = fmt.Sprintf("socket saw %d frames, dropped %d (ring full)", ps.Packets, ps.Drops)
+		}
 		return nil
 	}
 	return body, func() error { return <-ready }
@@ -478,9 +485,12 @@ func runOne(t *topo, dir, variant string, size int) (result, error) {
 	}
 	var body func(*atomic.Bool, *atomic.Uint64) error
 	var ready func() error
-	if variant == "xdp" {
-		body, ready = rawRX(t.aIf)
-	} else {
+	switch variant {
+	case "xdp":
+		body, ready = rawRX(t.aIf, bpf.XDPDriver)
+	case "xdp-gen":
+		body, ready = rawRX(t.aIf, bpf.XDPGeneric)
+	default:
 		body, ready = packetRX(t.aIf)
 	}
 	var stopGen atomic.Bool
@@ -547,8 +557,11 @@ func main() {
 		for _, dir := range []string{"rx", "tx"} {
 			for _, size := range []int{64, 1500} {
 				order := []string{"xdp", "packet"}
+				if dir == "rx" && *generic {
+					order = append(order, "xdp-gen")
+				}
 				if rep%2 == 1 {
-					order = []string{"packet", "xdp"}
+					slices.Reverse(order)
 				}
 				for _, v := range order {
 					r, err := runOne(t, dir, v, size)
@@ -556,8 +569,12 @@ func main() {
 						fmt.Fprintf(os.Stderr, "rawbench: %s %s %d: %v\n", dir, v, size, err)
 						os.Exit(1)
 					}
-					fmt.Fprintf(os.Stderr, "round %d %s %-6s %4d B: %9.0f frames/s, machine %6.0f ns/frame, thread %6.0f ns/frame\n",
-						rep+1, dir, v, size, r.Rate, r.MachineNs, r.ThreadNs)
+					note := ""
+					if dir == "rx" {
+						note = "; " + lastNote
+					}
+					fmt.Fprintf(os.Stderr, "round %d %s %-7s %4d B: %9.0f frames/s, machine %6.0f ns/frame, thread %6.0f ns/frame%s\n",
+						rep+1, dir, v, size, r.Rate, r.MachineNs, r.ThreadNs, note)
 					c := get(dir, v, size)
 					c.Runs = append(c.Runs, r)
 				}
@@ -605,6 +622,16 @@ func main() {
 			ratios = append(ratios, r)
 			fmt.Printf("  %s %4d B: frames/s %s, frames per machine-CPU-second %s, thread CPU per frame %s\n",
 				dir, size, pr(r.Rate), pr(r.PerCPU), pr(r.ThreadCost))
+			if g := get(dir, "xdp-gen", size); len(g.Runs) > 0 {
+				var gr, gc []float64
+				for i := range min(len(g.Runs), len(p.Runs)) {
+					gr = append(gr, g.Runs[i].Rate/p.Runs[i].Rate)
+					gc = append(gc, g.Runs[i].PerCPUSecond/p.Runs[i].PerCPUSecond)
+				}
+				gen := ratio{Dir: dir + " (generic XDP)", Size: size, Rate: stats.Summarize(gr), PerCPU: stats.Summarize(gc)}
+				ratios = append(ratios, gen)
+				fmt.Printf("  %s %4d B, generic XDP: frames/s %s, frames per machine-CPU-second %s\n", dir, size, pr(gen.Rate), pr(gen.PerCPU))
+			}
 		}
 	}
 	if *jsonOut != "" {
