@@ -646,6 +646,16 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 // DeviceCheck is how often a waiting Receive checks that its interface still exists.
 const DeviceCheck = 250 * time.Millisecond
 
+// SyscallConn gives the socket to an event loop that polls it itself (an io_uring
+// POLL_ADD on the fd, epoll): on readiness it calls TryReceive. The fd stays valid while
+// the RawConn's callbacks run; do not close it.
+func (q *RawQueue) SyscallConn() (syscall.RawConn, error) {
+	if q.closed.Load() {
+		return nil, opErr("raw syscall conn", q.ifname, os.ErrClosed)
+	}
+	return q.rc, nil
+}
+
 // SetReadDeadline sets the deadline of Receive (the zero time: none).
 func (q *RawQueue) SetReadDeadline(t time.Time) error {
 	if q.closed.Load() {
