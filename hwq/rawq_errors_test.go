@@ -237,3 +237,52 @@ func TestRawCloseWakesReceive(t *testing.T) {
 		t.Fatal("Receive still blocked after Close")
 	}
 }
+
+// TestRawExternalPoller: an event loop of its own (here epoll) waits on the socket from
+// SyscallConn and takes the frames with TryReceive when it is readable.
+func TestRawExternalPoller(t *testing.T) {
+	e := newRawEnv(t, 1)
+	q := e.openRaw(t, 0, newRegion(t, 64), nil)
+	if _, err := q.Steering().AddRule(bpf.RawRule{DstPort: 6400}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := q.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ep)
+	var cerr error
+	rc.Control(func(fd uintptr) {
+		cerr = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, int(fd), &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)})
+	})
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	events := make([]unix.EpollEvent, 1)
+	if n, _ := unix.EpollWait(ep, events, 0); n != 0 {
+		t.Fatal("readable before any frame")
+	}
+	pk := newPacketSock(t, e.Cli, e.CliIf)
+	pk.send(t, frameSpec{dstMAC: e.srvMAC, srcMAC: e.cliMAC, src: e.CliAddr, dst: e.SrvAddr, sport: 1, dport: 6400, payload: []byte("polled")}.build())
+	n, err := unix.EpollWait(ep, events, 10000)
+	if err != nil || n != 1 {
+		t.Fatalf("epoll_wait: %d %v", n, err)
+	}
+	frames := make([]Frame, 4)
+	k, err := q.TryReceive(frames)
+	if err != nil || k != 1 {
+		t.Fatalf("TryReceive after readiness: %d %v", k, err)
+	}
+	if _, _, pl, ok := udpOf(frames[0].Bytes()); !ok || string(pl) != "polled" {
+		t.Fatal("not the frame sent")
+	}
+	frames[0].Buf.Release()
+	q.Close()
+	if _, err := q.SyscallConn(); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("SyscallConn after Close: %v", err)
+	}
+}
