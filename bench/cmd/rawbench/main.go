@@ -199,19 +199,33 @@ type result struct {
 	PerCPUSecond float64 // frames per machine-CPU-second
 }
 
-// measure runs body on a pinned thread in ns for d; body counts frames into n and
-// stops when stop is set.
-func measure(ns *os.File, cpu int, body func(stop *atomic.Bool, n *atomic.Uint64) error) (result, error) {
+// bodyFn is one variant's loop: it sets itself up, calls begin (the clock and the CPU
+// counters start there, so set-up time is not measured), then counts frames into n until
+// stop is set.
+type bodyFn func(begin func(), stop *atomic.Bool, n *atomic.Uint64) error
+
+// measure runs body on a thread in ns (pinned to cpu with RAWBENCH_PIN) for -d from its
+// begin.
+func measure(ns *os.File, cpu int, body bodyFn) (result, error) {
 	var stop atomic.Bool
 	var n atomic.Uint64
-	var tcpu time.Duration
-	var el time.Duration
-	var m0, m1 time.Duration
+	var tcpu, el, m0, m1 time.Duration
+	var n0 uint64
 	err := inNS(ns, cpu, func() error {
-		go func() { time.Sleep(*dur); stop.Store(true) }()
-		c0, t0 := threadCPU(), time.Now()
-		m0 = machineCPU()
-		err := body(&stop, &n)
+		var c0 time.Duration
+		var t0 time.Time
+		begun := false
+		begin := func() {
+			begun = true
+			n0 = n.Load()
+			c0, t0 = threadCPU(), time.Now()
+			m0 = machineCPU()
+			go func() { time.Sleep(*dur); stop.Store(true) }()
+		}
+		err := body(begin, &stop, &n)
+		if !begun {
+			return errors.Join(err, errors.New("the variant never began"))
+		}
 		m1 = machineCPU()
 		el, tcpu = time.Since(t0), threadCPU()-c0
 		return err
@@ -219,7 +233,7 @@ func measure(ns *os.File, cpu int, body func(stop *atomic.Bool, n *atomic.Uint64
 	if err != nil {
 		return result{}, err
 	}
-	f := n.Load()
+	f := n.Load() - n0
 	r := result{Frames: f, Seconds: el.Seconds(), Rate: float64(f) / el.Seconds()}
 	if f > 0 {
 		r.MachineNs = float64((m1 - m0).Nanoseconds()) / float64(f)
@@ -233,8 +247,8 @@ func measure(ns *os.File, cpu int, body func(stop *atomic.Bool, n *atomic.Uint64
 
 // --- raw queue ---
 
-func rawTX(ns *os.File, ifname string, size int, src net.HardwareAddr) func(*atomic.Bool, *atomic.Uint64) error {
-	return func(stop *atomic.Bool, n *atomic.Uint64) error {
+func rawTX(ns *os.File, ifname string, size int, src net.HardwareAddr) bodyFn {
+	return func(begin func(), stop *atomic.Bool, n *atomic.Uint64) error {
 		r, err := memreg.New(memreg.Options{BufSize: 2048, Count: 4096})
 		if err != nil {
 			return err
@@ -248,6 +262,7 @@ func rawTX(ns *os.File, ifname string, size int, src net.HardwareAddr) func(*ato
 		frames := make([]hwq.Frame, 64)
 		seq := uint32(0)
 		iter := 0
+		begin()
 		for !stop.Load() {
 			k := 0
 			for k < len(frames) {
@@ -282,9 +297,9 @@ func rawTX(ns *os.File, ifname string, size int, src net.HardwareAddr) func(*ato
 	}
 }
 
-func rawRX(ifname string, mode bpf.XDPMode) (func(*atomic.Bool, *atomic.Uint64) error, func() error) {
+func rawRX(ifname string, mode bpf.XDPMode, gen <-chan struct{}) (bodyFn, func() error) {
 	var ready = make(chan error, 1)
-	body := func(stop *atomic.Bool, n *atomic.Uint64) error {
+	body := func(begin func(), stop *atomic.Bool, n *atomic.Uint64) error {
 		// 16384 frames of 2 KiB (32 MiB) and 8192-entry rings; the AF_PACKET ring is 16 MiB.
 		r, err := memreg.New(memreg.Options{BufSize: 2048, Count: 16384})
 		if err != nil {
@@ -303,6 +318,8 @@ func rawRX(ifname string, mode bpf.XDPMode) (func(*atomic.Bool, *atomic.Uint64) 
 			return err
 		}
 		ready <- nil
+		<-gen
+		begin()
 		frames := make([]hwq.Frame, 256)
 		var got uint64
 		for !stop.Load() {
@@ -352,14 +369,16 @@ func packetSocket(ifname string) (int, int, error) {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-func packetTX(ifname string, size int, src net.HardwareAddr) func(*atomic.Bool, *atomic.Uint64) error {
-	return func(stop *atomic.Bool, n *atomic.Uint64) error {
+func packetTX(ifname string, size int, src net.HardwareAddr) bodyFn {
+	return func(begin func(), stop *atomic.Bool, n *atomic.Uint64) error {
 		fd, idx, err := packetSocket(ifname)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_QDISC_BYPASS, 1)
+		if os.Getenv("RAWBENCH_QDISC") == "" {
+			unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_QDISC_BYPASS, 1)
+		}
 		req := unix.TpacketReq3{Block_size: blockSize, Block_nr: blockNr, Frame_size: frameSize, Frame_nr: blockSize / frameSize * blockNr}
 		if err := unix.SetsockoptTpacketReq3(fd, unix.SOL_PACKET, unix.PACKET_TX_RING, &req); err != nil {
 			return fmt.Errorf("PACKET_TX_RING: %w", err)
@@ -378,6 +397,7 @@ func packetTX(ifname string, size int, src net.HardwareAddr) func(*atomic.Bool, 
 		tail := 0
 		var done uint64
 		seq := uint32(0)
+		begin()
 		for !stop.Load() {
 			// Reap frames the kernel has sent.
 			for inflight > 0 && atomic.LoadUint32(status(tail)) == unix.TP_STATUS_AVAILABLE {
@@ -408,9 +428,9 @@ func packetTX(ifname string, size int, src net.HardwareAddr) func(*atomic.Bool, 
 	}
 }
 
-func packetRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() error) {
+func packetRX(ifname string, gen <-chan struct{}) (bodyFn, func() error) {
 	ready := make(chan error, 1)
-	body := func(stop *atomic.Bool, n *atomic.Uint64) error {
+	body := func(begin func(), stop *atomic.Bool, n *atomic.Uint64) error {
 		fd, idx, err := packetSocket(ifname)
 		if err != nil {
 			ready <- err
@@ -434,6 +454,8 @@ func packetRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() e
 			return err
 		}
 		ready <- nil
+		<-gen
+		begin()
 		blk := 0
 		var got uint64
 		for !stop.Load() {
@@ -468,9 +490,13 @@ func packetRX(ifname string) (func(*atomic.Bool, *atomic.Uint64) error, func() e
 // TPACKET_V3 TX ring (no XDP program on the peer) until stop.
 func generator(t *topo, size int, stop *atomic.Bool, started chan<- error) error {
 	return inNS(t.bFD, 1, func() error {
-		started <- nil
 		var n atomic.Uint64
-		return packetTX(t.bIf, size, t.bMAC)(stop, &n)
+		sent := false
+		err := packetTX(t.bIf, size, t.bMAC)(func() { sent = true; started <- nil }, stop, &n)
+		if !sent {
+			started <- err
+		}
+		return err
 	})
 }
 
@@ -483,45 +509,47 @@ func runOne(t *topo, dir, variant string, size int) (result, error) {
 		}
 		return measure(t.aFD, 0, body)
 	}
-	var body func(*atomic.Bool, *atomic.Uint64) error
+	var body bodyFn
 	var ready func() error
+	gen := make(chan struct{}) // closed once the generator sends: the receiver's clock starts then
 	switch variant {
 	case "xdp":
-		body, ready = rawRX(t.aIf, bpf.XDPDriver)
+		body, ready = rawRX(t.aIf, bpf.XDPDriver, gen)
 	case "xdp-gen":
-		body, ready = rawRX(t.aIf, bpf.XDPGeneric)
+		body, ready = rawRX(t.aIf, bpf.XDPGeneric, gen)
 	default:
-		body, ready = packetRX(t.aIf)
+		body, ready = packetRX(t.aIf, gen)
 	}
 	var stopGen atomic.Bool
 	genErr := make(chan error, 1)
 	genStarted := make(chan error, 1)
-	resc := make(chan struct {
+	type res struct {
 		r   result
 		err error
-	}, 1)
+	}
+	resc := make(chan res, 1)
 	go func() {
-		r, err := measure(t.aFD, 0, func(stop *atomic.Bool, n *atomic.Uint64) error {
-			return body(stop, n)
-		})
-		resc <- struct {
-			r   result
-			err error
-		}{r, err}
+		r, err := measure(t.aFD, 0, body)
+		resc <- res{r, err}
 	}()
 	if err := ready(); err != nil {
+		close(gen)
+		<-resc
 		return result{}, err
 	}
 	go func() { genErr <- generator(t, size, &stopGen, genStarted) }()
 	if err := <-genStarted; err != nil {
-		return result{}, err
+		close(gen)
+		<-resc
+		return result{}, fmt.Errorf("generator: %w", err)
 	}
-	res := <-resc
+	close(gen)
+	out := <-resc
 	stopGen.Store(true)
-	if err := <-genErr; err != nil && res.err == nil {
-		res.err = fmt.Errorf("generator: %w", err)
+	if err := <-genErr; err != nil && out.err == nil {
+		out.err = fmt.Errorf("generator: %w", err)
 	}
-	return res.r, res.err
+	return out.r, out.err
 }
 
 type cell struct {
@@ -644,5 +672,4 @@ func main() {
 			fmt.Fprintln(os.Stderr, "rawbench:", err)
 		}
 	}
-	_ = errors.New
 }
