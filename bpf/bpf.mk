@@ -9,7 +9,7 @@
 # Objects are byte-for-byte reproducible with the same clang (Debian 12:
 # clang 14); a different clang version makes bpf-check fail with a diff.
 
-BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o sources.sha256 \
+BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o xsk_bpfel.go xsk_bpfel.o sources.sha256 \
 	capture/capture_bpfel.go capture/capture_bpfel.o
 
 .PHONY: bpf bpf-check bpf-deps

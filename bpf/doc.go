@@ -26,6 +26,16 @@
 //   - zc_tc_egress (tcx egress): writes skb->queue_mapping = queue+1, which
 //     selects TX queue `queue`. XPS configured on the device, or a TX queue
 //     the socket has already cached, overrides it.
+//   - zc_xsk (XDP, c/xsk.bpf.c, its own maps): steering to raw queues
+//     (hwq.RawQueue, AF_XDP). RawSteering holds up to MaxRawRules rules
+//     (destination MAC, IPv4/IPv6 source and destination, protocol, ports,
+//     DSCP, IPv6 flow label, VXLAN VNI on UDP 4789), each with counters; the
+//     lowest matching rule redirects the frame to the XSKMAP entry of the RX
+//     queue it arrived on, everything else is XDP_PASS. Rules are added and
+//     removed while traffic flows (a rule's slot is written before its bit
+//     in the active mask is set). zc_xsk_meta is the device-bound variant
+//     that also puts the device's RX timestamp and hash before the frame
+//     (XDP RX metadata kfuncs).
 //   - zc_fault (tcx, tests only): drops a configurable fraction of packets
 //     matching a protocol/port filter; see Fault.
 //

@@ -20,10 +20,12 @@ b2g -type flow_key -type config -type conn -type cc_key -type cc_policy \
 	-type flow_stats -type queue_stats \
 	steer c/steer.bpf.c -- $cflags
 b2g -type fault_config fault c/fault.bpf.c -- $cflags
+b2g -type xsk_rule -type xsk_config -type xsk_rule_stats -type xsk_meta \
+	xsk c/xsk.bpf.c -- $cflags
 mkdir -p "$out/capture"
 b2g_capture -type flow_key -type cap_record -type cap_config -type cap_ifstats \
 	capture c/capture.bpf.c -- $cflags
 
 # Record which sources the committed objects were built from (checked by
 # TestGeneratedUpToDate without needing clang).
-(cd c && sha256sum zcnet.h steer.bpf.c fault.bpf.c capture.h capture.bpf.c) >"$out/sources.sha256"
+(cd c && sha256sum zcnet.h steer.bpf.c fault.bpf.c capture.h capture.bpf.c xsk.h xsk.bpf.c) >"$out/sources.sha256"

@@ -36,6 +36,52 @@
 // idempotent. Bind checks every requirement before its first change, so a device that
 // cannot be bound is left as it was; a step failing midway undoes the steps before it.
 //
+// # Raw queues (AF_XDP)
+//
+// OpenRawQueue opens a raw queue: an AF_XDP socket bound to one RX/TX queue pair of a
+// device, with a memreg region as its UMEM (the region's buffers are the frames: received
+// frames are memreg.Bufs the application releases, frames to send are built in place in
+// buffers from RawQueue.Get), the four rings (fill, completion, RX, TX) mapped into the
+// process, need_wakeup honoured (the kernel is kicked only when it asks). Steps and
+// fallbacks, each visible in RawQueue.Mode and counted:
+//
+//   - bind in zero-copy mode first; where the driver refuses (veth, lo, most virtual
+//     devices) bind in copy mode, with the reason in Mode().CopyReason and
+//     CopyModeFallbacks counting it. RawQueueOptions.RequireZeroCopy turns the fallback
+//     into an error matching ErrNotSupported;
+//   - the steering program (bpf.RawSteering: rules on multicast group, MAC, VXLAN VNI,
+//     DSCP, IPv6 flow label, 5-tuple; everything else passes to the kernel stack) is
+//     attached in native XDP mode first and in generic (skb) mode where the driver has no
+//     XDP, with Mode().XDPReason and bpf.RawFallbacks; bpf.XDPDriver refuses the fallback.
+//     Several raw queues of one interface share one program (NewRawSteering,
+//     RawQueueOptions.Steering): the XSKMAP is keyed by the RX queue a frame arrived on, so a
+//     stream that RSS spreads over queues needs a raw queue on each of them.
+//
+// Close tears everything down on every path: the queue's XSKMAP entry, its own steering
+// program (link, program, maps), the socket (the UMEM registration goes with it), the ring
+// mappings; buffers on the fill and TX rings go back to the region, received frames the
+// application holds stay valid until released. XDP programs are attached through BPF links
+// and sockets are fds: a killed process leaves nothing attached. The kernel releases a
+// closed socket's queue in a workqueue after close(2) returns, so an open right after a close
+// (of this process or a killed one) may meet EBUSY for a moment: the bind retries for up to a
+// second.
+//
+// Driving a raw queue: Receive parks the goroutine in Go's netpoller on the socket (epoll;
+// Close and SetReadDeadline wake it), TryReceive never blocks and suits a loop that polls
+// several queues or runs its own event loop. Each receive refills the fill ring from the
+// region's free buffers first. Send queues frames on the TX ring and kicks the kernel (in
+// copy mode each sendto moves a batch of up to 32 frames); Flush kicks again and returns
+// completed buffers to the region. The raw queue is not tied to zc's io_uring Engine: an
+// Engine queue goroutine could poll its fd with IORING_OP_POLL_ADD and call TryReceive on
+// readiness (one ring round trip per batch, no extra goroutine), while a goroutine of its
+// own costs a netpoller wake-up and a goroutine switch per batch; neither copies frames.
+// The kernel reports an interface that went away only through the socket's error, not
+// through poll (xsk_poll has no EPOLLERR), so a waiting Receive checks every DeviceCheck.
+//
+// The per-NIC report (Probe) says what a raw queue will be on each device: zero-copy or
+// copy mode, native or generic XDP, and which RX metadata (timestamp, hash, VLAN tag) the
+// driver gives a device-bound XDP program (RawQueueOptions.Metadata, Frame.Meta).
+//
 // # Capabilities
 //
 // ProbeNIC, ProbeAll and Client.Probe answer per NIC, by reading only: queues, header
@@ -47,7 +93,8 @@
 //
 // # Errors
 //
-// Every failure is an *OpError{Op, Iface, Err}. A device, driver or kernel that cannot do
+// Every failure is an *OpError{Op, Iface, Err}. A raw queue on an interface that does not
+// exist or went away gives an error matching ErrNoDevice. A device, driver or kernel that cannot do
 // what was asked gives an error matching ErrNotSupported (the one zcnet sentinel); errors.As
 // with *NotSupportedError names the feature ("header split (ethtool -G tcp-data-split
 // on)", "ntuple filters", "RSS indirection table (ethtool -x/-X)") and what it needs. A

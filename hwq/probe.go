@@ -100,6 +100,11 @@ type NIC struct {
 	Devmem       Answer // devmem TCP (netdev bind-rx of a dmabuf)
 	XDPZeroCopy  Answer // AF_XDP zero-copy (xdp-features xsk-zerocopy)
 	HWTimestamps Answer // hardware timestamps in both directions (ethtool -T)
+	// RawQueue is what a raw queue (OpenRawQueue: AF_XDP) will be on this NIC: zero-copy or
+	// copy mode, native or generic XDP. RawMetadata is which XDP RX metadata the driver
+	// gives a device-bound program (RX timestamp, RX hash, VLAN tag).
+	RawQueue    Answer
+	RawMetadata Answer
 
 	// Special is seed 003's "this NIC is special" flag: yes when the NIC can move payload
 	// straight between the wire and application memory (zcrx, devmem or AF_XDP zero-copy).
@@ -247,6 +252,8 @@ func (c *Client) probe(l Link) NIC {
 		n.XDPZeroCopy = no("xdp-features %s: no xsk-zerocopy (AF_XDP runs in copy mode)", dev.XDPFeatures)
 	}
 
+	n.RawQueue, n.RawMetadata = rawQueueAnswer(dev, derr, what)
+
 	// Hardware timestamps.
 	ts, tserr := c.TSInfo(l.Name)
 	switch {
@@ -267,6 +274,57 @@ func (c *Client) probe(l Link) NIC {
 
 	n.Special = special(n)
 	return n
+}
+
+// XDP RX metadata bits (enum netdev_xdp_rx_metadata, include/uapi/linux/netdev.h).
+const (
+	xdpRxMetaTimestamp = 1 << 0
+	xdpRxMetaHash      = 1 << 1
+	xdpRxMetaVLANTag   = 1 << 2
+)
+
+// afXDP reports whether this kernel has AF_XDP sockets (CONFIG_XDP_SOCKETS), by opening one.
+func afXDP() error {
+	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// rawQueueAnswer says what OpenRawQueue will get on a device, from its xdp-features and
+// xdp-rx-metadata-features (netdev dev-get): by reading only.
+func rawQueueAnswer(dev Device, derr error, what string) (raw, meta Answer) {
+	if err := afXDP(); err != nil {
+		why := fmt.Sprintf("no AF_XDP sockets in this kernel (socket: %s; needs CONFIG_XDP_SOCKETS=y)", cause(err))
+		return no("%s", why), no("%s", why)
+	}
+	if derr != nil {
+		return fromErr(derr), fromErr(derr)
+	}
+	mode := "copy mode (no xsk-zerocopy: frames are copied between the NIC's buffers and the region)"
+	if dev.XDPFeatures&XDPXSKZeroCopy != 0 {
+		mode = "zero-copy (the NIC DMAs into the region)"
+	}
+	xdp := "generic XDP (no native XDP in " + what + ": every frame becomes an skb first)"
+	if dev.XDPFeatures&XDPBasic != 0 && dev.XDPFeatures&XDPRedirect != 0 {
+		xdp = "native XDP"
+	}
+	raw = yes("%s, %s", mode, xdp)
+	var m []string
+	for _, b := range []struct {
+		bit  uint64
+		name string
+	}{{xdpRxMetaTimestamp, "rx timestamp"}, {xdpRxMetaHash, "rx hash"}, {xdpRxMetaVLANTag, "vlan tag"}} {
+		if dev.XDPRxMetadata&b.bit != 0 {
+			m = append(m, b.name)
+		}
+	}
+	if len(m) == 0 {
+		return raw, no("%s gives XDP programs no RX metadata (xdp-rx-metadata-features none)", what)
+	}
+	return raw, yes("%s (XDP RX metadata kfuncs, native mode)", strings.Join(m, ", "))
 }
 
 func phcName(i int) string {
@@ -356,7 +414,8 @@ func (n NIC) String() string {
 		a    Answer
 	}{{"queues", n.Queues}, {"header split", n.HeaderSplit}, {"ntuple", n.Ntuple}, {"rss", n.RSS},
 		{"zcrx", n.ZCRX}, {"devmem", n.Devmem}, {"xdp zero-copy", n.XDPZeroCopy},
-		{"hw timestamps", n.HWTimestamps}, {"special", n.Special}} {
+		{"hw timestamps", n.HWTimestamps}, {"raw queue", n.RawQueue}, {"raw metadata", n.RawMetadata},
+		{"special", n.Special}} {
 		fmt.Fprintf(&b, "  %-14s %s\n", l.name, l.a)
 	}
 	return b.String()

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/internal/testutil"
 )
 
@@ -166,6 +168,23 @@ func uapiChecks() []uapiCheck {
 		{"offsetof(struct ethtool_tcpip6_spec, pdst)", ip6PDstOff, nil},
 		{"sizeof(struct ifreq)", uint64(unsafe.Sizeof(ifreqData{})), nil},
 		{"offsetof(struct ifreq, ifr_data)", uint64(unsafe.Offsetof(ifreqData{}.Data)), nil},
+		// AF_XDP (linux/if_xdp.h): the structs raw queues pass are x/sys/unix's.
+		{"sizeof(struct xdp_umem_reg)", uint64(unsafe.Sizeof(unix.XDPUmemReg{})), []string{"tx_metadata_len"}},
+		{"sizeof(struct xdp_desc)", uint64(unsafe.Sizeof(unix.XDPDesc{})), nil},
+		{"sizeof(struct xdp_statistics)", uint64(sizeofXDPStatistics), []string{"tx_ring_empty_descs"}},
+		{"sizeof(struct xdp_mmap_offsets)", uint64(unsafe.Sizeof(unix.XDPMmapOffsets{})), nil},
+		{"offsetof(struct xdp_ring_offset, flags)", uint64(unsafe.Offsetof(unix.XDPRingOffset{}.Flags)), nil},
+		{"sizeof(struct sockaddr_xdp)", uint64(unsafe.Sizeof(unix.RawSockaddrXDP{})), nil},
+		{"XDP_UMEM_REG", unix.XDP_UMEM_REG, nil}, {"XDP_MMAP_OFFSETS", unix.XDP_MMAP_OFFSETS, nil},
+		{"XDP_STATISTICS", unix.XDP_STATISTICS, nil}, {"XDP_USE_NEED_WAKEUP", unix.XDP_USE_NEED_WAKEUP, nil},
+		{"XDP_ZEROCOPY", unix.XDP_ZEROCOPY, nil}, {"XDP_COPY", unix.XDP_COPY, nil},
+		{"XDP_RING_NEED_WAKEUP", unix.XDP_RING_NEED_WAKEUP, nil},
+		{"XDP_UMEM_PGOFF_FILL_RING", unix.XDP_UMEM_PGOFF_FILL_RING, nil},
+		{"XDP_UMEM_PGOFF_COMPLETION_RING", unix.XDP_UMEM_PGOFF_COMPLETION_RING, nil},
+		{"XDP_PGOFF_TX_RING", unix.XDP_PGOFF_TX_RING, nil},
+		{"NETDEV_XDP_RX_METADATA_TIMESTAMP", xdpRxMetaTimestamp, []string{"NETDEV_XDP_RX_METADATA_TIMESTAMP"}},
+		{"NETDEV_XDP_RX_METADATA_HASH", xdpRxMetaHash, []string{"NETDEV_XDP_RX_METADATA_HASH"}},
+		{"NETDEV_XDP_RX_METADATA_VLAN_TAG", xdpRxMetaVLANTag, []string{"NETDEV_XDP_RX_METADATA_VLAN_TAG"}},
 	}
 	return append(out, layout...)
 }
@@ -185,7 +204,8 @@ func uapiInclude() string {
 }
 
 var uapiHeaders = []string{"linux/netdev.h", "linux/ethtool.h", "linux/ethtool_netlink.h",
-	"linux/ethtool_netlink_generated.h", "linux/net_tstamp.h", "linux/sockios.h", "linux/genetlink.h", "net/if.h"}
+	"linux/ethtool_netlink_generated.h", "linux/net_tstamp.h", "linux/sockios.h", "linux/genetlink.h", "net/if.h",
+	"linux/if_xdp.h"}
 
 // TestUAPIAgainstHeaders compiles a C program against the kernel's uapi headers and
 // compares every constant, size and offset this package hard-codes. Identifiers a header

@@ -23,6 +23,7 @@ type pcapWriter struct {
 	w      *pcapgo.NgWriter
 	idb    map[int]int // ifindex -> interface id in the file
 	taiOff int64       // CLOCK_TAI - CLOCK_REALTIME in ns (a whole number of seconds)
+	snap   int         // the snap length written in the interface descriptions
 }
 
 // pcapSection is what the section header and the interface descriptions say.
@@ -66,7 +67,7 @@ func newPcapWriter(out io.Writer, s pcapSection, taiOff int64) (*pcapWriter, err
 	if err != nil {
 		return nil, err
 	}
-	p := &pcapWriter{w: w, idb: map[int]int{s.Interfaces[0].Index: 0}, taiOff: taiOff}
+	p := &pcapWriter{w: w, idb: map[int]int{s.Interfaces[0].Index: 0}, taiOff: taiOff, snap: s.Snap}
 	for _, i := range s.Interfaces[1:] {
 		id, err := w.AddInterface(idb(i))
 		if err != nil {
