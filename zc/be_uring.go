@@ -143,7 +143,7 @@ func (b *uringBackend) armRecv(c *Conn) {
 	}
 	sqe.UserData = c.bk.recvUD
 	c.recvStarted()
-	c.bk.needArm = false
+	c.bkNeedArm = false
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
@@ -338,7 +338,7 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.bk.needArm = true
+			c.bkNeedArm = true
 			b.rr.WaitBuffers((*rearm)(c))
 		}
 		return
@@ -365,8 +365,8 @@ type rearm Conn
 
 func (r *rearm) Flush(*loop.Queue) {
 	c := (*Conn)(r)
-	if c.bk.needArm {
-		c.bk.needArm = false
+	if c.bkNeedArm {
+		c.bkNeedArm = false
 		c.armRecv()
 	}
 }

@@ -133,7 +133,11 @@ type Conn struct {
 	closeReq bool
 	shutReq  bool
 	network  netKind
-	qi       int32 // index in the queue's connection list (loop only; -1 when not in it)
+	// Loop side, here to share a word with the fields above (idle memory per connection).
+	recvArmed bool
+	eof       bool
+	fdClosed  bool // the socket is closed (by the backend, or by a failed dial)
+	wrShut    bool
 
 	scheduled atomic.Bool
 	closedAt  atomic.Bool  // finished: Done is (or returns) a closed channel
@@ -151,17 +155,18 @@ type Conn struct {
 	ops        int32         // operations in the kernel (recv, send, connect, poll)
 	paused     int32         // pause reasons
 	destPauses int32         // destinations we wait for
-	bk         backendConn   // the backend's own state of the connection (never the core's)
+	qi         int32         // index in the queue's connection list (loop only; -1 when not in it)
 	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
-	recvArmed  bool
-	eof        bool
-	fdClosed   bool // the socket is closed (by the backend, or by a failed dial)
-	wrShut     bool
-	closeErr   error
-	cl         *closeState // made by beginClose
-	m          *mappedRecv
-	zx         *zcrxConn // RecvZcrx (zcrx.go)
-	connect    *connectState
+	// The backend's own state of the connection (never the core's): bk, and two flags kept
+	// out of it so that they share a word with life.
+	bkWantOut bool // plain backend: waiting for EPOLLOUT
+	bkNeedArm bool // waiting for receive buffers
+	bk        backendConn
+	closeErr  error
+	cl        *closeState // made by beginClose
+	m         *mappedRecv
+	zx        *zcrxConn // RecvZcrx (zcrx.go)
+	connect   *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow (raddr->laddr) on close
 

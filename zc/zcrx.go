@@ -169,7 +169,7 @@ func (zx *zcrxConn) arm() {
 	}
 	zx.s = s
 	c.recvStarted()
-	c.bk.needArm = false
+	c.bkNeedArm = false
 	c.opStarted()
 }
 
