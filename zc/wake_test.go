@@ -165,9 +165,8 @@ func TestPoolWakeMinimal(t *testing.T) {
 			// A: takes buffers until the pool is dry (ignoring MaxQueuedBytes on purpose).
 			aDry := make(chan struct{})
 			var aOnce sync.Once
-			var aLeft = 4 << 20
-			var aPump func(c *zc.Conn)
-			aPump = func(c *zc.Conn) {
+			aLeft := 4 << 20
+			aPump := func(c *zc.Conn) {
 				for aLeft > 0 {
 					buf, err := c.Buffer()
 					if errors.Is(err, memreg.ErrExhausted) {
