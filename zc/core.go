@@ -222,6 +222,12 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		w.sent = res
 	}
 	w.done = true
+	if res < 0 && res != -int(unix.ECANCELED) && !keep {
+		// The send failed: the connection ends with the error. Say so before the entry
+		// retires: retiring it may finish a closing connection, which would then report a
+		// clean close (OnClose nil) with these bytes lost.
+		c.fail(c.opErr("write", unix.Errno(-res)))
+	}
 	switch {
 	case w.early:
 		c.zcFinish(i, w.copied) // the notification already came
