@@ -113,6 +113,18 @@ type fconn struct {
 	notifs  []fakeNotif
 	cud     uint64 // the connect
 	ccancel bool
+
+	trace []string
+}
+
+// tracef records an event of this connection; the last ones are kept.
+func (fc *fconn) tracef(format string, args ...any) {
+	const traceLen = 30
+	if len(fc.trace) == traceLen {
+		copy(fc.trace, fc.trace[1:])
+		fc.trace = fc.trace[:traceLen-1]
+	}
+	fc.trace = append(fc.trace, fmt.Sprintf("%d: ", fc.k.steps)+fmt.Sprintf(format, args...))
 }
 
 func (fc *fconn) String() string {
@@ -186,7 +198,8 @@ type fakeKernel struct {
 	maxSteps int
 	acts     []fakeAct
 	failure  string
-	quiet    bool // reported quiescence (or a failure): Wait now only waits for the eventfd
+	trace    []string // the last actions (a failure shows them)
+	quiet    bool     // reported quiescence (or a failure): Wait now only waits for the eventfd
 }
 
 func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
@@ -222,7 +235,20 @@ func (k *fakeKernel) sendPoolGrow(r *memreg.Region, _ int) error {
 func (k *fakeKernel) failf(format string, args ...any) {
 	if k.failure == "" {
 		k.failure = fmt.Sprintf(format, args...)
+		if len(k.trace) > 0 {
+			k.failure += "\nlast actions:\n  " + strings.Join(k.trace, "\n  ")
+		}
 	}
+}
+
+// tracef records an action; the last traceLen are kept.
+func (k *fakeKernel) tracef(format string, args ...any) {
+	const traceLen = 40
+	if len(k.trace) == traceLen {
+		copy(k.trace, k.trace[1:])
+		k.trace = k.trace[:traceLen-1]
+	}
+	k.trace = append(k.trace, fmt.Sprintf("%d: ", k.steps)+fmt.Sprintf(format, args...))
 }
 
 func (k *fakeKernel) get(c *Conn) *fconn {
@@ -489,6 +515,9 @@ func (k *fakeKernel) enabled() []fakeAct {
 		if fc.cud != 0 {
 			a = append(a, fakeAct{kind: actConnect, fc: fc})
 		}
+		if fc.role.pausable && fc.c.started && !fc.c.closing {
+			a = append(a, fakeAct{kind: actUserPause, fc: fc}) // the application's, not the peer's
+		}
 		if fc.reset {
 			continue
 		}
@@ -506,9 +535,6 @@ func (k *fakeKernel) enabled() []fakeAct {
 		}
 		if fc.resetOK && fc.started() {
 			a = append(a, fakeAct{kind: actReset, fc: fc})
-		}
-		if fc.role.pausable && fc.c.started && !fc.c.closing {
-			a = append(a, fakeAct{kind: actUserPause, fc: fc})
 		}
 	}
 	k.acts = a
@@ -641,6 +667,13 @@ func (k *fakeKernel) drainWake() { k.waitWake(0) }
 // Close implements loop.Driver.
 func (k *fakeKernel) Close() {}
 
+// dispatch delivers a completion to the core, as a driver does.
+func (k *fakeKernel) dispatch(fc *fconn, what string, ev loop.Event) {
+	k.tracef("%v: %s res %d flags %#x", fc, what, ev.Res, ev.Flags)
+	fc.tracef("%s res %d flags %#x", what, ev.Res, ev.Flags)
+	k.q.Dispatch(ev)
+}
+
 // do performs one action.
 func (k *fakeKernel) do(a fakeAct) {
 	fc := a.fc
@@ -662,7 +695,16 @@ func (k *fakeKernel) do(a fakeAct) {
 		case k.rng.Float64() < k.sim.dialFail:
 			res = -int32(unix.ECONNREFUSED)
 		}
-		k.q.Dispatch(loop.Event{UD: fc.cud, Res: res})
+		k.dispatch(fc, "connect", loop.Event{UD: fc.cud, Res: res})
+	case actPeerWrite, actPeerRead, actPeerFin, actReset, actUserPause:
+		defer func() {
+			k.tracef("%v: %s (rcvq %d sndq %d reset %v)", fc, actNames[a.kind], fc.rcvq, fc.sndq, fc.reset)
+			if a.kind != actPeerRead && a.kind != actPeerWrite {
+				fc.tracef("%s (rcvq %d sndq %d reset %v)", actNames[a.kind], fc.rcvq, fc.sndq, fc.reset)
+			}
+		}()
+	}
+	switch a.kind {
 	case actPeerWrite:
 		n := 1 + k.rng.Int64N(min(fc.inTotal-fc.inWrote, fc.window-fc.rcvq, 8<<10))
 		fc.inWrote += n
@@ -720,7 +762,7 @@ func (k *fakeKernel) doRecv(fc *fconn) {
 	default: // the peer's FIN, all read
 		ev.Res = 0
 	}
-	k.q.Dispatch(ev)
+	k.dispatch(fc, "recv", ev)
 	if fc.rbuf.Valid() {
 		k.failf("%v: receive buffer not taken by the completion", fc)
 	}
@@ -735,7 +777,10 @@ func (k *fakeKernel) doSend(fc *fconn) {
 	case fc.reset:
 		ev.Res = -int32(unix.ECONNRESET)
 		if fc.szc && k.rng.IntN(2) == 0 {
+			// io_uring reports most failed SEND_ZC with F_MORE: the notification follows.
 			ev.Res = -int32(unix.EPIPE)
+			ev.Flags = uring.CQEFMore
+			fc.notifs = append(fc.notifs, fakeNotif{ud: ud})
 		}
 	case k.rng.IntN(20) == 0:
 		ev.Res = -int32(unix.EAGAIN)
@@ -770,7 +815,11 @@ func (k *fakeKernel) doSend(fc *fconn) {
 		}
 		ev.Res = int32(n)
 	}
-	k.q.Dispatch(loop.Event{UD: ev.UD, Res: ev.Res, Flags: ev.Flags})
+	what := "send"
+	if fc.szc {
+		what = "send-zc"
+	}
+	k.dispatch(fc, what, ev)
 }
 
 // take moves n bytes from the head of c.tx.pend into the socket send buffer, checking them
@@ -822,5 +871,5 @@ func (k *fakeKernel) doNotif(fc *fconn, i int) {
 		copied := uint32(uring.NotifUsageZCCopied)
 		res = int32(copied)
 	}
-	k.q.Dispatch(loop.Event{UD: nt.ud, Res: res, Flags: uring.CQEFNotif})
+	k.dispatch(fc, "notif", loop.Event{UD: nt.ud, Res: res, Flags: uring.CQEFNotif})
 }

@@ -407,7 +407,7 @@ func (s *simRun) setupPeer(fc *fconn) {
 func (s *simRun) check() string {
 	var errs []string
 	bad := func(r *simConn, format string, args ...any) {
-		errs = append(errs, fmt.Sprintf("%v: %s (%s)", r.fc, fmt.Sprintf(format, args...), r.state()))
+		errs = append(errs, fmt.Sprintf("%v: %s (%s)\n    %s", r.fc, fmt.Sprintf(format, args...), r.state(), strings.Join(r.fc.trace, "\n    ")))
 	}
 	for _, r := range s.roles {
 		fc := r.fc
