@@ -299,7 +299,7 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	q.Queue = lq
+	_ = lq // q.Queue was set by init, on the loop, which already runs
 	e.queues = []*queue{q}
 	e.dbg.start()
 	return e, nil
