@@ -138,6 +138,10 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	more := ev.Flags&uring.CQEFMore != 0
 	switch ev.Tag {
 	case tagRecv:
+		if k.epoll {
+			k.onReady(fc, ev.Flags)
+			return
+		}
 		k.onRecv(fc, ev, more)
 	case tagSend:
 		k.freeOp(c, ev.UD)
@@ -192,7 +196,10 @@ type fakeKernel struct {
 	wakeReq   bool
 
 	growRefuse float64 // chance that a send pool growth is refused for lack of locked memory
-	initDone   bool
+	// epoll: readiness mode, as the plain backend (be_plain.go): sends are written at once
+	// (short writes, EAGAIN, then EPOLLOUT), receives read on EPOLLIN; no zero-copy.
+	epoll    bool
+	initDone bool
 
 	steps    int
 	maxSteps int
@@ -204,7 +211,7 @@ type fakeKernel struct {
 
 func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
 	cfg := &q.e.cfg
-	k := &fakeKernel{q: q, sim: sim, rng: sim.rng, byConn: map[*Conn]*fconn{}, growRefuse: sim.growRefuse, maxSteps: sim.maxSteps}
+	k := &fakeKernel{q: q, sim: sim, rng: sim.rng, byConn: map[*Conn]*fconn{}, growRefuse: sim.growRefuse, maxSteps: sim.maxSteps, epoll: sim.epoll}
 	var err error
 	k.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
 		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: k.recvFreed}, false))
@@ -263,10 +270,14 @@ func (k *fakeKernel) get(c *Conn) *fconn {
 
 // addConn makes the fake kernel's side of c for the test's role.
 func (k *fakeKernel) addConn(c *Conn, role *simConn) *fconn {
-	fc := &fconn{k: k, id: len(k.conns), c: c, role: role}
+	fc := k.byConn[c] // started already (epoll mode registers in start)
+	if fc == nil {
+		fc = &fconn{k: k, id: len(k.conns), c: c}
+		k.conns = append(k.conns, fc)
+		k.byConn[c] = fc
+	}
+	fc.role = role
 	role.fc = fc
-	k.conns = append(k.conns, fc)
-	k.byConn[c] = fc
 	return fc
 }
 
@@ -278,8 +289,7 @@ func (k *fakeKernel) newOp(c *Conn, fc *fconn, tag uint32) uint64 {
 // ---- backend ---------------------------------------------------------------------------
 
 func (k *fakeKernel) name() Backend          { return BackendAuto }
-func (k *fakeKernel) start(c *Conn) error    { return nil }
-func (k *fakeKernel) zeroCopy() bool         { return true }
+func (k *fakeKernel) zeroCopy() bool         { return !k.epoll }
 func (k *fakeKernel) directOK() bool         { return false }
 func (k *fakeKernel) recvPool() *memreg.Pool { return k.recv }
 func (k *fakeKernel) close() {
@@ -287,12 +297,32 @@ func (k *fakeKernel) close() {
 	k.q.send.CloseWhenReleased()
 }
 
+// start registers the socket (epoll mode: one registration for both directions).
+func (k *fakeKernel) start(c *Conn) error {
+	if !k.epoll {
+		return nil
+	}
+	fc := k.byConn[c]
+	if fc == nil {
+		fc = k.addConn(c, &simConn{kind: "starting"})
+	}
+	c.recvUD = k.newOp(c, fc, tagRecv)
+	fc.rud = c.recvUD
+	return nil
+}
+
 func (k *fakeKernel) sending(c *Conn) bool {
+	if k.epoll {
+		return c.wantOut
+	}
 	t := c.txp.Load()
 	return t != nil && t.ud != 0
 }
 
 func (k *fakeKernel) inFlightSegs(c *Conn) int {
+	if k.epoll {
+		return 0
+	}
 	t := c.txp.Load()
 	if t == nil || t.ud == 0 {
 		return 0
@@ -308,6 +338,10 @@ func (k *fakeKernel) freeOp(c *Conn, ud uint64) {
 }
 
 func (k *fakeKernel) armRecv(c *Conn) {
+	if k.epoll {
+		c.recvArmed = true
+		return
+	}
 	fc := k.get(c)
 	if fc.rud != 0 {
 		k.failf("%v: receive armed twice (recvArmed %v)", fc, c.recvArmed)
@@ -319,12 +353,20 @@ func (k *fakeKernel) armRecv(c *Conn) {
 }
 
 func (k *fakeKernel) stopRecv(c *Conn) {
+	if k.epoll {
+		c.recvArmed = false
+		return
+	}
 	if c.recvArmed && c.recvUD != 0 {
 		k.get(c).rcancel = true
 	}
 }
 
 func (k *fakeKernel) send(c *Conn) {
+	if k.epoll {
+		k.sendSync(c)
+		return
+	}
 	if c.pendLen() == 0 || c.tx.ud != 0 || c.fdClosed {
 		return
 	}
@@ -361,6 +403,16 @@ func (k *fakeKernel) send(c *Conn) {
 }
 
 func (k *fakeKernel) closeSocket(c *Conn) {
+	if k.epoll {
+		fc := k.get(c)
+		if c.recvUD != 0 {
+			k.q.FreeOp(c.recvUD)
+			c.recvUD = 0
+			c.ops--
+			fc.rud = 0
+		}
+		c.wantOut = false
+	}
 	k.stopRecv(c)
 	c.sock.Close()
 	c.fd = -1
@@ -503,11 +555,21 @@ func (k *fakeKernel) enabled() []fakeAct {
 		a = append(a, fakeAct{kind: actAccept})
 	}
 	for _, fc := range k.conns {
-		if fc.rud != 0 && (fc.rcancel || fc.reset || fc.rcvq > 0 || fc.finSent) {
-			a = append(a, fakeAct{kind: actRecv, fc: fc})
-		}
-		if fc.sud != 0 && (fc.reset || fc.sndq < fc.sndCap) {
-			a = append(a, fakeAct{kind: actSend, fc: fc})
+		if k.epoll {
+			// Level-triggered readiness for what the connection asks for.
+			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
+				a = append(a, fakeAct{kind: actRecv, fc: fc})
+			}
+			if fc.rud != 0 && fc.c.wantOut && (fc.reset || fc.sndq < fc.sndCap) {
+				a = append(a, fakeAct{kind: actSend, fc: fc})
+			}
+		} else {
+			if fc.rud != 0 && (fc.rcancel || fc.reset || fc.rcvq > 0 || fc.finSent) {
+				a = append(a, fakeAct{kind: actRecv, fc: fc})
+			}
+			if fc.sud != 0 && (fc.reset || fc.sndq < fc.sndCap) {
+				a = append(a, fakeAct{kind: actSend, fc: fc})
+			}
 		}
 		for i := range fc.notifs {
 			a = append(a, fakeAct{kind: actNotif, fc: fc, i: i})
@@ -681,10 +743,21 @@ func (k *fakeKernel) do(a fakeAct) {
 	case actAccept:
 		k.sim.acceptPosted = true
 		k.q.Post(k.sim.acceptNext)
-	case actRecv:
-		k.doRecv(fc)
-	case actSend:
-		k.doSend(fc)
+	case actRecv, actSend:
+		if k.epoll {
+			ev := unix.EPOLLIN
+			if a.kind == actSend {
+				ev = unix.EPOLLOUT
+			}
+			if k.rng.IntN(3) == 0 {
+				ev = unix.EPOLLIN | unix.EPOLLOUT // whatever else is ready comes along
+			}
+			k.dispatch(fc, "ready", loop.Event{UD: fc.rud, Flags: uint32(ev)})
+		} else if a.kind == actRecv {
+			k.doRecv(fc)
+		} else {
+			k.doSend(fc)
+		}
 	case actNotif:
 		k.doNotif(fc, a.i)
 	case actConnect:
@@ -872,4 +945,122 @@ func (k *fakeKernel) doNotif(fc *fconn, i int) {
 		res = int32(copied)
 	}
 	k.dispatch(fc, "notif", loop.Event{UD: nt.ud, Res: res, Flags: uring.CQEFNotif})
+}
+
+// ---- epoll mode (be_plain.go's ways) -----------------------------------------------------
+
+// onReady is plainBackend.onEvent.
+func (k *fakeKernel) onReady(fc *fconn, events uint32) {
+	c := fc.c
+	if events&unix.EPOLLOUT != 0 && c.wantOut {
+		k.sendSync(c)
+		if !c.wantOut {
+			c.sendProgress()
+		}
+	}
+	if c.finished {
+		return
+	}
+	if events&unix.EPOLLIN != 0 && c.recvArmed {
+		k.readSync(fc)
+	}
+	if c.closing {
+		c.advanceClose()
+	}
+}
+
+// sendSync is plainBackend.send: writev until the socket buffer is full, then EPOLLOUT.
+func (k *fakeKernel) sendSync(c *Conn) {
+	fc := k.get(c)
+	progress := false
+	for c.pendLen() > 0 && !c.fdClosed {
+		if fc.reset {
+			fc.tracef("writev: EPIPE")
+			c.fail(c.opErr("write", unix.EPIPE))
+			return
+		}
+		room := fc.sndCap - fc.sndq
+		if room <= 0 || k.rng.IntN(8) == 0 {
+			break // EAGAIN
+		}
+		limit := 1 + k.rng.IntN(maxIov)
+		n, nb := 0, int64(0)
+		for n < c.pendLen() && n < limit {
+			s := &c.tx.pend[n]
+			nb += int64(s.n - s.off)
+			n++
+		}
+		w := min(nb, room)
+		if k.rng.IntN(3) == 0 {
+			w = 1 + k.rng.Int64N(w)
+		}
+		fc.ssegs = n
+		if !k.take(fc, w) {
+			return
+		}
+		fc.tracef("writev %d of %d", w, nb)
+		c.tx.sendOps.Add(1)
+		k.q.ctr.sendOps.Add(1)
+		c.advance(int(w))
+		progress = true
+	}
+	want := c.pendLen() > 0 && !c.fdClosed
+	if want != c.wantOut {
+		c.wantOut = want
+	}
+	if progress && !c.wantOut {
+		k.q.MarkDirty((*plainWritable)(c))
+	}
+}
+
+// readSync is plainBackend.read.
+func (k *fakeKernel) readSync(fc *fconn) {
+	c := fc.c
+	for i := 0; i < 16 && c.recvArmed && !c.fdClosed; i++ {
+		buf, err := k.recv.Get()
+		if err != nil && k.growRecv() {
+			buf, err = k.recv.Get()
+		}
+		if err != nil {
+			k.stopRecv(c)
+			c.needArm = true
+			k.starved = append(k.starved, c)
+			k.sim.enobufs++
+			fc.tracef("read: no buffer")
+			return
+		}
+		switch {
+		case fc.reset:
+			buf.Release()
+			k.stopRecv(c)
+			fc.tracef("read: ECONNRESET")
+			c.gotEOF(unix.ECONNRESET)
+			return
+		case fc.rcvq == 0:
+			buf.Release()
+			if fc.finSent {
+				k.stopRecv(c)
+				fc.tracef("read: EOF")
+				c.gotEOF(nil)
+			}
+			return // EAGAIN
+		}
+		p := buf.Bytes()
+		n := 1 + k.rng.Int64N(min(fc.rcvq, int64(len(p))))
+		if k.rng.IntN(2) == 0 {
+			n = min(fc.rcvq, int64(len(p)))
+		}
+		fakeStream(p[:n], fc.inKey, fc.inRecv)
+		fc.inRecv += n
+		fc.rcvq -= n
+		fc.tracef("read %d", n)
+		c.deliver(Data{buf: buf, n: int(n)})
+		if c.finished {
+			return
+		}
+		c.checkCredit()
+		if n < int64(len(p)) {
+			return
+		}
+	}
 }

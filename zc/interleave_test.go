@@ -173,6 +173,7 @@ type simRun struct {
 
 	weight     [nActKinds]int
 	growRefuse float64
+	epoll      bool
 	dialFail   float64
 	resetFrac  float64
 	maxSteps   int
@@ -215,6 +216,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	s.dialFail = []float64{0, 0, 0.2}[rng.IntN(3)]
 	s.resetFrac = []float64{0, 0.1, 0.3}[rng.IntN(3)]
 	s.maxSteps = 2_000_000
+	s.epoll = rng.IntN(3) == 0
 
 	sbs := []int{256, 512, 1024, 4096}[rng.IntN(4)]
 	rbs := []int{256, 512, 2048}[rng.IntN(3)]
@@ -270,8 +272,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		}
 	}
 	if failure != "" {
-		failure = fmt.Sprintf("config %+v\nweights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
-			cfgSummary(cfg), s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+		failure = fmt.Sprintf("config %+v\nepoll mode %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
+			cfgSummary(cfg), s.epoll, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
 	}
 	return st, failure
 }
