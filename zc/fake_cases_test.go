@@ -1,0 +1,153 @@
+package zc
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/uring"
+)
+
+// Scripted cases over the fake kernel (fake_backend_test.go): the scheduler stays off and the
+// test delivers each completion itself, on the loop. The minimal forms of what the
+// interleaving test found.
+
+// fakeScript is an engine of one queue over a fake kernel whose scheduler never runs.
+type fakeScript struct {
+	t *testing.T
+	s *simRun
+	q *queue
+	k *fakeKernel
+}
+
+func newFakeScript(t *testing.T, cfg Config) *fakeScript {
+	t.Helper()
+	cfg.Queues, cfg.NoPin, cfg.CloseTimeout = 1, true, time.Hour
+	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1))}
+	e, err := startFakeEngine(cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.e, s.q = e, e.queues[0]
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		e.CloseContext(ctx)
+	})
+	return &fakeScript{t: t, s: s, q: s.q, k: s.k}
+}
+
+// do runs fn on the loop; the loop flushes what it scheduled before the next do.
+func (f *fakeScript) do(fn func()) {
+	f.t.Helper()
+	if err := f.q.Do(func() error { fn(); return nil }); err != nil {
+		f.t.Fatal(err)
+	}
+	f.q.Do(func() error { return nil })
+	if f.k.failure != "" {
+		f.t.Fatalf("fake kernel: %s", f.k.failure)
+	}
+}
+
+// accept makes a connection served by h whose peer sends nothing; its stream out is key's.
+func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fconn) {
+	var c *Conn
+	role := &simConn{kind: "scripted", s: f.s, ownKey: key}
+	role.outKey = &role.ownKey
+	f.s.l = &Listener{e: f.s.e, network: "tcp", family: unix.AF_INET, done: make(chan struct{}), accept: func(nc *Conn) Handler {
+		c = nc
+		fc := f.k.addConn(nc, role)
+		fc.outKey, fc.sndCap, fc.window = role.outKey, 1<<20, 1<<20
+		return h
+	}}
+	f.do(func() {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		unix.Close(fds[1])
+		f.s.l.create(f.q, fds[0])
+	})
+	return c, role.fc
+}
+
+// closeRecorder is a handler that records OnClose.
+type closeRecorder struct {
+	HandlerFuncs
+	closes int
+	err    error
+}
+
+func (h *closeRecorder) OnClose(c *Conn, err error) { h.closes++; h.err = err }
+
+// closingWrite writes n bytes of key's stream and closes: the one zero-copy send is in the
+// fake kernel, the receive is cancelled (the close stopped it) and completed.
+func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *fconn) {
+	c, fc := f.accept(h, key)
+	p := make([]byte, n)
+	fakeStream(p, key, 0)
+	f.do(func() {
+		if w, err := c.Write(p); w != n || err != nil {
+			f.t.Fatalf("Write: %d, %v", w, err)
+		}
+		c.Close()
+	})
+	if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
+		f.t.Fatalf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
+	}
+	f.do(func() {
+		ud := fc.rud
+		f.k.dispatch(fc, "recv", loop.Event{UD: ud, Res: -int32(unix.ECANCELED)})
+	})
+	return c, fc
+}
+
+// A connection closing gracefully whose last send is a zero-copy send that fails with no
+// notification to come (io_uring: an early failure; the shim) must end with the error, not
+// OnClose(nil): the bytes were not sent.
+func TestFakeZCSendFailsWhileClosing(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096})
+	h := &closeRecorder{}
+	c, fc := f.closingWrite(h, 7, 1000)
+	f.do(func() {
+		ud := fc.sud
+		fc.sud = 0
+		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: -int32(unix.ECONNRESET)})
+	})
+	f.do(func() {
+		if !c.finished || h.closes != 1 || h.err == nil {
+			t.Errorf("after the failed send: finished %v, OnClose ran %d times with %v (want once, with the error)", c.finished, h.closes, h.err)
+		}
+	})
+}
+
+// A zero-copy send that comes back short (MSG_WAITALL: the connection failed after taking
+// part of it; io_uring reports the part) while the connection closes gracefully: the rest is
+// lost, so OnClose must get an error.
+func TestFakeZCShortSendWhileClosing(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096})
+	h := &closeRecorder{}
+	c, fc := f.closingWrite(h, 9, 1000)
+	var notif uint64
+	f.do(func() {
+		ud := fc.sud
+		fc.sud = 0
+		if !f.k.take(fc, 300) {
+			t.Fatal(f.k.failure)
+		}
+		notif = ud
+		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: 300, Flags: uring.CQEFMore})
+	})
+	f.do(func() {
+		f.k.dispatch(fc, "notif", loop.Event{UD: notif, Flags: uring.CQEFNotif})
+	})
+	f.do(func() {
+		if !c.finished || h.closes != 1 || h.err == nil {
+			t.Errorf("after a short zero-copy send: finished %v, OnClose ran %d times with %v (want once, with an error: 700 bytes were lost)", c.finished, h.closes, h.err)
+		}
+	})
+}
