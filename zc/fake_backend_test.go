@@ -537,10 +537,11 @@ const (
 	actPeerFin
 	actReset
 	actUserPause
+	actAppRelease
 	nActKinds
 )
 
-var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause"}
+var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release"}
 
 type fakeAct struct {
 	kind fakeActKind
@@ -576,6 +577,9 @@ func (k *fakeKernel) enabled() []fakeAct {
 		}
 		if fc.cud != 0 {
 			a = append(a, fakeAct{kind: actConnect, fc: fc})
+		}
+		if len(fc.role.held) > 0 {
+			a = append(a, fakeAct{kind: actAppRelease, fc: fc}) // even after OnClose: the Data is the application's
 		}
 		if fc.role.pausable && fc.c.started && !fc.c.closing {
 			a = append(a, fakeAct{kind: actUserPause, fc: fc}) // the application's, not the peer's
@@ -791,6 +795,20 @@ func (k *fakeKernel) do(a fakeAct) {
 			fc.reset = true
 			fc.sndq, fc.rcvq = 0, 0
 			k.sim.resets++
+		}
+	case actAppRelease:
+		// The application releases a Data it kept (from its own goroutine, as it may).
+		r := fc.role
+		i := k.rng.IntN(len(r.held))
+		d := r.held[i]
+		r.held = append(r.held[:i], r.held[i+1:]...)
+		if err := d.Release(); err != nil {
+			k.failf("%v: Release of held data: %v", fc, err)
+		}
+		fc.tracef("app-release (%d held)", len(r.held))
+		if len(r.held) == 0 && r.eof && !r.closing {
+			r.closing = true
+			fc.c.Close()
 		}
 	case actUserPause:
 		c := fc.c

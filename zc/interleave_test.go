@@ -137,6 +137,12 @@ type simConn struct {
 	pausable bool
 	closing  bool // the handler called Close
 
+	halfClose  bool   // streamer, writer: CloseWrite when done, Close at the peer's EOF
+	bufferWait bool   // streamer: BufferWait on the loop (ErrWouldBlock) instead of Buffer
+	eof        bool   // OnEOF ran
+	held       []Data // sink: data kept, released later by the scheduler (actAppRelease)
+	wroteAll   bool
+
 	partner *simConn
 	relay   *RelayStats
 	dialErr error
@@ -243,7 +249,9 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	// The connections: more streams than the send pool serves at once.
 	n := 3 + rng.IntN(10)
 	for i := 0; i < n; i++ {
-		r := &simConn{s: s, kind: []string{"streamer", "writer", "echo", "relay-front"}[rng.IntN(4)]}
+		r := &simConn{s: s, kind: []string{"streamer", "writer", "echo", "relay-front", "sink"}[rng.IntN(5)]}
+		r.halfClose = rng.IntN(3) == 0
+		r.bufferWait = rng.IntN(3) == 0
 		s.plan = append(s.plan, r)
 	}
 
@@ -340,6 +348,8 @@ func (s *simRun) accept(c *Conn) Handler {
 	case "echo":
 		r.outKey = &r.inKey
 		r.pausable = true
+	case "sink":
+		r.pausable = true
 	case "relay-front":
 		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
 		r.partner = back
@@ -361,6 +371,8 @@ func (s *simRun) accept(c *Conn) Handler {
 		return h
 	case "echo":
 		return &simEcho{simBase{r}}
+	case "sink":
+		return &simSink{simBase{r}}
 	}
 	// relay-front: hold the client until the backend is connected.
 	back := r.partner
@@ -396,7 +408,7 @@ func (s *simRun) setupPeer(fc *fconn) {
 	switch r.kind {
 	case "streamer", "writer":
 		fc.inTotal = s.rng.Int64N(int64(2 * cfg.RecvBufSize))
-		fc.noFin = s.rng.IntN(3) == 0
+		fc.noFin = !r.halfClose && s.rng.IntN(3) == 0
 	default:
 		fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(16<<10))
 	}
@@ -422,7 +434,7 @@ func (s *simRun) check() string {
 		c := fc.c
 		closeErr := c.closeErr
 		switch r.kind {
-		case "streamer", "writer", "echo":
+		case "streamer", "writer", "echo", "sink":
 			if r.closes != 1 {
 				bad(r, "OnClose ran %d times", r.closes)
 			}
@@ -458,6 +470,10 @@ func (s *simRun) check() string {
 			case "echo":
 				if r.accepted != fc.inTotal {
 					bad(r, "closed without error after echoing %d of %d bytes", r.accepted, fc.inTotal)
+				}
+			case "sink":
+				if r.recvd != fc.inTotal {
+					bad(r, "closed without error after receiving %d of %d bytes", r.recvd, fc.inTotal)
 				}
 			case "relay-front":
 				p := r.partner
@@ -523,6 +539,33 @@ func (h *simBase) OnEOF(c *Conn, err error) {
 	if h.r.closes > 0 {
 		h.r.failf("OnEOF after OnClose")
 	}
+	if h.r.eof {
+		h.r.failf("OnEOF twice")
+	}
+	h.r.eof = true
+	if err == io.EOF && h.r.wroteAll {
+		h.close(c) // half-closed when done: the peer's EOF ends it
+	}
+}
+
+// done ends a sender's stream: Close, or CloseWrite and Close at the peer's EOF.
+func (h *simBase) done(c *Conn) {
+	r := h.r
+	if !r.halfClose {
+		h.close(c)
+		return
+	}
+	if r.wroteAll {
+		return
+	}
+	r.wroteAll = true
+	if err := c.CloseWrite(); err != nil {
+		h.unexpected(c, "CloseWrite", err)
+		return
+	}
+	if r.eof {
+		h.close(c)
+	}
 }
 
 func (h *simBase) OnClose(c *Conn, err error) {
@@ -558,9 +601,18 @@ func (h *simStreamer) pump(c *Conn) {
 	}
 	max := r.s.e.cfg.MaxQueuedBytes
 	for r.accepted < r.total && c.Queued() < max {
-		b, err := c.Buffer()
-		if errors.Is(err, memreg.ErrExhausted) {
-			return // OnWritable follows
+		var b memreg.Buf
+		var err error
+		if r.bufferWait {
+			b, err = c.BufferWait(0)
+			if errors.Is(err, ErrWouldBlock) {
+				return // OnWritable follows
+			}
+		} else {
+			b, err = c.Buffer()
+			if errors.Is(err, memreg.ErrExhausted) {
+				return // OnWritable follows
+			}
 		}
 		if err != nil {
 			h.unexpected(c, "Buffer", err)
@@ -578,7 +630,7 @@ func (h *simStreamer) pump(c *Conn) {
 		r.accepted += int64(n)
 	}
 	if r.accepted == r.total {
-		h.close(c)
+		h.done(c)
 	}
 }
 
@@ -621,7 +673,7 @@ func (h *simWriter) pump(c *Conn) {
 			r.failf("Write returned %d of %d and no error", w, n)
 		}
 	}
-	h.close(c)
+	h.done(c)
 }
 
 // simEcho sends back what arrives with SendData; it closes at the peer's EOF.
@@ -658,3 +710,23 @@ func (h *simHolder) OnData(c *Conn, d Data) {
 }
 func (h *simHolder) OnEOF(c *Conn, err error)   {}
 func (h *simHolder) OnClose(c *Conn, err error) {}
+
+// simSink keeps some of what arrives (the scheduler releases it later, as an application
+// releasing from another goroutine) and closes at the peer's EOF once it released all.
+type simSink struct{ simBase }
+
+func (h *simSink) OnData(c *Conn, d Data) {
+	h.checkData(c, d)
+	if h.r.s.rng.IntN(3) == 0 {
+		d.Release()
+		return
+	}
+	h.r.held = append(h.r.held, d)
+}
+
+func (h *simSink) OnEOF(c *Conn, err error) {
+	h.simBase.OnEOF(c, err)
+	if err == io.EOF && len(h.r.held) == 0 {
+		h.close(c)
+	}
+}
