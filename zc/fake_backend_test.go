@@ -199,6 +199,7 @@ type fakeKernel struct {
 	// epoll: readiness mode, as the plain backend (be_plain.go): sends are written at once
 	// (short writes, EAGAIN, then EPOLLOUT), receives read on EPOLLIN; no zero-copy.
 	epoll    bool
+	tame     bool // scripted cases: sends take all they can at once (no EAGAIN, no short writes)
 	initDone bool
 
 	steps    int
@@ -669,7 +670,7 @@ func (k *fakeKernel) quiescent() {
 	var stuck []string
 	for _, fc := range k.conns {
 		if !fc.c.finished {
-			stuck = append(stuck, k.describe(fc))
+			stuck = append(stuck, k.describe(fc)+"\n    its last events:\n      "+strings.Join(fc.trace, "\n      "))
 		}
 	}
 	if len(stuck) > 0 {
@@ -998,10 +999,13 @@ func (k *fakeKernel) sendSync(c *Conn) {
 			return
 		}
 		room := fc.sndCap - fc.sndq
-		if room <= 0 || k.rng.IntN(8) == 0 {
+		if room <= 0 || !k.tame && k.rng.IntN(8) == 0 {
 			break // EAGAIN
 		}
 		limit := 1 + k.rng.IntN(maxIov)
+		if k.tame {
+			limit = maxIov
+		}
 		n, nb := 0, int64(0)
 		for n < c.pendLen() && n < limit {
 			s := &c.tx.pend[n]
@@ -1009,7 +1013,7 @@ func (k *fakeKernel) sendSync(c *Conn) {
 			n++
 		}
 		w := min(nb, room)
-		if k.rng.IntN(3) == 0 {
+		if !k.tame && k.rng.IntN(3) == 0 {
 			w = 1 + k.rng.Int64N(w)
 		}
 		fc.ssegs = n

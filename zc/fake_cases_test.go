@@ -24,10 +24,10 @@ type fakeScript struct {
 	k *fakeKernel
 }
 
-func newFakeScript(t *testing.T, cfg Config) *fakeScript {
+func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 	t.Helper()
 	cfg.Queues, cfg.NoPin, cfg.CloseTimeout = 1, true, time.Hour
-	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1))}
+	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1)), epoll: epoll}
 	e, err := startFakeEngine(cfg, s)
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +38,7 @@ func newFakeScript(t *testing.T, cfg Config) *fakeScript {
 		defer cancel()
 		e.CloseContext(ctx)
 	})
+	s.k.tame = true
 	return &fakeScript{t: t, s: s, q: s.q, k: s.k}
 }
 
@@ -110,7 +111,7 @@ func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *f
 // notification to come (io_uring: an early failure; the shim) must end with the error, not
 // OnClose(nil): the bytes were not sent.
 func TestFakeZCSendFailsWhileClosing(t *testing.T) {
-	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096})
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096}, false)
 	h := &closeRecorder{}
 	c, fc := f.closingWrite(h, 7, 1000)
 	f.do(func() {
@@ -129,7 +130,7 @@ func TestFakeZCSendFailsWhileClosing(t *testing.T) {
 // part of it; io_uring reports the part) while the connection closes gracefully: the rest is
 // lost, so OnClose must get an error.
 func TestFakeZCShortSendWhileClosing(t *testing.T) {
-	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096})
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096}, false)
 	h := &closeRecorder{}
 	c, fc := f.closingWrite(h, 9, 1000)
 	var notif uint64
@@ -148,6 +149,42 @@ func TestFakeZCShortSendWhileClosing(t *testing.T) {
 	f.do(func() {
 		if !c.finished || h.closes != 1 || h.err == nil {
 			t.Errorf("after a short zero-copy send: finished %v, OnClose ran %d times with %v (want once, with an error: 700 bytes were lost)", c.finished, h.closes, h.err)
+		}
+	})
+}
+
+// The plain backend: a send waits for EPOLLOUT (the socket buffer was full); Write on the
+// loop then queues a full buffer and stages a small tail behind it (coalescing: a send is in
+// flight), and the handler closes. The peer has read meanwhile, so the close's pump writes
+// the queued buffers at once and leaves the staging buffer; the completion flush
+// (plainWritable) of a closing connection only advanced the close, which waited for "the
+// sends' completions" with no send left: the tail never went out (after CloseTimeout the
+// connection would be reset, and OnClose got nil).
+func TestFakePlainStagedTailAtClose(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendCopy, SendBufSize: 4096}, true)
+	h := &closeRecorder{}
+	c, fc := f.accept(h, 11)
+	p := make([]byte, 300+4096+217)
+	fakeStream(p, 11, 0)
+	write := func(q []byte) {
+		if w, err := c.Write(q); w != len(q) || err != nil {
+			t.Fatalf("Write: %d, %v", w, err)
+		}
+	}
+	fc.sndCap = 100
+	f.do(func() { write(p[:300]) })
+	if !c.wantOut || fc.kAcc != 100 {
+		t.Fatalf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
+	}
+	f.do(func() {
+		fc.sndq, fc.sndCap = 0, 1<<20 // the peer read everything; EPOLLOUT not delivered yet
+		write(p[300:])
+		c.Close()
+	})
+	f.do(func() {
+		if !c.finished || h.closes != 1 || h.err != nil || fc.kAcc != int64(len(p)) {
+			t.Errorf("after Close: finished %v, OnClose ran %d times with %v, %d of %d bytes sent (want all, and a clean close)\n%s",
+				c.finished, h.closes, h.err, fc.kAcc, len(p), f.k.describe(fc))
 		}
 	})
 }

@@ -582,6 +582,7 @@ func (h *simBase) unexpected(c *Conn, what string, err error) {
 
 func (h *simBase) close(c *Conn) {
 	if !h.r.closing {
+		h.r.fc.tracef("Close")
 		h.r.closing = true
 		c.Close()
 	}
@@ -657,6 +658,7 @@ func (h *simWriter) pump(c *Conn) {
 		p := h.buf[:n]
 		fakeStream(p, *r.outKey, r.accepted)
 		w, err := c.Write(p)
+		r.fc.tracef("Write(%d) = %d, %v (queued %d)", n, w, err, c.Queued())
 		if w < 0 || w > n {
 			r.failf("Write returned %d of %d", w, n)
 			return
