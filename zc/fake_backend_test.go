@@ -539,10 +539,11 @@ const (
 	actReset
 	actUserPause
 	actAppRelease
+	actEngineClose
 	nActKinds
 )
 
-var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release"}
+var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close"}
 
 type fakeAct struct {
 	kind fakeActKind
@@ -555,6 +556,9 @@ func (k *fakeKernel) enabled() []fakeAct {
 	a := k.acts[:0]
 	if k.sim.pendingAccepts() > 0 {
 		a = append(a, fakeAct{kind: actAccept})
+	}
+	if k.sim.closeEngine && !k.sim.engineClosed {
+		a = append(a, fakeAct{kind: actEngineClose})
 	}
 	for _, fc := range k.conns {
 		if k.epoll {
@@ -773,7 +777,9 @@ func (k *fakeKernel) do(a fakeAct) {
 		case k.rng.Float64() < k.sim.dialFail:
 			res = -int32(unix.ECONNREFUSED)
 		}
-		k.dispatch(fc, "connect", loop.Event{UD: fc.cud, Res: res})
+		ud := fc.cud
+		fc.cud = 0 // completes once, whether the core still waits for it or not
+		k.dispatch(fc, "connect", loop.Event{UD: ud, Res: res})
 	case actPeerWrite, actPeerRead, actPeerFin, actReset, actUserPause:
 		defer func() {
 			k.tracef("%v: %s (rcvq %d sndq %d reset %v)", fc, actNames[a.kind], fc.rcvq, fc.sndq, fc.reset)
@@ -796,6 +802,16 @@ func (k *fakeKernel) do(a fakeAct) {
 			fc.reset = true
 			fc.sndq, fc.rcvq = 0, 0
 			k.sim.resets++
+		}
+	case actEngineClose:
+		// Engine.Close while everything runs: no more connections, each one closed
+		// gracefully (queued bytes still go out), dials cancelled.
+		if k.rng.IntN(30) == 0 {
+			k.sim.engineClosed = true
+			k.sim.plan = nil
+			k.q.e.closed.Store(true)
+			k.q.Post(k.q.closeAll)
+			k.tracef("engine close")
 		}
 	case actAppRelease:
 		// The application releases a Data it kept (from its own goroutine, as it may).
