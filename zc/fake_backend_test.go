@@ -643,6 +643,9 @@ func (k *fakeKernel) Wait(timeout time.Duration) error {
 		return nil
 	}
 	batch := 1 + k.rng.IntN(6)
+	if k.rng.IntN(20) == 0 {
+		batch = 1 + k.rng.IntN(200) // a long completion queue: many buffers back at once
+	}
 	for i := 0; i < batch; i++ {
 		acts := k.enabled()
 		if len(acts) == 0 {
@@ -909,6 +912,11 @@ func (k *fakeKernel) doSend(fc *fconn) {
 		}
 		ev.Res = int32(n)
 		ev.Flags = uring.CQEFMore
+		if k.rng.IntN(16) == 0 {
+			// The notification before the completion (not seen on Linux; the core takes it).
+			k.dispatch(fc, "notif (early)", loop.Event{UD: ud, Flags: uring.CQEFNotif})
+			break
+		}
 		head := c.tx.pend[0]
 		mem := head.loan.Data()[head.off : int64(head.off)+n]
 		fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})

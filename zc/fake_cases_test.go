@@ -2,6 +2,7 @@ package zc
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/memreg"
 )
 
 // Scripted cases over the fake kernel (fake_backend_test.go): the scheduler stays off and the
@@ -34,7 +36,9 @@ func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 	}
 	s.e, s.q = e, e.queues[0]
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// Connections left open are reset when the context ends (nothing completes their
+		// graceful close: the scheduler is off).
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		e.CloseContext(ctx)
 	})
@@ -185,6 +189,67 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 		if !c.finished || h.closes != 1 || h.err != nil || fc.kAcc != int64(len(p)) {
 			t.Errorf("after Close: finished %v, OnClose ran %d times with %v, %d of %d bytes sent (want all, and a clean close)\n%s",
 				c.finished, h.closes, h.err, fc.kAcc, len(p), f.k.describe(fc))
+		}
+	})
+}
+
+// grantCounter counts OnWritable calls and takes (and gives back) the buffer granted.
+type grantCounter struct {
+	closeRecorder
+	c              *Conn
+	writable, took int
+}
+
+func (h *grantCounter) OnWritable(c *Conn) {
+	h.writable++
+	if b, err := c.Buffer(); err == nil {
+		h.took++
+		b.Release()
+	}
+}
+
+// More connections refused a send buffer than one turn of wakeGrants serves
+// (maxGrantsPerTurn): every one hears OnWritable once, with its grant, over the next turns.
+func TestFakeManyGrants(t *testing.T) {
+	const n = 3 * maxGrantsPerTurn / 2
+	f := newFakeScript(t, Config{SendBufSize: 256, SendBufs: n, SendPoolMax: 256 * n}, false)
+	holder, _ := f.accept(&closeRecorder{}, 1)
+	var held []memreg.Buf
+	f.do(func() {
+		for i := 0; i < n; i++ {
+			b, err := holder.Buffer()
+			if err != nil {
+				t.Fatalf("Buffer %d: %v", i, err)
+			}
+			held = append(held, b)
+		}
+	})
+	ws := make([]*grantCounter, n)
+	for i := range ws {
+		ws[i] = &grantCounter{}
+		ws[i].c, _ = f.accept(ws[i], int64(i+2))
+	}
+	f.do(func() {
+		for i, h := range ws {
+			if _, err := h.c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
+				t.Fatalf("connection %d: Buffer: %v (want exhausted)", i, err)
+			}
+		}
+	})
+	f.do(func() {
+		for _, b := range held {
+			b.Release() // all at once: n grants
+		}
+	})
+	f.do(func() {}) // the grants past the first turn's
+	f.do(func() {
+		for i, h := range ws {
+			if h.writable != 1 || h.took != 1 {
+				t.Errorf("connection %d: OnWritable ran %d times, took %d grants (want 1, 1)", i, h.writable, h.took)
+			}
+		}
+		if f.q.send.Free() != n {
+			t.Errorf("%d of %d send buffers free", f.q.send.Free(), n)
 		}
 	})
 }

@@ -185,6 +185,7 @@ type simRun struct {
 	// closeEngine: the engine closes mid-run (engineClosed once it did), as Engine.Close
 	// does: no more connections, every connection closed gracefully.
 	closeEngine, engineClosed bool
+	crowd                     bool // many small connections
 	dialFail                  float64
 	resetFrac                 float64
 	maxSteps                  int
@@ -252,10 +253,20 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	misuses := 0
 	cfg.Debug.OnMisuse = func(err error) { misuses++ }
 
-	// The connections: more streams than the send pool serves at once.
+	// The connections: more streams than the send pool serves at once. A crowd: a hundred
+	// small streams on a pool that grows to serve many of them at once (many grants in one
+	// turn).
 	n := 3 + rng.IntN(10)
+	kinds := []string{"streamer", "writer", "echo", "relay-front", "sink"}
+	if s.crowd = rng.IntN(12) == 0; s.crowd {
+		n = 70 + rng.IntN(60)
+		kinds = []string{"streamer", "streamer", "writer", "writer", "echo"}
+		cfg.MaxQueuedBytes = cfg.SendBufSize
+		cfg.SendBufs = 16 + rng.IntN(32)
+		cfg.SendPoolMax = cfg.SendBufSize * cfg.SendBufs * 8
+	}
 	for i := 0; i < n; i++ {
-		r := &simConn{s: s, kind: []string{"streamer", "writer", "echo", "relay-front", "sink"}[rng.IntN(5)]}
+		r := &simConn{s: s, kind: kinds[rng.IntN(len(kinds))]}
 		r.halfClose = rng.IntN(3) == 0
 		r.bufferWait = rng.IntN(3) == 0
 		s.plan = append(s.plan, r)
@@ -293,8 +304,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		}
 	}
 	if failure != "" {
-		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
-			cfgSummary(cfg), s.epoll, s.closeEngine, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
+			cfgSummary(cfg), s.epoll, s.closeEngine, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
 	}
 	return st, failure
 }
@@ -358,6 +369,9 @@ func (s *simRun) accept(c *Conn) Handler {
 		r.ownKey = s.rng.Int64N(1 << 40)
 		r.outKey = &r.ownKey
 		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
+		if s.crowd {
+			r.total = int64(s.scale) * (1 + s.rng.Int64N(int64(4*s.e.cfg.SendBufSize)))
+		}
 	case "echo":
 		r.outKey = &r.inKey
 		r.pausable = true
@@ -424,6 +438,9 @@ func (s *simRun) setupPeer(fc *fconn) {
 		fc.noFin = !r.halfClose && s.rng.IntN(3) == 0
 	default:
 		fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(16<<10))
+		if s.crowd {
+			fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(2<<10))
+		}
 	}
 	fc.window = int64(cfg.RecvBufSize) * (1 + s.rng.Int64N(8))
 	fc.sndCap = 1 + s.rng.Int64N(int64(4*cfg.SendBufSize))
@@ -632,6 +649,10 @@ func (h *simStreamer) pump(c *Conn) {
 		if err != nil {
 			h.unexpected(c, "Buffer", err)
 			return
+		}
+		if r.s.rng.IntN(12) == 0 {
+			b.Release() // changed its mind: the buffer goes back (to the next waiter)
+			continue
 		}
 		n := int(min(int64(len(b.Bytes())), r.total-r.accepted))
 		if r.s.rng.IntN(3) == 0 {
