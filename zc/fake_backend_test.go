@@ -23,9 +23,15 @@ import (
 // complete a receive (a random number of bytes into a buffer of the queue's receive pool,
 // ENOBUFS when the pool is dry, EOF after the peer's FIN, ECONNRESET, ECANCELED after a
 // stop), end a multishot receive, complete a connect, let the peer write, read (drain the
-// simulated socket send buffer) or send its FIN, reset a connection, accept a new one. Events
-// reach the core through Queue.Dispatch and OnEvent as io_uring completions do (the same
-// calls as be_uring.go), so the core cannot tell the difference.
+// simulated socket send buffer) or send its FIN, reset a connection, accept a new one, and
+// what the application does from outside (pause a receiver, release kept Data, Engine.Close).
+// Events reach the core through Queue.Dispatch and OnEvent as io_uring completions do (the
+// same calls as be_uring.go), so the core cannot tell the difference. In epoll mode it plays
+// the plain backend instead (be_plain.go's calls: writev at once with short writes and EAGAIN,
+// then EPOLLOUT; reads on EPOLLIN; no zero-copy).
+//
+// The send pool is the queue's own (zc/queue.go: waiters, grants), its growth sometimes
+// refused as RLIMIT_MEMLOCK would; the receive pool is small, so receives meet ENOBUFS.
 //
 // Connections are real descriptors (an AF_UNIX socketpair end, or the unconnected socket
 // DialAsync makes) so the raw calls the core makes on c.fd (shutdown, SO_LINGER,
@@ -92,7 +98,7 @@ type fconn struct {
 
 	// The connection's stream toward the peer: what the kernel accepted (checked against
 	// outKey's bytes as it is taken), and the socket send buffer the peer drains.
-	outKey *int64 // nil: not known yet (a relay side learns it from its partner)
+	outKey *int64 // nil: the connection sends nothing (a sink)
 	kAcc   int64
 	sndq   int64
 	sndCap int64
@@ -102,7 +108,7 @@ type fconn struct {
 	closed  bool // closeSocket ran
 
 	// Operations in the fake kernel.
-	rud     uint64 // the receive (0: none)
+	rud     uint64 // the receive (0: none); epoll mode: the registration
 	rmulti  bool
 	rcancel bool
 	rbuf    memreg.Buf // the buffer of the receive completion being dispatched

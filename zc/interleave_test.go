@@ -26,14 +26,23 @@ import (
 //
 //   - streamers (Buffer/Send, memreg.ErrExhausted → wait for OnWritable, as ExampleWritable),
 //   - writers (Write on the loop, ErrWouldBlock → wait for OnWritable),
-//   - echoes (SendData of what arrives, Close at EOF; their peer pauses and resumes them),
-//   - relays (an accepted connection held paused, DialAsync, zc.Relay in done).
+//   - echoes (SendData of what arrives, Close at EOF; the application pauses and resumes
+//     their receiving),
+//   - sinks (keep some Data, released later from outside the loop; Close at EOF),
+//   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
+//
+// senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
+// back unused; some seeds are crowds (a hundred small streams), some close the engine midway
+// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode).
 //
 // Checked: every byte accepted by Send, Write or SendData is taken by the (fake) kernel
 // exactly once and in order — or the connection ended with an error (OnClose err != nil);
-// every byte delivered to OnData is the peer's, in order; when nothing can happen any more
-// every connection has finished (no lost wake-up), every buffer is back in its pool, every
-// operation and notification is accounted for.
+// every byte delivered to OnData is the peer's, in order; a connection that ended cleanly did
+// all its work; a zero-copy buffer is not reused before its notification; when nothing can
+// happen any more (no completion, no event, no task; the close timers are an hour away) every
+// connection has finished — one that has not waits for a wake-up nobody will deliver, and the
+// failure shows its state and its last events; every buffer is back in its pool, every
+// operation and notification is accounted for, the pool has no waiters left.
 //
 // A failing seed prints the command that runs it alone. Longer runs:
 //
@@ -280,7 +289,13 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	s.q = e.queues[0]
 	s.l = &Listener{e: e, network: "tcp", family: unix.AF_INET, accept: s.accept, done: make(chan struct{})}
 	s.q.Post(func() { s.begun = true })
-	failure := <-s.doneCh
+	var failure string
+	select {
+	case failure = <-s.doneCh:
+	case <-time.After(5 * time.Minute):
+		// Not a timing assertion: a guard against a loop that stopped running at all.
+		t.Fatalf("seed %d: the simulation did not end (the queue's loop is stuck)", seed)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	if s.engineClosed {
 		e.shutdown(ctx) // closed already (the simulation's Engine.Close): stop its queue
