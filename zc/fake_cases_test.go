@@ -46,15 +46,23 @@ func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 	return &fakeScript{t: t, s: s, q: s.q, k: s.k}
 }
 
-// do runs fn on the loop; the loop flushes what it scheduled before the next do.
+// do runs fn on the loop, then lets the loop run a few more turns (what fn scheduled is
+// flushed in the next turn, what that posted in the one after). Read the simulation's state
+// only in a do: it is the loop's.
 func (f *fakeScript) do(fn func()) {
 	f.t.Helper()
 	if err := f.q.Do(func() error { fn(); return nil }); err != nil {
 		f.t.Fatal(err)
 	}
-	f.q.Do(func() error { return nil })
-	if f.k.failure != "" {
-		f.t.Fatalf("fake kernel: %s", f.k.failure)
+	failure := ""
+	for i := 0; i < 4; i++ {
+		f.q.Do(func() error { failure = f.k.failure; return nil })
+	}
+	if failure != "" {
+		f.t.Fatalf("fake kernel: %s", failure)
+	}
+	if f.t.Failed() {
+		f.t.FailNow() // what fn reported (t.Errorf: it ran on the loop, not the test's goroutine)
 	}
 }
 
@@ -72,7 +80,8 @@ func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fconn) {
 	f.do(func() {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			f.t.Fatal(err)
+			f.t.Error(err)
+			return
 		}
 		unix.Close(fds[1])
 		f.s.l.create(f.q, fds[0])
@@ -97,14 +106,16 @@ func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *f
 	fakeStream(p, key, 0)
 	f.do(func() {
 		if w, err := c.Write(p); w != n || err != nil {
-			f.t.Fatalf("Write: %d, %v", w, err)
+			f.t.Errorf("Write: %d, %v", w, err)
+			return
 		}
 		c.Close()
 	})
-	if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
-		f.t.Fatalf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
-	}
 	f.do(func() {
+		if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
+			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
+			return
+		}
 		ud := fc.rud
 		f.k.dispatch(fc, "recv", loop.Event{UD: ud, Res: -int32(unix.ECANCELED)})
 	})
@@ -142,7 +153,8 @@ func TestFakeZCShortSendWhileClosing(t *testing.T) {
 		ud := fc.sud
 		fc.sud = 0
 		if !f.k.take(fc, 300) {
-			t.Fatal(f.k.failure)
+			t.Error(f.k.failure)
+			return
 		}
 		notif = ud
 		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: 300, Flags: uring.CQEFMore})
@@ -172,14 +184,20 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 	fakeStream(p, 11, 0)
 	write := func(q []byte) {
 		if w, err := c.Write(q); w != len(q) || err != nil {
-			t.Fatalf("Write: %d, %v", w, err)
+			t.Errorf("Write: %d, %v", w, err)
+			return
 		}
 	}
-	fc.sndCap = 100
-	f.do(func() { write(p[:300]) })
-	if !c.wantOut || fc.kAcc != 100 {
-		t.Fatalf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
-	}
+	f.do(func() {
+		fc.sndCap = 100
+		write(p[:300])
+	})
+	f.do(func() {
+		if !c.wantOut || fc.kAcc != 100 {
+			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
+			return
+		}
+	})
 	f.do(func() {
 		fc.sndq, fc.sndCap = 0, 1<<20 // the peer read everything; EPOLLOUT not delivered yet
 		write(p[300:])
@@ -219,7 +237,8 @@ func TestFakeManyGrants(t *testing.T) {
 		for i := 0; i < n; i++ {
 			b, err := holder.Buffer()
 			if err != nil {
-				t.Fatalf("Buffer %d: %v", i, err)
+				t.Errorf("Buffer %d: %v", i, err)
+				return
 			}
 			held = append(held, b)
 		}
@@ -232,7 +251,8 @@ func TestFakeManyGrants(t *testing.T) {
 	f.do(func() {
 		for i, h := range ws {
 			if _, err := h.c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
-				t.Fatalf("connection %d: Buffer: %v (want exhausted)", i, err)
+				t.Errorf("connection %d: Buffer: %v (want exhausted)", i, err)
+				return
 			}
 		}
 	})

@@ -232,7 +232,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		s.weight[actNotif] = 1 // late notifications
 	}
 	s.weight[actReset] = 1
-	s.weight[actUserPause] = 1 + rng.IntN(3)
+	s.weight[actUserPause] = 1
 	s.growRefuse = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
 	s.dialFail = []float64{0, 0, 0.2}[rng.IntN(3)]
 	s.resetFrac = []float64{0, 0.1, 0.3}[rng.IntN(3)]
@@ -389,9 +389,9 @@ func (s *simRun) accept(c *Conn) Handler {
 		}
 	case "echo":
 		r.outKey = &r.inKey
-		r.pausable = true
+		r.pausable = s.rng.IntN(2) == 0
 	case "sink":
-		r.pausable = true
+		r.pausable = s.rng.IntN(2) == 0
 	case "relay-front":
 		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
 		r.partner = back
