@@ -57,7 +57,7 @@ var (
 )
 
 const (
-	ilDefaultSeeds = 160
+	ilDefaultSeeds = 300
 	ilMinSteps     = 100_000
 )
 
