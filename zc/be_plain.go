@@ -311,10 +311,11 @@ type plainWritable Conn
 
 func (w *plainWritable) Flush(*loop.Queue) {
 	c := (*Conn)(w)
-	if !c.ended() && !c.inClose() {
+	if !c.ended() {
+		// A closing connection too: Write's staging buffer may still hold a tail that waited
+		// behind the sends just completed, and only the pump moves it (sendProgress then
+		// advances the close).
 		c.sendProgress()
-	} else if c.inClose() {
-		c.advanceClose()
 	}
 }
 

@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"fmt"
 	"io"
 	"time"
 
@@ -213,15 +214,30 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		return
 	}
 	w := &c.tx.zwait[i]
+	short := false
 	if c.pendLen() > 0 && !keep {
 		w.s = c.popPend()
-		// The rest of a segment cut short is lost with the connection (an error follows).
-		c.sentBytes(int(w.s.n - w.s.off))
+		left := int(w.s.n - w.s.off)
+		short = res >= 0 && res < left
+		c.sentBytes(left)
 	}
 	if res > 0 {
 		w.sent = res
 	}
 	w.done = true
+	switch {
+	case res < 0 && res != -int(unix.ECANCELED) && !keep:
+		// The send failed: the connection ends with the error. Say so before the entry
+		// retires: retiring it may finish a closing connection, which would then report a
+		// clean close (OnClose nil) with these bytes lost.
+		c.fail(c.opErr("write", unix.Errno(-res)))
+	case short:
+		// A zero-copy send (MSG_WAITALL) comes back short only when the connection failed
+		// after taking part of it (io_uring reports the part, not the error): the rest of the
+		// segment is lost, and so is the connection. Nothing else may follow to say so (a
+		// closing connection whose last send this was would report a clean close).
+		c.fail(c.opErr("write", fmt.Errorf("zero-copy send cut short (%d of %d bytes): %w", res, int(w.s.n-w.s.off), io.ErrShortWrite)))
+	}
 	switch {
 	case w.early:
 		c.zcFinish(i, w.copied) // the notification already came

@@ -1,0 +1,1118 @@
+package zc
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// A fake kernel for the connection core (the interleaving test, interleave_test.go).
+//
+// fakeKernel is both a queue's loop.Driver and its backend: no byte moves through a real
+// socket. Its Wait runs a seeded scheduler that picks, at random, one of the things a kernel
+// (or the peer behind it) could do next and does it: complete a send (whole, short, EAGAIN,
+// or failed after a reset), deliver a zero-copy notification (out of order, copied or not),
+// complete a receive (a random number of bytes into a buffer of the queue's receive pool,
+// ENOBUFS when the pool is dry, EOF after the peer's FIN, ECONNRESET, ECANCELED after a
+// stop), end a multishot receive, complete a connect, let the peer write, read (drain the
+// simulated socket send buffer) or send its FIN, reset a connection, accept a new one, and
+// what the application does from outside (pause a receiver, release kept Data, Engine.Close).
+// Events reach the core through Queue.Dispatch and OnEvent as io_uring completions do (the
+// same calls as be_uring.go), so the core cannot tell the difference. In epoll mode it plays
+// the plain backend instead (be_plain.go's calls: writev at once with short writes and EAGAIN,
+// then EPOLLOUT; reads on EPOLLIN; no zero-copy).
+//
+// The send pool is the queue's own (zc/queue.go: waiters, grants), its growth sometimes
+// refused as RLIMIT_MEMLOCK would; the receive pool is small, so receives meet ENOBUFS.
+//
+// Connections are real descriptors (an AF_UNIX socketpair end, or the unconnected socket
+// DialAsync makes) so the raw calls the core makes on c.fd (shutdown, SO_LINGER,
+// TCP_NODELAY) are harmless; everything they carry goes through the fake.
+
+// fakeTable is the content of every simulated byte stream: stream key k at offset off carries
+// fakeTable[(k+off)%len]. A prime length, so a shifted, repeated or dropped range shows.
+var fakeTable = func() []byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, 65521)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}()
+
+// fakeStream fills p with stream key's bytes from offset off.
+func fakeStream(p []byte, key, off int64) {
+	i := int((key + off) % int64(len(fakeTable)))
+	for len(p) > 0 {
+		k := copy(p, fakeTable[i:])
+		p = p[k:]
+		i = 0
+	}
+}
+
+// fakeMatches reports whether p is stream key's bytes from offset off.
+func fakeMatches(p []byte, key, off int64) bool {
+	i := int((key + off) % int64(len(fakeTable)))
+	for len(p) > 0 {
+		k := min(len(p), len(fakeTable)-i)
+		if !bytes.Equal(p[:k], fakeTable[i:i+k]) {
+			return false
+		}
+		p = p[k:]
+		i = 0
+	}
+	return true
+}
+
+// fakeNotif is a zero-copy send whose notification is still to come: the bytes the kernel
+// took, to check that the buffer was not reused before the notification.
+type fakeNotif struct {
+	ud   uint64
+	mem  []byte // the buffer's memory the send covered
+	want []byte // what it held when the send completed
+}
+
+// fconn is the fake kernel's side of one connection: its socket buffers and its peer.
+type fconn struct {
+	k    *fakeKernel
+	id   int
+	c    *Conn
+	role *simConn // the test's view (interleave_test.go)
+
+	// The peer's stream toward the connection: key, total, written so far, not yet received.
+	inKey            int64
+	inTotal, inWrote int64
+	inRecv           int64 // delivered to the core
+	rcvq             int64 // written, not yet received
+	window           int64 // the peer stops writing while rcvq is at the window
+	finSent          bool
+	noFin            bool // the peer never half-closes (the connection closes itself)
+
+	// The connection's stream toward the peer: what the kernel accepted (checked against
+	// outKey's bytes as it is taken), and the socket send buffer the peer drains.
+	outKey *int64 // nil: the connection sends nothing (a sink)
+	kAcc   int64
+	sndq   int64
+	sndCap int64
+
+	resetOK bool // this connection may be reset by its peer
+	reset   bool
+	closed  bool // closeSocket ran
+
+	// Operations in the fake kernel.
+	rud     uint64 // the receive (0: none); epoll mode: the registration
+	rmulti  bool
+	rcancel bool
+	rbuf    memreg.Buf // the buffer of the receive completion being dispatched
+	sud     uint64     // the send in flight
+	szc     bool
+	ssegs   int
+	sbytes  int64
+	notifs  []fakeNotif
+	cud     uint64 // the connect
+	ccancel bool
+
+	trace []string
+}
+
+// tracef records an event of this connection; the last ones are kept.
+func (fc *fconn) tracef(format string, args ...any) {
+	const traceLen = 30
+	if len(fc.trace) == traceLen {
+		copy(fc.trace, fc.trace[1:])
+		fc.trace = fc.trace[:traceLen-1]
+	}
+	fc.trace = append(fc.trace, fmt.Sprintf("%d: ", fc.k.steps)+fmt.Sprintf(format, args...))
+}
+
+func (fc *fconn) String() string {
+	return fmt.Sprintf("fconn %d (%s)", fc.id, fc.role.kind)
+}
+
+// OnEvent handles the fake completions as be_uring.go handles io_uring's.
+func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
+	c := fc.c
+	k := fc.k
+	more := ev.Flags&uring.CQEFMore != 0
+	switch ev.Tag {
+	case tagRecv:
+		if k.epoll {
+			k.onReady(fc, ev.Flags)
+			return
+		}
+		k.onRecv(fc, ev, more)
+	case tagSend:
+		k.freeOp(c, ev.UD)
+		c.tx.u.ud, c.tx.u.segs = 0, 0
+		switch {
+		case ev.Res > 0:
+			c.advance(int(ev.Res))
+		case ev.Res == -int32(unix.EAGAIN):
+			c.tx.u.pollFirst = true
+		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
+			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+		}
+		c.sendProgress()
+	case tagSendZC:
+		if ev.Flags&uring.CQEFNotif != 0 {
+			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
+			return
+		}
+		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = 0, 0, false
+		notif := more || ev.Res == -int32(unix.ECANCELED)
+		again := ev.Res == -int32(unix.EAGAIN)
+		if again {
+			c.tx.u.pollFirst = true
+		}
+		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
+		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
+			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+		}
+		if !c.ended() {
+			c.sendProgress()
+		}
+	case tagConnect:
+		k.freeOp(c, ev.UD)
+		fc.cud = 0
+		c.dialDone(ev.Res)
+	default:
+		k.failf("%v: event with tag %d", fc, ev.Tag)
+	}
+}
+
+// fakeKernel is a queue's driver and backend.
+type fakeKernel struct {
+	q    *queue
+	sim  *simRun // the test (interleave_test.go)
+	rng  *rand.Rand
+	recv *memreg.Pool
+
+	conns     []*fconn // in creation order (the scheduler iterates these: no map order)
+	byConn    map[*Conn]*fconn
+	dialRoles []*simConn // roles of connections being dialed, in DialAsync order
+	starved   []*Conn    // waiting for a receive buffer
+	wakeReq   bool
+
+	growRefuse float64 // chance that a send pool growth is refused for lack of locked memory
+	// epoll: readiness mode, as the plain backend (be_plain.go): sends are written at once
+	// (short writes, EAGAIN, then EPOLLOUT), receives read on EPOLLIN; no zero-copy.
+	epoll    bool
+	tame     bool // scripted cases: sends take all they can at once (no EAGAIN, no short writes)
+	initDone bool
+
+	steps    int
+	maxSteps int
+	acts     []fakeAct
+	failure  string
+	trace    []string // the last actions (a failure shows them)
+	quiet    bool     // reported quiescence (or a failure): Wait now only waits for the eventfd
+}
+
+func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
+	cfg := &q.e.cfg
+	k := &fakeKernel{q: q, sim: sim, rng: sim.rng, byConn: map[*Conn]*fconn{}, growRefuse: sim.growRefuse, maxSteps: sim.maxSteps, epoll: sim.epoll}
+	var err error
+	k.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: k.recvFreed}, false))
+	if err != nil {
+		return nil, err
+	}
+	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: k.sendPoolGrow}, true))
+	if err != nil {
+		k.recv.CloseWhenReleased()
+		return nil, err
+	}
+	k.initDone = true
+	q.be = k
+	return k, nil
+}
+
+// sendPoolGrow refuses some growths as RLIMIT_MEMLOCK would (the limit read now, so the
+// queue's memCapped sees it unchanged and keeps the cap).
+func (k *fakeKernel) sendPoolGrow(r *memreg.Region, _ int) error {
+	if k.initDone && k.rng.Float64() < k.growRefuse {
+		k.sim.growRefused++
+		return memreg.NewMemlockError(r.Count()*r.BufSize(), unix.ENOMEM)
+	}
+	return nil
+}
+
+func (k *fakeKernel) failf(format string, args ...any) {
+	if k.failure == "" {
+		k.failure = fmt.Sprintf(format, args...)
+		if len(k.trace) > 0 {
+			k.failure += "\nlast actions:\n  " + strings.Join(k.trace, "\n  ")
+		}
+	}
+}
+
+// tracef records an action; the last traceLen are kept.
+func (k *fakeKernel) tracef(format string, args ...any) {
+	const traceLen = 40
+	if len(k.trace) == traceLen {
+		copy(k.trace, k.trace[1:])
+		k.trace = k.trace[:traceLen-1]
+	}
+	k.trace = append(k.trace, fmt.Sprintf("%d: ", k.steps)+fmt.Sprintf(format, args...))
+}
+
+func (k *fakeKernel) get(c *Conn) *fconn {
+	fc := k.byConn[c]
+	if fc == nil {
+		k.failf("connection %p unknown to the fake kernel", c)
+		fc = &fconn{k: k, c: c, role: &simConn{kind: "unknown"}}
+		k.byConn[c] = fc
+	}
+	return fc
+}
+
+// addConn makes the fake kernel's side of c for the test's role.
+func (k *fakeKernel) addConn(c *Conn, role *simConn) *fconn {
+	fc := k.byConn[c] // started already (epoll mode registers in start)
+	if fc == nil {
+		fc = &fconn{k: k, id: len(k.conns), c: c}
+		k.conns = append(k.conns, fc)
+		k.byConn[c] = fc
+	}
+	fc.role = role
+	role.fc = fc
+	return fc
+}
+
+func (k *fakeKernel) newOp(c *Conn, fc *fconn, tag uint32) uint64 {
+	c.opStarted()
+	return k.q.NewOp(fc, tag)
+}
+
+// ---- backend ---------------------------------------------------------------------------
+
+func (k *fakeKernel) name() Backend          { return BackendAuto }
+func (k *fakeKernel) zeroCopy() bool         { return !k.epoll }
+func (k *fakeKernel) directOK() bool         { return false }
+func (k *fakeKernel) recvPool() *memreg.Pool { return k.recv }
+func (k *fakeKernel) close() {
+	k.recv.CloseWhenReleased()
+	k.q.send.CloseWhenReleased()
+}
+
+// start registers the socket (epoll mode: one registration for both directions).
+func (k *fakeKernel) start(c *Conn) error {
+	if !k.epoll {
+		return nil
+	}
+	fc := k.byConn[c]
+	if fc == nil {
+		fc = k.addConn(c, &simConn{kind: "starting"})
+	}
+	c.bk.recvUD = k.newOp(c, fc, tagRecv)
+	fc.rud = c.bk.recvUD
+	return nil
+}
+
+func (k *fakeKernel) sending(c *Conn) bool {
+	if k.epoll {
+		return c.bkWantOut
+	}
+	t := c.txp.Load()
+	return t != nil && t.u.ud != 0
+}
+
+func (k *fakeKernel) inFlightSegs(c *Conn) int {
+	if k.epoll {
+		return 0
+	}
+	t := c.txp.Load()
+	if t == nil || t.u.ud == 0 {
+		return 0
+	}
+	return t.u.segs
+}
+
+func (k *fakeKernel) freeOp(c *Conn, ud uint64) {
+	if k.q.OpLive(ud) {
+		k.q.FreeOp(ud)
+		c.opEnded()
+	}
+}
+
+func (k *fakeKernel) armRecv(c *Conn) {
+	if k.epoll {
+		c.recvStarted()
+		return
+	}
+	fc := k.get(c)
+	if fc.rud != 0 {
+		k.failf("%v: receive armed twice (recvArmed %v)", fc, c.recvArmed)
+	}
+	c.bk.recvUD = k.newOp(c, fc, tagRecv)
+	fc.rud, fc.rmulti, fc.rcancel = c.bk.recvUD, k.rng.IntN(3) != 0, false
+	c.recvStarted()
+	c.bkNeedArm = false
+}
+
+func (k *fakeKernel) stopRecv(c *Conn) {
+	if k.epoll {
+		c.recvEnded()
+		return
+	}
+	if c.recvArmed && c.bk.recvUD != 0 {
+		k.get(c).rcancel = true
+	}
+}
+
+func (k *fakeKernel) send(c *Conn) {
+	if k.epoll {
+		k.sendSync(c)
+		return
+	}
+	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.fdClosed {
+		return
+	}
+	fc := k.get(c)
+	head := &c.tx.pend[0]
+	left := int(head.n - head.off)
+	if c.tx.zc.use(left) {
+		ud := k.newOp(c, fc, tagSendZC)
+		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, 1, true
+		c.zcStart(ud)
+		fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, true, 1, int64(left)
+		c.tx.sendZCOps.Add(1)
+		k.q.ctr.sendZCOps.Add(1)
+		return
+	}
+	limit := 1 + k.rng.IntN(maxIov) // batches of every size
+	n, nb := 0, 0
+	for n < c.pendLen() && n < limit && nb < maxSendBatch {
+		s := &c.tx.pend[n]
+		if n > 0 {
+			if c.tx.zc.wouldUse(int(s.n - s.off)) {
+				break
+			}
+			c.tx.zc.countCopy(int(s.n - s.off))
+		}
+		nb += int(s.n - s.off)
+		n++
+	}
+	ud := k.newOp(c, fc, tagSend)
+	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
+	fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, false, n, int64(nb)
+	c.tx.sendOps.Add(1)
+	k.q.ctr.sendOps.Add(1)
+}
+
+func (k *fakeKernel) closeSocket(c *Conn) {
+	if k.epoll {
+		fc := k.get(c)
+		if c.bk.recvUD != 0 {
+			k.q.FreeOp(c.bk.recvUD)
+			c.bk.recvUD = 0
+			c.opEnded()
+			fc.rud = 0
+		}
+		c.bkWantOut = false
+	}
+	k.stopRecv(c)
+	c.sock.Close()
+	c.fd = -1
+	k.get(c).closed = true
+}
+
+func (k *fakeKernel) dial(c *Conn) {
+	if len(k.dialRoles) == 0 {
+		k.failf("dial with no role")
+		k.dialRoles = append(k.dialRoles, &simConn{kind: "unknown"})
+	}
+	role := k.dialRoles[0]
+	k.dialRoles = k.dialRoles[1:]
+	fc := k.addConn(c, role)
+	k.sim.setupPeer(fc)
+	c.connect.ud = k.newOp(c, fc, tagConnect)
+	fc.cud = c.connect.ud
+}
+
+func (k *fakeKernel) cancelDial(c *Conn) {
+	if c.connect != nil && k.q.OpLive(c.connect.ud) {
+		k.get(c).ccancel = true
+	}
+}
+
+func (k *fakeKernel) listen(p *lpart)      { k.failf("listen: not simulated") }
+func (k *fakeKernel) stopListen(p *lpart)  { p.finish() }
+func (k *fakeKernel) pauseListen(p *lpart) {}
+
+// onRecv is be_uring.go's onRecv over the fake ring.
+func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
+	c := fc.c
+	if !more {
+		k.freeOp(c, ev.UD)
+		c.bk.recvUD = 0
+		c.recvEnded()
+		fc.rud, fc.rcancel = 0, false
+	}
+	switch res := ev.Res; {
+	case res > 0:
+		buf := fc.rbuf
+		fc.rbuf = memreg.Buf{}
+		c.deliver(Data{buf: buf, n: int(res)})
+	case res == 0:
+		c.gotEOF(nil)
+	case res == -int32(unix.ENOBUFS):
+		if !c.recvArmed && !c.inClose() {
+			c.bkNeedArm = true
+			k.waitBuffers(c)
+		}
+		return
+	case res == -int32(unix.ECANCELED), res == -int32(unix.EAGAIN):
+	default:
+		c.gotEOF(unix.Errno(-res))
+	}
+	if c.ended() {
+		return
+	}
+	c.checkCredit()
+	if c.inClose() {
+		c.advanceClose()
+		return
+	}
+	if !c.recvArmed {
+		c.armRecv()
+	}
+}
+
+// waitBuffers: c found no receive buffer; it re-arms when one is back (at once when the pool
+// has one free or can grow, as the receive ring's WaitBuffers does).
+func (k *fakeKernel) waitBuffers(c *Conn) {
+	if k.recv.Free() > 0 || k.growRecv() {
+		k.q.MarkDirty((*rearm)(c))
+		return
+	}
+	k.starved = append(k.starved, c)
+}
+
+func (k *fakeKernel) growRecv() bool {
+	if !k.recv.CanGrow() {
+		return false
+	}
+	_, err := k.recv.Grow()
+	return err == nil
+}
+
+// recvFreed runs when a receive buffer returns (any goroutine): starved connections re-arm.
+func (k *fakeKernel) recvFreed() {
+	if len(k.starved) == 0 || k.wakeReq {
+		return // loop-only state: every release in the simulation happens on the loop
+	}
+	k.wakeReq = true
+	if k.q.Post(k.retryStarved) != nil {
+		k.wakeReq = false
+	}
+}
+
+func (k *fakeKernel) retryStarved() {
+	k.wakeReq = false
+	st := k.starved
+	k.starved = nil
+	for _, c := range st {
+		if c.bkNeedArm {
+			c.bkNeedArm = false
+			c.armRecv()
+		}
+	}
+}
+
+// ---- the scheduler (loop.Driver) --------------------------------------------------------
+
+type fakeActKind int
+
+const (
+	actAccept fakeActKind = iota
+	actRecv
+	actSend
+	actNotif
+	actConnect
+	actPeerWrite
+	actPeerRead
+	actPeerFin
+	actReset
+	actUserPause
+	actAppRelease
+	actEngineClose
+	nActKinds
+)
+
+var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close"}
+
+type fakeAct struct {
+	kind fakeActKind
+	fc   *fconn
+	i    int
+}
+
+// enabled lists what can happen now.
+func (k *fakeKernel) enabled() []fakeAct {
+	a := k.acts[:0]
+	if k.sim.pendingAccepts() > 0 {
+		a = append(a, fakeAct{kind: actAccept})
+	}
+	if k.sim.closeEngine && !k.sim.engineClosed {
+		a = append(a, fakeAct{kind: actEngineClose})
+	}
+	for _, fc := range k.conns {
+		if k.epoll {
+			// Level-triggered readiness for what the connection asks for.
+			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
+				a = append(a, fakeAct{kind: actRecv, fc: fc})
+			}
+			if fc.rud != 0 && fc.c.bkWantOut && (fc.reset || fc.sndq < fc.sndCap) {
+				a = append(a, fakeAct{kind: actSend, fc: fc})
+			}
+		} else {
+			if fc.rud != 0 && (fc.rcancel || fc.reset || fc.rcvq > 0 || fc.finSent) {
+				a = append(a, fakeAct{kind: actRecv, fc: fc})
+			}
+			if fc.sud != 0 && (fc.reset || fc.sndq < fc.sndCap) {
+				a = append(a, fakeAct{kind: actSend, fc: fc})
+			}
+		}
+		for i := range fc.notifs {
+			a = append(a, fakeAct{kind: actNotif, fc: fc, i: i})
+		}
+		if fc.cud != 0 {
+			a = append(a, fakeAct{kind: actConnect, fc: fc})
+		}
+		if len(fc.role.held) > 0 {
+			a = append(a, fakeAct{kind: actAppRelease, fc: fc}) // even after OnClose: the Data is the application's
+		}
+		if fc.role.pausable && fc.c.opened() && !fc.c.inClose() {
+			a = append(a, fakeAct{kind: actUserPause, fc: fc}) // the application's, not the peer's
+		}
+		if fc.reset {
+			continue
+		}
+		if fc.sndq > 0 {
+			a = append(a, fakeAct{kind: actPeerRead, fc: fc}) // after a close too: the socket lingers
+		}
+		if fc.closed || fc.c.ended() {
+			continue
+		}
+		if fc.started() && fc.inWrote < fc.inTotal && fc.rcvq < fc.window {
+			a = append(a, fakeAct{kind: actPeerWrite, fc: fc})
+		}
+		if fc.started() && fc.inWrote == fc.inTotal && !fc.finSent && !fc.noFin {
+			a = append(a, fakeAct{kind: actPeerFin, fc: fc})
+		}
+		if fc.resetOK && fc.started() {
+			a = append(a, fakeAct{kind: actReset, fc: fc})
+		}
+	}
+	k.acts = a
+	return a
+}
+
+func (fc *fconn) started() bool { return fc.cud == 0 && fc.c.connect == nil }
+
+// pick chooses an action, weighted by kind (the weights are the seed's: a slow peer, a
+// flaky network ...).
+func (k *fakeKernel) pick(acts []fakeAct) fakeAct {
+	total := 0
+	for _, a := range acts {
+		total += k.sim.weight[a.kind]
+	}
+	if total <= 0 {
+		return acts[k.rng.IntN(len(acts))]
+	}
+	x := k.rng.IntN(total)
+	for _, a := range acts {
+		x -= k.sim.weight[a.kind]
+		if x < 0 {
+			return a
+		}
+	}
+	return acts[len(acts)-1]
+}
+
+// Wait runs the scheduler: a few actions, then back to the loop (its tasks, flushes and
+// timers run between batches, as between two io_uring_enter calls). With nothing left to
+// do it checks that nothing waits.
+func (k *fakeKernel) Wait(timeout time.Duration) error {
+	if k.quiet || !k.sim.begun {
+		k.waitWake(timeout)
+		return nil
+	}
+	batch := 1 + k.rng.IntN(6)
+	if k.rng.IntN(20) == 0 {
+		batch = 1 + k.rng.IntN(200) // a long completion queue: many buffers back at once
+	}
+	for i := 0; i < batch; i++ {
+		acts := k.enabled()
+		if len(acts) == 0 {
+			if i > 0 || timeout == 0 {
+				return nil // the loop has work of its own first
+			}
+			k.quiescent()
+			return nil
+		}
+		k.steps++
+		a := k.pick(acts)
+		k.sim.counts[a.kind]++
+		k.do(a)
+		if k.failure != "" || k.steps >= k.maxSteps {
+			if k.failure == "" {
+				k.failf("no quiescence after %d steps (livelock?)", k.steps)
+			}
+			k.finish()
+			return nil
+		}
+	}
+	k.drainWake()
+	return nil
+}
+
+// quiescent: nothing can happen any more. Every connection must have finished; one that has
+// not waits for an event nobody will deliver (a lost wake-up).
+func (k *fakeKernel) quiescent() {
+	var stuck []string
+	for _, fc := range k.conns {
+		if !fc.c.ended() {
+			stuck = append(stuck, k.describe(fc)+"\n    its last events:\n      "+strings.Join(fc.trace, "\n      "))
+		}
+	}
+	if len(stuck) > 0 {
+		k.failf("quiescent after %d steps, but %d connection(s) not finished (a lost wake-up):\n%s\n%s",
+			k.steps, len(stuck), strings.Join(stuck, "\n"), k.queueState())
+	}
+	k.finish()
+}
+
+func (k *fakeKernel) finish() {
+	k.quiet = true
+	k.sim.done(k.failure, k.steps)
+}
+
+// queueState describes the queue's send pool and waiters (loop only).
+func (k *fakeKernel) queueState() string {
+	q := k.q
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	var w []string
+	for _, x := range q.waiters {
+		if x.c != nil {
+			w = append(w, fmt.Sprint(k.byConn[x.c].id))
+		} else {
+			w = append(w, "goroutine")
+		}
+	}
+	return fmt.Sprintf("queue: %d conns, send pool %d/%d free (cap %d, memlock-capped %v), recv pool %d/%d free, waiters [%s], granted %d, grantsUp %v, starved %d",
+		len(q.conns), q.send.Free(), q.send.Buffers(), q.send.MaxBytes()/q.send.BufSize(), q.memCap.Load(),
+		k.recv.Free(), k.recv.Buffers(), strings.Join(w, " "), len(q.granted), q.grantsUp.Load(), len(k.starved))
+}
+
+// describe is engineDump's line for one connection plus the fake kernel's view (loop only).
+func (k *fakeKernel) describe(fc *fconn) string {
+	c := fc.c
+	c.mu.Lock()
+	out, queued, kicked, staged, werr := len(c.out), c.queued, c.kicked, c.staged(), c.werr
+	c.mu.Unlock()
+	_, waiting := k.q.waiting[c]
+	return fmt.Sprintf("  %v: pend %d out %d staged %v queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v closing %v fdClosed %v werr %v poolWaiter %v | fake: rud %d cancel %v sud %d notifs %d rcvq %d in %d/%d/%d fin %v sndq %d/%d kAcc %d reset %v | test: %s",
+		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.fdClosed, werr, waiting,
+		fc.rud, fc.rcancel, fc.sud, len(fc.notifs), fc.rcvq, fc.inRecv, fc.inWrote, fc.inTotal, fc.finSent, fc.sndq, fc.sndCap, fc.kAcc, fc.reset, fc.role.state())
+}
+
+// waitWake sleeps until the queue's eventfd is written (or timeout passes) and consumes it.
+func (k *fakeKernel) waitWake(timeout time.Duration) {
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	fds := []unix.PollFd{{Fd: int32(k.q.WakeFD()), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(fds, ms); n > 0 {
+		var b [8]byte
+		unix.Read(k.q.WakeFD(), b[:])
+	}
+}
+
+// drainWake consumes a pending eventfd write without blocking.
+func (k *fakeKernel) drainWake() { k.waitWake(0) }
+
+// Close implements loop.Driver.
+func (k *fakeKernel) Close() {}
+
+// dispatch delivers a completion to the core, as a driver does.
+func (k *fakeKernel) dispatch(fc *fconn, what string, ev loop.Event) {
+	k.tracef("%v: %s res %d flags %#x", fc, what, ev.Res, ev.Flags)
+	fc.tracef("%s res %d flags %#x", what, ev.Res, ev.Flags)
+	k.q.Dispatch(ev)
+}
+
+// do performs one action.
+func (k *fakeKernel) do(a fakeAct) {
+	fc := a.fc
+	switch a.kind {
+	case actAccept:
+		k.sim.acceptPosted = true
+		k.q.Post(k.sim.acceptNext)
+	case actRecv, actSend:
+		if k.epoll {
+			ev := unix.EPOLLIN
+			if a.kind == actSend {
+				ev = unix.EPOLLOUT
+			}
+			if k.rng.IntN(3) == 0 {
+				ev = unix.EPOLLIN | unix.EPOLLOUT // whatever else is ready comes along
+			}
+			k.dispatch(fc, "ready", loop.Event{UD: fc.rud, Flags: uint32(ev)})
+		} else if a.kind == actRecv {
+			k.doRecv(fc)
+		} else {
+			k.doSend(fc)
+		}
+	case actNotif:
+		k.doNotif(fc, a.i)
+	case actConnect:
+		res := int32(0)
+		switch {
+		case fc.ccancel:
+			res = -int32(unix.ECANCELED)
+		case k.rng.Float64() < k.sim.dialFail:
+			res = -int32(unix.ECONNREFUSED)
+		}
+		ud := fc.cud
+		fc.cud = 0 // completes once, whether the core still waits for it or not
+		k.dispatch(fc, "connect", loop.Event{UD: ud, Res: res})
+	case actPeerWrite, actPeerRead, actPeerFin, actReset, actUserPause:
+		defer func() {
+			k.tracef("%v: %s (rcvq %d sndq %d reset %v)", fc, actNames[a.kind], fc.rcvq, fc.sndq, fc.reset)
+			if a.kind != actPeerRead && a.kind != actPeerWrite {
+				fc.tracef("%s (rcvq %d sndq %d reset %v)", actNames[a.kind], fc.rcvq, fc.sndq, fc.reset)
+			}
+		}()
+	}
+	switch a.kind {
+	case actPeerWrite:
+		n := 1 + k.rng.Int64N(min(fc.inTotal-fc.inWrote, fc.window-fc.rcvq, 8<<10))
+		fc.inWrote += n
+		fc.rcvq += n
+	case actPeerRead:
+		fc.sndq -= 1 + k.rng.Int64N(fc.sndq)
+	case actPeerFin:
+		fc.finSent = true
+	case actReset:
+		if k.rng.IntN(4) == 0 { // resets come late as often as early
+			fc.reset = true
+			fc.sndq, fc.rcvq = 0, 0
+			k.sim.resets++
+		}
+	case actEngineClose:
+		// Engine.Close while everything runs: no more connections, each one closed
+		// gracefully (queued bytes still go out), dials cancelled.
+		if k.rng.IntN(30) == 0 {
+			k.sim.engineClosed = true
+			k.sim.plan = nil
+			k.q.e.closed.Store(true)
+			k.q.Post(k.q.closeAll)
+			k.tracef("engine close")
+		}
+	case actAppRelease:
+		// The application releases a Data it kept (from its own goroutine, as it may).
+		r := fc.role
+		i := k.rng.IntN(len(r.held))
+		d := r.held[i]
+		r.held = append(r.held[:i], r.held[i+1:]...)
+		if err := d.Release(); err != nil {
+			k.failf("%v: Release of held data: %v", fc, err)
+		}
+		fc.tracef("app-release (%d held)", len(r.held))
+		if len(r.held) == 0 && r.eof && !r.closing {
+			r.closing = true
+			fc.c.Close()
+		}
+	case actUserPause:
+		c := fc.c
+		on := c.paused&pauseUser == 0
+		c.Post(func() { c.SetReceivePaused(on) })
+	}
+}
+
+func (k *fakeKernel) doRecv(fc *fconn) {
+	ev := loop.Event{UD: fc.rud}
+	switch {
+	case fc.rcancel:
+		ev.Res = -int32(unix.ECANCELED)
+	case fc.reset:
+		ev.Res = -int32(unix.ECONNRESET)
+	case fc.rcvq > 0:
+		buf, err := k.recv.Get()
+		if err != nil && k.growRecv() {
+			buf, err = k.recv.Get()
+		}
+		if err != nil || k.rng.IntN(50) == 0 {
+			if err == nil {
+				buf.Release() // a spurious ENOBUFS (another ring's buffers): re-armed at once
+			}
+			ev.Res = -int32(unix.ENOBUFS)
+			k.sim.enobufs++
+			break
+		}
+		p := buf.Bytes()
+		n := 1 + k.rng.Int64N(min(fc.rcvq, int64(len(p))))
+		if k.rng.IntN(2) == 0 {
+			n = min(fc.rcvq, int64(len(p))) // as much as fits, often
+		}
+		fakeStream(p[:n], fc.inKey, fc.inRecv)
+		fc.inRecv += n
+		fc.rcvq -= n
+		fc.rbuf = buf
+		ev.Res = int32(n)
+		if fc.rmulti && k.rng.IntN(8) != 0 {
+			ev.Flags |= uring.CQEFMore
+		}
+	default: // the peer's FIN, all read
+		ev.Res = 0
+	}
+	k.dispatch(fc, "recv", ev)
+	if fc.rbuf.Valid() {
+		k.failf("%v: receive buffer not taken by the completion", fc)
+	}
+}
+
+func (k *fakeKernel) doSend(fc *fconn) {
+	c := fc.c
+	ud := fc.sud
+	fc.sud = 0
+	ev := loop.Event{UD: ud, Res: int32(fc.sbytes)}
+	switch {
+	case fc.reset:
+		ev.Res = -int32(unix.ECONNRESET)
+		if fc.szc && k.rng.IntN(2) == 0 {
+			// io_uring reports most failed SEND_ZC with F_MORE: the notification follows.
+			ev.Res = -int32(unix.EPIPE)
+			ev.Flags = uring.CQEFMore
+			fc.notifs = append(fc.notifs, fakeNotif{ud: ud})
+		}
+	case k.rng.IntN(20) == 0:
+		ev.Res = -int32(unix.EAGAIN)
+	case fc.szc:
+		// MSG_WAITALL: whole, or short only when the connection failed meanwhile (io_uring
+		// then reports what went out and the next operation meets the error).
+		n := fc.sbytes
+		if fc.resetOK && k.rng.IntN(10) == 0 {
+			n = 1 + k.rng.Int64N(n)
+			fc.reset = true
+			k.sim.resets++
+		}
+		if !k.take(fc, n) {
+			return
+		}
+		if fc.reset {
+			fc.sndq = 0
+		}
+		ev.Res = int32(n)
+		ev.Flags = uring.CQEFMore
+		if k.rng.IntN(16) == 0 {
+			// The notification before the completion (not seen on Linux; the core takes it).
+			k.dispatch(fc, "notif (early)", loop.Event{UD: ud, Flags: uring.CQEFNotif})
+			break
+		}
+		head := c.tx.pend[0]
+		mem := head.loan.Data()[head.off : int64(head.off)+n]
+		fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
+	default:
+		// Short sends: at most the room left in the socket buffer, often less.
+		n := min(fc.sbytes, fc.sndCap-fc.sndq)
+		if k.rng.IntN(3) == 0 {
+			n = 1 + k.rng.Int64N(n)
+		}
+		if !k.take(fc, n) {
+			return
+		}
+		ev.Res = int32(n)
+	}
+	what := "send"
+	if fc.szc {
+		what = "send-zc"
+	}
+	k.dispatch(fc, what, ev)
+}
+
+// take moves n bytes from the head of c.tx.pend into the socket send buffer, checking them
+// against the stream the connection must send.
+func (k *fakeKernel) take(fc *fconn, n int64) bool {
+	c := fc.c
+	if fc.outKey == nil {
+		k.failf("%v: sent %d bytes but sends nothing", fc, n)
+		return false
+	}
+	left := n
+	for i := 0; i < fc.ssegs && left > 0; i++ {
+		if i >= c.pendLen() {
+			k.failf("%v: send in flight covers %d segments, %d pending", fc, fc.ssegs, c.pendLen())
+			return false
+		}
+		s := c.tx.pend[i]
+		d := s.loan.Data()
+		if d == nil {
+			k.failf("%v: segment %d of a send in flight has no memory (returned early?)", fc, i)
+			return false
+		}
+		p := d[s.off:s.n]
+		p = p[:min(int64(len(p)), left)]
+		if !fakeMatches(p, *fc.outKey, fc.kAcc) {
+			k.failf("%v: bytes %d..%d taken by the kernel are not the stream's (lost, repeated or reordered)", fc, fc.kAcc, fc.kAcc+int64(len(p)))
+			return false
+		}
+		fc.kAcc += int64(len(p))
+		left -= int64(len(p))
+	}
+	if left > 0 {
+		k.failf("%v: send of %d bytes covers only %d", fc, n, n-left)
+		return false
+	}
+	fc.sndq += n
+	return true
+}
+
+func (k *fakeKernel) doNotif(fc *fconn, i int) {
+	nt := fc.notifs[i]
+	fc.notifs = append(fc.notifs[:i], fc.notifs[i+1:]...)
+	if !bytes.Equal(nt.mem, nt.want) {
+		k.failf("%v: a zero-copy send's buffer changed before its notification (reused early)", fc)
+		return
+	}
+	res := int32(0)
+	if k.rng.IntN(3) == 0 {
+		copied := uint32(uring.NotifUsageZCCopied)
+		res = int32(copied)
+	}
+	k.dispatch(fc, "notif", loop.Event{UD: nt.ud, Res: res, Flags: uring.CQEFNotif})
+}
+
+// ---- epoll mode (be_plain.go's ways) -----------------------------------------------------
+
+// onReady is plainBackend.onEvent.
+func (k *fakeKernel) onReady(fc *fconn, events uint32) {
+	c := fc.c
+	if events&unix.EPOLLOUT != 0 && c.bkWantOut {
+		k.sendSync(c)
+		if !c.bkWantOut {
+			c.sendProgress()
+		}
+	}
+	if c.ended() {
+		return
+	}
+	if events&unix.EPOLLIN != 0 && c.recvArmed {
+		k.readSync(fc)
+	}
+	if c.inClose() {
+		c.advanceClose()
+	}
+}
+
+// sendSync is plainBackend.send: writev until the socket buffer is full, then EPOLLOUT.
+func (k *fakeKernel) sendSync(c *Conn) {
+	fc := k.get(c)
+	progress := false
+	for c.pendLen() > 0 && !c.fdClosed {
+		if fc.reset {
+			fc.tracef("writev: EPIPE")
+			c.fail(c.opErr("write", unix.EPIPE))
+			return
+		}
+		room := fc.sndCap - fc.sndq
+		if room <= 0 || !k.tame && k.rng.IntN(8) == 0 {
+			break // EAGAIN
+		}
+		limit := 1 + k.rng.IntN(maxIov)
+		if k.tame {
+			limit = maxIov
+		}
+		n, nb := 0, int64(0)
+		for n < c.pendLen() && n < limit {
+			s := &c.tx.pend[n]
+			nb += int64(s.n - s.off)
+			n++
+		}
+		w := min(nb, room)
+		if !k.tame && k.rng.IntN(3) == 0 {
+			w = 1 + k.rng.Int64N(w)
+		}
+		fc.ssegs = n
+		if !k.take(fc, w) {
+			return
+		}
+		fc.tracef("writev %d of %d", w, nb)
+		c.tx.sendOps.Add(1)
+		k.q.ctr.sendOps.Add(1)
+		c.advance(int(w))
+		progress = true
+	}
+	want := c.pendLen() > 0 && !c.fdClosed
+	if want != c.bkWantOut {
+		c.bkWantOut = want
+	}
+	if progress && !c.bkWantOut {
+		k.q.MarkDirty((*plainWritable)(c))
+	}
+}
+
+// readSync is plainBackend.read.
+func (k *fakeKernel) readSync(fc *fconn) {
+	c := fc.c
+	for i := 0; i < 16 && c.recvArmed && !c.fdClosed; i++ {
+		buf, err := k.recv.Get()
+		if err != nil && k.growRecv() {
+			buf, err = k.recv.Get()
+		}
+		if err != nil {
+			k.stopRecv(c)
+			c.bkNeedArm = true
+			k.starved = append(k.starved, c)
+			k.sim.enobufs++
+			fc.tracef("read: no buffer")
+			return
+		}
+		switch {
+		case fc.reset:
+			buf.Release()
+			k.stopRecv(c)
+			fc.tracef("read: ECONNRESET")
+			c.gotEOF(unix.ECONNRESET)
+			return
+		case fc.rcvq == 0:
+			buf.Release()
+			if fc.finSent {
+				k.stopRecv(c)
+				fc.tracef("read: EOF")
+				c.gotEOF(nil)
+			}
+			return // EAGAIN
+		}
+		p := buf.Bytes()
+		n := 1 + k.rng.Int64N(min(fc.rcvq, int64(len(p))))
+		if k.rng.IntN(2) == 0 {
+			n = min(fc.rcvq, int64(len(p)))
+		}
+		fakeStream(p[:n], fc.inKey, fc.inRecv)
+		fc.inRecv += n
+		fc.rcvq -= n
+		fc.tracef("read %d", n)
+		c.deliver(Data{buf: buf, n: int(n)})
+		if c.ended() {
+			return
+		}
+		c.checkCredit()
+		if n < int64(len(p)) {
+			return
+		}
+	}
+}

@@ -1,0 +1,275 @@
+package zc
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// Scripted cases over the fake kernel (fake_backend_test.go): the scheduler stays off and the
+// test delivers each completion itself, on the loop. The minimal forms of what the
+// interleaving test found.
+
+// fakeScript is an engine of one queue over a fake kernel whose scheduler never runs.
+type fakeScript struct {
+	t *testing.T
+	s *simRun
+	q *queue
+	k *fakeKernel
+}
+
+func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
+	t.Helper()
+	cfg.Queues, cfg.NoPin, cfg.CloseTimeout = 1, true, time.Hour
+	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1)), epoll: epoll}
+	e, err := startFakeEngine(cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.e, s.q = e, e.queues[0]
+	t.Cleanup(func() {
+		// Connections left open are reset when the context ends (nothing completes their
+		// graceful close: the scheduler is off).
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		e.CloseContext(ctx)
+	})
+	s.k.tame = true
+	return &fakeScript{t: t, s: s, q: s.q, k: s.k}
+}
+
+// do runs fn on the loop, then lets the loop run a few more turns (what fn scheduled is
+// flushed in the next turn, what that posted in the one after). Read the simulation's state
+// only in a do: it is the loop's.
+func (f *fakeScript) do(fn func()) {
+	f.t.Helper()
+	if err := f.q.Do(func() error { fn(); return nil }); err != nil {
+		f.t.Fatal(err)
+	}
+	failure := ""
+	for i := 0; i < 4; i++ {
+		f.q.Do(func() error { failure = f.k.failure; return nil })
+	}
+	if failure != "" {
+		f.t.Fatalf("fake kernel: %s", failure)
+	}
+	if f.t.Failed() {
+		f.t.FailNow() // what fn reported (t.Errorf: it ran on the loop, not the test's goroutine)
+	}
+}
+
+// accept makes a connection served by h whose peer sends nothing; its stream out is key's.
+func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fconn) {
+	var c *Conn
+	role := &simConn{kind: "scripted", s: f.s, ownKey: key}
+	role.outKey = &role.ownKey
+	f.s.l = &Listener{e: f.s.e, network: "tcp", family: unix.AF_INET, done: make(chan struct{}), accept: func(nc *Conn) Handler {
+		c = nc
+		fc := f.k.addConn(nc, role)
+		fc.outKey, fc.sndCap, fc.window = role.outKey, 1<<20, 1<<20
+		return h
+	}}
+	f.do(func() {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			f.t.Error(err)
+			return
+		}
+		unix.Close(fds[1])
+		f.s.l.create(f.q, fds[0])
+	})
+	return c, role.fc
+}
+
+// closeRecorder is a handler that records OnClose.
+type closeRecorder struct {
+	HandlerFuncs
+	closes int
+	err    error
+}
+
+func (h *closeRecorder) OnClose(c *Conn, err error) { h.closes++; h.err = err }
+
+// closingWrite writes n bytes of key's stream and closes: the one zero-copy send is in the
+// fake kernel, the receive is cancelled (the close stopped it) and completed.
+func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *fconn) {
+	c, fc := f.accept(h, key)
+	p := make([]byte, n)
+	fakeStream(p, key, 0)
+	f.do(func() {
+		if w, err := c.Write(p); w != n || err != nil {
+			f.t.Errorf("Write: %d, %v", w, err)
+			return
+		}
+		c.Close()
+	})
+	f.do(func() {
+		if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
+			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
+			return
+		}
+		ud := fc.rud
+		f.k.dispatch(fc, "recv", loop.Event{UD: ud, Res: -int32(unix.ECANCELED)})
+	})
+	return c, fc
+}
+
+// A connection closing gracefully whose last send is a zero-copy send that fails with no
+// notification to come (io_uring: an early failure; the shim) must end with the error, not
+// OnClose(nil): the bytes were not sent.
+func TestFakeZCSendFailsWhileClosing(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096}, false)
+	h := &closeRecorder{}
+	c, fc := f.closingWrite(h, 7, 1000)
+	f.do(func() {
+		ud := fc.sud
+		fc.sud = 0
+		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: -int32(unix.ECONNRESET)})
+	})
+	f.do(func() {
+		if !c.ended() || h.closes != 1 || h.err == nil {
+			t.Errorf("after the failed send: finished %v, OnClose ran %d times with %v (want once, with the error)", c.ended(), h.closes, h.err)
+		}
+	})
+}
+
+// A zero-copy send that comes back short (MSG_WAITALL: the connection failed after taking
+// part of it; io_uring reports the part) while the connection closes gracefully: the rest is
+// lost, so OnClose must get an error.
+func TestFakeZCShortSendWhileClosing(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096}, false)
+	h := &closeRecorder{}
+	c, fc := f.closingWrite(h, 9, 1000)
+	var notif uint64
+	f.do(func() {
+		ud := fc.sud
+		fc.sud = 0
+		if !f.k.take(fc, 300) {
+			t.Error(f.k.failure)
+			return
+		}
+		notif = ud
+		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: 300, Flags: uring.CQEFMore})
+	})
+	f.do(func() {
+		f.k.dispatch(fc, "notif", loop.Event{UD: notif, Flags: uring.CQEFNotif})
+	})
+	f.do(func() {
+		if !c.ended() || h.closes != 1 || h.err == nil {
+			t.Errorf("after a short zero-copy send: finished %v, OnClose ran %d times with %v (want once, with an error: 700 bytes were lost)", c.ended(), h.closes, h.err)
+		}
+	})
+}
+
+// The plain backend: a send waits for EPOLLOUT (the socket buffer was full); Write on the
+// loop then queues a full buffer and stages a small tail behind it (coalescing: a send is in
+// flight), and the handler closes. The peer has read meanwhile, so the close's pump writes
+// the queued buffers at once and leaves the staging buffer; the completion flush
+// (plainWritable) of a closing connection only advanced the close, which waited for "the
+// sends' completions" with no send left: the tail never went out (after CloseTimeout the
+// connection would be reset, and OnClose got nil).
+func TestFakePlainStagedTailAtClose(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendCopy, SendBufSize: 4096}, true)
+	h := &closeRecorder{}
+	c, fc := f.accept(h, 11)
+	p := make([]byte, 300+4096+217)
+	fakeStream(p, 11, 0)
+	write := func(q []byte) {
+		if w, err := c.Write(q); w != len(q) || err != nil {
+			t.Errorf("Write: %d, %v", w, err)
+			return
+		}
+	}
+	f.do(func() {
+		fc.sndCap = 100
+		write(p[:300])
+	})
+	f.do(func() {
+		if !c.bkWantOut || fc.kAcc != 100 {
+			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
+			return
+		}
+	})
+	f.do(func() {
+		fc.sndq, fc.sndCap = 0, 1<<20 // the peer read everything; EPOLLOUT not delivered yet
+		write(p[300:])
+		c.Close()
+	})
+	f.do(func() {
+		if !c.ended() || h.closes != 1 || h.err != nil || fc.kAcc != int64(len(p)) {
+			t.Errorf("after Close: finished %v, OnClose ran %d times with %v, %d of %d bytes sent (want all, and a clean close)\n%s",
+				c.ended(), h.closes, h.err, fc.kAcc, len(p), f.k.describe(fc))
+		}
+	})
+}
+
+// grantCounter counts OnWritable calls and takes (and gives back) the buffer granted.
+type grantCounter struct {
+	closeRecorder
+	c              *Conn
+	writable, took int
+}
+
+func (h *grantCounter) OnWritable(c *Conn) {
+	h.writable++
+	if b, err := c.Buffer(); err == nil {
+		h.took++
+		b.Release()
+	}
+}
+
+// More connections refused a send buffer than one turn of wakeGrants serves
+// (maxGrantsPerTurn): every one hears OnWritable once, with its grant, over the next turns.
+func TestFakeManyGrants(t *testing.T) {
+	const n = 3 * maxGrantsPerTurn / 2
+	f := newFakeScript(t, Config{SendBufSize: 256, SendBufs: n, SendPoolMax: 256 * n}, false)
+	holder, _ := f.accept(&closeRecorder{}, 1)
+	var held []memreg.Buf
+	f.do(func() {
+		for i := 0; i < n; i++ {
+			b, err := holder.Buffer()
+			if err != nil {
+				t.Errorf("Buffer %d: %v", i, err)
+				return
+			}
+			held = append(held, b)
+		}
+	})
+	ws := make([]*grantCounter, n)
+	for i := range ws {
+		ws[i] = &grantCounter{}
+		ws[i].c, _ = f.accept(ws[i], int64(i+2))
+	}
+	f.do(func() {
+		for i, h := range ws {
+			if _, err := h.c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
+				t.Errorf("connection %d: Buffer: %v (want exhausted)", i, err)
+				return
+			}
+		}
+	})
+	f.do(func() {
+		for _, b := range held {
+			b.Release() // all at once: n grants
+		}
+	})
+	f.do(func() {}) // the grants past the first turn's
+	f.do(func() {
+		for i, h := range ws {
+			if h.writable != 1 || h.took != 1 {
+				t.Errorf("connection %d: OnWritable ran %d times, took %d grants (want 1, 1)", i, h.writable, h.took)
+			}
+		}
+		if f.q.send.Free() != n {
+			t.Errorf("%d of %d send buffers free", f.q.send.Free(), n)
+		}
+	})
+}

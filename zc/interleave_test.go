@@ -1,0 +1,784 @@
+package zc
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/memreg"
+)
+
+// The interleaving test: the connection core (core.go, conn.go, queue.go, handler.go,
+// relay.go) runs over the fake kernel of fake_backend_test.go, whose seeded scheduler
+// delivers completions in random order, splits and delays them. Each seed builds one queue
+// with a small send pool (fewer buffers than its connections want at once), a small receive
+// pool, random socket buffer sizes and peers, and a mix of handlers:
+//
+//   - streamers (Buffer/Send, memreg.ErrExhausted → wait for OnWritable, as ExampleWritable),
+//   - writers (Write on the loop, ErrWouldBlock → wait for OnWritable),
+//   - echoes (SendData of what arrives, Close at EOF; the application pauses and resumes
+//     their receiving),
+//   - sinks (keep some Data, released later from outside the loop; Close at EOF),
+//   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
+//
+// senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
+// back unused; some seeds are crowds (a hundred small streams), some close the engine midway
+// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode).
+//
+// Checked: every byte accepted by Send, Write or SendData is taken by the (fake) kernel
+// exactly once and in order — or the connection ended with an error (OnClose err != nil);
+// every byte delivered to OnData is the peer's, in order; a connection that ended cleanly did
+// all its work; a zero-copy buffer is not reused before its notification; when nothing can
+// happen any more (no completion, no event, no task; the close timers are an hour away) every
+// connection has finished — one that has not waits for a wake-up nobody will deliver, and the
+// failure shows its state and its last events; every buffer is back in its pool, every
+// operation and notification is accounted for, the pool has no waiters left.
+//
+// A failing seed prints the command that runs it alone. Longer runs:
+//
+//	go test -run TestInterleave ./zc -interleave.seeds=5000 -interleave.base=-1 -interleave.scale=4
+
+var (
+	ilSeeds = flag.Int("interleave.seeds", 0, "interleaving test: seeds to run (0: the default, enough for 100,000 steps)")
+	ilBase  = flag.Int64("interleave.base", 1, "interleaving test: first seed (-1: random, printed)")
+	ilSeed  = flag.Int64("interleave.seed", 0, "interleaving test: run this one seed only (0: off)")
+	ilScale = flag.Int("interleave.scale", 1, "interleaving test: workload size multiplier")
+	ilVerb  = flag.Bool("interleave.v", false, "interleaving test: log every seed")
+)
+
+const (
+	ilDefaultSeeds = 300
+	ilMinSteps     = 100_000
+)
+
+func TestInterleave(t *testing.T) {
+	seeds := *ilSeeds
+	if seeds <= 0 {
+		seeds = ilDefaultSeeds
+	}
+	base := *ilBase
+	if base == -1 {
+		base = time.Now().UnixNano() & (1<<40 - 1)
+		t.Logf("interleave: seeds from %d", base)
+	}
+	if *ilSeed != 0 {
+		base, seeds = *ilSeed, 1
+	}
+	var total simTotals
+	for i := 0; i < seeds; i++ {
+		seed := base + int64(i)
+		st, err := runInterleave(t, seed, *ilScale)
+		total.add(st)
+		if *ilVerb {
+			t.Logf("seed %d: %s", seed, &st)
+		}
+		if err != "" {
+			t.Fatalf("seed %d failed (rerun: go test -run 'TestInterleave$' ./zc -interleave.seed=%d -interleave.scale=%d):\n%s",
+				seed, seed, *ilScale, err)
+		}
+	}
+	t.Logf("interleave: %d seeds, %s", seeds, &total)
+	if *ilSeed == 0 && *ilSeeds == 0 && *ilScale == 1 && total.steps < ilMinSteps {
+		t.Errorf("only %d scheduler steps (want at least %d): the workloads shrank", total.steps, ilMinSteps)
+	}
+}
+
+// simTotals sums what the seeds did.
+type simTotals struct {
+	seeds, steps, conns               int
+	counts                            [nActKinds]int
+	resets, enobufs, growRefused      int
+	engineCloses                      int
+	poolWaits, creditPauses, zcCopied uint64
+	sendOps, zcOps                    uint64
+	bytes                             int64
+}
+
+func (s *simTotals) add(o simTotals) {
+	s.seeds += o.seeds
+	s.steps += o.steps
+	s.conns += o.conns
+	for i := range s.counts {
+		s.counts[i] += o.counts[i]
+	}
+	s.resets += o.resets
+	s.enobufs += o.enobufs
+	s.growRefused += o.growRefused
+	s.engineCloses += o.engineCloses
+	s.poolWaits += o.poolWaits
+	s.creditPauses += o.creditPauses
+	s.zcCopied += o.zcCopied
+	s.sendOps += o.sendOps
+	s.zcOps += o.zcOps
+	s.bytes += o.bytes
+}
+
+func (s *simTotals) String() string {
+	var k []string
+	for i, n := range s.counts {
+		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
+	}
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d)",
+		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied)
+}
+
+// simConn is the test's view of one connection: its role, what its handler accepted for
+// sending, how it ended.
+type simConn struct {
+	kind     string // streamer, writer, echo, relay-front, relay-back
+	s        *simRun
+	fc       *fconn
+	c        *Conn
+	inKey    int64  // the peer's stream toward it
+	outKey   *int64 // the stream it sends (nil: none)
+	ownKey   int64
+	total    int64 // streamer, writer: bytes to send
+	accepted int64 // bytes Send/Write/SendData accepted
+	recvd    int64 // bytes OnData saw
+	pausable bool
+	closing  bool // the handler called Close
+
+	halfClose  bool   // streamer, writer: CloseWrite when done, Close at the peer's EOF
+	bufferWait bool   // streamer: BufferWait on the loop (ErrWouldBlock) instead of Buffer
+	eof        bool   // OnEOF ran
+	held       []Data // sink: data kept, released later by the scheduler (actAppRelease)
+	wroteAll   bool
+
+	partner *simConn
+	relay   *RelayStats
+	dialErr error
+
+	closes   int
+	closeErr error
+}
+
+func (r *simConn) state() string {
+	return fmt.Sprintf("accepted %d/%d recvd %d closes %d closeErr %v dialErr %v", r.accepted, r.total, r.recvd, r.closes, r.closeErr, r.dialErr)
+}
+
+func (r *simConn) failf(format string, args ...any) {
+	r.s.k.failf("%v: %s", r.fc, fmt.Sprintf(format, args...))
+}
+
+// simRun is one seed.
+type simRun struct {
+	t     *testing.T
+	seed  int64
+	scale int
+	rng   *rand.Rand
+	e     *Engine
+	q     *queue
+	k     *fakeKernel
+	l     *Listener
+
+	plan         []*simConn // connections still to accept
+	acceptPosted bool
+	roles        []*simConn
+	begun        bool
+	doneCh       chan string
+	steps        int
+
+	weight     [nActKinds]int
+	growRefuse float64
+	epoll      bool
+	// closeEngine: the engine closes mid-run (engineClosed once it did), as Engine.Close
+	// does: no more connections, every connection closed gracefully.
+	closeEngine, engineClosed bool
+	crowd                     bool // many small connections
+	dialFail                  float64
+	resetFrac                 float64
+	maxSteps                  int
+
+	counts                       [nActKinds]int
+	resets, enobufs, growRefused int
+}
+
+func (s *simRun) done(failure string, steps int) {
+	s.steps = steps
+	if failure == "" {
+		failure = s.check()
+	}
+	s.doneCh <- failure
+}
+
+func (s *simRun) pendingAccepts() int {
+	if s.acceptPosted {
+		return 0
+	}
+	return len(s.plan)
+}
+
+// runInterleave runs one seed; it returns what it did and a failure ("" if none).
+func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
+	s := &simRun{t: t, seed: seed, scale: scale, rng: rng, doneCh: make(chan string, 1)}
+	for i := range s.weight {
+		s.weight[i] = 1 + rng.IntN(10)
+	}
+	if rng.IntN(4) == 0 {
+		s.weight[actPeerRead] = 1 // a slow reader
+	}
+	if rng.IntN(4) == 0 {
+		s.weight[actNotif] = 1 // late notifications
+	}
+	s.weight[actReset] = 1
+	s.weight[actUserPause] = 1
+	s.growRefuse = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
+	s.dialFail = []float64{0, 0, 0.2}[rng.IntN(3)]
+	s.resetFrac = []float64{0, 0.1, 0.3}[rng.IntN(3)]
+	s.maxSteps = 2_000_000
+	s.epoll = rng.IntN(3) == 0
+	s.closeEngine = rng.IntN(5) == 0
+
+	sbs := []int{256, 512, 1024, 4096}[rng.IntN(4)]
+	rbs := []int{256, 512, 2048}[rng.IntN(3)]
+	cfg := Config{
+		Queues:         1,
+		NoPin:          true,
+		SendPath:       SendPath(rng.IntN(3)),
+		ZCThreshold:    sbs / (1 + rng.IntN(4)),
+		ZCReprobe:      1 + rng.IntN(8),
+		SendBufSize:    sbs,
+		SendBufs:       1 + rng.IntN(3),
+		RecvBufSize:    rbs,
+		RecvBufs:       1 + rng.IntN(4),
+		MaxQueuedBytes: sbs * (1 + rng.IntN(6)),
+		CloseTimeout:   time.Hour, // never: a connection left to its close timer is a failure
+		Debug:          DebugOptions{Buffers: rng.IntN(4) == 0},
+	}
+	cfg.SendPoolMax = cfg.SendBufSize * max(cfg.SendBufs, 2+rng.IntN(12))
+	cfg.RecvPoolMax = cfg.RecvBufSize * max(cfg.RecvBufs, 2+rng.IntN(24))
+	cfg.MaxRecvHeld = cfg.RecvBufSize * (1 + rng.IntN(6))
+	misuses := 0
+	cfg.Debug.OnMisuse = func(err error) { misuses++ }
+
+	// The connections: more streams than the send pool serves at once. A crowd: a hundred
+	// small streams on a pool that grows to serve many of them at once (many grants in one
+	// turn).
+	n := 3 + rng.IntN(10)
+	kinds := []string{"streamer", "writer", "echo", "relay-front", "sink"}
+	if s.crowd = rng.IntN(12) == 0; s.crowd {
+		n = 70 + rng.IntN(60)
+		kinds = []string{"streamer", "streamer", "writer", "writer", "echo"}
+		cfg.MaxQueuedBytes = cfg.SendBufSize
+		cfg.SendBufs = 16 + rng.IntN(32)
+		cfg.SendPoolMax = cfg.SendBufSize * cfg.SendBufs * 8
+	}
+	for i := 0; i < n; i++ {
+		r := &simConn{s: s, kind: kinds[rng.IntN(len(kinds))]}
+		r.halfClose = rng.IntN(3) == 0
+		r.bufferWait = rng.IntN(3) == 0
+		s.plan = append(s.plan, r)
+	}
+
+	e, err := startFakeEngine(cfg, s)
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	s.e = e
+	s.q = e.queues[0]
+	s.l = &Listener{e: e, network: "tcp", family: unix.AF_INET, accept: s.accept, done: make(chan struct{})}
+	s.q.Post(func() { s.begun = true })
+	var failure string
+	select {
+	case failure = <-s.doneCh:
+	case <-time.After(5 * time.Minute):
+		// Not a timing assertion: a guard against a loop that stopped running at all.
+		t.Fatalf("seed %d: the simulation did not end (the queue's loop is stuck)", seed)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if s.engineClosed {
+		e.shutdown(ctx) // closed already (the simulation's Engine.Close): stop its queue
+	} else {
+		e.CloseContext(ctx)
+	}
+	cancel()
+	if failure == "" && misuses > 0 {
+		failure = fmt.Sprintf("Config.Debug reported %d misuses", misuses)
+	}
+
+	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused}
+	if s.engineClosed {
+		st.engineCloses = 1
+	}
+	es := e.Stats()
+	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.PoolWaits, es.CreditPauses, es.BytesZCCopied, es.SendOps, es.SendZCOps
+	for _, r := range s.roles {
+		if r.fc != nil {
+			st.bytes += r.fc.kAcc
+		}
+	}
+	if failure != "" {
+		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
+			cfgSummary(cfg), s.epoll, s.closeEngine, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+	}
+	return st, failure
+}
+
+func cfgSummary(c Config) string {
+	return fmt.Sprintf("SendPath %v ZCThreshold %d SendBufSize %d SendBufs %d SendPoolMax %d RecvBufSize %d RecvBufs %d RecvPoolMax %d MaxQueuedBytes %d MaxRecvHeld %d Debug.Buffers %v",
+		c.SendPath, c.ZCThreshold, c.SendBufSize, c.SendBufs, c.SendPoolMax, c.RecvBufSize, c.RecvBufs, c.RecvPoolMax, c.MaxQueuedBytes, c.MaxRecvHeld, c.Debug.Buffers)
+}
+
+// startFakeEngine builds an engine of one queue over the fake kernel (what startEngine does
+// for a real backend).
+func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), dbg: newDebug(cfg.Debug), backend: BackendAuto}
+	q := &queue{e: e, idx: 0, cpu: 0, space: make(chan struct{}, 1)}
+	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
+		q.Queue = lq
+		lq.AtStop(q.abortAll)
+		k, err := newFakeKernel(q, s)
+		s.k = k
+		return k, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = lq // q.Queue was set by init, on the loop, which already runs
+	e.queues = []*queue{q}
+	e.dbg.start()
+	return e, nil
+}
+
+// acceptNext accepts the next planned connection (loop only): a socketpair end stands for
+// the accepted socket (nothing moves through it).
+func (s *simRun) acceptNext() {
+	s.acceptPosted = false
+	if len(s.plan) == 0 {
+		return
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		s.k.failf("socketpair: %v", err)
+		return
+	}
+	unix.Close(fds[1])
+	s.l.create(s.q, fds[0])
+}
+
+// accept is the listener's accept function: the planned role's handler.
+func (s *simRun) accept(c *Conn) Handler {
+	r := s.plan[0]
+	s.plan = s.plan[1:]
+	s.roles = append(s.roles, r)
+	r.c = c
+	c.raddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(len(s.roles)))
+	r.inKey = s.rng.Int64N(1 << 40)
+	fc := s.k.addConn(c, r)
+	switch r.kind {
+	case "streamer", "writer":
+		r.ownKey = s.rng.Int64N(1 << 40)
+		r.outKey = &r.ownKey
+		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
+		if s.crowd {
+			r.total = int64(s.scale) * (1 + s.rng.Int64N(int64(4*s.e.cfg.SendBufSize)))
+		}
+	case "echo":
+		r.outKey = &r.inKey
+		r.pausable = s.rng.IntN(2) == 0
+	case "sink":
+		r.pausable = s.rng.IntN(2) == 0
+	case "relay-front":
+		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
+		r.partner = back
+		r.outKey, back.outKey = &back.inKey, &r.inKey
+	}
+	s.setupPeer(fc)
+	switch r.kind {
+	case "streamer":
+		h := &simStreamer{simBase{r}}
+		if s.rng.IntN(2) == 0 {
+			h.pump(c) // sends queued by the accept function
+		} else {
+			c.Post(func() { h.pump(c) })
+		}
+		return h
+	case "writer":
+		h := &simWriter{simBase: simBase{r}}
+		c.Post(func() { h.pump(c) })
+		return h
+	case "echo":
+		return &simEcho{simBase{r}}
+	case "sink":
+		return &simSink{simBase{r}}
+	}
+	// relay-front: hold the client until the backend is connected.
+	back := r.partner
+	c.SetReceivePaused(true)
+	s.k.dialRoles = append(s.k.dialRoles, back)
+	s.roles = append(s.roles, back)
+	err := s.e.DialAsync(context.Background(), "tcp", "127.0.0.1:9", HandlerFuncs{}, func(bc *Conn, err error) {
+		if err != nil {
+			back.dialErr = err
+			c.Close()
+			return
+		}
+		back.c = bc
+		rs, err := Relay(c, bc)
+		if err != nil {
+			r.failf("Relay: %v", err)
+			return
+		}
+		r.relay, back.relay = rs, rs
+	})
+	if err != nil {
+		r.failf("DialAsync: %v", err)
+		s.k.dialRoles = s.k.dialRoles[:len(s.k.dialRoles)-1]
+	}
+	return &simHolder{r: r}
+}
+
+// setupPeer draws the peer of a connection.
+func (s *simRun) setupPeer(fc *fconn) {
+	r := fc.role
+	cfg := &s.e.cfg
+	fc.inKey, fc.outKey = r.inKey, r.outKey
+	switch r.kind {
+	case "streamer", "writer":
+		fc.inTotal = s.rng.Int64N(int64(2 * cfg.RecvBufSize))
+		fc.noFin = !r.halfClose && s.rng.IntN(3) == 0
+	default:
+		fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(16<<10))
+		if s.crowd {
+			fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(2<<10))
+		}
+	}
+	fc.window = int64(cfg.RecvBufSize) * (1 + s.rng.Int64N(8))
+	fc.sndCap = 1 + s.rng.Int64N(int64(4*cfg.SendBufSize))
+	fc.resetOK = s.rng.Float64() < s.resetFrac
+}
+
+// check runs once nothing can happen any more and every connection finished (loop only).
+func (s *simRun) check() string {
+	var errs []string
+	bad := func(r *simConn, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("%v: %s (%s)\n    %s", r.fc, fmt.Sprintf(format, args...), r.state(), strings.Join(r.fc.trace, "\n    ")))
+	}
+	for _, r := range s.roles {
+		fc := r.fc
+		if fc == nil {
+			if r.dialErr == nil {
+				bad(r, "never dialed")
+			}
+			continue
+		}
+		c := fc.c
+		closeErr := c.closeErr
+		switch r.kind {
+		case "streamer", "writer", "echo", "sink":
+			if r.closes != 1 {
+				bad(r, "OnClose ran %d times", r.closes)
+			}
+		case "relay-front", "relay-back":
+			if r.relay != nil {
+				if r.kind == "relay-front" {
+					r.accepted = int64(r.relay.BtoA.Load())
+				} else {
+					r.accepted = int64(r.relay.AtoB.Load())
+				}
+			}
+		}
+		if r.dialErr != nil {
+			if fc.kAcc != 0 || r.accepted != 0 {
+				bad(r, "dial failed, yet %d bytes were sent", fc.kAcc)
+			}
+			continue
+		}
+		// Exactly once, in order (checked as the kernel took them), and nothing lost unless
+		// the connection failed.
+		switch {
+		case fc.kAcc > r.accepted:
+			bad(r, "the kernel took %d bytes, the handler had %d accepted", fc.kAcc, r.accepted)
+		case closeErr == nil && fc.kAcc != r.accepted:
+			bad(r, "closed without error, but only %d of %d accepted bytes reached the kernel", fc.kAcc, r.accepted)
+		}
+		if closeErr == nil && !fc.reset && !s.engineClosed {
+			switch r.kind {
+			case "streamer", "writer":
+				if r.accepted != r.total {
+					bad(r, "closed without error after sending %d of %d bytes", r.accepted, r.total)
+				}
+			case "echo":
+				if r.accepted != fc.inTotal {
+					bad(r, "closed without error after echoing %d of %d bytes", r.accepted, fc.inTotal)
+				}
+			case "sink":
+				if r.recvd != fc.inTotal {
+					bad(r, "closed without error after receiving %d of %d bytes", r.recvd, fc.inTotal)
+				}
+			case "relay-front":
+				p := r.partner
+				if p.fc != nil && p.dialErr == nil && p.c.closeErr == nil && !p.fc.reset && r.relay != nil {
+					if r.relay.AtoB.Load() != uint64(fc.inTotal) || r.relay.BtoA.Load() != uint64(p.fc.inTotal) {
+						bad(r, "relay ended cleanly having forwarded %d of %d and %d of %d bytes",
+							r.relay.AtoB.Load(), fc.inTotal, r.relay.BtoA.Load(), p.fc.inTotal)
+					}
+				}
+			}
+		}
+		if fc.rud != 0 || fc.sud != 0 || len(fc.notifs) > 0 || fc.cud != 0 {
+			bad(r, "operations left in the kernel after it finished")
+		}
+	}
+	q := s.q
+	if f, n := q.send.Free(), q.send.Buffers(); f != n {
+		errs = append(errs, fmt.Sprintf("send pool: %d of %d buffers back", f, n))
+	}
+	if f, n := s.k.recv.Free(), s.k.recv.Buffers(); f != n {
+		errs = append(errs, fmt.Sprintf("receive pool: %d of %d buffers back", f, n))
+	}
+	if n := q.notifsPending.Load(); n != 0 {
+		errs = append(errs, fmt.Sprintf("%d notifications pending", n))
+	}
+	// Stray events: none, except a connect completing after Engine.Close gave up on it.
+	if ls := q.Queue.Stats(); ls.OpsLive != 0 || ls.Stray != 0 && !s.engineClosed {
+		errs = append(errs, fmt.Sprintf("operations live %d, stray events %d", ls.OpsLive, ls.Stray))
+	}
+	q.wmu.Lock()
+	if len(q.waiters) != 0 || len(q.waiting) != 0 || len(q.granted) != 0 {
+		errs = append(errs, fmt.Sprintf("pool waiters left: %d waiting, %d in the map, %d granted", len(q.waiters), len(q.waiting), len(q.granted)))
+	}
+	q.wmu.Unlock()
+	if n := q.ctr.notifsUnexpected.Load(); n != 0 {
+		errs = append(errs, fmt.Sprintf("%d unexpected notifications", n))
+	}
+	return strings.Join(errs, "\n")
+}
+
+// ---- handlers ------------------------------------------------------------------------
+
+// simBase records the events every test handler sees.
+type simBase struct{ r *simConn }
+
+func (h *simBase) OnData(c *Conn, d Data) {
+	h.checkData(c, d)
+	d.Release()
+}
+
+// checkData checks that d is the peer's next bytes.
+func (h *simBase) checkData(c *Conn, d Data) {
+	r := h.r
+	if r.closes > 0 {
+		r.failf("OnData after OnClose")
+	}
+	if !fakeMatches(d.Bytes(), r.inKey, r.recvd) {
+		r.failf("OnData: bytes %d..%d are not the peer's", r.recvd, r.recvd+int64(d.Len()))
+	}
+	r.recvd += int64(d.Len())
+}
+
+func (h *simBase) OnEOF(c *Conn, err error) {
+	if h.r.closes > 0 {
+		h.r.failf("OnEOF after OnClose")
+	}
+	if h.r.eof {
+		h.r.failf("OnEOF twice")
+	}
+	h.r.eof = true
+	if err == io.EOF && h.r.wroteAll {
+		h.close(c) // half-closed when done: the peer's EOF ends it
+	}
+}
+
+// done ends a sender's stream: Close, or CloseWrite and Close at the peer's EOF.
+func (h *simBase) done(c *Conn) {
+	r := h.r
+	if !r.halfClose {
+		h.close(c)
+		return
+	}
+	if r.wroteAll {
+		return
+	}
+	r.wroteAll = true
+	if err := c.CloseWrite(); err != nil {
+		h.unexpected(c, "CloseWrite", err)
+		return
+	}
+	if r.eof {
+		h.close(c)
+	}
+}
+
+func (h *simBase) OnClose(c *Conn, err error) {
+	h.r.closes++
+	h.r.closeErr = err
+}
+
+// unexpected records an error a handler should not have met (it only runs while its
+// connection is open).
+func (h *simBase) unexpected(c *Conn, what string, err error) {
+	h.r.failf("%s: %v", what, err)
+	h.close(c)
+}
+
+func (h *simBase) close(c *Conn) {
+	if !h.r.closing {
+		h.r.fc.tracef("Close")
+		h.r.closing = true
+		c.Close()
+	}
+}
+
+// simStreamer is ExampleWritable's streamer: Buffer/Send until MaxQueuedBytes is queued,
+// ErrExhausted means OnWritable follows.
+type simStreamer struct{ simBase }
+
+func (h *simStreamer) OnWritable(c *Conn) { h.pump(c) }
+
+func (h *simStreamer) pump(c *Conn) {
+	r := h.r
+	if r.closes > 0 {
+		r.failf("OnWritable after OnClose")
+		return
+	}
+	max := r.s.e.cfg.MaxQueuedBytes
+	for r.accepted < r.total && c.Queued() < max {
+		var b memreg.Buf
+		var err error
+		if r.bufferWait {
+			b, err = c.BufferWait(0)
+			if errors.Is(err, ErrWouldBlock) {
+				return // OnWritable follows
+			}
+		} else {
+			b, err = c.Buffer()
+			if errors.Is(err, memreg.ErrExhausted) {
+				return // OnWritable follows
+			}
+		}
+		if err != nil {
+			h.unexpected(c, "Buffer", err)
+			return
+		}
+		if r.s.rng.IntN(12) == 0 {
+			b.Release() // changed its mind: the buffer goes back (to the next waiter)
+			continue
+		}
+		n := int(min(int64(len(b.Bytes())), r.total-r.accepted))
+		if r.s.rng.IntN(3) == 0 {
+			n = 1 + r.s.rng.IntN(n)
+		}
+		fakeStream(b.Bytes()[:n], *r.outKey, r.accepted)
+		if err := c.Send(b, n); err != nil {
+			h.unexpected(c, "Send", err)
+			return
+		}
+		r.accepted += int64(n)
+	}
+	if r.accepted == r.total {
+		h.done(c)
+	}
+}
+
+// simWriter writes with Write on the loop: ErrWouldBlock means OnWritable follows.
+type simWriter struct {
+	simBase
+	buf []byte
+}
+
+func (h *simWriter) OnWritable(c *Conn) { h.pump(c) }
+
+func (h *simWriter) pump(c *Conn) {
+	r := h.r
+	if r.closes > 0 {
+		r.failf("OnWritable after OnClose")
+		return
+	}
+	sbs := r.s.e.cfg.SendBufSize
+	for r.accepted < r.total {
+		n := int(min(int64(1+r.s.rng.IntN(3*sbs)), r.total-r.accepted))
+		if cap(h.buf) < n {
+			h.buf = make([]byte, n)
+		}
+		p := h.buf[:n]
+		fakeStream(p, *r.outKey, r.accepted)
+		w, err := c.Write(p)
+		r.fc.tracef("Write(%d) = %d, %v (queued %d)", n, w, err, c.Queued())
+		if w < 0 || w > n {
+			r.failf("Write returned %d of %d", w, n)
+			return
+		}
+		r.accepted += int64(w)
+		if errors.Is(err, ErrWouldBlock) {
+			return // OnWritable follows
+		}
+		if err != nil {
+			h.unexpected(c, "Write", err)
+			return
+		}
+		if w != n {
+			r.failf("Write returned %d of %d and no error", w, n)
+		}
+	}
+	h.done(c)
+}
+
+// simEcho sends back what arrives with SendData; it closes at the peer's EOF.
+type simEcho struct{ simBase }
+
+func (h *simEcho) OnData(c *Conn, d Data) {
+	r := h.r
+	h.checkData(c, d)
+	if r.closing {
+		d.Release()
+		return
+	}
+	n := d.Len()
+	if err := c.SendData(d); err != nil {
+		h.unexpected(c, "SendData", err)
+		return
+	}
+	r.accepted += int64(n)
+}
+
+func (h *simEcho) OnEOF(c *Conn, err error) {
+	h.simBase.OnEOF(c, err)
+	if err == io.EOF {
+		h.close(c)
+	}
+}
+
+// simHolder is a relay's client side until the backend is connected (Relay replaces it).
+type simHolder struct{ r *simConn }
+
+func (h *simHolder) OnData(c *Conn, d Data) {
+	h.r.failf("OnData while held paused")
+	d.Release()
+}
+func (h *simHolder) OnEOF(c *Conn, err error)   {}
+func (h *simHolder) OnClose(c *Conn, err error) {}
+
+// simSink keeps some of what arrives (the scheduler releases it later, as an application
+// releasing from another goroutine) and closes at the peer's EOF once it released all.
+type simSink struct{ simBase }
+
+func (h *simSink) OnData(c *Conn, d Data) {
+	h.checkData(c, d)
+	if h.r.s.rng.IntN(3) == 0 {
+		d.Release()
+		return
+	}
+	h.r.held = append(h.r.held, d)
+}
+
+func (h *simSink) OnEOF(c *Conn, err error) {
+	h.simBase.OnEOF(c, err)
+	if err == io.EOF && len(h.r.held) == 0 {
+		h.close(c)
+	}
+}
