@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -527,7 +528,31 @@ func (c *Conn) enqueue(s seg) error {
 // MaxQueuedBytes queued or no buffer is free (on a queue goroutine it returns ErrWouldBlock
 // instead). Small writes are coalesced while a send is in flight. It returns once p is
 // queued, not once it is sent.
-func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil) }
+func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil, nil) }
+
+// WriteContext is Write bounded by ctx: it returns when p is queued, or with what was queued
+// so far and ctx's error (wrapped: errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded, whose Timeout() is true) when ctx ends first. Bytes it reports
+// written are queued and will be sent; none are lost or sent twice. On a queue goroutine it
+// never waits: as Write, it returns ErrWouldBlock (OnWritable follows).
+func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, c.opErr("write", err)
+	}
+	var dl func() time.Time
+	if d, ok := ctx.Deadline(); ok {
+		dl = func() time.Time { return d }
+	}
+	n, err := c.write(p, dl, ctx.Done())
+	switch {
+	case errors.Is(err, errTimeout):
+		// ctx's deadline (the only one here), seen by our timer before ctx's own
+		err = c.opErr("write", context.DeadlineExceeded)
+	case errors.Is(err, errCanceled):
+		err = c.opErr("write", ctx.Err())
+	}
+	return n, err
+}
 
 // writeCopy queues a copy of p without blocking (loop-safe): used for mapped Data.
 func (c *Conn) writeCopy(p []byte) error {
@@ -551,7 +576,7 @@ func (c *Conn) writeCopy(p []byte) error {
 
 // write is Write bounded by the deadline dl returns (nil or zero: none); dl is re-read while
 // waiting so that a deadline set meanwhile applies.
-func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
+func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int, error) {
 	written := 0
 	c.mu.Lock()
 	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && !c.q.OnLoop() {
@@ -582,7 +607,7 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 			if kick {
 				c.schedule()
 			}
-			if err := c.waitSpace(ch, dl); err != nil {
+			if err := c.waitSpaceCancel(ch, cancel, dl); err != nil {
 				return written, c.opErr("write", err)
 			}
 			c.mu.Lock()
@@ -608,7 +633,7 @@ func (c *Conn) write(p []byte, dl func() time.Time) (int, error) {
 				if onLoop {
 					return written, c.opErr("write", ErrWouldBlock)
 				}
-				if b, err = c.q.waitSendBuf(c.doneChan(), dl); err != nil {
+				if b, err = c.q.waitSendBufCancel(c.doneChan(), cancel, dl); err != nil {
 					return written, c.opErr("write", err)
 				}
 			}
@@ -704,6 +729,11 @@ func (c *Conn) spaceLocked() chan struct{} {
 }
 
 func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
+	return c.waitSpaceCancel(ch, nil, dl)
+}
+
+// waitSpaceCancel is waitSpace that also gives up (errCanceled) when cancel closes.
+func (c *Conn) waitSpaceCancel(ch chan struct{}, cancel <-chan struct{}, dl func() time.Time) error {
 	if c.onLoop() {
 		return ErrWouldBlock
 	}
@@ -729,6 +759,8 @@ func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
 	case <-ch:
 	case <-c.doneChan():
 		return ErrClosed
+	case <-cancel:
+		return errCanceled
 	case <-t:
 		return errTimeout
 	case <-tick.C:

@@ -652,6 +652,7 @@ func (c *Conn) finish() {
 		s.resumeFromDest()
 	}
 	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
+	c.q.stopTimers(c)
 	c.q.removeConn(c)
 	c.callClose(c.closeErr)
 	c.markDone()

@@ -28,7 +28,9 @@
 // Write over MaxQueuedBytes (send from OnWritable), a net.Conn Read with nothing to read.
 // Engine.Close and Listener.Close called from a handler return at once and finish in the
 // background (Engine.Done, Listener.Done). A panic in a handler closes only its connection,
-// with a *PanicError.
+// with a *PanicError. Conn.AfterFunc schedules work on the connection's queue goroutine (an
+// idle timeout, a deadline) without a goroutine; off the queues, Conn.WriteContext is Write
+// bounded by a context.
 //
 // # Every wait has a waker
 //

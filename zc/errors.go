@@ -125,3 +125,6 @@ func (e *LimitError) Unwrap() error { return e.Err }
 var errTimeout error = os.ErrDeadlineExceeded
 
 var errWriteClosed = errors.New("write side closed")
+
+// errCanceled: a wait ended by its caller's context (WriteContext turns it into ctx.Err()).
+var errCanceled = errors.New("canceled")

@@ -256,7 +256,7 @@ func (n *netConn) Write(p []byte) (int, error) {
 	}
 	written := 0
 	for len(p) > 0 {
-		k, err := n.c.write(p, func() time.Time { return deadlineOf(&n.wdl) })
+		k, err := n.c.write(p, func() time.Time { return deadlineOf(&n.wdl) }, nil)
 		written += k
 		p = p[k:]
 		if err != nil {

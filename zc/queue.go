@@ -84,6 +84,8 @@ type queue struct {
 	memCap   atomic.Bool
 	memCapAt atomic.Uint64
 
+	timers map[*Conn][]*Timer // pending AfterFunc timers (loop only)
+
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64
 
@@ -300,14 +302,19 @@ func (q *queue) forgetConn(c *Conn) {
 // waitSendBuf waits for a send buffer in FIFO order with the other waiters, until done is
 // closed or the deadline dl returns passes (re-read while waiting: a deadline may change).
 func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
-	b, err := q.waitSendBufRaw(done, dl)
+	return q.waitSendBufCancel(done, nil, dl)
+}
+
+// waitSendBufCancel is waitSendBuf that also gives up (errCanceled) when cancel closes.
+func (q *queue) waitSendBufCancel(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+	b, err := q.waitSendBufRaw(done, cancel, dl)
 	if err == nil && q.e.dbg != nil {
 		q.checkPoison(b, nil)
 	}
 	return b, err
 }
 
-func (q *queue) waitSendBufRaw(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+func (q *queue) waitSendBufRaw(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	ch := make(chan memreg.Buf, 1)
 	q.wmu.Lock()
 	q.waiters = append(q.waiters, poolWaiter{ch: ch})
@@ -348,6 +355,11 @@ func (q *queue) waitSendBufRaw(done <-chan struct{}, dl func() time.Time) (memre
 		select {
 		case b := <-ch:
 			return b, nil
+		case <-cancel:
+			if b, ok := leave(); ok {
+				return b, nil // handed one just now: better than giving up
+			}
+			return memreg.Buf{}, errCanceled
 		case <-done:
 			if b, ok := leave(); ok {
 				b.Release()

@@ -1,0 +1,121 @@
+package zc
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+// Timer is a function scheduled on a connection's queue goroutine by Conn.AfterFunc.
+type Timer struct {
+	c     *Conn
+	fn    func()
+	state atomic.Int32 // timerPending, timerFired, timerStopped
+	lt    *loop.Timer  // the loop's timer (loop only)
+}
+
+const (
+	timerPending int32 = iota
+	timerFired
+	timerStopped
+)
+
+// AfterFunc runs fn on the connection's queue goroutine after d, serialized with its handler
+// methods: a per-connection timer (an idle timeout, a request deadline, a retry) without a
+// goroutine or a hand-off. fn does not run once the connection is closing, and the timer goes
+// away with the connection. A panic in fn closes the connection with a *PanicError, as a
+// handler's does. Call it from any goroutine; it fails with ErrClosed once the connection is
+// closing, and with ErrInvalid for a nil fn.
+func (c *Conn) AfterFunc(d time.Duration, fn func()) (*Timer, error) {
+	if fn == nil {
+		return nil, c.opErr("afterfunc", ErrInvalid)
+	}
+	if c.isClosing() {
+		return nil, c.opErr("afterfunc", ErrClosed)
+	}
+	t := &Timer{c: c, fn: fn}
+	arm := func() {
+		if c.inClose() || t.state.Load() != timerPending {
+			t.state.CompareAndSwap(timerPending, timerStopped)
+			return
+		}
+		t.lt = c.q.After(max(d, 0), t.fire)
+		c.q.addTimer(c, t)
+	}
+	if c.q.OnLoop() {
+		arm()
+		return t, nil
+	}
+	if err := c.q.Post(arm); err != nil {
+		return nil, c.opErr("afterfunc", ErrClosed)
+	}
+	return t, nil
+}
+
+// fire runs on the loop when the timer is due.
+func (t *Timer) fire() {
+	t.c.q.dropTimer(t.c, t)
+	if !t.state.CompareAndSwap(timerPending, timerFired) {
+		return
+	}
+	if t.c.inClose() {
+		return
+	}
+	t.c.callPosted(t.fn)
+}
+
+// Stop cancels the timer. It reports whether it stopped it: false when fn already ran (or
+// runs now) or the timer was stopped before. Call it from any goroutine; on the connection's
+// queue goroutine the loop forgets the timer at once, elsewhere when it was due.
+func (t *Timer) Stop() bool {
+	if t == nil || !t.state.CompareAndSwap(timerPending, timerStopped) {
+		return false
+	}
+	if t.c.q.OnLoop() && t.lt != nil {
+		t.lt.Stop()
+		t.c.q.dropTimer(t.c, t)
+	}
+	return true
+}
+
+// addTimer / dropTimer keep the connections' pending timers (loop only), so that a finished
+// connection's timers leave the loop with it (stopTimers).
+func (q *queue) addTimer(c *Conn, t *Timer) {
+	if q.timers == nil {
+		q.timers = map[*Conn][]*Timer{}
+	}
+	q.timers[c] = append(q.timers[c], t)
+}
+
+func (q *queue) dropTimer(c *Conn, t *Timer) {
+	ts := q.timers[c]
+	for i, x := range ts {
+		if x == t {
+			ts[i] = ts[len(ts)-1]
+			ts[len(ts)-1] = nil
+			ts = ts[:len(ts)-1]
+			break
+		}
+	}
+	if len(ts) == 0 {
+		delete(q.timers, c)
+	} else {
+		q.timers[c] = ts
+	}
+}
+
+// stopTimers cancels a finishing connection's timers (loop only).
+func (q *queue) stopTimers(c *Conn) {
+	ts, ok := q.timers[c]
+	if !ok {
+		return
+	}
+	delete(q.timers, c)
+	for _, t := range ts {
+		t.state.CompareAndSwap(timerPending, timerStopped)
+		if t.lt != nil {
+			t.lt.Stop()
+		}
+	}
+}
