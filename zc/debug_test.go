@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -80,7 +81,7 @@ func TestDebugWriteAfterSend(t *testing.T) {
 			c, peer := dialPeer(t, e, HandlerFuncs{})
 			// Fill the socket (the peer does not read yet), so the next Send waits in the queue.
 			go c.Write(make([]byte, 4<<20))
-			waitCond(t, "bytes queued", func() bool { return c.Queued() > 0 })
+			testutil.Eventually(t, "bytes queued", func() bool { return c.Queued() > 0 })
 			buf, err := c.BufferWait(0)
 			if err != nil {
 				t.Fatal(err)
@@ -94,7 +95,7 @@ func TestDebugWriteAfterSend(t *testing.T) {
 			}
 			kept[100] = 'b' // the misuse
 			go io.Copy(io.Discard, peer)
-			waitCond(t, "the write after Send reported", func() bool { return m.has("write after Send") })
+			testutil.Eventually(t, "the write after Send reported", func() bool { return m.has("write after Send") })
 			if e.Stats().Misuses == 0 {
 				t.Fatal("Stats.Misuses is 0")
 			}
@@ -165,8 +166,8 @@ func TestDebugSlowAndHeld(t *testing.T) {
 		mu.Unlock()
 	}})
 	peer.Write([]byte("data"))
-	waitCond(t, "the slow handler counted", func() bool { return e.Stats().SlowHandlerCalls > 0 })
-	waitCond(t, "the held Data counted", func() bool { return e.Stats().DataHeldLong > 0 })
+	testutil.Eventually(t, "the slow handler counted", func() bool { return e.Stats().SlowHandlerCalls > 0 })
+	testutil.Eventually(t, "the held Data counted", func() bool { return e.Stats().DataHeldLong > 0 })
 	if !m.has("slow handler") || !m.has("Data held") {
 		t.Fatalf("reports: %v", m.errs)
 	}
@@ -211,7 +212,7 @@ func TestQueueStalls(t *testing.T) {
 		d.Release()
 	}})
 	peer.Write([]byte("x"))
-	waitCond(t, "the stall counted", func() bool { return e.Stats().QueueStalls > 0 })
+	testutil.Eventually(t, "the stall counted", func() bool { return e.Stats().QueueStalls > 0 })
 	close(release)
 	c.Close()
 	<-c.Done()

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"strings"
-	"testing"
 
 	"github.com/zcnet/zcnet/zc"
 )
@@ -49,35 +46,4 @@ func Example_echo() {
 	got, err := io.ReadAll(c)
 	fmt.Println(bytes.Equal(got, msg), err)
 	// Output: true <nil>
-}
-
-// TestReadmeEcho: README.md's echo is Example_echo's, line for line.
-func TestReadmeEcho(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.ReadFile("example_echo_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	norm := func(s, begin, end string) string {
-		i, j := strings.Index(s, begin), strings.Index(s, end)
-		if i < 0 || j < i {
-			t.Fatalf("markers %q..%q not found", begin, end)
-		}
-		var out []string
-		for _, l := range strings.Split(s[i+len(begin):j], "\n") {
-			l = strings.Join(strings.Fields(l), " ")
-			if l != "" && !strings.HasPrefix(l, "```") {
-				out = append(out, l)
-			}
-		}
-		return strings.Join(out, "\n")
-	}
-	ex := norm(string(src), "// echo:begin", "// echo:end")
-	doc := norm(string(readme), "<!-- echo:begin -->", "<!-- echo:end -->")
-	if ex != doc {
-		t.Fatalf("README.md's echo differs from Example_echo's:\nREADME:\n%s\n\nexample:\n%s", doc, ex)
-	}
 }

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"strings"
-	"testing"
 
 	"github.com/zcnet/zcnet/zc"
 )
@@ -82,35 +79,4 @@ func Example_relay() {
 	// Output:
 	// "hello" <nil>
 	// true
-}
-
-// TestReadmeRelay: README.md's relay is Example_relay's, line for line.
-func TestReadmeRelay(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.ReadFile("example_relay_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	between := func(s, begin, end string) []string {
-		i := strings.Index(s, begin)
-		j := strings.Index(s, end)
-		if i < 0 || j < i {
-			t.Fatalf("markers %q..%q not found", begin, end)
-		}
-		var lines []string
-		for _, l := range strings.Split(s[i+len(begin):j], "\n") {
-			if l = strings.TrimSpace(l); l != "" {
-				lines = append(lines, l)
-			}
-		}
-		return lines
-	}
-	ex := between(string(src), "// relay:begin", "// relay:end")
-	doc := strings.Join(between(string(readme), "<!-- relay:begin -->", "<!-- relay:end -->"), "\n")
-	if !strings.Contains(doc, strings.Join(ex, "\n")) {
-		t.Fatalf("README.md's relay differs from Example_relay's:\nREADME:\n%s\n\nexample:\n%s", doc, strings.Join(ex, "\n"))
-	}
 }

@@ -11,20 +11,7 @@ import (
 
 func TestRelayMisuse(t *testing.T) {
 	e := newEngine(t, Config{Queues: 1})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
+	a, _ := dialPeer(t, e, HandlerFuncs{})
 	for _, tc := range []struct {
 		name string
 		a, b *Conn
@@ -34,15 +21,7 @@ func TestRelayMisuse(t *testing.T) {
 		}
 	}
 	// A side that closed: the other is closed too, nothing leaks.
-	b, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer2, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer2.Close()
+	b, _ := dialPeer(t, e, HandlerFuncs{})
 	a.Close()
 	<-a.Done()
 	if _, err := Relay(a, b); !errors.Is(err, ErrClosed) {

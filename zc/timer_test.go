@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -116,7 +117,7 @@ func TestWriteContext(t *testing.T) {
 				n, err := c.WriteContext(ctx, p)
 				res <- result{n, err}
 			}()
-			waitCond(t, "the writer blocked at MaxQueuedBytes", func() bool { return c.Queued() >= 256<<10 })
+			testutil.Eventually(t, "the writer blocked at MaxQueuedBytes", func() bool { return c.Queued() >= 256<<10 })
 			cancel()
 			r := <-res
 			if !errors.Is(r.err, context.Canceled) || r.n <= 0 || r.n >= len(p) {

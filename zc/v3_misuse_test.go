@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -48,12 +49,7 @@ func TestDialAsyncDonePanics(t *testing.T) {
 		t.Fatalf("peer: %v", err)
 	}
 	// The failure path: a port nobody listens on.
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := free.Addr().String()
-	free.Close()
+	addr := dialablePort(t)
 	before := e.Stats().HandlerPanics
 	ran := make(chan struct{})
 	err = e.DialAsync(context.Background(), "tcp", addr, HandlerFuncs{}, func(*Conn, error) {
@@ -64,7 +60,7 @@ func TestDialAsyncDonePanics(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ran
-	waitCond(t, "the panic counted", func() bool { return e.Stats().HandlerPanics > before })
+	testutil.Eventually(t, "the panic counted", func() bool { return e.Stats().HandlerPanics > before })
 	// The queue still works.
 	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
 	if err != nil {
@@ -78,18 +74,6 @@ func TestDialAsyncDonePanics(t *testing.T) {
 
 func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
 
-// waitCond polls cond (a liveness wait, not a timing assertion).
-func waitCond(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // TestV3Sentinels: the bad inputs the core v3 probe found, each with its typed error.
 func TestV3Sentinels(t *testing.T) {
 	// KeepAlive above the kernel's limit: refused at New, at Listen and at Dial.
@@ -101,23 +85,10 @@ func TestV3Sentinels(t *testing.T) {
 	if _, err := e.ListenWith(ListenOptions{KeepAlive: 40000 * time.Second}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Listen with KeepAlive 40000s = %v, want ErrInvalid", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	if _, err := e.DialWith(context.Background(), DialOptions{KeepAlive: 40000 * time.Second}, "tcp", ln.Addr().String(), HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+	if _, err := e.DialWith(context.Background(), DialOptions{KeepAlive: 40000 * time.Second}, "tcp", dialablePort(t), HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Dial with KeepAlive 40000s = %v, want ErrInvalid", err)
 	}
-	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
-	if err != nil {
-		t.Fatalf("Dial with the longest KeepAlive: %v", err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
+	c, _ := dialPeer(t, e, HandlerFuncs{}) // the longest KeepAlive works
 	// Send with a negative length: ErrInvalid, and the buffer is not leaked.
 	b, err := c.BufferWait(0)
 	if err != nil {
@@ -179,23 +150,10 @@ func TestCloseContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
+	c, _ := dialPeer(t, e, HandlerFuncs{}) // the peer never reads
 	big := make([]byte, 8<<20)
 	go c.Write(big) // more than the socket takes: the rest waits in the queue
-	waitCond(t, "bytes queued", func() bool { return c.Queued() > 0 })
+	testutil.Eventually(t, "bytes queued", func() bool { return c.Queued() > 0 })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.CloseContext(ctx) }()

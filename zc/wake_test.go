@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
@@ -115,7 +116,7 @@ func TestWritableManyStreams(t *testing.T) {
 			}
 			// Hold every reader back until a connection was refused a buffer: the case
 			// that used to leave it without an event.
-			waitFor(t, "a connection refused a send buffer", func() bool { return e.Stats().PoolWaits > 0 })
+			testutil.Eventually(t, "a connection refused a send buffer", func() bool { return e.Stats().PoolWaits > 0 })
 			close(start)
 			for i := 0; i < streams; i++ {
 				select {
@@ -129,18 +130,6 @@ func TestWritableManyStreams(t *testing.T) {
 			}
 			t.Logf("pool waits %d", e.Stats().PoolWaits)
 		})
-	}
-}
-
-// waitFor polls cond (a liveness wait, not a timing assertion).
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 

@@ -3,15 +3,12 @@ package loop
 import (
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -82,34 +79,11 @@ func TestFixedTable(t *testing.T) {
 // in a row: with the pages still accounted to the closed ring the next registration fails
 // with ENOMEM (the "49 of 50 New after a Close failed").
 func TestFixedUnpinnedAtClose(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a child as another user (CI runs as root)")
-	}
-	dir, err := os.MkdirTemp("", "loop-unpin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "loop.test")
-	src, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), unpinChildEnv+"=1")
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "UNPIN-OK") {
+	out, err := testutil.RunAsNobody(t, unpinChildEnv+"=1")
+	if err != nil || !strings.Contains(out, "UNPIN-OK") {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
-	t.Logf("child: %s", strings.TrimSpace(string(out)))
+	t.Logf("child: %s", strings.TrimSpace(out))
 }
 
 const unpinChildEnv = "LOOP_UNPIN_CHILD"
