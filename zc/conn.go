@@ -399,7 +399,7 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 		d := time.Now().Add(timeout)
 		dl = func() time.Time { return d }
 	}
-	b, err = c.q.waitSendBuf(c.doneChan(), dl)
+	b, err = c.q.waitSendBuf(c.doneChan(), nil, dl)
 	if err != nil {
 		return b, c.opErr("buffer", err)
 	}
@@ -536,6 +536,9 @@ func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil, nil) }
 // written are queued and will be sent; none are lost or sent twice. On a queue goroutine it
 // never waits: as Write, it returns ErrWouldBlock (OnWritable follows).
 func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
+	if ctx == nil {
+		return 0, c.opErr("write", fmt.Errorf("nil context: %w", ErrInvalid))
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, c.opErr("write", err)
 	}
@@ -607,7 +610,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 			if kick {
 				c.schedule()
 			}
-			if err := c.waitSpaceCancel(ch, cancel, dl); err != nil {
+			if err := c.waitSpace(ch, cancel, dl); err != nil {
 				return written, c.opErr("write", err)
 			}
 			c.mu.Lock()
@@ -633,7 +636,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 				if onLoop {
 					return written, c.opErr("write", ErrWouldBlock)
 				}
-				if b, err = c.q.waitSendBufCancel(c.doneChan(), cancel, dl); err != nil {
+				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, dl); err != nil {
 					return written, c.opErr("write", err)
 				}
 			}
@@ -728,12 +731,9 @@ func (c *Conn) spaceLocked() chan struct{} {
 	return c.spaceCh
 }
 
-func (c *Conn) waitSpace(ch chan struct{}, dl func() time.Time) error {
-	return c.waitSpaceCancel(ch, nil, dl)
-}
-
-// waitSpaceCancel is waitSpace that also gives up (errCanceled) when cancel closes.
-func (c *Conn) waitSpaceCancel(ch chan struct{}, cancel <-chan struct{}, dl func() time.Time) error {
+// waitSpace waits for a signal on ch (room under MaxQueuedBytes), the connection's end
+// (ErrClosed), cancel (errCanceled; nil: never) or the deadline dl returns (errTimeout).
+func (c *Conn) waitSpace(ch chan struct{}, cancel <-chan struct{}, dl func() time.Time) error {
 	if c.onLoop() {
 		return ErrWouldBlock
 	}

@@ -60,12 +60,12 @@ const poison = 0xdb
 
 // debugState is an engine's debugging (nil when Config.Debug asks for nothing).
 type debugState struct {
+	e                       *Engine
 	opt                     DebugOptions
 	misuses, slow, heldLong atomic.Uint64
 	heldMu                  sync.Mutex
 	held                    map[memreg.Buf]*heldEntry // HeldData: Data delivered, not released
 	stop                    chan struct{}
-	reportPanics            atomic.Uint64
 }
 
 type heldEntry struct {
@@ -74,11 +74,11 @@ type heldEntry struct {
 	reported bool
 }
 
-func newDebug(opt DebugOptions) *debugState {
+func newDebug(e *Engine, opt DebugOptions) *debugState {
 	if !opt.Buffers && opt.SlowHandler <= 0 && opt.HeldData <= 0 {
 		return nil
 	}
-	d := &debugState{opt: opt, stop: make(chan struct{})}
+	d := &debugState{e: e, opt: opt, stop: make(chan struct{})}
 	if opt.HeldData > 0 {
 		d.held = map[memreg.Buf]*heldEntry{}
 	}
@@ -104,7 +104,7 @@ func (d *debugState) report(err *MisuseError) {
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			d.reportPanics.Add(1)
+			d.e.callbackPanics.Add(1)
 		}
 	}()
 	d.opt.OnMisuse(err)
@@ -206,7 +206,7 @@ func (d *debugState) untrackHeld(b memreg.Buf) {
 
 // watchHeld looks for Data held too long, twice per bound.
 func (d *debugState) watchHeld() {
-	t := time.NewTicker(d.opt.HeldData / 2)
+	t := time.NewTicker(max(d.opt.HeldData/2, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

@@ -197,10 +197,7 @@ func TestDebugKeptSliceAfterClose(t *testing.T) {
 	kept := d.Bytes()
 	e.Close()
 	d.Release() // the last buffer: the region would be unmapped here
-	kept[0] = 'x'
-	if kept[0] != 'x' {
-		t.Fatal("write lost")
-	}
+	kept[0] = 'x' // without Debug.Buffers this write is a SIGSEGV (the process dies)
 }
 
 // TestQueueStalls: a handler that blocks its queue is counted, without Config.Debug.

@@ -34,7 +34,7 @@ type Engine struct {
 
 	steerFallbacks atomic.Uint64
 	memlockShort   atomic.Bool   // SendPoolMax × Queues exceeds RLIMIT_MEMLOCK (checkMemlock)
-	limitPanics    atomic.Uint64 // OnLimit panicked
+	callbackPanics atomic.Uint64 // OnLimit or Debug.OnMisuse panicked (counted in HandlerPanics)
 	steerCtr       steerCounters
 
 	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
@@ -144,7 +144,7 @@ func (e *Engine) reportLimit(err error) {
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			e.limitPanics.Add(1)
+			e.callbackPanics.Add(1)
 		}
 	}()
 	e.cfg.OnLimit(err)
@@ -154,7 +154,8 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, &OpError{Op: "new", Err: err}
 	}
-	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), dbg: newDebug(cfg.Debug)}
+	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
+	e.dbg = newDebug(e, cfg.Debug)
 	switch cfg.Backend {
 	case BackendPlain, BackendShim:
 		if err := e.startQueues(cfg.Backend); err != nil {
@@ -310,6 +311,9 @@ func (e *Engine) Close() error { return e.CloseContext(context.Background()) }
 // stop at once; it then returns an error wrapping ctx's error. Buffers the application holds
 // stay valid, as with Close.
 func (e *Engine) CloseContext(ctx context.Context) error {
+	if ctx == nil {
+		return &OpError{Op: "close", Err: fmt.Errorf("nil context: %w", ErrInvalid)}
+	}
 	if !e.closed.CompareAndSwap(false, true) {
 		return &OpError{Op: "close", Err: ErrClosed}
 	}
@@ -432,7 +436,7 @@ type Stats struct {
 
 	CreditPauses   uint64 // times a connection stopped receiving at MaxRecvHeld
 	CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
-	HandlerPanics  uint64 // handler methods that panicked (their connections were closed)
+	HandlerPanics  uint64 // handler methods that panicked (their connections were closed), and OnLimit/OnMisuse callbacks
 	AcceptErrors   uint64
 	AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
 
@@ -515,6 +519,7 @@ func (e *Engine) Stats() Stats {
 	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs,
 		MemlockShort: e.memlockShort.Load()}
 	s.QueueStalls = e.stalls.Load()
+	s.HandlerPanics += e.callbackPanics.Load()
 	if d := e.dbg; d != nil {
 		s.Misuses, s.SlowHandlerCalls, s.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
 	}

@@ -336,7 +336,8 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), dbg: newDebug(cfg.Debug), backend: BackendAuto}
+	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), backend: BackendAuto}
+	e.dbg = newDebug(e, cfg.Debug)
 	q := &queue{e: e, idx: 0, cpu: 0, space: make(chan struct{}, 1)}
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
 		q.Queue = lq

@@ -88,7 +88,7 @@ func (n *netConn) readIntoBuffers(r io.Reader) (int64, error) {
 		}
 		b, err := n.c.q.getSendBuf()
 		if err != nil {
-			if b, err = n.c.q.waitSendBuf(n.c.doneChan(), func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
+			if b, err = n.c.q.waitSendBuf(n.c.doneChan(), nil, func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
 				return total, n.opErr("write", err)
 			}
 		}
@@ -124,7 +124,7 @@ func (n *netConn) waitQueue(max int) error {
 		if queued <= max {
 			return nil
 		}
-		if err := n.c.waitSpace(ch, func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
+		if err := n.c.waitSpace(ch, nil, func() time.Time { return deadlineOf(&n.wdl) }); err != nil {
 			return err
 		}
 	}

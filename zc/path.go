@@ -22,7 +22,7 @@ type Path struct {
 // next hop's link-layer address when the kernel does not know it yet (bounded by ctx). It
 // works on a closed connection too (the route is the peer's, not the socket's).
 func (c *Conn) Path(ctx context.Context) (Path, error) {
-	if !c.raddr.IsValid() {
+	if ctx == nil || !c.raddr.IsValid() {
 		return Path{}, c.opErr("path", ErrInvalid)
 	}
 	st, err := c.e.netStack()

@@ -81,8 +81,9 @@ type queue struct {
 
 	// memCap: a growth was refused for lack of locked memory (RLIMIT_MEMLOCK was memCapAt):
 	// the pool stays at its size, as at SendPoolMax, until the limit changes.
-	memCap   atomic.Bool
-	memCapAt atomic.Uint64
+	memCap     atomic.Bool
+	memCapAt   atomic.Uint64
+	memCapSeen atomic.Int64 // when memCapped last read the limit (UnixNano)
 
 	timers map[*Conn][]*Timer // pending AfterFunc timers (loop only)
 
@@ -300,21 +301,17 @@ func (q *queue) forgetConn(c *Conn) {
 }
 
 // waitSendBuf waits for a send buffer in FIFO order with the other waiters, until done is
-// closed or the deadline dl returns passes (re-read while waiting: a deadline may change).
-func (q *queue) waitSendBuf(done <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
-	return q.waitSendBufCancel(done, nil, dl)
-}
-
-// waitSendBufCancel is waitSendBuf that also gives up (errCanceled) when cancel closes.
-func (q *queue) waitSendBufCancel(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
-	b, err := q.waitSendBufRaw(done, cancel, dl)
+// closed (ErrClosed), cancel is closed (errCanceled; nil: never) or the deadline dl returns
+// passes (re-read while waiting: a deadline may change).
+func (q *queue) waitSendBuf(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+	b, err := q.awaitSendBuf(done, cancel, dl)
 	if err == nil && q.e.dbg != nil {
 		q.checkPoison(b, nil)
 	}
 	return b, err
 }
 
-func (q *queue) waitSendBufRaw(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
+func (q *queue) awaitSendBuf(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	ch := make(chan memreg.Buf, 1)
 	q.wmu.Lock()
 	q.waiters = append(q.waiters, poolWaiter{ch: ch})
@@ -479,6 +476,7 @@ var errMemlockCap = fmt.Errorf("send pool at the RLIMIT_MEMLOCK limit: %w", memr
 // capByMemlock records a growth refused for lack of locked memory (loop only).
 func (q *queue) capByMemlock(me *memreg.MemlockError) {
 	q.memCapAt.Store(me.Limit)
+	q.memCapSeen.Store(time.Now().UnixNano())
 	if q.memCap.CompareAndSwap(false, true) {
 		q.ctr.memlockCaps.Add(1)
 		q.e.reportLimit(&LimitError{What: "send pool", Queue: q.idx, Have: q.send.Bytes(),
@@ -486,10 +484,15 @@ func (q *queue) capByMemlock(me *memreg.MemlockError) {
 	}
 }
 
-// memCapped reports whether growth is capped by RLIMIT_MEMLOCK; a raised limit lifts the cap.
+// memCapped reports whether growth is capped by RLIMIT_MEMLOCK; a changed limit lifts the
+// cap (looked at once a second at most: a refused Buffer costs no system call).
 func (q *queue) memCapped() bool {
 	if !q.memCap.Load() {
 		return false
+	}
+	now := time.Now().UnixNano()
+	if last := q.memCapSeen.Load(); now-last < int64(time.Second) || !q.memCapSeen.CompareAndSwap(last, now) {
+		return true
 	}
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) == nil && rl.Cur != q.memCapAt.Load() {

@@ -16,8 +16,10 @@ import (
 //     go out); when either side fails or closes, the other is closed too.
 //
 // Relay replaces both connections' handlers and lifts a receive pause set with
-// SetReceivePaused (the usual way to hold the first side until the second is connected). Call
-// it from any goroutine, typically DialAsync's done function. It fails with ErrClosed (and
+// SetReceivePaused. A connection that may receive before Relay runs must be paused until
+// then (data that arrives earlier goes to its old handler): the accept function pauses the
+// first side, and DialAsync's done function, which runs before the second side receives
+// anything, calls Relay. It may be called from any goroutine. It fails with ErrClosed (and
 // closes the other side) when either connection is already closing. RelayStats counts what
 // went each way.
 func Relay(a, b *Conn) (*RelayStats, error) {

@@ -100,8 +100,27 @@ func TestV3Sentinels(t *testing.T) {
 	if b.Valid() {
 		t.Fatal("the buffer of a refused Send is still held")
 	}
+	// nil contexts are refused, not a panic.
+	//lint:ignore SA1012 the misuse under test
+	if _, err := c.WriteContext(nil, []byte("x")); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("WriteContext(nil) = %v", err)
+	}
+	//lint:ignore SA1012 the misuse under test
+	if _, err := c.Path(nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Path(nil) = %v", err)
+	}
+	//lint:ignore SA1012 the misuse under test
+	if err := e.CloseContext(nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("CloseContext(nil) = %v", err)
+	}
 	c.Close()
 	<-c.Done()
+	// The smallest HeldData bound: the watcher still starts (no zero ticker).
+	d, err := New(Config{Queues: 1, Debug: DebugOptions{HeldData: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
 }
 
 // TestReleaseAfterEngineClose: Data held across Engine.Close is still readable, its first

@@ -298,7 +298,7 @@ func (s *subscriber) flush(c *zc.Conn) {
 }
 
 // TestFanOutWakes: one publisher on the queue goroutine writes every message to 100
-// subscribers, some of them slow readers, through a send pool that holds a fraction of what
+// subscribers, some of them slow readers, some half-closed (their FIN comes first), through a send pool that holds a fraction of what
 // is in flight: every subscriber must get every message (Write on the loop, ErrWouldBlock,
 // OnWritable).
 func TestFanOutWakes(t *testing.T) {
@@ -328,6 +328,9 @@ func TestFanOutWakes(t *testing.T) {
 			errs := make(chan error, subs)
 			for i := 0; i < subs; i++ {
 				c := dialSmall(t, l.Addr().String())
+				if i%7 == 0 {
+					c.(*net.TCPConn).CloseWrite() // a half-closing subscriber still reads
+				}
 				go func() {
 					defer c.Close()
 					buf := make([]byte, size)
