@@ -196,7 +196,7 @@ func TestDebugKeptSliceAfterClose(t *testing.T) {
 	d := <-got
 	kept := d.Bytes()
 	e.Close()
-	d.Release() // the last buffer: the region would be unmapped here
+	d.Release()   // the last buffer: the region would be unmapped here
 	kept[0] = 'x' // without Debug.Buffers this write is a SIGSEGV (the process dies)
 }
 
