@@ -365,7 +365,7 @@ func (c *Conn) Buffer() (memreg.Buf, error) {
 	if c.isClosing() {
 		return memreg.Buf{}, c.opErr("buffer", ErrClosed)
 	}
-	b, err := c.q.getSendBufFor(c)
+	b, err := c.q.getBuf(c, c)
 	if err != nil {
 		return b, c.opErr("buffer", err)
 	}
@@ -560,7 +560,7 @@ func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
 // writeCopy queues a copy of p without blocking (loop-safe): used for mapped Data.
 func (c *Conn) writeCopy(p []byte) error {
 	for len(p) > 0 {
-		b, err := c.q.getSendBufFor(c)
+		b, err := c.q.getBuf(c, c)
 		if err != nil {
 			return c.opErr("send", err)
 		}

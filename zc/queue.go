@@ -92,7 +92,7 @@ type queue struct {
 
 	notifsPending atomic.Int64
 	growErr       atomic.Pointer[error]
-	growPosted    atomic.Bool // a background pool growth is posted (getSendBufFor)
+	growPosted    atomic.Bool // a background pool growth is posted (getBuf)
 	ctr           counters
 	zx            zcrxQueue // RecvZcrx (zcrx.go)
 }
@@ -374,18 +374,16 @@ func (q *queue) awaitSendBuf(done, cancel <-chan struct{}, dl func() time.Time) 
 
 // getSendBuf takes a send buffer for no connection in particular (the net.Conn face's
 // sendfile path waits with waitSendBuf itself).
-func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getSendBufFor(nil) }
+func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getBuf(nil, nil) }
 
-// getSendBufFor takes a send buffer for connection c: the one granted to it, else a free one,
-// else one from a growth of the pool (on the loop: registration needs the ring's thread),
-// which is not made for a connection that already has MaxQueuedBytes queued (growth serves
-// many connections, not one unbounded queue). A refusal (an error matching
-// memreg.ErrExhausted) queues c among the pool's waiters: OnWritable follows when a buffer is
-// free for it. A growth refused for lack of locked memory (RLIMIT_MEMLOCK) is a cap, as
-// SendPoolMax is: counted, reported once (Config.OnLimit), and waited out like it.
-func (q *queue) getSendBufFor(c *Conn) (memreg.Buf, error) { return q.getBuf(c, c) }
-
-// getBuf is takeBuf with Config.Debug's check of the buffer's poison.
+// getBuf takes a send buffer for connection c: the one granted to it, else a free one, else
+// one from a growth of the pool (on the loop: registration needs the ring's thread), which
+// is not made for a connection that already has MaxQueuedBytes queued (growth serves many
+// connections, not one unbounded queue). A refusal (an error matching memreg.ErrExhausted)
+// queues waiter among the pool's waiters — OnWritable follows when a buffer is free for it —
+// unless waiter is nil (a caller that waits with waitSendBuf instead). A growth refused for
+// lack of locked memory (RLIMIT_MEMLOCK) is a cap, as SendPoolMax is: counted, reported once
+// (Config.OnLimit), and waited out like it. Under Config.Debug the buffer's poison is checked.
 func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
 	b, err := q.takeBuf(c, waiter)
 	if err == nil && q.e.dbg != nil {
@@ -394,8 +392,6 @@ func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
 	return b, err
 }
 
-// takeBuf is getSendBufFor where a refusal queues waiter (nil: nobody, for a caller that
-// waits with waitSendBuf instead).
 func (q *queue) takeBuf(c, waiter *Conn) (memreg.Buf, error) {
 	if c != nil {
 		if b, ok := q.takeGrant(c); ok {

@@ -246,7 +246,7 @@ func (c *Conn) sendZcrxData(d Data) error {
 	defer d.Release()
 	src := d.c
 	for len(p) > 0 {
-		b, err := c.q.getSendBufFor(c)
+		b, err := c.q.getBuf(c, c)
 		if err != nil {
 			return c.opErr("send", err)
 		}
