@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"errors"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -40,7 +41,7 @@ type iovBuf struct {
 type uringBackend struct {
 	q    *queue
 	u    *loop.URing
-	rr   *loop.RecvRing
+	rp   *ringPool
 	iovs []*iovBuf
 }
 
@@ -52,6 +53,10 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	zcrxTry := q.zcrxWanted() // zcrx needs 32-byte completions
 	u, err := loop.NewURing(q.Queue, loop.URingConfig{Caps: caps, CQE32: zcrxTry})
 	if err != nil {
+		if errors.Is(err, unix.ENOMEM) {
+			// The ring's own memory counts against RLIMIT_MEMLOCK on older kernels.
+			return nil, memreg.NewMemlockError(0, err)
+		}
 		return nil, err
 	}
 	if err := q.setupZcrx(u, zcrxTry); err != nil {
@@ -59,7 +64,7 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 		return nil, err
 	}
 	b := &uringBackend{q: q, u: u}
-	b.rr, err = u.NewRecvRing(loop.RecvRingConfig{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+	b.rp, err = newRingPool(u, q.Queue, ringPoolConfig{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
 		MaxBytes: cfg.RecvPoolMax, Bundles: !cfg.NoBundles, Tag: q.e,
 		KeepMapped: q.e.dbg != nil && q.e.cfg.Debug.Buffers})
 	if err != nil {
@@ -67,10 +72,7 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 		return nil, err
 	}
 	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
-			_, err := u.RegisterRegion(r)
-			return err
-		}}, true))
+		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error { return registerFixed(u, r) }}, true))
 	if err != nil {
 		u.Close()
 		return nil, err
@@ -79,12 +81,12 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	return u, nil
 }
 
-func (b *uringBackend) name() Backend                 { return BackendIOUring }
-func (b *uringBackend) directOK() bool                { return true }
-func (b *uringBackend) zeroCopy() bool                { return true }
-func (b *uringBackend) recvPool() *memreg.Pool        { return b.rr.Pool() }
-func (b *uringBackend) ringStats() loop.RecvRingStats { return b.rr.Stats() }
-func (b *uringBackend) start(c *Conn) error           { return nil }
+func (b *uringBackend) name() Backend          { return BackendIOUring }
+func (b *uringBackend) directOK() bool         { return true }
+func (b *uringBackend) zeroCopy() bool         { return true }
+func (b *uringBackend) recvPool() *memreg.Pool { return b.rp.pool }
+func (b *uringBackend) ringStats() ringStats   { return b.rp.stats() }
+func (b *uringBackend) start(c *Conn) error    { return nil }
 func (b *uringBackend) sending(c *Conn) bool {
 	t := c.txp.Load()
 	return t != nil && t.u.ud != 0
@@ -125,20 +127,20 @@ func (b *uringBackend) armRecv(c *Conn) {
 		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
 	} else {
 		c.bk.recvUD = b.newOp(c, tagRecv)
-		bs := int64(b.rr.BufSize())
+		bs := int64(b.rp.rr.BufSize())
 		room := c.credit() - c.held.Load()
 		switch {
-		case b.rr.MultishotLimit():
+		case b.rp.rr.MultishotLimit():
 			// The receive ends by itself once it delivered the credit left (at least one
 			// buffer): the connection never holds more than MaxRecvHeld (its share) plus
 			// the rounding to whole buffers.
-			sqe.PrepRecvMultishotLimit(int32(c.fd), b.rr.Group(), b.rr.Bundles(), uint32(min(max(room, bs), 1<<30)))
+			sqe.PrepRecvMultishotLimit(int32(c.fd), b.rp.rr.Group(), b.rp.rr.Bundles(), uint32(min(max(room, bs), 1<<30)))
 		case room < 8*bs:
 			// Close to its credit: one buffer per receive. A multishot receive (with bundles)
 			// keeps delivering until its cancel lands and overshoots the credit many times.
-			sqe.PrepRecvSelect(int32(c.fd), b.rr.Group(), 0)
+			sqe.PrepRecvSelect(int32(c.fd), b.rp.rr.Group(), 0)
 		default:
-			sqe.PrepRecvMultishot(int32(c.fd), b.rr.Group(), 0, b.rr.Bundles())
+			sqe.PrepRecvMultishot(int32(c.fd), b.rp.rr.Group(), 0, b.rp.rr.Bundles())
 		}
 	}
 	sqe.UserData = c.bk.recvUD
@@ -166,7 +168,7 @@ func (b *uringBackend) send(c *Conn) {
 		addr := head.loan.Addr() + uintptr(head.off)
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
-		if idx, ok := b.u.FixedIndex(head.loan.Region(), addr, left); ok {
+		if idx, ok := b.u.FixedIndex(head.loan.Region().Base(), addr, left); ok {
 			sqe.PrepSendZCFixed(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage, idx)
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
@@ -333,13 +335,13 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 	switch res := ev.Res; {
 	case res > 0:
 		b.q.ctr.recvRing.Add(uint64(res))
-		b.rr.Received(ev, func(buf memreg.Buf, n int) { c.deliver(Data{buf: buf, n: n}) })
+		b.rp.received(ev, func(buf memreg.Buf, n int) { c.deliver(Data{buf: buf, n: n}) })
 	case res == 0:
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
 			c.bkNeedArm = true
-			b.rr.WaitBuffers((*rearm)(c))
+			b.rp.rr.WaitBuffers((*rearm)(c))
 		}
 		return
 	case res == -int32(unix.ECANCELED), res == -int32(unix.EAGAIN):

@@ -548,7 +548,7 @@ func (e *Engine) Stats() Stats {
 		if ge := q.growErr.Load(); ge != nil {
 			s.PoolGrowError = (*ge).Error()
 		}
-		if rs, ok := q.be.(interface{ ringStats() loop.RecvRingStats }); ok {
+		if rs, ok := q.be.(interface{ ringStats() ringStats }); ok {
 			r := rs.ringStats()
 			s.BufRingEmpty += uint64(r.Empty)
 			s.BundleMismatch += uint64(r.Mismatch)

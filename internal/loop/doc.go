@@ -10,7 +10,7 @@
 //     recognised as stray (counted) and never reaches a new owner;
 //   - timers (a heap, loop only);
 //   - a Driver that waits for events: the io_uring driver (URing: a ring, a provided-buffer
-//     ring fed from a growing memreg.Pool, a fixed-buffer table) or the epoll driver (Epoll).
+//     ring its owner feeds with buffers, a fixed-buffer table) or the epoll driver (Epoll).
 //
 // Everything documented "loop only" must be called on the queue's goroutine: from an Owner's
 // OnEvent, a Flusher's Flush, a timer, or a function passed to Post or Do.

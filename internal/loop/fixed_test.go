@@ -4,72 +4,80 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/testutil"
-	"github.com/zcnet/zcnet/memreg"
 )
 
-// TestFixedTable: the fixed-buffer table of the io_uring driver (moved here from memreg):
-// register, look up, refuse a second registration and a Close of a registered region,
-// unregister, and Close of the driver gives every region back.
+// mapAnon maps n bytes of anonymous memory for the test.
+func mapAnon(tb testing.TB, n int) []byte {
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Munmap(mem) })
+	return mem
+}
+
+func baseOf(mem []byte) uintptr { return uintptr(unsafe.Pointer(&mem[0])) }
+
+// TestFixedTable: the fixed-buffer table of the io_uring driver: register, look up, refuse a
+// second registration, unregister (the release function runs once), and Close of the driver
+// releases what is still registered.
 func TestFixedTable(t *testing.T) {
 	var u *URing
 	q := startQueue(t, kindURing, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
-	r, err := memreg.New(memreg.Options{BufSize: 64 << 10, Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r2, err := memreg.New(memreg.Options{BufSize: 4096, Count: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = q.Do(func() error {
-		first, err := u.RegisterRegion(r)
+	m, m2 := mapAnon(t, 128<<10), mapAnon(t, 16<<10)
+	var released, released2 atomic.Int32
+	err := q.Do(func() error {
+		first, err := u.RegisterMem(m, func() { released.Add(1) })
 		if err != nil {
 			return err
 		}
-		if _, err := u.RegisterRegion(r); !errors.Is(err, memreg.ErrBusy) {
-			t.Errorf("double register = %v, want ErrBusy", err)
+		if _, err := u.RegisterMem(m, nil); !errors.Is(err, unix.EBUSY) {
+			t.Errorf("double register = %v, want EBUSY", err)
 		}
-		b, _ := r.Get()
-		defer b.Release()
-		idx, ok := u.FixedIndex(r, b.Addr(), len(b.Bytes()))
+		if _, err := u.RegisterMem(nil, nil); !errors.Is(err, unix.EINVAL) {
+			t.Errorf("register of no memory = %v, want EINVAL", err)
+		}
+		idx, ok := u.FixedIndex(baseOf(m), baseOf(m)+64<<10, 64<<10)
 		if !ok || uint32(idx) != first {
 			t.Errorf("FixedIndex = %d, %v; want %d", idx, ok, first)
 		}
-		if _, ok := u.FixedIndex(r, b.Addr(), 1<<30); ok {
-			t.Error("FixedIndex accepted a range outside the region")
+		if _, ok := u.FixedIndex(baseOf(m), baseOf(m)+64<<10, 64<<10+1); ok {
+			t.Error("FixedIndex accepted a range past the memory's end")
 		}
-		if _, ok := u.FixedIndex(r2, r2.Base(), 1); ok {
-			t.Error("FixedIndex of an unregistered region")
+		if _, ok := u.FixedIndex(baseOf(m), baseOf(m)-1, 1); ok {
+			t.Error("FixedIndex accepted a range before the memory")
 		}
-		if err := r.Close(); !errors.Is(err, memreg.ErrBusy) {
-			t.Errorf("Close while registered = %v, want ErrBusy", err)
+		if _, ok := u.FixedIndex(baseOf(m2), baseOf(m2), 1); ok {
+			t.Error("FixedIndex of unregistered memory")
 		}
-		if err := u.UnregisterRegion(r); err != nil {
+		if err := u.UnregisterMem(baseOf(m)); err != nil {
 			return err
 		}
-		if err := u.UnregisterRegion(r); !errors.Is(err, unix.ENOENT) {
+		if released.Load() != 1 {
+			t.Errorf("release ran %d times after unregister, want 1", released.Load())
+		}
+		if err := u.UnregisterMem(baseOf(m)); !errors.Is(err, unix.ENOENT) {
 			t.Errorf("double unregister = %v, want ENOENT", err)
 		}
-		_, err = u.RegisterRegion(r2) // left registered: Close gives it back
+		_, err = u.RegisterMem(m2, func() { released2.Add(1) }) // left registered: Close releases it
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Close(); err != nil {
-		t.Fatalf("Close after unregister: %v", err)
-	}
-	if err := r2.Close(); !errors.Is(err, memreg.ErrBusy) {
-		t.Fatalf("Close of a registered region = %v", err)
+	if released2.Load() != 0 {
+		t.Fatal("released while registered")
 	}
 	q.Close()
-	if err := r2.Close(); err != nil {
-		t.Fatalf("Close after the driver closed: %v", err)
+	if released.Load() != 1 || released2.Load() != 1 {
+		t.Fatalf("after Close: released %d and %d times, want 1 and 1", released.Load(), released2.Load())
 	}
 }
 
@@ -105,14 +113,14 @@ func unpinChild() int {
 			fmt.Println("start:", err)
 			return 1
 		}
-		r, err := memreg.New(memreg.Options{BufSize: 1 << 20, Count: 4})
+		mem, err := unix.Mmap(-1, 0, 4<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 		if err != nil {
-			fmt.Println("region:", err)
+			fmt.Println("mmap:", err)
 			return 1
 		}
-		err = q.Do(func() error { _, err := u.RegisterRegion(r); return err })
+		err = q.Do(func() error { _, err := u.RegisterMem(mem, nil); return err })
 		q.Close()
-		r.Close()
+		unix.Munmap(mem)
 		if err != nil {
 			fmt.Printf("round %d: register 4 MiB under a 6 MiB limit right after the last Close: %v\n", i, err)
 			return 1

@@ -9,12 +9,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/leakcheck"
 	"github.com/zcnet/zcnet/internal/uring"
-	"github.com/zcnet/zcnet/memreg"
 )
 
 func TestMain(m *testing.M) {
@@ -23,7 +23,6 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(leakcheck.Main(m, 0,
 		leakcheck.Check{Name: "rings", Open: uring.OpenRings},
-		leakcheck.Check{Name: "regions", Open: memreg.OpenRegions},
 		leakcheck.Check{Name: "buffer rings", Open: uring.OpenBufRings},
 	))
 }
@@ -280,22 +279,74 @@ type funcOwner struct{ fn func(q *Queue, ev Event) }
 
 func (o *funcOwner) OnEvent(q *Queue, ev Event) { o.fn(q, ev) }
 
-// A multishot recv through the provided-buffer ring: the pool starts with 4 buffers and
-// grows up to its cap while the receiver holds buffers; every byte arrives in order.
+// testFeeder owns a receive ring's memory the way zc's pool does: 4 buffers at first, 4 more
+// at each Grow up to max.
+type testFeeder struct {
+	rr      *RecvRing
+	mem     []byte
+	size    int
+	n, max  int
+	grows   int
+	waiting int
+}
+
+func newTestFeeder(tb testing.TB, size, max int) *testFeeder {
+	mem, err := unix.Mmap(-1, 0, size*max, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Munmap(mem) })
+	return &testFeeder{mem: mem, size: size, max: max}
+}
+
+func (f *testFeeder) addr(bid uint16) uintptr {
+	return uintptr(unsafe.Pointer(&f.mem[int(bid)*f.size]))
+}
+
+func (f *testFeeder) bytes(bid uint16, n int) []byte { return f.mem[int(bid)*f.size:][:n] }
+
+func (f *testFeeder) add(k int) bool {
+	if f.n >= f.max {
+		return false
+	}
+	for i := 0; i < k && f.n < f.max; i++ {
+		f.rr.Add(f.addr(uint16(f.n)), uint16(f.n), true)
+		f.n++
+	}
+	return true
+}
+
+func (f *testFeeder) grow() bool {
+	if !f.add(4) {
+		return false
+	}
+	f.grows++
+	return true
+}
+
+// A multishot recv through the provided-buffer ring: its owner gives it 4 buffers and more
+// when it asks (Grow) while the receiver holds buffers, up to 64; every byte arrives in order.
 func TestRecvRingGrows(t *testing.T) {
 	for _, c := range []struct{ bundles, cqe32 bool }{{false, false}, {true, false}, {true, true}} {
 		bundles := c.bundles
 		t.Run(fmt.Sprintf("bundles=%v,cqe32=%v", bundles, c.cqe32), func(t *testing.T) {
 			var u *URing
 			var rr *RecvRing
+			f := newTestFeeder(t, 4096, 64)
 			q := startQueueWith(t, kindURing, URingConfig{CQE32: c.cqe32}, func(q *Queue, d Driver) error {
 				u = d.(*URing)
 				if u.BigCQE() != c.cqe32 {
 					return fmt.Errorf("CQE32 %v, ring posts big CQEs: %v", c.cqe32, u.BigCQE())
 				}
 				var err error
-				rr, err = u.NewRecvRing(RecvRingConfig{BufSize: 4096, Initial: 4, MaxBytes: 64 * 4096, Bundles: bundles})
-				return err
+				rr, err = u.NewRecvRing(RecvRingConfig{Bufs: 64, BufSize: 4096, Bundles: bundles, Grow: f.grow})
+				if err != nil {
+					return err
+				}
+				f.rr = rr
+				f.add(4)
+				rr.Flush(q)
+				return nil
 			})
 			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
@@ -304,7 +355,13 @@ func TestRecvRingGrows(t *testing.T) {
 			defer unix.Close(fds[0])
 			const size = 2 << 20
 			var got bytes.Buffer
-			var hold []memreg.Buf
+			var hold []uint16
+			release := func() {
+				for _, bid := range hold {
+					rr.Add(f.addr(bid), bid, false)
+				}
+				hold = hold[:0]
+			}
 			done := make(chan struct{})
 			arms := 0
 			var o *funcOwner
@@ -327,34 +384,25 @@ func TestRecvRingGrows(t *testing.T) {
 					close(done)
 					return
 				default:
-					rr.Received(ev, func(b memreg.Buf, n int) {
-						got.Write(b.Bytes()[:n])
-						hold = append(hold, b)
+					rr.Received(ev, func(bid uint16, n int) {
+						got.Write(f.bytes(bid, n))
+						hold = append(hold, bid)
 					})
-					// Hold up to 40 buffers, then release them all: the pool must grow past
-					// its 4 initial buffers to let that happen.
+					// Hold up to 40 buffers, then give them all back: the ring must ask for
+					// more than its 4 first buffers to let that happen.
 					if len(hold) >= 40 {
-						for _, b := range hold {
-							b.Release()
-						}
-						hold = hold[:0]
+						release()
 					}
 				}
 				if got.Len() >= size {
-					for _, b := range hold {
-						b.Release()
-					}
-					hold = nil
+					release()
 					u.CancelOp(ud)
 					close(done)
 					return
 				}
 				if ev.Flags&uring.CQEFMore == 0 {
 					if ev.Res == -int32(unix.ENOBUFS) {
-						for _, b := range hold {
-							b.Release()
-						}
-						hold = hold[:0]
+						release()
 						rr.WaitBuffers(rearm)
 						return
 					}
@@ -381,15 +429,16 @@ func TestRecvRingGrows(t *testing.T) {
 				t.Fatalf("timed out: got %d, stats %+v", got.Len(), rr.Stats())
 			}
 			unix.Close(fds[1])
-			q.Do(func() error { q.FreeOp(ud); return nil })
+			var grows, n int
+			q.Do(func() error { q.FreeOp(ud); grows, n = f.grows, f.n; return nil })
 			if !bytes.Equal(got.Bytes(), want) {
 				t.Fatal("received data differs")
 			}
 			st := rr.Stats()
-			if st.Mismatch != 0 || st.Out != 0 || st.Grows == 0 || st.Bytes <= 4*4096 || st.Bytes > 64*4096 {
-				t.Fatalf("stats %+v", st)
+			if st.Mismatch != 0 || grows == 0 || n <= 4 || n > 64 {
+				t.Fatalf("stats %+v, %d grows, %d buffers", st, grows, n)
 			}
-			t.Logf("%d arms, stats %+v", arms, st)
+			t.Logf("%d arms, %d grows to %d buffers, stats %+v", arms, grows, n, st)
 		})
 	}
 }
@@ -398,37 +447,48 @@ type flushFunc struct{ fn func() }
 
 func (f *flushFunc) Flush(q *Queue) { f.fn() }
 
-// An application buffer received before the queue closed stays usable after the close, and its
-// region goes away on release.
+// A buffer received before the queue closed is still its owner's memory after the close (the
+// ring never maps or unmaps what it is given), and the buffer ring itself is gone.
 func TestRecvBufferOutlivesQueue(t *testing.T) {
-	before := memreg.OpenRegions()
+	before := uring.OpenBufRings()
 	var u *URing
 	var rr *RecvRing
+	f := newTestFeeder(t, 4096, 4)
 	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
 		var err error
 		u, err = NewURing(q, URingConfig{})
 		if err != nil {
 			return nil, err
 		}
-		rr, err = u.NewRecvRing(RecvRingConfig{BufSize: 4096, Initial: 4, MaxBytes: 4 * 4096})
+		rr, err = u.NewRecvRing(RecvRingConfig{Bufs: 4, BufSize: 4096})
 		if err != nil {
 			u.Close()
 			return nil, err
 		}
+		f.rr = rr
+		f.add(4)
+		rr.Flush(q)
 		return u, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if uring.OpenBufRings() != before+1 {
+		t.Fatal("no buffer ring open")
+	}
 	fds, _ := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
 	unix.Write(fds[0], []byte("payload"))
-	got := make(chan memreg.Buf, 1)
+	type rcv struct {
+		bid uint16
+		n   int
+	}
+	got := make(chan rcv, 1)
 	q.Do(func() error {
 		var ud uint64
 		ud = q.NewOp(&funcOwner{fn: func(q *Queue, ev Event) {
-			rr.Received(ev, func(b memreg.Buf, n int) { got <- b })
+			rr.Received(ev, func(bid uint16, n int) { got <- rcv{bid, n} })
 			q.FreeOp(ud)
 		}}, 1)
 		sqe := u.GetSQE()
@@ -436,18 +496,14 @@ func TestRecvBufferOutlivesQueue(t *testing.T) {
 		sqe.UserData = ud
 		return nil
 	})
-	b := <-got
+	r := <-got
 	q.Close()
-	if string(b.Bytes()[:7]) != "payload" {
-		t.Fatalf("got %q", b.Bytes()[:7])
+	if b := f.bytes(r.bid, r.n); r.n != 7 || string(b) != "payload" {
+		t.Fatalf("got %q", b)
 	}
-	b.Bytes()[0] = 'P' // must not fault
-	if memreg.OpenRegions() != before+1 {
-		t.Fatal("region unmapped under a held buffer")
-	}
-	b.Release()
-	if memreg.OpenRegions() != before {
-		t.Fatal("region not unmapped after the release")
+	f.bytes(r.bid, 1)[0] = 'P' // must not fault
+	if uring.OpenBufRings() != before {
+		t.Fatal("buffer ring left open after Close")
 	}
 }
 

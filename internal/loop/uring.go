@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/uring"
-	"github.com/zcnet/zcnet/memreg"
 )
 
 // URingConfig configures the io_uring driver.
@@ -37,10 +36,10 @@ type URing struct {
 	cqes    []uring.CQE
 	cqes32  []uring.CQE32 // instead of cqes on a CQE32 ring
 	closers []func()
-	reaping bool                      // reap is running (a nested one uses its own array)
-	scratch []byte                    // mmap'd: the kernel writes the eventfd counter here asynchronously
-	fixed   []bool                    // fixed-buffer slots in use
-	regs    map[*memreg.Region]uint32 // registered regions -> first slot (the fixed-buffer table)
+	reaping bool                 // reap is running (a nested one uses its own array)
+	scratch []byte               // mmap'd: the kernel writes the eventfd counter here asynchronously
+	fixed   []bool               // fixed-buffer slots in use
+	regs    map[uintptr]fixedMem // the fixed-buffer table: registered memory by its base address
 	recv    *RecvRing
 }
 
@@ -73,13 +72,13 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 	if cfg.CQE32 {
 		flags |= uring.SetupCQE32
 	}
-	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots), regs: map[*memreg.Region]uint32{}}
+	u := &URing{q: q, caps: caps, fixed: make([]bool, cfg.FixedSlots), regs: map[uintptr]fixedMem{}}
 	var err error
 	u.ring, err = uring.New(cfg.Entries, &uring.Options{Flags: flags | uring.SetupCQSize, CQEntries: 4 * cfg.Entries})
 	if err != nil {
 		if errors.Is(err, unix.ENOMEM) {
 			// The ring's own memory counts against RLIMIT_MEMLOCK on older kernels.
-			return nil, memreg.NewMemlockError(0, err)
+			return nil, fmt.Errorf("loop: ring setup (locked memory): %w", err)
 		}
 		return nil, err
 	}
@@ -99,7 +98,7 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 	}
 	if err := u.ring.RegisterBuffersSparse(cfg.FixedSlots); err != nil {
 		if errors.Is(err, unix.ENOMEM) {
-			return fail(memreg.NewMemlockError(0, err))
+			return fail(fmt.Errorf("loop: fixed-buffer table (locked memory): %w", err))
 		}
 		return fail(fmt.Errorf("loop: fixed-buffer table: %w", err))
 	}
@@ -239,17 +238,26 @@ const maxFixed = 1 << 30
 // fixedSlots returns how many fixed-buffer slots a mapping of n bytes needs.
 func fixedSlots(n int) int { return (n + maxFixed - 1) / maxFixed }
 
-// RegisterRegion installs r in free fixed-buffer slots and returns the first (loop only).
+// fixedMem is memory installed in the fixed-buffer table.
+type fixedMem struct {
+	first   uint32 // first slot
+	size    int
+	release func() // runs once the table no longer refers to the memory
+}
+
+// RegisterMem installs mem in free fixed-buffer slots and returns the first (loop only).
 // The kernel pins the pages, counted against RLIMIT_MEMLOCK unless the process has
-// CAP_IPC_LOCK: a refusal for lack of locked memory is a *memreg.MemlockError. The region
-// cannot be closed (memreg.ErrBusy) until UnregisterRegion or Close.
-func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
-	if _, ok := u.regs[r]; ok {
-		return 0, fmt.Errorf("loop: region already registered with this ring: %w", memreg.ErrBusy)
+// CAP_IPC_LOCK: a refusal for lack of locked memory wraps unix.ENOMEM. The memory is named
+// by its first byte's address from then on; release (if not nil) runs once the table no
+// longer refers to it (UnregisterMem or Close), so the caller keeps it mapped until then.
+// Memory already registered fails with unix.EBUSY, a full table with unix.ENOSPC.
+func (u *URing) RegisterMem(mem []byte, release func()) (uint32, error) {
+	if len(mem) == 0 {
+		return 0, fmt.Errorf("loop: register empty memory: %w", unix.EINVAL)
 	}
-	mem := r.Memory()
-	if mem == nil {
-		return 0, memreg.ErrClosed
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	if _, ok := u.regs[base]; ok {
+		return 0, fmt.Errorf("loop: memory already registered with this ring: %w", unix.EBUSY)
 	}
 	need := fixedSlots(len(mem))
 	for first := 0; first+need <= len(u.fixed); first++ {
@@ -263,63 +271,58 @@ func (u *URing) RegisterRegion(r *memreg.Region) (uint32, error) {
 		if !free {
 			continue
 		}
-		if err := r.HoldForKernel(); err != nil {
-			return 0, err
-		}
-		base := uint64(uintptr(unsafe.Pointer(&mem[0])))
 		var iov []uring.Iovec
 		for off := 0; off < len(mem); off += maxFixed {
-			iov = append(iov, uring.Iovec{Base: base + uint64(off), Len: uint64(min(maxFixed, len(mem)-off))})
+			iov = append(iov, uring.Iovec{Base: uint64(base) + uint64(off), Len: uint64(min(maxFixed, len(mem)-off))})
 		}
 		if _, err := u.ring.UpdateBuffers(uint32(first), iov, nil); err != nil {
-			r.ReleaseFromKernel()
-			if errors.Is(err, unix.ENOMEM) {
-				return 0, memreg.NewMemlockError(len(mem), err)
-			}
 			return 0, fmt.Errorf("loop: register %d bytes at fixed slot %d: %w", len(mem), first, err)
 		}
 		for i := first; i < first+need; i++ {
 			u.fixed[i] = true
 		}
-		u.regs[r] = uint32(first)
+		u.regs[base] = fixedMem{first: uint32(first), size: len(mem), release: release}
 		return uint32(first), nil
 	}
-	return 0, fmt.Errorf("loop: no %d free fixed-buffer slots of %d: %w", need, len(u.fixed), memreg.ErrExhausted)
+	return 0, fmt.Errorf("loop: no %d free fixed-buffer slots of %d: %w", need, len(u.fixed), unix.ENOSPC)
 }
 
-// UnregisterRegion removes r from the fixed-buffer table (loop only). Sends already
-// submitted keep the pages pinned until they complete.
-func (u *URing) UnregisterRegion(r *memreg.Region) error {
-	first, ok := u.regs[r]
+// UnregisterMem removes the memory registered at base from the fixed-buffer table and runs
+// its release function (loop only). Sends already submitted keep the pages pinned until
+// they complete.
+func (u *URing) UnregisterMem(base uintptr) error {
+	m, ok := u.regs[base]
 	if !ok {
-		return fmt.Errorf("loop: region not registered with this ring: %w", unix.ENOENT)
+		return fmt.Errorf("loop: memory not registered with this ring: %w", unix.ENOENT)
 	}
-	n := fixedSlots(len(r.Memory()))
-	if _, err := u.ring.UpdateBuffers(first, make([]uring.Iovec, n), nil); err != nil {
+	n := fixedSlots(m.size)
+	if _, err := u.ring.UpdateBuffers(m.first, make([]uring.Iovec, n), nil); err != nil {
 		return fmt.Errorf("loop: unregister: %w", err)
 	}
-	for i := first; i < first+uint32(n); i++ {
+	for i := m.first; i < m.first+uint32(n); i++ {
 		u.fixed[i] = false
 	}
-	delete(u.regs, r)
-	r.ReleaseFromKernel()
+	delete(u.regs, base)
+	if m.release != nil {
+		m.release()
+	}
 	return nil
 }
 
-// FixedIndex returns the fixed-buffer slot that holds [addr, addr+n) of region r, or false
-// when r is not registered here or the range is outside it or crosses a slot boundary
-// (loop only).
-func (u *URing) FixedIndex(r *memreg.Region, addr uintptr, n int) (uint16, bool) {
-	first, ok := u.regs[r]
-	if !ok || !r.Contains(addr, n) {
+// FixedIndex returns the fixed-buffer slot that holds [addr, addr+n) of the memory registered
+// at base, or false when nothing is registered there or the range is outside it or crosses
+// a slot boundary (loop only).
+func (u *URing) FixedIndex(base, addr uintptr, n int) (uint16, bool) {
+	m, ok := u.regs[base]
+	if !ok || addr < base || n < 0 || addr-base+uintptr(n) > uintptr(m.size) {
 		return 0, false
 	}
-	off := addr - r.Base()
+	off := addr - base
 	lo, hi := off/maxFixed, (off+uintptr(max(n, 1))-1)/maxFixed
 	if lo != hi {
 		return 0, false
 	}
-	return uint16(first + uint32(lo)), true
+	return uint16(m.first + uint32(lo)), true
 }
 
 // Close implements Driver: it unregisters the fixed buffers (the kernel unpins them now,
@@ -333,8 +336,10 @@ func (u *URing) Close() {
 		}
 		u.ring.Close()
 	}
-	for r := range u.regs {
-		r.ReleaseFromKernel()
+	for _, m := range u.regs {
+		if m.release != nil {
+			m.release()
+		}
 	}
 	clear(u.regs)
 	for _, f := range u.closers {
