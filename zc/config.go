@@ -45,7 +45,7 @@ const (
 	// window; what cannot be mapped is copied. The kernel maps only page-multiple payloads
 	// from order-0 page frags (a MSG_ZEROCOPY/SEND_ZC sender with a 4 KiB-multiple MSS);
 	// ConnStats.BytesRecvMapped says how much was mapped. Where the window cannot be set up
-	// the connection uses RecvRing, counted in Stats.RecvMappedFallbacks. io_uring backend
+	// the connection uses RecvRing, counted in Stats.Recv.MappedFallbacks. io_uring backend
 	// only.
 	RecvMapped
 	// RecvZcrx: io_uring zero-copy receive. Each queue registers a zcrx interface queue and
@@ -53,12 +53,12 @@ const (
 	// and each Data is a view of the area that Release hands back through the refill ring
 	// (from any goroutine); SendData copies it. On Linux 7.1+ the instance is device-less:
 	// any TCP socket, loopback included, receives through it, the kernel copying the
-	// payload into the area (Stats.BytesRecvZcrxCopied says so). It needs CAP_NET_ADMIN and
+	// payload into the area (Stats.Recv.BytesZcrxCopied says so). It needs CAP_NET_ADMIN and
 	// io_uring rings with CQE32 and DEFER_TASKRUN. Where zcrx cannot be set up (an older
 	// kernel, no privilege, another backend) the queue receives through RecvRing: counted
-	// per connection in Stats.RecvZcrxFallbacks, with the reason in Stats.RecvZcrxFallback;
-	// with NoFallback New fails with a *ZcrxUnavailableError instead. Stats.BytesRecvZcrx
-	// and BytesRecvRing say which path each byte took.
+	// per connection in Stats.Recv.ZcrxFallbacks, with the reason in Stats.Recv.ZcrxFallback;
+	// with NoFallback New fails with a *ZcrxUnavailableError instead. Stats.Recv.BytesZcrx
+	// and Stats.Recv.BytesRing say which path each byte took.
 	RecvZcrx
 )
 
@@ -127,7 +127,7 @@ type Config struct {
 	// receive ring, as the event-loop API does: Read copies out of receive buffers, bounded
 	// by MaxRecvHeld. By default its Read calls read(2) on the reading goroutine and waits in
 	// Go's poller, as Go's net does: one copy instead of two and no hand-off to the queue's
-	// thread (Stats.BytesRecvDirect); each such connection holds a second descriptor (a
+	// thread (Stats.Recv.BytesDirect); each such connection holds a second descriptor (a
 	// duplicate for the poller). The zcshim backend and the RecvMapped and RecvZcrx paths
 	// always receive through the queue.
 	NetConnRing bool
@@ -197,7 +197,7 @@ type Config struct {
 	// default (bpf.PolicyAuto) is bpf.PolicyCPU, a flow goes to the queue of the CPU that
 	// received its SYN (the CPU→queue map is filled from the queues' placement), where every
 	// queue runs pinned on a CPU of its own, and bpf.PolicyHash elsewhere (NoPin, more
-	// queues than CPUs), counted in Stats.SteeringPolicyFallbacks. Listener.SteeringInfo
+	// queues than CPUs), counted in Stats.Steering.PolicyFallbacks. Listener.SteeringInfo
 	// says which policy is in effect and why. bpf.PolicyHash asks for the hash explicitly.
 	SteerPolicy bpf.Policy
 	// OnFallback is called when the engine falls back to another backend (for logging).
@@ -206,7 +206,7 @@ type Config struct {
 	// reached because of a process limit: at New when SendPoolMax × Queues does not fit
 	// under RLIMIT_MEMLOCK (without CAP_IPC_LOCK), and when a send pool's growth is refused
 	// for lack of locked memory. Such a refusal is a cap, not an error: senders wait for
-	// buffers as at SendPoolMax (Stats.MemlockCaps counts it). It may run on a queue
+	// buffers as at SendPoolMax (Stats.Memory.MemlockCaps counts it). It may run on a queue
 	// goroutine: it must not block.
 	OnLimit func(err error)
 	// Debug turns on misuse checks (writes to sent or released buffers, slow handlers,

@@ -25,11 +25,11 @@ type DebugOptions struct {
 	// Costs a pass over every buffer sent and handed out.
 	Buffers bool
 	// SlowHandler counts handler calls (OnData, OnEOF, OnWritable, posted functions,
-	// DialAsync's done) that ran longer than this (Stats.SlowHandlerCalls): a handler that
+	// DialAsync's done) that ran longer than this (Stats.Debug.SlowHandlerCalls): a handler that
 	// blocks stalls every connection of its queue. 0: not timed.
 	SlowHandler time.Duration
 	// HeldData counts received Data held unreleased for longer than this
-	// (Stats.DataHeldLong, each Data once): a forgotten Release stops its connection at
+	// (Stats.Debug.DataHeldLong, each Data once): a forgotten Release stops its connection at
 	// MaxRecvHeld. 0: not tracked.
 	HeldData time.Duration
 	// OnMisuse, if set, is called with a *MisuseError for each finding, on a queue goroutine

@@ -96,8 +96,8 @@ func TestDebugWriteAfterSend(t *testing.T) {
 			kept[100] = 'b' // the misuse
 			go io.Copy(io.Discard, peer)
 			testutil.Eventually(t, "the write after Send reported", func() bool { return m.has("write after Send") })
-			if e.Stats().Misuses == 0 {
-				t.Fatal("Stats.Misuses is 0")
+			if e.Stats().Debug.Misuses == 0 {
+				t.Fatal("Stats.Debug.Misuses is 0")
 			}
 		})
 	}
@@ -148,7 +148,7 @@ func TestDebugWriteAfterRelease(t *testing.T) {
 	}
 	c2.Close()
 	<-c2.Done()
-	if len(m2.errs) != 0 || e2.Stats().Misuses != 0 {
+	if len(m2.errs) != 0 || e2.Stats().Debug.Misuses != 0 {
 		t.Fatalf("a correct program was reported: %v", m2.errs)
 	}
 }
@@ -166,8 +166,8 @@ func TestDebugSlowAndHeld(t *testing.T) {
 		mu.Unlock()
 	}})
 	peer.Write([]byte("data"))
-	testutil.Eventually(t, "the slow handler counted", func() bool { return e.Stats().SlowHandlerCalls > 0 })
-	testutil.Eventually(t, "the held Data counted", func() bool { return e.Stats().DataHeldLong > 0 })
+	testutil.Eventually(t, "the slow handler counted", func() bool { return e.Stats().Debug.SlowHandlerCalls > 0 })
+	testutil.Eventually(t, "the held Data counted", func() bool { return e.Stats().Debug.DataHeldLong > 0 })
 	if !m.has("slow handler") || !m.has("Data held") {
 		t.Fatalf("reports: %v", m.errs)
 	}
@@ -209,11 +209,11 @@ func TestQueueStalls(t *testing.T) {
 		d.Release()
 	}})
 	peer.Write([]byte("x"))
-	testutil.Eventually(t, "the stall counted", func() bool { return e.Stats().QueueStalls > 0 })
+	testutil.Eventually(t, "the stall counted", func() bool { return e.Stats().Loop.Stalls > 0 })
 	close(release)
 	c.Close()
 	<-c.Done()
-	if n := e.Stats().QueueStalls; n != 1 {
+	if n := e.Stats().Loop.Stalls; n != 1 {
 		t.Fatalf("one stall counted %d times", n)
 	}
 }

@@ -55,7 +55,7 @@ func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, addres
 // DialAsync starts connecting and returns at once; done runs on the connection's queue
 // goroutine with the connection, or with nil and the error (which wraps the context's error
 // when ctx ended first, ErrClosed when the engine closed). It is the form to use from a
-// handler. A panic in done is recovered like a handler's: counted in Stats.HandlerPanics,
+// handler. A panic in done is recovered like a handler's: counted in Stats.Faults.HandlerPanics,
 // and the connection (if any) closed with a *PanicError. An error returned by DialAsync itself (a bad address, a closed engine) means done
 // will not run.
 func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handler, done func(*Conn, error)) error {

@@ -42,7 +42,7 @@
 //     Write or BufferWait, and refused connections, served in arrival order); the next
 //     buffer that returns is granted to the oldest of them, and a connection is told with
 //     OnWritable (its next Buffer or Write takes the grant; a grant not taken goes to the
-//     next waiter). Stats.PoolWaits counts the refusals.
+//     next waiter). Stats.Send.PoolWaits counts the refusals.
 //   - Write's ErrWouldBlock at MaxQueuedBytes: OnWritable once less than half is queued.
 //   - SendData over the destination's MaxQueuedBytes: the source stops receiving and
 //     resumes when the destination drained to half of it.
@@ -50,7 +50,7 @@
 //
 // OnClose ends every promise. A handler that does not implement Writable hears nothing but
 // OnClose: a sender must implement it. The send pool's growth refused by RLIMIT_MEMLOCK is
-// a cap like SendPoolMax: senders wait, they do not fail (Config.OnLimit, Stats.MemlockCaps).
+// a cap like SendPoolMax: senders wait, they do not fail (Config.OnLimit, Stats.Memory.MemlockCaps).
 //
 // Config.Debug turns on checks for the misuses that cannot be made impossible: a buffer
 // written after Send or after Release, a handler that blocks, Data never released.

@@ -91,7 +91,7 @@ func emfileChild(backend string) int {
 	}
 	st := e.Stats()
 	fmt.Printf("RESULT accepted=%d errors=%d backoffs=%d errors_while_low=%d backoffs_while_low=%d stats_backoffs=%d stats_errors=%d\n",
-		l.Accepted(), l.AcceptErrors(), l.AcceptBackoffs(), errsLow, backoffsLow, st.AcceptBackoffs, st.AcceptErrors)
+		l.Accepted(), l.AcceptErrors(), l.AcceptBackoffs(), errsLow, backoffsLow, st.Faults.AcceptBackoffs, st.Faults.AcceptErrors)
 	return 0
 }
 

@@ -40,7 +40,7 @@ type Engine struct {
 	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
 	dbg        *debugState    // Config.Debug (nil: no checks)
 	stopWatch  chan struct{}  // ends watchStalls
-	stalls     atomic.Uint64  // Stats.QueueStalls
+	stalls     atomic.Uint64  // Stats.Loop.Stalls
 	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
 }
 
@@ -383,65 +383,72 @@ type Stats struct {
 	// them back.
 	AddedProcs int
 
-	BytesSentZC   uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
+	Send     SendStats     // bytes sent by each path, send operations, zero-copy policy
+	Recv     RecvStats     // bytes received by each path, receive fallbacks and waits
+	Memory   MemoryStats   // the pools: mapped, caps, growth, RLIMIT_MEMLOCK
+	Loop     LoopStats     // the queues' event loops
+	Faults   FaultStats    // what went wrong and was handled: timeouts, panics, accept errors
+	Debug    DebugStats    // Config.Debug's findings
+	Steering SteeringStats // BPF steering and its fallbacks
+}
+
+// SendStats: every byte sent, by the path it took, and the send operations.
+type SendStats struct {
+	BytesZC       uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
 	BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
-	BytesSentCopy uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
-	// BytesSentSpliced: sent by the net.Conn face's ReadFrom with sendfile(2) or splice(2),
+	BytesCopy     uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
+	// BytesSpliced: sent by the net.Conn face's ReadFrom with sendfile(2) or splice(2),
 	// never through user memory.
-	BytesSentSpliced uint64
-	BytesRecvRing    uint64 // received through the provided-buffer ring
-	BytesRecvPlain   uint64 // received with read(2) (plain backend)
-	BytesRecvShim    uint64 // received through the zcshim module
-	// BytesRecvDirect: read by the net.Conn face's Read with read(2) on the reading goroutine
-	// (the default; Config.NetConnRing turns it off).
-	BytesRecvDirect uint64
-	// BytesRecvMapped / BytesRecvMappedCopied: received through the mapped window (RecvMapped),
-	// as mapped pages / copied because they could not be mapped.
-	BytesRecvMapped       uint64
-	BytesRecvMappedCopied uint64
-	RecvMappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
-	SendOps               uint64 // copying send operations (one may carry many buffers)
+	BytesSpliced uint64
+	Ops          uint64 // copying send operations (one may carry many buffers)
+	ZCOps        uint64 // zero-copy send operations
 	// DirectWrites: Writes made with write(2) by the writing goroutine itself because nothing
-	// was queued (no hand-off to the queue; the bytes count in BytesSentCopy).
+	// was queued (no hand-off to the queue; the bytes count in BytesCopy).
 	DirectWrites uint64
-	SendZCOps    uint64 // zero-copy send operations
 	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
 	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
-
-	// BytesRecvZcrx: received through zcrx (RecvZcrx), of which BytesRecvZcrxCopied the
-	// kernel copied into the area (all of it on a device-less instance: no NIC delivers
-	// there). ZcrxQueues counts the queues with a device-less instance, ZcrxAreaStalls the
-	// times a connection waited because handlers held the whole area. RecvZcrxFallbacks
-	// counts the connections that wanted RecvZcrx and receive through the ring,
-	// RecvZcrxFallback says why.
-	BytesRecvZcrx       uint64
-	BytesRecvZcrxCopied uint64
-	ZcrxQueues          int
-	ZcrxAreaStalls      uint64
-	RecvZcrxFallbacks   uint64
-	RecvZcrxFallback    string
-
-	Waits          uint64 // io_uring_enter / epoll_wait calls
-	BusyPolls      uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
-	Events         uint64 // completions and readiness events handled
-	Wakeups        uint64 // cross-goroutine wake-ups of sleeping queues
-	CQOverflows    uint64
-	StrayEvents    uint64 // events for operations already gone (a bug if it grows without closes)
-	BufRingEmpty   uint64 // receives that found no receive buffer (the pool at its cap)
-	BundleMismatch uint64
 	// NotifsPending: zero-copy notifications outstanding (never negative; Close waits for
 	// them). NotifsUnexpected: notifications for no known send (0 expected).
 	NotifsPending    int64
 	NotifsUnexpected uint64
+	// PoolWaits counts the times a connection was refused a send buffer (Buffer, Write or
+	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
+	// an OnWritable when a buffer is free for it (or OnClose).
+	PoolWaits uint64
+}
 
-	CreditPauses   uint64 // times a connection stopped receiving at MaxRecvHeld
-	CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
-	HandlerPanics  uint64 // handler methods that panicked (their connections were closed), and OnLimit/OnMisuse callbacks
-	AcceptErrors   uint64
-	AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
+// RecvStats: every byte received, by the path it took, and what receiving waited for.
+type RecvStats struct {
+	BytesRing  uint64 // received through the provided-buffer ring
+	BytesPlain uint64 // received with read(2) (plain backend)
+	BytesShim  uint64 // received through the zcshim module
+	// BytesDirect: read by the net.Conn face's Read with read(2) on the reading goroutine
+	// (the default; Config.NetConnRing turns it off).
+	BytesDirect uint64
+	// BytesMapped / BytesMappedCopied: received through the mapped window (RecvMapped), as
+	// mapped pages / copied because they could not be mapped.
+	BytesMapped       uint64
+	BytesMappedCopied uint64
+	MappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
+	// BytesZcrx: received through zcrx (RecvZcrx), of which BytesZcrxCopied the kernel copied
+	// into the area (all of it on a device-less instance: no NIC delivers there). ZcrxQueues
+	// counts the queues with a device-less instance, ZcrxAreaStalls the times a connection
+	// waited because handlers held the whole area. ZcrxFallbacks counts the connections
+	// that wanted RecvZcrx and receive through the ring, ZcrxFallback says why.
+	BytesZcrx       uint64
+	BytesZcrxCopied uint64
+	ZcrxQueues      int
+	ZcrxAreaStalls  uint64
+	ZcrxFallbacks   uint64
+	ZcrxFallback    string
+	BufRingEmpty    uint64 // receives that found no receive buffer (the pool at its cap)
+	BundleMismatch  uint64
+	CreditPauses    uint64 // times a connection stopped receiving at MaxRecvHeld
+}
 
-	// Memory: what the pools have mapped (send pools are registered with the kernel: pinned)
-	// and their caps; how often they grew and failed to.
+// MemoryStats: what the pools have mapped (send pools are registered with the kernel:
+// pinned) and their caps; how often they grew and failed to.
+type MemoryStats struct {
 	SendPoolBytes    uint64
 	SendPoolMax      uint64
 	RecvPoolBytes    uint64
@@ -449,79 +456,100 @@ type Stats struct {
 	PoolGrows        uint64
 	PoolGrowFailures uint64
 	PoolGrowError    string // the last growth failure
-	// PoolWaits counts the times a connection was refused a send buffer (Buffer, Write or
-	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
-	// an OnWritable when a buffer is free for it (or OnClose).
-	PoolWaits uint64
 	// MemlockCaps counts the send pools whose growth RLIMIT_MEMLOCK refused (they stay at
 	// their size and senders wait); MemlockShort says the caps of all queues together do
 	// not fit under the limit (Config.OnLimit was told at New).
 	MemlockCaps  uint64
 	MemlockShort bool
+}
 
-	// Config.Debug's findings (each also reported to DebugOptions.OnMisuse): buffers written
-	// after Send or after Release, handler calls over SlowHandler, Data held over HeldData.
+// LoopStats: the queues' event loops.
+type LoopStats struct {
+	Waits       uint64 // io_uring_enter / epoll_wait calls
+	BusyPolls   uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
+	Events      uint64 // completions and readiness events handled
+	Wakeups     uint64 // cross-goroutine wake-ups of sleeping queues
+	CQOverflows uint64
+	StrayEvents uint64 // events for operations already gone (a bug if it grows without closes)
+	// Stalls counts the times a queue was found running one piece of code (a handler, a
+	// posted function) for over 250 ms without returning to its loop: every other
+	// connection of the queue waited meanwhile. Handlers must not block.
+	Stalls uint64
+}
+
+// FaultStats: failures the engine handled.
+type FaultStats struct {
+	CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
+	HandlerPanics  uint64 // handler methods that panicked (their connections were closed), and OnLimit/OnMisuse callbacks
+	AcceptErrors   uint64
+	AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
+}
+
+// DebugStats: Config.Debug's findings (each also reported to DebugOptions.OnMisuse): buffers
+// written after Send or after Release, handler calls over SlowHandler, Data held over
+// HeldData.
+type DebugStats struct {
 	Misuses          uint64
 	SlowHandlerCalls uint64
 	DataHeldLong     uint64
-	// QueueStalls counts the times a queue was found running one piece of code (a handler,
-	// a posted function) for over 250 ms without returning to its loop: every other
-	// connection of the queue waited meanwhile. Handlers must not block.
-	QueueStalls uint64
+}
 
-	// SteeringFallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back
-	// to plain SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
-	SteeringFallbacks uint64
-	// SteeringCPU counts listeners whose BPF steering places connections by CPU locality
-	// (PolicyCPU, the CPU→queue map filled from the queues' placement).
-	SteeringCPU uint64
-	// SteeringPolicyFallbacks counts multi-queue listeners with BPF steering whose default
-	// policy (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more
-	// queues than CPUs, pinning refused); Listener.SteeringInfo says why.
-	SteeringPolicyFallbacks uint64
-	// SteeringAttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto
-	// left incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
-	SteeringAttachFallbacks uint64
+// SteeringStats: BPF steering and its fallbacks.
+type SteeringStats struct {
+	// Fallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back to plain
+	// SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
+	Fallbacks uint64
+	// CPU counts listeners whose BPF steering places connections by CPU locality (PolicyCPU,
+	// the CPU→queue map filled from the queues' placement).
+	CPU uint64
+	// PolicyFallbacks counts multi-queue listeners with BPF steering whose default policy
+	// (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more queues
+	// than CPUs, pinning refused); Listener.SteeringInfo says why.
+	PolicyFallbacks uint64
+	// AttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto left
+	// incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
+	AttachFallbacks uint64
 }
 
 func (s *Stats) addCounters(c *counters) {
-	s.BytesSentZC += c.sentZC.Load()
-	s.BytesZCCopied += c.zcCopied.Load()
-	s.BytesSentCopy += c.sentCopy.Load()
-	s.BytesSentSpliced += c.sentSpliced.Load()
-	s.BytesRecvRing += c.recvRing.Load()
-	s.BytesRecvPlain += c.recvPlain.Load()
-	s.BytesRecvShim += c.recvShim.Load()
-	s.BytesRecvDirect += c.recvDirect.Load()
-	s.BytesRecvMapped += c.recvMapped.Load()
-	s.BytesRecvMappedCopied += c.recvMappedCopied.Load()
-	s.RecvMappedFallbacks += c.mappedFallbacks.Load()
-	s.SendOps += c.sendOps.Load()
-	s.DirectWrites += c.directWrites.Load()
-	s.SendZCOps += c.sendZCOps.Load()
-	s.ZCSwitches += c.zcSwitches.Load()
-	s.ZCProbes += c.zcProbes.Load()
-	s.BufRingEmpty += c.bufEmpty.Load()
-	s.CreditPauses += c.creditPauses.Load()
-	s.CloseTimeouts += c.closeTimeouts.Load()
-	s.HandlerPanics += c.handlerPanics.Load()
-	s.NotifsUnexpected += c.notifsUnexpected.Load()
-	s.AcceptErrors += c.acceptErrs.Load()
-	s.AcceptBackoffs += c.acceptBackoffs.Load()
-	s.PoolGrows += c.sendPoolGrows.Load()
-	s.PoolGrowFailures += c.sendPoolGrowFails.Load()
-	s.PoolWaits += c.poolWaits.Load()
-	s.MemlockCaps += c.memlockCaps.Load()
+	s.Send.BytesZC += c.sentZC.Load()
+	s.Send.BytesZCCopied += c.zcCopied.Load()
+	s.Send.BytesCopy += c.sentCopy.Load()
+	s.Send.BytesSpliced += c.sentSpliced.Load()
+	s.Recv.BytesRing += c.recvRing.Load()
+	s.Recv.BytesPlain += c.recvPlain.Load()
+	s.Recv.BytesShim += c.recvShim.Load()
+	s.Recv.BytesDirect += c.recvDirect.Load()
+	s.Recv.BytesMapped += c.recvMapped.Load()
+	s.Recv.BytesMappedCopied += c.recvMappedCopied.Load()
+	s.Recv.MappedFallbacks += c.mappedFallbacks.Load()
+	s.Send.Ops += c.sendOps.Load()
+	s.Send.DirectWrites += c.directWrites.Load()
+	s.Send.ZCOps += c.sendZCOps.Load()
+	s.Send.ZCSwitches += c.zcSwitches.Load()
+	s.Send.ZCProbes += c.zcProbes.Load()
+	s.Recv.BufRingEmpty += c.bufEmpty.Load()
+	s.Recv.CreditPauses += c.creditPauses.Load()
+	s.Faults.CloseTimeouts += c.closeTimeouts.Load()
+	s.Faults.HandlerPanics += c.handlerPanics.Load()
+	s.Send.NotifsUnexpected += c.notifsUnexpected.Load()
+	s.Faults.AcceptErrors += c.acceptErrs.Load()
+	s.Faults.AcceptBackoffs += c.acceptBackoffs.Load()
+	s.Memory.PoolGrows += c.sendPoolGrows.Load()
+	s.Memory.PoolGrowFailures += c.sendPoolGrowFails.Load()
+	s.Send.PoolWaits += c.poolWaits.Load()
+	s.Memory.MemlockCaps += c.memlockCaps.Load()
 }
 
 // Stats returns engine-wide counters.
 func (e *Engine) Stats() Stats {
-	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), SteeringFallbacks: e.steerFallbacks.Load(), AddedProcs: e.addedProcs,
-		MemlockShort: e.memlockShort.Load()}
-	s.QueueStalls = e.stalls.Load()
-	s.HandlerPanics += e.callbackPanics.Load()
+	s := Stats{Backend: e.backend.String(), Queues: len(e.queues), AddedProcs: e.addedProcs}
+	s.Steering.Fallbacks = e.steerFallbacks.Load()
+	s.Memory.MemlockShort = e.memlockShort.Load()
+	s.Loop.Stalls = e.stalls.Load()
+	s.Faults.HandlerPanics += e.callbackPanics.Load()
 	if d := e.dbg; d != nil {
-		s.Misuses, s.SlowHandlerCalls, s.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
+		s.Debug.Misuses, s.Debug.SlowHandlerCalls, s.Debug.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
 	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
@@ -532,30 +560,30 @@ func (e *Engine) Stats() Stats {
 		s.addCounters(&q.ctr)
 		q.addZcrxStats(&s)
 		ls := q.Queue.Stats()
-		s.Waits += ls.Waits
-		s.BusyPolls += ls.Spins
-		s.Events += ls.Events
-		s.Wakeups += ls.Wakeups
-		s.CQOverflows += ls.Overflows
-		s.StrayEvents += ls.Stray
-		s.NotifsPending += q.notifsPending.Load()
-		s.SendPoolBytes += uint64(q.send.Bytes())
-		s.SendPoolMax += uint64(q.send.MaxBytes())
+		s.Loop.Waits += ls.Waits
+		s.Loop.BusyPolls += ls.Spins
+		s.Loop.Events += ls.Events
+		s.Loop.Wakeups += ls.Wakeups
+		s.Loop.CQOverflows += ls.Overflows
+		s.Loop.StrayEvents += ls.Stray
+		s.Send.NotifsPending += q.notifsPending.Load()
+		s.Memory.SendPoolBytes += uint64(q.send.Bytes())
+		s.Memory.SendPoolMax += uint64(q.send.MaxBytes())
 		if p := q.be.recvPool(); p != nil {
-			s.RecvPoolBytes += uint64(p.Bytes())
-			s.RecvPoolMax += uint64(p.MaxBytes())
+			s.Memory.RecvPoolBytes += uint64(p.Bytes())
+			s.Memory.RecvPoolMax += uint64(p.MaxBytes())
 		}
 		if ge := q.growErr.Load(); ge != nil {
-			s.PoolGrowError = (*ge).Error()
+			s.Memory.PoolGrowError = (*ge).Error()
 		}
 		if rs, ok := q.be.(interface{ ringStats() ringStats }); ok {
 			r := rs.ringStats()
-			s.BufRingEmpty += uint64(r.Empty)
-			s.BundleMismatch += uint64(r.Mismatch)
-			s.PoolGrows += uint64(r.Grows)
-			s.PoolGrowFailures += uint64(r.GrowFails)
+			s.Recv.BufRingEmpty += uint64(r.Empty)
+			s.Recv.BundleMismatch += uint64(r.Mismatch)
+			s.Memory.PoolGrows += uint64(r.Grows)
+			s.Memory.PoolGrowFailures += uint64(r.GrowFails)
 			if r.LastError != nil {
-				s.PoolGrowError = r.LastError.Error()
+				s.Memory.PoolGrowError = r.LastError.Error()
 			}
 		}
 	}
@@ -565,7 +593,7 @@ func (e *Engine) Stats() Stats {
 // stallTick is how often watchStalls looks at the queues.
 const stallTick = 250 * time.Millisecond
 
-// watchStalls counts queues stuck in one piece of code (Stats.QueueStalls): a queue that
+// watchStalls counts queues stuck in one piece of code (Stats.Loop.Stalls): a queue that
 // runs code (not waiting in the kernel) and made no progress (no event dispatched, no wait)
 // between two looks. One stall is counted once however long it lasts. It costs a look per
 // queue every tick.

@@ -85,7 +85,7 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Unwrap() error { return ErrInvalid }
 
 // PanicError is the error a connection closes with when one of its handler methods panicked:
-// the engine recovers, counts it (Stats.HandlerPanics) and closes only that connection.
+// the engine recovers, counts it (Stats.Faults.HandlerPanics) and closes only that connection.
 type PanicError struct {
 	Method string // "OnData", "OnEOF", "OnWritable", "accept", ...
 	Value  any    // what the handler panicked with

@@ -81,7 +81,7 @@ func seccompChild() int {
 		fmt.Println("echo over the fallback:", err)
 		return 1
 	}
-	if s := cli.Stats(); s.BytesSentCopy < 8<<20 || s.BytesRecvPlain < 8<<20 {
+	if s := cli.Stats(); s.Send.BytesCopy < 8<<20 || s.Recv.BytesPlain < 8<<20 {
 		fmt.Printf("plain counters do not show the traffic: %+v\n", s)
 		return 1
 	}

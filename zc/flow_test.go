@@ -304,7 +304,7 @@ func testRecvHeldBound(t *testing.T, cfg Config) {
 		heldSlack = bs // one read, one buffer
 	}
 	t.Logf("peer sent %d MiB; the connection holds %d KiB in buffers, %d KiB of data (MaxRecvHeld %d KiB, receive pool %d KiB)",
-		sent>>20, held>>10, bytes>>10, maxHeld>>10, e.Stats().RecvPoolBytes>>10)
+		sent>>20, held>>10, bytes>>10, maxHeld>>10, e.Stats().Memory.RecvPoolBytes>>10)
 	if bytes > maxHeld+byteSlack {
 		t.Errorf("a connection holds %d KiB of received data, MaxRecvHeld is %d KiB", bytes>>10, maxHeld>>10)
 	}

@@ -312,7 +312,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		st.engineCloses = 1
 	}
 	es := e.Stats()
-	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.PoolWaits, es.CreditPauses, es.BytesZCCopied, es.SendOps, es.SendZCOps
+	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps
 	for _, r := range s.roles {
 		if r.fc != nil {
 			st.bytes += r.fc.kAcc

@@ -79,14 +79,14 @@ func TestMappedReceive(t *testing.T) {
 				t.Fatal("received data differs")
 			}
 			st := srv.Stats()
-			t.Logf("mapped %d, copied %d, fallbacks %d", st.BytesRecvMapped, st.BytesRecvMappedCopied, st.RecvMappedFallbacks)
-			if st.RecvMappedFallbacks != 0 {
+			t.Logf("mapped %d, copied %d, fallbacks %d", st.Recv.BytesMapped, st.Recv.BytesMappedCopied, st.Recv.MappedFallbacks)
+			if st.Recv.MappedFallbacks != 0 {
 				t.Fatal("mapped window could not be set up")
 			}
-			if st.BytesRecvMapped+st.BytesRecvMappedCopied != total {
-				t.Fatalf("mapped+copied = %d, want %d", st.BytesRecvMapped+st.BytesRecvMappedCopied, total)
+			if st.Recv.BytesMapped+st.Recv.BytesMappedCopied != total {
+				t.Fatalf("mapped+copied = %d, want %d", st.Recv.BytesMapped+st.Recv.BytesMappedCopied, total)
 			}
-			if tc.wantPages && st.BytesRecvMapped == 0 {
+			if tc.wantPages && st.Recv.BytesMapped == 0 {
 				t.Fatal("no page was mapped although the sender sent page-aligned zero-copy frags")
 			}
 			c.Close()

@@ -57,8 +57,8 @@ func memlockChild() int {
 	lmu.Lock()
 	var le *LimitError
 	var me *memreg.MemlockError
-	if len(limits) == 0 || !errors.As(limits[0], &le) || le.Queue != -1 || !errors.As(limits[0], &me) || !e.Stats().MemlockShort {
-		fmt.Printf("New did not report the short limit: %v, stats %v\n", limits, e.Stats().MemlockShort)
+	if len(limits) == 0 || !errors.As(limits[0], &le) || le.Queue != -1 || !errors.As(limits[0], &me) || !e.Stats().Memory.MemlockShort {
+		fmt.Printf("New did not report the short limit: %v, stats %v\n", limits, e.Stats().Memory.MemlockShort)
 		lmu.Unlock()
 		return 1
 	}
@@ -169,8 +169,8 @@ func memlockChild() int {
 	}
 	st := e.Stats()
 	fmt.Printf("%d × %d MiB delivered; send pools %d bytes, memlock caps %d, pool waits %d\n",
-		writers, size>>20, st.SendPoolBytes, st.MemlockCaps, st.PoolWaits)
-	if st.MemlockCaps == 0 {
+		writers, size>>20, st.Memory.SendPoolBytes, st.Memory.MemlockCaps, st.Send.PoolWaits)
+	if st.Memory.MemlockCaps == 0 {
 		fmt.Println("no growth was refused: the test did not reach the limit")
 		return 1
 	}

@@ -35,16 +35,16 @@ func TestMemoryAtStart(t *testing.T) {
 			defer e.Close()
 			st := e.Stats()
 			t.Logf("%d queues (%s): send pools %d KiB (cap %d MiB), receive pools %d KiB (cap %d MiB), %d KiB in all",
-				st.Queues, st.Backend, st.SendPoolBytes>>10, st.SendPoolMax>>20, st.RecvPoolBytes>>10, st.RecvPoolMax>>20,
-				(st.SendPoolBytes+st.RecvPoolBytes)>>10)
-			if st.SendPoolBytes == 0 || st.RecvPoolBytes == 0 {
+				st.Queues, st.Backend, st.Memory.SendPoolBytes>>10, st.Memory.SendPoolMax>>20, st.Memory.RecvPoolBytes>>10, st.Memory.RecvPoolMax>>20,
+				(st.Memory.SendPoolBytes+st.Memory.RecvPoolBytes)>>10)
+			if st.Memory.SendPoolBytes == 0 || st.Memory.RecvPoolBytes == 0 {
 				t.Fatalf("pool sizes not reported: %+v", st)
 			}
-			if st.SendPoolBytes > 16<<20 {
-				t.Errorf("%d queues pin %d MiB of send buffers before any connection (at most 16 MiB)", st.Queues, st.SendPoolBytes>>20)
+			if st.Memory.SendPoolBytes > 16<<20 {
+				t.Errorf("%d queues pin %d MiB of send buffers before any connection (at most 16 MiB)", st.Queues, st.Memory.SendPoolBytes>>20)
 			}
-			if st.SendPoolBytes+st.RecvPoolBytes > 32<<20 {
-				t.Errorf("%d queues map %d MiB of buffers before any connection", st.Queues, (st.SendPoolBytes+st.RecvPoolBytes)>>20)
+			if st.Memory.SendPoolBytes+st.Memory.RecvPoolBytes > 32<<20 {
+				t.Errorf("%d queues map %d MiB of buffers before any connection", st.Queues, (st.Memory.SendPoolBytes+st.Memory.RecvPoolBytes)>>20)
 			}
 		})
 	}

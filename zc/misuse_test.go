@@ -191,7 +191,7 @@ func testMisuse(t *testing.T, cfg Config) {
 
 // TestHandlerPanics: a panic in a handler method (or the accept function, or a posted
 // function) closes that connection with an error wrapping *PanicError, is counted in
-// Stats.HandlerPanics, and the engine keeps serving the others.
+// Stats.Faults.HandlerPanics, and the engine keeps serving the others.
 func TestHandlerPanics(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) { testHandlerPanics(t, Config{Backend: b, Queues: 1, NoPin: true}) })
@@ -240,7 +240,7 @@ func testHandlerPanics(t *testing.T, cfg Config) {
 	}
 	echoOK("start")
 	for i, m := range []string{"OnData", "OnWritable", "posted", "OnEOF", "accept"} {
-		before := e.Stats().HandlerPanics
+		before := e.Stats().Faults.HandlerPanics
 		mode <- m
 		s, err := tcpglue.Dial("tcp", l.Addr().String(), tcpglue.DialOptions{})
 		if err != nil {
@@ -275,7 +275,7 @@ func testHandlerPanics(t *testing.T, cfg Config) {
 			}
 			t.Logf("%s: closed with %v", m, ce.err)
 		}
-		if got := e.Stats().HandlerPanics; got != before+1 {
+		if got := e.Stats().Faults.HandlerPanics; got != before+1 {
 			t.Fatalf("%s: HandlerPanics %d, want %d", m, got, before+1)
 		}
 		if s == nil { // the peer already saw the reset

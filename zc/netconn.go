@@ -429,7 +429,7 @@ const acceptBacklog = 1024
 // NetListen listens like Listen and returns a net.Listener whose Accept returns net.Conns.
 // Where the connections read directly (the default, see Config.NetConnRing), one whose socket
 // cannot be duplicated for Go's poller (out of descriptors) is closed and counted in
-// Stats.AcceptErrors, as if its accept had failed.
+// Stats.Faults.AcceptErrors, as if its accept had failed.
 func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{})}
 	l, err := e.Listen(network, address, func(c *Conn) Handler {

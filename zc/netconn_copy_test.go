@@ -92,7 +92,7 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 					defer stop()
 					r, n := src.open(t)
 					e := c1.(NetConn).Zc().e
-					before := e.Stats().BytesSentSpliced
+					before := e.Stats().Send.BytesSpliced
 					got := make(chan []byte, 1)
 					go func() {
 						var buf bytes.Buffer
@@ -113,7 +113,7 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 					if sha256.Sum256(g) != sha256.Sum256(want[:n]) {
 						t.Fatalf("received %d bytes, differ from the %d sent", len(g), n)
 					}
-					spliced := e.Stats().BytesSentSpliced - before
+					spliced := e.Stats().Send.BytesSpliced - before
 					if (src.name == "reader") != (spliced == 0) || (spliced != 0 && spliced != uint64(n)) {
 						t.Fatalf("%d bytes went by sendfile/splice for a %s source of %d", spliced, src.name, n)
 					}

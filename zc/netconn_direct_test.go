@@ -89,11 +89,11 @@ func TestNetConnReadPaths(t *testing.T) {
 				}
 				for side, e := range map[string]*Engine{"server": srv, "client": cli} {
 					st := e.Stats()
-					if ring && (st.BytesRecvDirect != 0 || st.BytesRecvRing+st.BytesRecvPlain < uint64(len(msg))) {
-						t.Errorf("%s with NetConnRing: %d bytes read directly, %d through the queue", side, st.BytesRecvDirect, st.BytesRecvRing+st.BytesRecvPlain)
+					if ring && (st.Recv.BytesDirect != 0 || st.Recv.BytesRing+st.Recv.BytesPlain < uint64(len(msg))) {
+						t.Errorf("%s with NetConnRing: %d bytes read directly, %d through the queue", side, st.Recv.BytesDirect, st.Recv.BytesRing+st.Recv.BytesPlain)
 					}
-					if !ring && (st.BytesRecvDirect != uint64(len(msg)) || st.BytesRecvRing+st.BytesRecvPlain != 0) {
-						t.Errorf("%s: %d bytes read directly, %d through the queue; want %d and 0", side, st.BytesRecvDirect, st.BytesRecvRing+st.BytesRecvPlain, len(msg))
+					if !ring && (st.Recv.BytesDirect != uint64(len(msg)) || st.Recv.BytesRing+st.Recv.BytesPlain != 0) {
+						t.Errorf("%s: %d bytes read directly, %d through the queue; want %d and 0", side, st.Recv.BytesDirect, st.Recv.BytesRing+st.Recv.BytesPlain, len(msg))
 					}
 				}
 				if n := c.Zc().Stats().BytesRecv; n != uint64(len(msg)) {
@@ -195,7 +195,7 @@ func TestNetConnDirectNoDescriptor(t *testing.T) {
 			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
 			}
-			if n := e.Stats().AcceptErrors; n != 1 {
+			if n := e.Stats().Faults.AcceptErrors; n != 1 {
 				t.Errorf("AcceptErrors = %d, want 1", n)
 			}
 			nc, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())

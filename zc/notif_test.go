@@ -75,7 +75,7 @@ func testZeroCopyNotifAccounting(t *testing.T, cfg Config, conns int) {
 				return
 			default:
 			}
-			p := e.Stats().NotifsPending
+			p := e.Stats().Send.NotifsPending
 			if p < minPending.Load() {
 				minPending.Store(p)
 			}
@@ -132,14 +132,14 @@ func testZeroCopyNotifAccounting(t *testing.T, cfg Config, conns int) {
 	pollWG.Wait()
 	st := e.Stats()
 	t.Logf("%d polls, NotifsPending between %d and %d; %d peers reset; zero-copy ops %d, bytes zc %d / copied %d",
-		polls.Load(), minPending.Load(), maxPending.Load(), resets.Load(), st.SendZCOps, st.BytesSentZC, st.BytesZCCopied)
+		polls.Load(), minPending.Load(), maxPending.Load(), resets.Load(), st.Send.ZCOps, st.Send.BytesZC, st.Send.BytesZCCopied)
 	if minPending.Load() < 0 {
 		t.Errorf("NotifsPending went down to %d", minPending.Load())
 	}
-	if st.NotifsPending != 0 || st.NotifsUnexpected != 0 {
-		t.Errorf("after every connection closed: NotifsPending %d, NotifsUnexpected %d", st.NotifsPending, st.NotifsUnexpected)
+	if st.Send.NotifsPending != 0 || st.Send.NotifsUnexpected != 0 {
+		t.Errorf("after every connection closed: NotifsPending %d, NotifsUnexpected %d", st.Send.NotifsPending, st.Send.NotifsUnexpected)
 	}
-	if st.SendZCOps == 0 {
+	if st.Send.ZCOps == 0 {
 		t.Error("no zero-copy send was made")
 	}
 	if resets.Load() == 0 {

@@ -27,7 +27,7 @@ type ListenOptions struct {
 	// table (explicit entries and the connections sk_reuseport placed) and are detached on
 	// Close. It needs BPF steering (SteerAuto or SteerBPF). Under SteerAuto an attachment
 	// that fails (or XDP without redirect, or XPS overriding tc) is left out, explained in
-	// SteeringInfo and counted in Stats.SteeringAttachFallbacks; under SteerBPF Listen fails
+	// SteeringInfo and counted in Stats.Steering.AttachFallbacks; under SteerBPF Listen fails
 	// with the typed error. A name that is no interface fails Listen in both modes. An
 	// interface takes one XDP program: a second listener asking for the same interface gets
 	// the kernel's refusal. On veth the XDP program runs in generic (skb) mode: in driver

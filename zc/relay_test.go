@@ -493,8 +493,8 @@ func testRelay(t *testing.T, backend Backend, conns, perConn, runs int, only ...
 				r := relayOnce(t, relay, be, conns, perConn)
 				st := relay.Stats()
 				t.Logf("run %d: %d conns × %d KiB each way in %v; relay credit pauses %d, buf-ring empty %d, pool %d/%d bytes, sender retries %d; most held by one connection %d KiB (MaxRecvHeld %d KiB)",
-					run, conns, perConn>>10, time.Since(start).Round(time.Millisecond), st.CreditPauses, st.BufRingEmpty,
-					st.RecvPoolBytes, st.RecvPoolMax, r.retries.Load(), r.maxHeld>>10, relay.Config().MaxRecvHeld>>10)
+					run, conns, perConn>>10, time.Since(start).Round(time.Millisecond), st.Recv.CreditPauses, st.Recv.BufRingEmpty,
+					st.Memory.RecvPoolBytes, st.Memory.RecvPoolMax, r.retries.Load(), r.maxHeld>>10, relay.Config().MaxRecvHeld>>10)
 				if t.Failed() {
 					return
 				}
@@ -580,8 +580,8 @@ func relayOnce(t *testing.T, relay, be *Engine, conns, perConn int) *relayRun {
 	// Every buffer comes back.
 	waitSendBuffersBack(t, relay)
 	waitSendBuffersBack(t, be)
-	if st := relay.Stats(); st.NotifsPending != 0 || st.NotifsUnexpected != 0 {
-		t.Errorf("relay notifications: pending %d, unexpected %d", st.NotifsPending, st.NotifsUnexpected)
+	if st := relay.Stats(); st.Send.NotifsPending != 0 || st.Send.NotifsUnexpected != 0 {
+		t.Errorf("relay notifications: pending %d, unexpected %d", st.Send.NotifsPending, st.Send.NotifsUnexpected)
 	}
 	return r
 }

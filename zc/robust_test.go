@@ -53,7 +53,7 @@ func TestManyConnsRandomSizes(t *testing.T) {
 		t.Fatalf("%v\nclient: %s\nserver: %s", err, engineDump(cli), engineDump(srv))
 	}
 	st := srv.Stats()
-	if st.NotifsUnexpected != 0 || st.BundleMismatch != 0 || st.NotifsPending < 0 {
+	if st.Send.NotifsUnexpected != 0 || st.Recv.BundleMismatch != 0 || st.Send.NotifsPending < 0 {
 		t.Fatalf("server stats %+v", st)
 	}
 	t.Logf("server: %+v", st)
@@ -390,7 +390,7 @@ func TestAdaptiveSwitchesToCopy(t *testing.T) {
 		t.Fatalf("%d bytes reported as truly zero-copy on loopback", st.BytesSentZC)
 	}
 	es := cli.Stats()
-	if es.ZCSwitches == 0 || es.BytesZCCopied == 0 {
+	if es.Send.ZCSwitches == 0 || es.Send.BytesZCCopied == 0 {
 		t.Fatalf("engine stats do not show the switch: %+v", es)
 	}
 	c.Close()
@@ -714,7 +714,7 @@ func TestLoopWritesBatch(t *testing.T) {
 				t.Fatal("stream differs")
 			}
 			after := cli.Stats()
-			ops := (after.SendOps - before.SendOps) + (after.DirectWrites - before.DirectWrites)
+			ops := (after.Send.Ops - before.Send.Ops) + (after.Send.DirectWrites - before.Send.DirectWrites)
 			if ops > n/20 {
 				t.Fatalf("%d Writes of %d bytes took %d kernel sends: not batched", n, size, ops)
 			}

@@ -107,11 +107,11 @@ func shimFallbackChild() error {
 	st = cli.Stats()
 	switch want {
 	case BackendShim:
-		if st.SendZCOps == 0 || st.BytesSentZC+st.BytesZCCopied < size || st.BytesRecvShim < size || st.BytesSentCopy != 0 {
+		if st.Send.ZCOps == 0 || st.Send.BytesZC+st.Send.BytesZCCopied < size || st.Recv.BytesShim < size || st.Send.BytesCopy != 0 {
 			return fmt.Errorf("shim counters do not show the traffic: %+v", st)
 		}
 	default:
-		if st.BytesSentCopy < size || st.BytesRecvPlain < size {
+		if st.Send.BytesCopy < size || st.Recv.BytesPlain < size {
 			return fmt.Errorf("plain counters do not show the traffic: %+v", st)
 		}
 	}

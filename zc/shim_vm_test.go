@@ -107,7 +107,7 @@ func TestShimBulk(t *testing.T) {
 		t.Fatalf("conn counters: %+v", cs)
 	}
 	st := cli.Stats()
-	if st.Backend != "shim" || st.BytesSentCopy != 0 || st.BytesRecvShim != total {
+	if st.Backend != "shim" || st.Send.BytesCopy != 0 || st.Recv.BytesShim != total {
 		t.Fatalf("engine counters: %+v", st)
 	}
 	waitSendBuffersBack(t, cli)
@@ -442,7 +442,7 @@ func TestShimThroughput(t *testing.T) {
 			t.Fatalf("%v: streamed data differs", b)
 		}
 		st := cli.Stats()
-		t.Logf("MEASURE zc %-8v %6.1f MB/s (32 MiB one way; send ops %d, zero-copy ops %d)", b, float64(total)/d.Seconds()/1e6, st.SendOps, st.SendZCOps)
+		t.Logf("MEASURE zc %-8v %6.1f MB/s (32 MiB one way; send ops %d, zero-copy ops %d)", b, float64(total)/d.Seconds()/1e6, st.Send.Ops, st.Send.ZCOps)
 		c.Close()
 		<-c.Done()
 		l.Close()

@@ -142,7 +142,7 @@ func testNonReaderDoesNotStarve(t *testing.T, cfg Config) {
 	}
 	st := e.Stats()
 	t.Logf("echoes per 500 ms: before the hog %d; with it %d, then %d (per victim %v, %v); hog sent %d bytes; stats: credit pauses %d, ring empty %d",
-		base, w1, w2, each1, each2, hogBytes.Load(), st.CreditPauses, st.BufRingEmpty)
+		base, w1, w2, each1, each2, hogBytes.Load(), st.Recv.CreditPauses, st.Recv.BufRingEmpty)
 	for i := 0; i < victims; i++ {
 		if each1[i] == 0 || each2[i] == 0 {
 			t.Errorf("victim %d made no progress in a window with the hog (%d, %d)\n%s", i, each1[i], each2[i], engineDump(e))
@@ -207,9 +207,9 @@ func testNoSpinWhilePaused(t *testing.T, cfg Config) {
 	if st := c.Stats(); st.BytesRecv != 0 || !st.RecvPaused {
 		t.Fatalf("while paused: %d bytes received, RecvPaused %v; want 0, true", st.BytesRecv, st.RecvPaused)
 	}
-	w0 := e.Stats().Waits
+	w0 := e.Stats().Loop.Waits
 	time.Sleep(300 * time.Millisecond)
-	waits := e.Stats().Waits - w0
+	waits := e.Stats().Loop.Waits - w0
 	// An idle queue waits a few times (timers); a spinning one hundreds of thousands.
 	if waits > 1000 {
 		t.Errorf("the queue woke %d times in 300 ms with one paused connection: busy loop", waits)

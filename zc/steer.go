@@ -37,7 +37,7 @@ import (
 // With Config.SteerPolicy left at its zero value (bpf.PolicyAuto) the listener uses the CPU
 // policy when it is exact: every queue's thread is pinned on a CPU of its own. Otherwise
 // (NoPin, pinning refused, more queues than CPUs, a single queue) it uses the hash, says why
-// in SteeringInfo and counts it in Stats.SteeringPolicyFallbacks. PolicyCPU asked for
+// in SteeringInfo and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
 // explicitly is used even when it cannot be exact (the map then names the CPUs the queues
 // would have been pinned on), and SteeringInfo.Exact says so.
 
@@ -173,9 +173,9 @@ type steerCounters struct {
 }
 
 func (c *steerCounters) fill(s *Stats) {
-	s.SteeringCPU = c.cpu.Load()
-	s.SteeringPolicyFallbacks = c.policyFallbacks.Load()
-	s.SteeringAttachFallbacks = c.attachFallbacks.Load()
+	s.Steering.CPU = c.cpu.Load()
+	s.Steering.PolicyFallbacks = c.policyFallbacks.Load()
+	s.Steering.AttachFallbacks = c.attachFallbacks.Load()
 }
 
 // validPolicy reports whether p is a policy bpf accepts.

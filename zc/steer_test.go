@@ -109,7 +109,7 @@ func TestSteeringNoStaleFlows(t *testing.T) {
 			t.Fatalf("stale flow %v after churn (%d learned)", k, len(learned))
 		}
 	}
-	if e.Stats().SteeringFallbacks != 0 {
+	if e.Stats().Steering.Fallbacks != 0 {
 		t.Fatal("fallback counted although steering loaded")
 	}
 }
@@ -146,7 +146,7 @@ func steerChild() int {
 		return 1
 	}
 	defer l.Close()
-	if l.Steering() != nil || l.SteeringFallback() == "" || e.Stats().SteeringFallbacks != 1 {
+	if l.Steering() != nil || l.SteeringFallback() == "" || e.Stats().Steering.Fallbacks != 1 {
 		println("fallback not visible")
 		return 1
 	}
@@ -160,7 +160,7 @@ func steerChild() int {
 	defer li.Close()
 	info := li.SteeringInfo()
 	if info.BPF || info.Fallback == "" || len(info.Interfaces) != 1 || info.Interfaces[0].XDP || info.Interfaces[0].TC ||
-		info.Interfaces[0].Reason == "" || e.Stats().SteeringAttachFallbacks != 1 || e.Stats().SteeringFallbacks != 2 {
+		info.Interfaces[0].Reason == "" || e.Stats().Steering.AttachFallbacks != 1 || e.Stats().Steering.Fallbacks != 2 {
 		println("interface fallback not visible:", info.String())
 		return 1
 	}
@@ -405,8 +405,8 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 			t.Fatalf("CPU %d of queue %d maps to queue %d", c, q, info.CPUQueues[c])
 		}
 	}
-	if st := e.Stats(); st.SteeringCPU != 1 || st.SteeringPolicyFallbacks != 0 || st.SteeringFallbacks != 0 {
-		t.Fatalf("stats: cpu %d, policy fallbacks %d, fallbacks %d", st.SteeringCPU, st.SteeringPolicyFallbacks, st.SteeringFallbacks)
+	if st := e.Stats(); st.Steering.CPU != 1 || st.Steering.PolicyFallbacks != 0 || st.Steering.Fallbacks != 0 {
+		t.Fatalf("stats: cpu %d, policy fallbacks %d, fallbacks %d", st.Steering.CPU, st.Steering.PolicyFallbacks, st.Steering.Fallbacks)
 	}
 	srv := l.Addr().(*net.TCPAddr).AddrPort()
 	s0, _ := l.Steering().Stats()
@@ -448,8 +448,8 @@ func TestSteeringPolicyReport(t *testing.T) {
 	if !slices.Equal(info.QueueCPUs, []int{-1, -1}) {
 		t.Errorf("NoPin queue CPUs %v", info.QueueCPUs)
 	}
-	if st := e.Stats(); st.SteeringPolicyFallbacks != 1 || st.SteeringCPU != 0 {
-		t.Errorf("NoPin, auto: policy fallbacks %d, cpu %d", st.SteeringPolicyFallbacks, st.SteeringCPU)
+	if st := e.Stats(); st.Steering.PolicyFallbacks != 1 || st.Steering.CPU != 0 {
+		t.Errorf("NoPin, auto: policy fallbacks %d, cpu %d", st.Steering.PolicyFallbacks, st.Steering.CPU)
 	}
 	if s := info.String(); !strings.Contains(s, "policy hash") || !strings.Contains(s, "NoPin") {
 		t.Errorf("report %q", s)
@@ -464,8 +464,8 @@ func TestSteeringPolicyReport(t *testing.T) {
 	if s := info.String(); !strings.Contains(s, "not exact") {
 		t.Errorf("report %q", s)
 	}
-	if st := e2.Stats(); st.SteeringCPU != 1 || st.SteeringPolicyFallbacks != 0 {
-		t.Errorf("NoPin, PolicyCPU: cpu %d, policy fallbacks %d", st.SteeringCPU, st.SteeringPolicyFallbacks)
+	if st := e2.Stats(); st.Steering.CPU != 1 || st.Steering.PolicyFallbacks != 0 {
+		t.Errorf("NoPin, PolicyCPU: cpu %d, policy fallbacks %d", st.Steering.CPU, st.Steering.PolicyFallbacks)
 	}
 	// PolicyHash asked: the hash, nothing counted as a fallback.
 	e3 := newEngine(t, Config{Queues: 2, SteerPolicy: bpf.PolicyHash})
@@ -474,8 +474,8 @@ func TestSteeringPolicyReport(t *testing.T) {
 	if info.Policy != bpf.PolicyHash || !strings.Contains(info.PolicyReason, "PolicyHash") {
 		t.Errorf("PolicyHash: %+v", info)
 	}
-	if st := e3.Stats(); st.SteeringCPU != 0 || st.SteeringPolicyFallbacks != 0 {
-		t.Errorf("PolicyHash: cpu %d, policy fallbacks %d", st.SteeringCPU, st.SteeringPolicyFallbacks)
+	if st := e3.Stats(); st.Steering.CPU != 0 || st.Steering.PolicyFallbacks != 0 {
+		t.Errorf("PolicyHash: cpu %d, policy fallbacks %d", st.Steering.CPU, st.Steering.PolicyFallbacks)
 	}
 	// Not asked at all.
 	e4 := newEngine(t, Config{Queues: 2, NoPin: true, Steering: SteerReuseportHash})
@@ -612,8 +612,8 @@ func TestSteerInterfacesVeth(t *testing.T) {
 	if info.Policy != bpf.PolicyCPU || !info.Exact {
 		t.Fatalf("policy %v exact %v", info.Policy, info.Exact)
 	}
-	if st := e.Stats(); st.SteeringAttachFallbacks != 0 {
-		t.Fatalf("attach fallbacks %d", st.SteeringAttachFallbacks)
+	if st := e.Stats(); st.Steering.AttachFallbacks != 0 {
+		t.Fatalf("attach fallbacks %d", st.Steering.AttachFallbacks)
 	}
 	if !xdpAttached(t, v.srv, steerSrvIf) || tcxEgressPrograms(t, v.srv, v.srvIdx) != 1 {
 		t.Fatal("XDP or tc egress not attached")
@@ -726,8 +726,8 @@ func TestSteerInterfacesVeth(t *testing.T) {
 	if ia.XDP || ia.XDPRedirect || !ia.TC || !strings.Contains(ia.Reason, "attach xdp") {
 		t.Fatalf("SteerAuto on a busy interface: %+v", ia)
 	}
-	if st := ea.Stats(); st.SteeringAttachFallbacks != 1 {
-		t.Fatalf("SteerAuto on a busy interface: %d attach fallbacks", st.SteeringAttachFallbacks)
+	if st := ea.Stats(); st.Steering.AttachFallbacks != 1 {
+		t.Fatalf("SteerAuto on a busy interface: %d attach fallbacks", st.Steering.AttachFallbacks)
 	}
 	if n := tcxEgressPrograms(t, v.srv, v.srvIdx); n != 2 {
 		t.Fatalf("%d tcx egress programs with two listeners", n)

@@ -50,7 +50,7 @@ func TestDialAsyncDonePanics(t *testing.T) {
 	}
 	// The failure path: a port nobody listens on.
 	addr := dialablePort(t)
-	before := e.Stats().HandlerPanics
+	before := e.Stats().Faults.HandlerPanics
 	ran := make(chan struct{})
 	err = e.DialAsync(context.Background(), "tcp", addr, HandlerFuncs{}, func(*Conn, error) {
 		close(ran)
@@ -60,7 +60,7 @@ func TestDialAsyncDonePanics(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ran
-	testutil.Eventually(t, "the panic counted", func() bool { return e.Stats().HandlerPanics > before })
+	testutil.Eventually(t, "the panic counted", func() bool { return e.Stats().Faults.HandlerPanics > before })
 	// The queue still works.
 	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
 	if err != nil {

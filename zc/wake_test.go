@@ -116,7 +116,7 @@ func TestWritableManyStreams(t *testing.T) {
 			}
 			// Hold every reader back until a connection was refused a buffer: the case
 			// that used to leave it without an event.
-			testutil.Eventually(t, "a connection refused a send buffer", func() bool { return e.Stats().PoolWaits > 0 })
+			testutil.Eventually(t, "a connection refused a send buffer", func() bool { return e.Stats().Send.PoolWaits > 0 })
 			close(start)
 			for i := 0; i < streams; i++ {
 				select {
@@ -128,7 +128,7 @@ func TestWritableManyStreams(t *testing.T) {
 					t.Fatalf("%d of %d streams unfinished (stalled): %+v", streams-i, streams, e.Stats())
 				}
 			}
-			t.Logf("pool waits %d", e.Stats().PoolWaits)
+			t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
 		})
 	}
 }
@@ -391,7 +391,7 @@ func TestFanOutWakes(t *testing.T) {
 					t.Fatalf("%d of %d subscribers unfinished (stalled): %+v", subs-i, subs, e.Stats())
 				}
 			}
-			t.Logf("pool waits %d", e.Stats().PoolWaits)
+			t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
 		})
 	}
 }

@@ -23,7 +23,7 @@ import (
 // recv; every completion becomes a Data viewing the area, charged to the connection's
 // receive credit, whose Release hands the buffer back through the refill ring from any
 // goroutine. Where zcrx cannot be set up the queue receives through the ring and says why
-// (Stats.RecvZcrxFallback; Config.NoFallback makes New fail instead).
+// (Stats.Recv.ZcrxFallback; Config.NoFallback makes New fail instead).
 
 // zcrxQueue is a queue's zcrx state. r is set in the queue's init (before anyone else sees
 // the queue) and never changes; the rest is read by Stats from any goroutine.
@@ -106,13 +106,13 @@ func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 
 // addZcrxStats adds the queue's zcrx counters to s.
 func (q *queue) addZcrxStats(s *Stats) {
-	s.BytesRecvZcrx += q.zx.bytes.Load()
-	s.RecvZcrxFallbacks += q.zx.fallbacks.Load()
-	if p := q.zx.reason.Load(); p != nil && s.RecvZcrxFallback == "" {
-		s.RecvZcrxFallback = (*p).Error()
+	s.Recv.BytesZcrx += q.zx.bytes.Load()
+	s.Recv.ZcrxFallbacks += q.zx.fallbacks.Load()
+	if p := q.zx.reason.Load(); p != nil && s.Recv.ZcrxFallback == "" {
+		s.Recv.ZcrxFallback = (*p).Error()
 	}
 	if q.zx.r != nil {
-		s.ZcrxQueues++
+		s.Recv.ZcrxQueues++
 	}
 	q.zx.mu.Lock()
 	rs := append([]*zcrx.Receiver{q.zx.r}, q.zx.nic...)
@@ -122,12 +122,12 @@ func (q *queue) addZcrxStats(s *Stats) {
 			continue
 		}
 		st := r.Stats()
-		s.ZcrxAreaStalls += st.AreaStalls
+		s.Recv.ZcrxAreaStalls += st.AreaStalls
 		switch {
 		case st.NoDev:
-			s.BytesRecvZcrxCopied += st.Bytes
+			s.Recv.BytesZcrxCopied += st.Bytes
 		case st.KernelStats:
-			s.BytesRecvZcrxCopied += st.KernelCopyBytes
+			s.Recv.BytesZcrxCopied += st.KernelCopyBytes
 		}
 	}
 }
@@ -366,7 +366,7 @@ func (l *Listener) closeZcrxNIC() {
 
 // ZcrxNICFallback returns why the listener's connections do not receive through the NIC
 // queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
-// the queues' own receive path (Stats.RecvZcrxFallback says which).
+// the queues' own receive path (Stats.Recv.ZcrxFallback says which).
 func (l *Listener) ZcrxNICFallback() string {
 	if l.zx == nil || l.zx.err == nil {
 		return ""

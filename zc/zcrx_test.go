@@ -74,24 +74,24 @@ func checkZcrxStats(t testing.TB, e *Engine, want bool, conns uint64, bytes uint
 	t.Helper()
 	st := e.Stats()
 	if want {
-		if st.ZcrxQueues != st.Queues || st.RecvZcrxFallbacks != 0 || st.RecvZcrxFallback != "" {
-			t.Fatalf("zcrx expected on every queue: %d of %d queues, %d fallbacks (%s)", st.ZcrxQueues, st.Queues, st.RecvZcrxFallbacks, st.RecvZcrxFallback)
+		if st.Recv.ZcrxQueues != st.Queues || st.Recv.ZcrxFallbacks != 0 || st.Recv.ZcrxFallback != "" {
+			t.Fatalf("zcrx expected on every queue: %d of %d queues, %d fallbacks (%s)", st.Recv.ZcrxQueues, st.Queues, st.Recv.ZcrxFallbacks, st.Recv.ZcrxFallback)
 		}
-		if st.BytesRecvZcrx < bytes || st.BytesRecvRing != 0 {
-			t.Fatalf("%d bytes through zcrx (want %d), %d through the ring", st.BytesRecvZcrx, bytes, st.BytesRecvRing)
+		if st.Recv.BytesZcrx < bytes || st.Recv.BytesRing != 0 {
+			t.Fatalf("%d bytes through zcrx (want %d), %d through the ring", st.Recv.BytesZcrx, bytes, st.Recv.BytesRing)
 		}
-		if st.BytesRecvZcrxCopied != st.BytesRecvZcrx {
-			t.Fatalf("device-less: %d of %d zcrx bytes counted as copied", st.BytesRecvZcrxCopied, st.BytesRecvZcrx)
+		if st.Recv.BytesZcrxCopied != st.Recv.BytesZcrx {
+			t.Fatalf("device-less: %d of %d zcrx bytes counted as copied", st.Recv.BytesZcrxCopied, st.Recv.BytesZcrx)
 		}
 		return
 	}
-	if st.ZcrxQueues != 0 || st.RecvZcrxFallbacks != conns || st.RecvZcrxFallback == "" {
-		t.Fatalf("fallback expected: %d zcrx queues, %d fallbacks of %d connections, reason %q", st.ZcrxQueues, st.RecvZcrxFallbacks, conns, st.RecvZcrxFallback)
+	if st.Recv.ZcrxQueues != 0 || st.Recv.ZcrxFallbacks != conns || st.Recv.ZcrxFallback == "" {
+		t.Fatalf("fallback expected: %d zcrx queues, %d fallbacks of %d connections, reason %q", st.Recv.ZcrxQueues, st.Recv.ZcrxFallbacks, conns, st.Recv.ZcrxFallback)
 	}
-	if st.BytesRecvZcrx != 0 || st.BytesRecvRing+st.BytesRecvPlain < bytes {
-		t.Fatalf("%d bytes through zcrx, %d through the ring (want %d)", st.BytesRecvZcrx, st.BytesRecvRing+st.BytesRecvPlain, bytes)
+	if st.Recv.BytesZcrx != 0 || st.Recv.BytesRing+st.Recv.BytesPlain < bytes {
+		t.Fatalf("%d bytes through zcrx, %d through the ring (want %d)", st.Recv.BytesZcrx, st.Recv.BytesRing+st.Recv.BytesPlain, bytes)
 	}
-	t.Logf("fell back visibly: %s", st.RecvZcrxFallback)
+	t.Logf("fell back visibly: %s", st.Recv.ZcrxFallback)
 }
 
 // TestZcrxEcho: both engines receive with RecvZcrx; the server echoes with SendData (a copy
@@ -317,7 +317,7 @@ func TestZcrxAreaExhausted(t *testing.T) {
 			t.Fatalf("the handler holds %d bytes of a %d-byte area", hb, area)
 		}
 		// Release when the area is exhausted (zcrx) or, through the ring, every 256 KiB.
-		if (want && st.ZcrxAreaStalls > lastStalls) || (!want && hb >= 256<<10) || n == total {
+		if (want && st.Recv.ZcrxAreaStalls > lastStalls) || (!want && hb >= 256<<10) || n == total {
 			for _, h := range held {
 				if err := checkPattern(h.d.Bytes(), h.off); err != nil {
 					mu.Unlock()
@@ -326,7 +326,7 @@ func TestZcrxAreaExhausted(t *testing.T) {
 				h.d.Release()
 			}
 			held, heldBytes = held[:0], 0
-			lastStalls = st.ZcrxAreaStalls
+			lastStalls = st.Recv.ZcrxAreaStalls
 			rounds++
 		}
 		mu.Unlock()
@@ -338,10 +338,10 @@ func TestZcrxAreaExhausted(t *testing.T) {
 		}
 	}
 	st := srv.Stats()
-	if want && st.ZcrxAreaStalls == 0 {
+	if want && st.Recv.ZcrxAreaStalls == 0 {
 		t.Fatalf("the area never ran out: %+v", st)
 	}
-	t.Logf("%d rounds, %d area stalls", rounds, st.ZcrxAreaStalls)
+	t.Logf("%d rounds, %d area stalls", rounds, st.Recv.ZcrxAreaStalls)
 	c.Close()
 	<-c.Done()
 	checkZcrxStats(t, srv, want, 1, total)
@@ -444,7 +444,7 @@ func TestZcrxFallbackRules(t *testing.T) {
 		if err != nil {
 			t.Fatalf("zcrx is available, New failed: %v", err)
 		}
-		if st := e.Stats(); st.ZcrxQueues != 1 {
+		if st := e.Stats(); st.Recv.ZcrxQueues != 1 {
 			t.Fatalf("%+v", st)
 		}
 		e.Close()
@@ -483,8 +483,8 @@ func TestZcrxFallbackRules(t *testing.T) {
 	c.Close()
 	<-c.Done()
 	st := srv.Stats()
-	if st.RecvZcrxFallbacks != 1 || !strings.Contains(st.RecvZcrxFallback, "io_uring backend") || st.BytesRecvPlain != 5 {
-		t.Fatalf("plain backend: %d fallbacks, reason %q, %d bytes", st.RecvZcrxFallbacks, st.RecvZcrxFallback, st.BytesRecvPlain)
+	if st.Recv.ZcrxFallbacks != 1 || !strings.Contains(st.Recv.ZcrxFallback, "io_uring backend") || st.Recv.BytesPlain != 5 {
+		t.Fatalf("plain backend: %d fallbacks, reason %q, %d bytes", st.Recv.ZcrxFallbacks, st.Recv.ZcrxFallback, st.Recv.BytesPlain)
 	}
 
 	for _, cfg := range []Config{{RecvPath: RecvZcrx + 1}, {ZcrxAreaSize: -1}} {

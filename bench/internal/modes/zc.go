@@ -297,8 +297,8 @@ func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount)
 // (rx_mapped_bytes / rx_copied_bytes, RecvMapped only).
 func addZCStats(m *harness.Meter, e *zc.Engine) {
 	st := e.Stats()
-	m.AddZeroCopy(st.BytesSentZC, st.BytesZCCopied+st.BytesSentCopy)
-	m.AddRecvMapped(st.BytesRecvMapped, st.BytesRecvMappedCopied)
+	m.AddZeroCopy(st.Send.BytesZC, st.Send.BytesZCCopied+st.Send.BytesCopy)
+	m.AddRecvMapped(st.Recv.BytesMapped, st.Recv.BytesMappedCopied)
 }
 
 // Server implements harness.Mode.
@@ -332,8 +332,8 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 	}
 	l.Close()
 	addZCStats(m, e)
-	if st := e.Stats(); z.mmap && st.RecvMappedFallbacks > 0 {
-		fail.set(fmt.Errorf("%d of %d connections could not set up the mapped receive window", st.RecvMappedFallbacks, c.Conns))
+	if st := e.Stats(); z.mmap && st.Recv.MappedFallbacks > 0 {
+		fail.set(fmt.Errorf("%d of %d connections could not set up the mapped receive window", st.Recv.MappedFallbacks, c.Conns))
 	}
 	return fail.get()
 }
