@@ -282,12 +282,11 @@ func (o *funcOwner) OnEvent(q *Queue, ev Event) { o.fn(q, ev) }
 // testFeeder owns a receive ring's memory the way zc's pool does: 4 buffers at first, 4 more
 // at each Grow up to max.
 type testFeeder struct {
-	rr      *RecvRing
-	mem     []byte
-	size    int
-	n, max  int
-	grows   int
-	waiting int
+	rr     *RecvRing
+	mem    []byte
+	size   int
+	n, max int
+	grows  int
 }
 
 func newTestFeeder(tb testing.TB, size, max int) *testFeeder {
