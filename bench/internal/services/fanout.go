@@ -43,6 +43,18 @@ const (
 	slowEvery = 16
 )
 
+// FanBurst is how many messages the publisher sends before it waits for the last
+// subscriber (a fast one, the probe) to have them: the publisher goes as fast as the
+// server delivers to its fast subscribers, as a real one would not outrun them for long,
+// and the slow ones fall behind and drop (never the server's memory).
+const FanBurst = 32
+
+// FanSendBuf is the zc fan-out server's send buffer size (Config.SendBufSize).
+const (
+	FanSendBuf  = 16 << 10
+	FanSendPool = 128 << 20 // its Config.SendPoolMax
+)
+
 func fanPayload(size int) []byte {
 	p := make([]byte, size-fanHdr-fanTrl)
 	for i := range p {
@@ -283,8 +295,17 @@ func (h *fanConn) OnClose(c *zc.Conn, err error) { h.f.done() }
 
 // fanoutZC is the fan-out server in zc's event-loop style: the publisher's Data is
 // parsed in OnData and each message handed to zcDeliver for every subscriber.
+//
+// Its engine has send buffers of 16 KiB (zc's default is 64 KiB) and a send pool cap of
+// 128 MiB (default 32 MiB): Write stages each subscriber's messages in buffers of its
+// own, and a thousand subscribers with a burst of 32 KiB waiting each need 32 MiB (with
+// 64 KiB buffers, 64 MiB), so with the defaults most of them wait for buffers (the first
+// runs delivered 1,500 messages per second); these two settings are what a user who read
+// Stats.PoolWaits would change. Go's net keeps the same bytes in socket buffers.
 func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
-	e, err := zc.New(zcConfig())
+	cfg := zcConfig()
+	cfg.SendBufSize, cfg.SendPoolMax = FanSendBuf, FanSendPool
+	e, err := zc.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -344,11 +365,16 @@ func fanoutClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	fail := newFirstErr()
 	var wg sync.WaitGroup
 	slow := SlowSubscribers(c.Conns)
+	probe := make(chan uint64, 1) // the last burst's end the probe subscriber got
 	for i, conn := range subs {
+		var p chan uint64
+		if i == len(subs)-1 {
+			p = probe
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fail.set(subscribe(conn, m, c.Size, payload, i < slow))
+			fail.set(subscribe(conn, m, c.Size, payload, i < slow, p))
 		}()
 	}
 	m.Start()
@@ -373,6 +399,25 @@ func fanoutClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 			copy(msg[fanHdr:], payload)
 		}
 		seq++
+		if seq%FanBurst == 0 {
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("publish: %w", err)
+			}
+			// Wait for the probe to get this burst (or anything later: it can drop
+			// too; after a second without word, go on).
+			deadline := time.After(time.Second)
+		wait:
+			for {
+				select {
+				case got := <-probe:
+					if got+1 >= seq {
+						break wait
+					}
+				case <-deadline:
+					break wait
+				}
+			}
+		}
 	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("publish: %w", err)
@@ -384,7 +429,9 @@ func fanoutClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	return fail.get()
 }
 
-func subscribe(conn *net.TCPConn, m *harness.Meter, size int, payload []byte, slow bool) error {
+// subscribe reads and checks one subscriber's messages to its EOF; a probe (probe not
+// nil) reports the sequence number of every message that ends a burst.
+func subscribe(conn *net.TCPConn, m *harness.Meter, size int, payload []byte, slow bool, probe chan uint64) error {
 	br := bufio.NewReaderSize(conn, 64<<10)
 	msg := make([]byte, size)
 	var got uint64
@@ -408,6 +455,17 @@ func subscribe(conn *net.TCPConn, m *harness.Meter, size int, payload []byte, sl
 		}
 		next = seq + 1
 		got++
+		if probe != nil && seq%FanBurst == FanBurst-1 {
+			select {
+			case probe <- seq:
+			default:
+				select { // replace an older report
+				case <-probe:
+				default:
+				}
+				probe <- seq
+			}
+		}
 		if slow && got%slowEvery == 0 {
 			time.Sleep(slowPause)
 		}
