@@ -362,7 +362,13 @@ func fanoutClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 		return fmt.Errorf("publisher: %w", err)
 	}
 	defer pub.Close()
+	var open closers
+	for _, s := range subs {
+		open.add(s)
+	}
+	open.add(pub)
 	fail := newFirstErr()
+	fail.onErr = open.closeAll
 	var wg sync.WaitGroup
 	slow := SlowSubscribers(c.Conns)
 	probe := make(chan uint64, 1) // the last burst's end the probe subscriber got

@@ -200,7 +200,12 @@ func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 		}
 		defer conns[i].Close()
 	}
+	var open closers
+	for _, c := range conns {
+		open.add(c)
+	}
 	fail := newFirstErr()
+	fail.onErr = open.closeAll
 	var wg sync.WaitGroup
 	m.Start()
 	for i, conn := range conns {

@@ -342,7 +342,12 @@ func kvClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	// expected bytes of a key are the slice it was last set to.
 	pool := make([]byte, 2*KVMixMax)
 	rand.NewChaCha8([32]byte{1}).Read(pool)
+	var open closers
+	for _, c := range conns {
+		open.add(c)
+	}
 	fail := newFirstErr()
+	fail.onErr = open.closeAll
 	var wg sync.WaitGroup
 	m.Start()
 	for i, conn := range conns {

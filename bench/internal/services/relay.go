@@ -128,20 +128,25 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 		return fmt.Errorf("backend: %w", err)
 	}
 	defer bl.Close()
+	var open closers
+	defer open.closeAll()
+	open.add(bl)
 	fail := newFirstErr()
+	fail.onErr = open.closeAll
 	var wg sync.WaitGroup
 	// The backend.
 	wg.Add(c.Conns)
 	go func() {
-		for range c.Conns {
+		for i := range c.Conns {
 			bc, err := bl.AcceptTCP()
 			if err != nil {
 				fail.set(fmt.Errorf("backend accept: %w", err))
-				for range c.Conns {
+				for range c.Conns - i {
 					wg.Done()
 				}
 				return
 			}
+			open.add(bc)
 			go func() {
 				defer wg.Done()
 				defer bc.Close()
@@ -162,9 +167,11 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	conns := make([]*net.TCPConn, c.Conns)
 	for i := range conns {
 		if conns[i], err = dialNet(ctx, c.Addr); err != nil {
-			return fmt.Errorf("connection %d of %d: %w", i+1, c.Conns, err)
+			fail.set(fmt.Errorf("connection %d of %d: %w", i+1, c.Conns, err))
+			wg.Wait()
+			return fail.get()
 		}
-		defer conns[i].Close()
+		open.add(conns[i])
 	}
 	m.Start()
 	wg.Add(c.Conns)

@@ -18,8 +18,10 @@ package services
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"slices"
+	"sync"
 
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/zc"
@@ -143,6 +145,9 @@ func dialNet(ctx context.Context, addr string) (*net.TCPConn, error) {
 // firstErr keeps the first error of many goroutines.
 type firstErr struct {
 	ch chan error
+	// onErr, if set, runs once with the first error (a client closes its connections,
+	// so that nothing waits for a peer that will never send).
+	onErr func()
 }
 
 func newFirstErr() *firstErr { return &firstErr{ch: make(chan error, 1)} }
@@ -153,7 +158,30 @@ func (f *firstErr) set(err error) {
 	}
 	select {
 	case f.ch <- err:
+		if f.onErr != nil {
+			go f.onErr()
+		}
 	default:
+	}
+}
+
+// closers closes connections on a failure, and again (harmlessly) at the end.
+type closers struct {
+	mu sync.Mutex
+	cs []io.Closer
+}
+
+func (c *closers) add(x io.Closer) {
+	c.mu.Lock()
+	c.cs = append(c.cs, x)
+	c.mu.Unlock()
+}
+
+func (c *closers) closeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, x := range c.cs {
+		x.Close()
 	}
 }
 
