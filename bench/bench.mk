@@ -1,6 +1,7 @@
-# zcbench (issues 4 and 10). Included by the top-level Makefile.
-#   make bench        the full run, about 4 minutes: table on stdout, JSON and PNG in build/bench/
-#   make bench-quick  the same in about a minute
+# zcbench (issues 4, 10 and 20). Included by the top-level Makefile.
+#   make bench        the full run, about 4 minutes plus the services suite's few: table on stdout,
+#                     JSON and PNG in build/bench/
+#   make bench-quick  the same, short (every scenario, the services included)
 #   make bench-netns  the full run across two network namespaces joined by a veth pair (root)
 #   make bench-kit    build/bench-kit/: what a machine without Go needs to run the benchmark
 # Extra flags: make bench BENCH_FLAGS='-modes net,zc -reps 7'
@@ -15,13 +16,16 @@ zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
 	cd bench && $(GO) build -o $(BUILD)/zcbench ./cmd/zcbench
 
-# iperf3 is the outside reference; without it (no root for apt-get) zcbench says so and goes on.
+# iperf3 is the outside reference, wrk the services suite's HTTP load generator; without
+# them (no root for apt-get) zcbench says so and goes on without those runs.
 bench: zcbench
 	-$(call apt_need,iperf3,iperf3)
+	-$(call apt_need,wrk,wrk)
 	$(BUILD)/zcbench $(BENCH_ARGS)
 
 bench-quick: zcbench
 	-$(call apt_need,iperf3,iperf3)
+	-$(call apt_need,wrk,wrk)
 	$(BUILD)/zcbench -quick $(BENCH_ARGS)
 
 bench-netns: zcbench
