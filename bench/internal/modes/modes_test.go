@@ -150,6 +150,9 @@ func TestModesEndToEnd(t *testing.T) {
 			if !harness.Supports(m, s) {
 				continue // the mode's model has no such scenario (netpoll serves no HTTP)
 			}
+			if s.Service() {
+				continue // the services suite has its own tests (cmd/zcbench TestServicesRun)
+			}
 			t.Run(m.Name()+"/"+string(s), func(t *testing.T) {
 				requireAvailable(t, m, s)
 				c := tinyCase(t, m.Name(), s)

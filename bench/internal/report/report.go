@@ -698,7 +698,7 @@ func NoiseFloor(rows []Row) []Check {
 			figs, units = []Figure{Gbps, SrvCPUPerGB}, []string{unitSvcGbps, unitSrvSGB}
 		}
 		for i, f := range figs {
-			what := fmt.Sprintf("%s %s ×%d: %s / %s", p[0].Scenario, SizeString(p[0].Size), p[0].Conns, p[0].Mode, p[1].Mode)
+			what := fmt.Sprintf("%s %s: %s / %s", p[0].Scenario, SizeString(p[0].Size), p[0].Mode, p[1].Mode)
 			c := compare(what, p[0], p[1], f, units[i], 1, true)
 			c.Target, c.Met, c.goal = "", true, 0
 			for _, ra := range p[0].Reps {
