@@ -32,12 +32,12 @@ bench-netns: zcbench
 	-$(call apt_need,iperf3,iperf3)
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
 
-# A static zcbench (no Go, no C library needed there), iperf3 with its libraries from this
+# A static zcbench (no Go, no C library needed there), iperf3 and wrk with their libraries from this
 # machine's Debian packages (apt-get download + dpkg -x: nothing is installed, here or there)
 # and run.sh, which puts them on PATH / LD_LIBRARY_PATH and writes bench.json, bench.png and
 # bench.txt beside itself. Copy the folder to the machine and run ./run.sh there (as root:
 # the zc-cpu steering mode needs BPF); extra arguments go to zcbench.
-BENCH_KIT_DEBS := iperf3 libiperf0 libsctp1 libssl3
+BENCH_KIT_DEBS := iperf3 libiperf0 libsctp1 libssl3 wrk libluajit-5.1-2 libluajit-5.1-common
 bench-kit:
 	rm -rf $(BENCH_KIT)
 	mkdir -p $(BENCH_KIT)/debs $(BENCH_KIT)/root

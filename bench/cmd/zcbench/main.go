@@ -501,8 +501,13 @@ func (f *frameFiles) removeAll() {
 func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 	need := 0
 	for _, v := range vs {
-		if v.Scenario == harness.Idle || v.Scenario == harness.MultiCore {
+		switch v.Scenario {
+		case harness.Idle, harness.MultiCore:
 			need = max(need, v.Conns*modeFDs(v.Mode))
+		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV:
+			// the services' clients hold their connections (the relay's client also the
+			// backend's ends): counted, not shrunk
+			need = max(need, 2*v.Conns+2)
 		}
 	}
 	if need == 0 {
