@@ -1,14 +1,17 @@
 // Command zcbench measures zcnet against plain sockets on this machine: bulk
-// throughput and CPU per GB, echo and small-message rates, ping-pong latency. Every
+// throughput and CPU per GB, echo and small-message rates, ping-pong latency, and the
+// services suite (a relay, a pub/sub fan-out, file streaming, a key-value store,
+// multi-queue echo on shared CPUs, HTTP under wrk: server CPU per unit of work). Every
 // case runs as a server and a client child process of zcbench (pinned to different
 // CPUs when there are two), variants interleave A B C C B A (odd rounds run backwards), each figure is a median
 // with min–max over the repetitions, and every payload byte is checked.
 //
 // Usage:
 //
-//	zcbench [-quick] [-json FILE] [-png FILE] [-netns] [-modes net,syscall,...]
+//	zcbench [-quick] [-json FILE] [-png FILE] [-netns] [-modes net,syscall,...] [-scenarios bulk,services,...]
 //
-// `make bench` runs it with its defaults (about 3 minutes); -quick takes about 60 s.
+// `make bench` runs it with its defaults (about 8 minutes, 3–4 of them the services);
+// -quick takes about 2 minutes.
 package main
 
 import (
@@ -87,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
 	fs.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
 	fs.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
-	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+")")
+	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+"); services: the whole services suite")
 	fs.IntVar(&cfg.mcQueues, "mc-queues", 4, "multicore: server queues, one CPU each (at most half the CPUs; the load runs on the others)")
 	fs.StringVar(&cfg.mcConns, "mc-conns", "512,4096", "multicore: comma-separated connection counts")
 	fs.StringVar(&cfg.bulkSizes, "bulk-sizes", "4096,65536,1048576", "bulk: comma-separated write sizes in bytes (4096 to 16 MiB)")

@@ -310,7 +310,7 @@ func TestServicesCorrupt(t *testing.T) {
 				t.Skip(harness.WrkAvailable())
 			}
 			var out, errs strings.Builder
-			code := run(append([]string{"-scenarios", tc.scen, "-modes", tc.modes, "-selftest-corrupt", "1"}, tinyServices...), &out, &errs)
+			code := run(append([]string{"-scenarios", tc.scen, "-modes", tc.modes, "-selftest-corrupt", "0"}, tinyServices...), &out, &errs)
 			if code != 3 {
 				t.Fatalf("exit %d, want 3\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 			}
