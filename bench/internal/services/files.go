@@ -206,6 +206,8 @@ func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	}
 	fail := newFirstErr()
 	fail.onErr = open.closeAll
+	var pause maxGap
+	defer func() { m.Note("longest_pause_ms", pause.ms()) }()
 	var wg sync.WaitGroup
 	m.Start()
 	for i, conn := range conns {
@@ -213,7 +215,7 @@ func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fail.set(fetch(conn, m, c.Size, first, per))
+			fail.set(fetch(conn, m, c.Size, first, per, &pause))
 		}()
 	}
 	wg.Wait()
@@ -221,7 +223,7 @@ func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	return fail.get()
 }
 
-func fetch(conn *net.TCPConn, m *harness.Meter, size int, first, frames int64) error {
+func fetch(conn *net.TCPConn, m *harness.Meter, size int, first, frames int64, pause *maxGap) error {
 	var req [fileReq]byte
 	binary.LittleEndian.PutUint64(req[:], uint64(first*int64(size)))
 	binary.LittleEndian.PutUint64(req[8:], uint64(frames*int64(size)))
@@ -234,9 +236,16 @@ func fetch(conn *net.TCPConn, m *harness.Meter, size int, first, frames int64) e
 	}
 	defer func() { m.Count(v.Frames(), v.Bytes()) }()
 	buf := make([]byte, 256<<10)
+	var last time.Time
 	for {
 		conn.SetReadDeadline(time.Now().Add(harness.StallTimeout))
 		n, err := conn.Read(buf)
+		if now := time.Now(); n > 0 {
+			if !last.IsZero() {
+				pause.add(now.Sub(last))
+			}
+			last = now
+		}
 		if n > 0 {
 			if ferr := v.Feed(buf[:n]); ferr != nil {
 				return ferr

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/zcnet/zcnet/bench/internal/frame"
 	"github.com/zcnet/zcnet/bench/internal/harness"
@@ -133,6 +135,8 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	open.add(bl)
 	fail := newFirstErr()
 	fail.onErr = open.closeAll
+	var pause maxGap
+	defer func() { m.Note("longest_pause_ms", pause.ms()) }()
 	var wg sync.WaitGroup
 	// The backend.
 	wg.Add(c.Conns)
@@ -157,10 +161,10 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 						return
 					}
 					bc.CloseWrite()
-					fail.set(recvFrames(bc, m, c.Size, frames, "upload"))
+					fail.set(recvFrames(bc, m, c.Size, frames, "upload", &pause))
 					return
 				}
-				fail.set(both(bc, m, c.Size, frames, "upload"))
+				fail.set(both(bc, m, c.Size, frames, "upload", &pause))
 			}()
 		}
 	}()
@@ -181,7 +185,7 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 			if hc {
 				// The answer to its end (the relay passed the backend's FIN on), then
 				// the upload.
-				if err := recvFrames(cc, m, c.Size, frames, "download"); err != nil {
+				if err := recvFrames(cc, m, c.Size, frames, "download", &pause); err != nil {
 					fail.set(err)
 					return
 				}
@@ -194,7 +198,7 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 				_, _ = io.Copy(io.Discard, cc)
 				return
 			}
-			fail.set(both(cc, m, c.Size, frames, "download"))
+			fail.set(both(cc, m, c.Size, frames, "download", &pause))
 		}()
 	}
 	wg.Wait()
@@ -203,7 +207,7 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 }
 
 // both sends frames on c and receives as many at the same time.
-func both(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string) error {
+func both(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
 	sent := make(chan error, 1)
 	go func() {
 		err := sendFrames(c, m, size, frames)
@@ -212,7 +216,7 @@ func both(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string
 		}
 		sent <- err
 	}()
-	err := recvFrames(c, m, size, frames, what)
+	err := recvFrames(c, m, size, frames, what, pause)
 	return errors.Join(err, <-sent)
 }
 
@@ -232,12 +236,19 @@ func sendFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64) error
 }
 
 // recvFrames checks the stream up to its EOF, which must come after exactly frames
-// frames.
-func recvFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string) error {
+// frames; pause keeps the longest wait for bytes once the first arrived.
+func recvFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
 	v := m.NewVerifier()
 	buf := make([]byte, max(size, 64<<10))
+	var last time.Time
 	for {
 		n, err := c.Read(buf)
+		if now := time.Now(); n > 0 {
+			if !last.IsZero() {
+				pause.add(now.Sub(last))
+			}
+			last = now
+		}
 		if n > 0 {
 			if ferr := v.Feed(buf[:n]); ferr != nil {
 				return fmt.Errorf("%s: %w", what, ferr)
@@ -257,4 +268,21 @@ func recvFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what 
 		return fmt.Errorf("%w: %s ended after %d of %d frames", frame.ErrCorrupt, what, v.Frames(), frames)
 	}
 	return nil
+}
+
+// maxGap keeps the longest of many durations (the longest a receiver waited for bytes in
+// the middle of a stream: a stall shows there). Safe for concurrent use.
+type maxGap struct{ ns atomic.Int64 }
+
+func (g *maxGap) add(d time.Duration) {
+	for {
+		old := g.ns.Load()
+		if int64(d) <= old || g.ns.CompareAndSwap(old, int64(d)) {
+			return
+		}
+	}
+}
+
+func (g *maxGap) ms() string {
+	return strconv.FormatFloat(float64(g.ns.Load())/1e6, 'f', 1, 64)
 }
