@@ -57,6 +57,10 @@ type Meter struct {
 	onIdle func()
 }
 
+// NewMeter returns the meter of one side of c (client: the side that sends and stops at
+// c.Duration), for a mode's own tests; the child processes make theirs in ChildMain.
+func NewMeter(c Case, client bool) *Meter { return newMeter(c, client) }
+
 func newMeter(c Case, client bool) *Meter {
 	frame.Payload(c.Size) // build the payload now, outside any measured window
 	return &Meter{c: c, client: client, idleDone: make(chan struct{})}

@@ -304,7 +304,12 @@ func (h *fanConn) OnClose(c *zc.Conn, err error) { h.f.done() }
 // Stats.PoolWaits would change. Go's net keeps the same bytes in socket buffers.
 func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	cfg := zcConfig()
-	cfg.SendBufSize, cfg.SendPoolMax = FanSendBuf, FanSendPool
+	if cfg.SendBufSize == 0 {
+		cfg.SendBufSize = FanSendBuf
+	}
+	if cfg.SendPoolMax == 0 {
+		cfg.SendPoolMax = FanSendPool
+	}
 	e, err := zc.New(cfg)
 	if err != nil {
 		return err

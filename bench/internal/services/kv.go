@@ -227,7 +227,10 @@ func (h *kvConn) serve(c *zc.Conn, b []byte) {
 			return
 		}
 		b = b[n:]
-		if !h.write(c, resp[:]) || !h.write(c, val) {
+		// Both parts, in order: once one waits in out, the other queues behind it.
+		okHdr := h.write(c, resp[:])
+		okVal := h.write(c, val)
+		if !okHdr || !okVal {
 			h.blocked = true
 		}
 	}

@@ -116,7 +116,9 @@ func (m Mode) Client(ctx context.Context, c harness.Case, mt *harness.Meter) err
 // zcConfig is the engine of a zc service server: zc's defaults on one queue (the server
 // process has one CPU), io_uring without fallback, threads left where zcbench pinned the
 // process.
-func zcConfig() zc.Config {
+//
+// A variable so that tests can shrink the pools and drive the servers' waits.
+var zcConfig = func() zc.Config {
 	return zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true}
 }
 
