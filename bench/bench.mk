@@ -1,5 +1,5 @@
 # zcbench (issues 4, 10 and 20). Included by the top-level Makefile.
-#   make bench        the full run, about 4 minutes plus the services suite's few: table on stdout,
+#   make bench        the full run, about 7-8 minutes (about 3 of them the services suite): table on stdout,
 #                     JSON and PNG in build/bench/
 #   make bench-quick  the same, short (every scenario, the services included)
 #   make bench-netns  the full run across two network namespaces joined by a veth pair (root)
