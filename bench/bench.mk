@@ -1,6 +1,7 @@
-# zcbench (issues 4 and 10). Included by the top-level Makefile.
-#   make bench        the full run, about 4 minutes: table on stdout, JSON and PNG in build/bench/
-#   make bench-quick  the same in about a minute
+# zcbench (issues 4, 10 and 20). Included by the top-level Makefile.
+#   make bench        the full run, about 7-8 minutes (about 3 of them the services suite): table on stdout,
+#                     JSON and PNG in build/bench/
+#   make bench-quick  the same, short (every scenario, the services included)
 #   make bench-netns  the full run across two network namespaces joined by a veth pair (root)
 #   make bench-kit    build/bench-kit/: what a machine without Go needs to run the benchmark
 # Extra flags: make bench BENCH_FLAGS='-modes net,zc -reps 7'
@@ -15,25 +16,28 @@ zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
 	cd bench && $(GO) build -o $(BUILD)/zcbench ./cmd/zcbench
 
-# iperf3 is the outside reference; without it (no root for apt-get) zcbench says so and goes on.
+# iperf3 is the outside reference, wrk the services suite's HTTP load generator; without
+# them (no root for apt-get) zcbench says so and goes on without those runs.
 bench: zcbench
 	-$(call apt_need,iperf3,iperf3)
+	-$(call apt_need,wrk,wrk)
 	$(BUILD)/zcbench $(BENCH_ARGS)
 
 bench-quick: zcbench
 	-$(call apt_need,iperf3,iperf3)
+	-$(call apt_need,wrk,wrk)
 	$(BUILD)/zcbench -quick $(BENCH_ARGS)
 
 bench-netns: zcbench
 	-$(call apt_need,iperf3,iperf3)
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
 
-# A static zcbench (no Go, no C library needed there), iperf3 with its libraries from this
+# A static zcbench (no Go, no C library needed there), iperf3 and wrk with their libraries from this
 # machine's Debian packages (apt-get download + dpkg -x: nothing is installed, here or there)
 # and run.sh, which puts them on PATH / LD_LIBRARY_PATH and writes bench.json, bench.png and
 # bench.txt beside itself. Copy the folder to the machine and run ./run.sh there (as root:
 # the zc-cpu steering mode needs BPF); extra arguments go to zcbench.
-BENCH_KIT_DEBS := iperf3 libiperf0 libsctp1 libssl3
+BENCH_KIT_DEBS := iperf3 libiperf0 libsctp1 libssl3 wrk libluajit-5.1-2 libluajit-5.1-common
 bench-kit:
 	rm -rf $(BENCH_KIT)
 	mkdir -p $(BENCH_KIT)/debs $(BENCH_KIT)/root

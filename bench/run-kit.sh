@@ -1,6 +1,6 @@
 #!/bin/sh
 # run.sh of the benchmark kit (make bench-kit): runs the static zcbench beside it, with
-# iperf3 and its libraries from the Debian packages unpacked under root/, and writes
+# iperf3 and wrk with their libraries from the Debian packages unpacked under root/, and writes
 # bench.txt, bench.json and bench.png beside itself. Arguments go to zcbench
 # (./run.sh -quick, ./run.sh -scenarios multicore,idle).
 set -e

@@ -1,14 +1,17 @@
 // Command zcbench measures zcnet against plain sockets on this machine: bulk
-// throughput and CPU per GB, echo and small-message rates, ping-pong latency. Every
+// throughput and CPU per GB, echo and small-message rates, ping-pong latency, and the
+// services suite (a relay, a pub/sub fan-out, file streaming, a key-value store,
+// multi-queue echo on shared CPUs, HTTP under wrk: server CPU per unit of work). Every
 // case runs as a server and a client child process of zcbench (pinned to different
 // CPUs when there are two), variants interleave A B C C B A (odd rounds run backwards), each figure is a median
 // with min–max over the repetitions, and every payload byte is checked.
 //
 // Usage:
 //
-//	zcbench [-quick] [-json FILE] [-png FILE] [-netns] [-modes net,syscall,...]
+//	zcbench [-quick] [-json FILE] [-png FILE] [-netns] [-modes net,syscall,...] [-scenarios bulk,services,...]
 //
-// `make bench` runs it with its defaults (about 3 minutes); -quick takes about 60 s.
+// `make bench` runs it with its defaults (about 8 minutes, 3–4 of them the services);
+// -quick takes about 2 minutes.
 package main
 
 import (
@@ -17,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,11 +42,12 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/modes"
 	"github.com/zcnet/zcnet/bench/internal/netns"
 	"github.com/zcnet/zcnet/bench/internal/report"
+	"github.com/zcnet/zcnet/bench/internal/services"
 )
 
 func main() {
 	if harness.IsChild(os.Args) {
-		os.Exit(harness.ChildMain(os.Args[1:], modes.All(), os.Stdout, os.Stderr))
+		os.Exit(harness.ChildMain(os.Args[1:], allModes(), os.Stdout, os.Stderr))
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -66,6 +71,12 @@ type config struct {
 	idleConns  int
 	fileSize   int64
 	fileDir    string
+	// the services suite (issue 20)
+	services   bool
+	svcDur     time.Duration
+	relayBytes int64
+	filesTotal int64
+	bigReps    int
 }
 
 // run is zcbench with its arguments; it returns the exit status: 0 done, 1 error,
@@ -79,13 +90,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.reps, "reps", 0, "repetitions of every variant (default 5, or 3 with -quick)")
 	fs.DurationVar(&cfg.dur, "d", 0, "traffic time of one repetition (default: derived from -budget)")
 	fs.StringVar(&cfg.modes, "modes", "", "comma-separated modes to run (default: all available: "+strings.Join(allModeNames(), ",")+")")
-	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+")")
+	fs.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios (default: all: "+strings.Join(scenarioNames(), ",")+"); services: the whole services suite")
 	fs.IntVar(&cfg.mcQueues, "mc-queues", 4, "multicore: server queues, one CPU each (at most half the CPUs; the load runs on the others)")
 	fs.StringVar(&cfg.mcConns, "mc-conns", "512,4096", "multicore: comma-separated connection counts")
 	fs.StringVar(&cfg.bulkSizes, "bulk-sizes", "4096,65536,1048576", "bulk: comma-separated write sizes in bytes (4096 to 16 MiB)")
 	fs.IntVar(&cfg.idleConns, "idle-conns", 10000, "idle: connections held open (RLIMIT_NOFILE is raised for them when it can be)")
 	fs.Int64Var(&cfg.fileSize, "file-size", 0, "filesend: file size in bytes (default 1 GiB, 256 MiB with -quick)")
 	fs.StringVar(&cfg.fileDir, "file-dir", "", "filesend: where the frame file is made (default /dev/shm, else the temp dir)")
+	fs.BoolVar(&cfg.services, "services", true, "run the services suite (relay, relay-hc, fanout, files, kv, mq, wrk) with the other scenarios; -scenarios services picks it alone")
+	fs.DurationVar(&cfg.svcDur, "svc-d", 0, "services: traffic time of one repetition of fanout, kv and mq (default 500ms, 300ms with -quick; wrk runs whole seconds)")
+	fs.Int64Var(&cfg.relayBytes, "relay-bytes", 0, "relay: bytes each connection carries each way (default 64 MiB, 4 MiB with -quick)")
+	fs.Int64Var(&cfg.filesTotal, "files-total", 0, "files: bytes all clients of one repetition receive together (default half the -file-size)")
+	fs.IntVar(&cfg.bigReps, "big-reps", 3, "services: repetitions of the largest cases (relay ×64) when -reps is higher")
 	fs.StringVar(&cfg.jsonPath, "json", "", "write results as JSON to `FILE`")
 	fs.StringVar(&cfg.pngPath, "png", "", "write plots as PNG to `FILE`")
 	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
@@ -116,6 +132,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if cfg.quick {
 			cfg.fileSize = 256 << 20
 		}
+	}
+	if cfg.svcDur == 0 {
+		cfg.svcDur = 500 * time.Millisecond
+		if cfg.quick {
+			cfg.svcDur = 300 * time.Millisecond
+		}
+	}
+	if cfg.relayBytes == 0 {
+		cfg.relayBytes = 64 << 20
+		if cfg.quick {
+			cfg.relayBytes = 4 << 20
+		}
+	}
+	if cfg.filesTotal == 0 {
+		cfg.filesTotal = cfg.fileSize / 2
 	}
 	if cfg.fileDir == "" {
 		cfg.fileDir = os.TempDir()
@@ -194,6 +225,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if mcErr != nil && wantScenario(cfg, harness.MultiCore) {
 		skipped[harness.MultiCore] = mcErr.Error()
 	}
+	if err := harness.WrkAvailable(); err != nil && wantScenario(cfg, harness.HTTPWrk) {
+		skipped[harness.HTTPWrk] = err.Error()
+	}
+	if cfg.useNetns {
+		for _, s := range []harness.Scenario{harness.Relay, harness.RelayHalfClose} {
+			if wantScenario(cfg, s) {
+				skipped[s] = "the relay's backend runs in the client's namespace: loopback only"
+			}
+		}
+	}
+	// Multi-queue on shared CPUs: server and load generator on every allowed CPU.
+	mqEnv := *env
+	mqEnv.Server.CPUs, mqEnv.Client.CPUs = nil, nil
+	mqQueues := min(2, max(1, len(harness.AllowedCPUs())))
 	variants, notes, err := plan(cfg, skipped)
 	if err != nil {
 		fmt.Fprintln(stderr, "zcbench:", err)
@@ -206,6 +251,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg.dur == 0 {
 		timed, fixed := 0, time.Duration(0)
 		for _, v := range variants {
+			if v.Scenario.Service() {
+				continue // the services have their own traffic time (-svc-d) and sizes
+			}
 			if c, ok := fixedCost(cfg, v); ok {
 				fixed += c
 			} else {
@@ -214,7 +262,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.dur = perRun(cfg.budget, timed*cfg.reps, fixed*time.Duration(cfg.reps))
 	}
-	runs := harness.Interleave(variants, cfg.reps, func(v harness.Variant) bool { return v.Mode == report.ZCCopyAA })
+	runs := harness.Interleave(variants, cfg.reps, func(v harness.Variant) bool {
+		return v.Mode == report.ZCCopyAA || v.Mode == report.NetAA
+	})
+	// The largest services cases run fewer repetitions.
+	runs = slices.DeleteFunc(runs, func(r harness.Run) bool { return bigCase(r.Variant) && r.Rep >= cfg.bigReps })
 
 	title := describe(topology)
 	fmt.Fprintf(stdout, "zcbench: %s\n", title)
@@ -258,10 +310,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, r := range runs {
 		bar.Describe(fmt.Sprintf("%-8s %-8s %-7s ×%-2d rep %d/%d", r.Scenario, r.Mode, report.SizeString(r.Size), r.Conns, r.Rep+1, cfg.reps))
 		renv := env
-		if r.Scenario == harness.MultiCore {
+		switch r.Scenario {
+		case harness.MultiCore:
 			renv = &mcEnv
+		case harness.MultiQueue:
+			renv = &mqEnv
 		}
-		rep, err := runOne(ctx, renv, cfg, r.Variant, files)
+		rep, err := runOne(ctx, renv, cfg, r.Variant, files, mqQueues)
 		rep.Round = r.Rep
 		if errors.Is(err, frame.ErrCorrupt) {
 			// A fast wrong answer: nothing of this run can be trusted.
@@ -287,6 +342,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	report.Table(stdout, rows)
 	goals := report.Goals(rows, skipped)
 	report.PrintGoals(stdout, goals)
+	if slices.ContainsFunc(variants, func(v harness.Variant) bool { return v.Scenario.Service() }) || cfg.services {
+		sg := report.ServiceGoals(rows, skipped)
+		report.PrintServiceGoals(stdout, sg)
+		goals = append(goals, sg...)
+	}
 	report.PrintNoise(stdout, rows)
 	fmt.Fprintln(stdout, "Ratios are of medians (mode/net unless named). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 
@@ -308,7 +368,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cfg.pngPath != "" {
-		if err := report.WritePNG(cfg.pngPath, rows, title); err != nil {
+		// The services suite is not plotted (its tables and goals say it): its rows would
+		// only add modes to the legend.
+		plotted := slices.DeleteFunc(slices.Clone(rows), func(r report.Row) bool { return r.Scenario.Service() })
+		if err := report.WritePNG(cfg.pngPath, plotted, title); err != nil {
 			fmt.Fprintln(stderr, "zcbench: -png:", err)
 			status = 1
 		} else {
@@ -333,7 +396,7 @@ func countReps(rows []report.Row) int {
 	return n
 }
 
-func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant, files *frameFiles) (harness.Rep, error) {
+func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant, files *frameFiles, mqQueues int) (harness.Rep, error) {
 	if v.Mode == iperf.Name {
 		return iperf.Run(ctx, env, v.Size, cfg.dur)
 	}
@@ -341,7 +404,30 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 		Scenario: v.Scenario, Mode: v.Mode, Size: v.Size, Conns: v.Conns,
 		RecvBuf: recvBuf(v.Size), Duration: cfg.dur, CorruptSeq: cfg.corruptSeq, ProfileDir: cfg.profileDir,
 	}
+	if v.Scenario.Service() {
+		c.Duration = cfg.svcDur
+	}
+	// Size-bound cases may take as long as their bytes need at 50 MB/s, plus the usual.
+	bound := func(bytes int64) time.Duration { return time.Duration(bytes/50e6)*time.Second + 30*time.Second }
 	switch v.Scenario {
+	case harness.MultiQueue:
+		// the multi-core echo, with its server's queues and the load on the same CPUs
+		c.Scenario, c.Queues = harness.MultiCore, mqQueues
+	case harness.Relay, harness.RelayHalfClose:
+		c.Total = cfg.relayBytes
+		c.Limit = bound(2 * cfg.relayBytes * int64(v.Conns))
+		port, err := freePort(env.ServerHost)
+		if err != nil {
+			return harness.Rep{}, fmt.Errorf("backend port: %w", err)
+		}
+		c.Backend = net.JoinHostPort(env.ServerHost, port)
+	case harness.FileStream:
+		f, err := files.get(v.Size)
+		if err != nil {
+			return harness.Rep{}, fmt.Errorf("frame file: %w", err)
+		}
+		c.File, c.Total = f, cfg.filesTotal
+		c.Limit = bound(cfg.filesTotal)
 	case harness.MultiCore:
 		c.Queues = len(env.Server.CPUs)
 	case harness.FileSend:
@@ -353,6 +439,30 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 	}
 	return harness.RunPair(ctx, env, c)
 }
+
+// freePort picks a free TCP port on host for a relay's backend (the client process
+// listens there, the relay dials it).
+func freePort(host string) (string, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(context.Background(), "tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	return port, err
+}
+
+// bigCase reports whether v is one of the largest services cases, which run at most
+// -big-reps repetitions.
+func bigCase(v harness.Variant) bool {
+	return v.Scenario == harness.Relay && v.Conns >= 64
+}
+
+// allModes is every mode a child may be asked to run: the scenarios' modes, then the
+// services' own (harness.Supports tells them apart).
+func allModes() []harness.Mode { return append(modes.All(), services.Modes()...) }
 
 // frameFiles makes the FileSend files (one per frame size, on first use) and removes
 // them at the end.
@@ -397,8 +507,13 @@ func (f *frameFiles) removeAll() {
 func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 	need := 0
 	for _, v := range vs {
-		if v.Scenario == harness.Idle || v.Scenario == harness.MultiCore {
+		switch v.Scenario {
+		case harness.Idle, harness.MultiCore:
 			need = max(need, v.Conns*modeFDs(v.Mode))
+		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV:
+			// the services' clients hold their connections (the relay's client also the
+			// backend's ends): counted, not shrunk
+			need = max(need, 2*v.Conns+2)
 		}
 	}
 	if need == 0 {
@@ -488,15 +603,28 @@ func recvBuf(size int) int { return max(size, 64<<10) }
 
 func allModeNames() []string {
 	var ns []string
-	for _, m := range modes.All() {
-		ns = append(ns, m.Name())
+	for _, m := range allModes() {
+		if !slices.Contains(ns, m.Name()) {
+			ns = append(ns, m.Name())
+		}
 	}
 	return append(ns, iperf.Name)
 }
 
-// wantScenario reports whether -scenarios asks for s (no -scenarios: all).
+// wantScenario reports whether -scenarios asks for s (no -scenarios: all, the services
+// unless -services=false; "services" names the whole suite).
 func wantScenario(cfg config, s harness.Scenario) bool {
-	return cfg.scenarios == "" || slices.Contains(strings.Split(cfg.scenarios, ","), string(s))
+	if cfg.scenarios == "" {
+		return !s.Service() || cfg.services
+	}
+	list := strings.Split(cfg.scenarios, ",")
+	return slices.Contains(list, string(s)) || (s.Service() && slices.Contains(list, "services"))
+}
+
+// serviceModes are the modes each services scenario compares (of those that support it).
+var serviceModes = map[harness.Scenario][]string{
+	harness.MultiQueue: {"net", "netpoll", "zc"},
+	harness.HTTPWrk:    {"net", "zc-net"},
 }
 
 func scenarioNames() []string {
@@ -521,23 +649,30 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 		}
 		wantMode = func(m string) bool { return slices.Contains(list, m) }
 	}
-	scens := harness.Scenarios
+	var scens []harness.Scenario
 	if cfg.scenarios != "" {
-		scens = nil
 		for _, s := range strings.Split(cfg.scenarios, ",") {
-			if !slices.Contains(harness.Scenarios, harness.Scenario(s)) {
+			if s != "services" && !slices.Contains(harness.Scenarios, harness.Scenario(s)) {
 				return nil, nil, fmt.Errorf("unknown scenario %q", s)
 			}
-			scens = append(scens, harness.Scenario(s))
+		}
+	}
+	for _, s := range harness.Scenarios {
+		if wantScenario(cfg, s) {
+			scens = append(scens, s)
 		}
 	}
 	var ms []harness.Mode
-	for _, m := range modes.All() {
+	unavailable := map[string]bool{}
+	for _, m := range allModes() {
 		if !wantMode(m.Name()) {
 			continue
 		}
 		if err := m.Available(); err != nil {
-			notes = append(notes, fmt.Sprintf("mode %s: not available: %v", m.Name(), err))
+			if !unavailable[m.Name()] {
+				notes = append(notes, fmt.Sprintf("mode %s: not available: %v", m.Name(), err))
+			}
+			unavailable[m.Name()] = true
 			continue
 		}
 		ms = append(ms, m)
@@ -556,7 +691,18 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 	var vs []harness.Variant
 	add := func(s harness.Scenario, size, conns int) {
 		for _, m := range ms {
-			if harness.Supports(m, s) {
+			// the scenario its servers run (mq: the multi-core echo)
+			cs := s
+			if s == harness.MultiQueue {
+				cs = harness.MultiCore
+			}
+			if only, ok := serviceModes[s]; ok && !slices.Contains(only, m.Name()) {
+				continue
+			}
+			if m.Name() == report.NetAA && !(s == harness.Relay && conns == 8 || s == harness.KV && size == 64) {
+				continue // the services' A/A pair: relay ×8 and key-value small only
+			}
+			if harness.Supports(m, cs) {
 				vs = append(vs, harness.Variant{Scenario: s, Mode: m.Name(), Size: size, Conns: conns})
 			}
 		}
@@ -602,6 +748,34 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 				return nil, nil, fmt.Errorf("-idle-conns %d < 1", cfg.idleConns)
 			}
 			add(s, 64, cfg.idleConns)
+		case harness.Relay:
+			for _, n := range report.RelayConns {
+				add(s, report.ServiceFrame, n)
+			}
+		case harness.RelayHalfClose:
+			add(s, report.ServiceFrame, 8)
+		case harness.FanOut:
+			for _, n := range report.FanOutConns {
+				for _, size := range report.FanOutSizes {
+					add(s, size, n)
+				}
+			}
+		case harness.FileStream:
+			for _, n := range report.FileConns {
+				add(s, report.ServiceFrame, n)
+			}
+		case harness.KV:
+			for _, size := range report.KVSizes {
+				add(s, size, report.KVConns)
+			}
+		case harness.MultiQueue:
+			add(s, 64, report.MQConns)
+		case harness.HTTPWrk:
+			for _, size := range report.WrkSizes {
+				for _, n := range report.WrkConns {
+					add(s, size, n)
+				}
+			}
 		}
 	}
 	if len(vs) == 0 {

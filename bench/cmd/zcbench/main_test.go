@@ -10,12 +10,11 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/bench/internal/harness"
-	"github.com/zcnet/zcnet/bench/internal/modes"
 )
 
 func TestMain(m *testing.M) {
 	if harness.IsChild(os.Args) {
-		os.Exit(harness.ChildMain(os.Args[1:], modes.All(), os.Stdout, os.Stderr))
+		os.Exit(harness.ChildMain(os.Args[1:], allModes(), os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -56,7 +55,8 @@ func TestTinyRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := doc.Results
-	if len(doc.Goals) != 6 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") {
+	if len(doc.Goals) != 12 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") ||
+		doc.Goals[6].ID != 7 || !strings.HasPrefix(doc.Goals[11].Status, "NOT RUN") {
 		t.Errorf("goals: %+v", doc.Goals)
 	}
 	// bulk: 3 sizes × 2 modes; pingpong: 2 modes.
@@ -213,5 +213,160 @@ func TestShrinkToFit(t *testing.T) {
 	}
 	if len(dropped) != 1 || dropped[0] != "net ×4096" {
 		t.Errorf("dropped %q, want the 4096-connection multicore variant", dropped)
+	}
+}
+
+// tinyServices are the flags that make every services case small.
+var tinyServices = []string{"-reps", "1", "-svc-d", "50ms", "-relay-bytes", "262144", "-file-size", "8388608", "-d", "50ms"}
+
+// Every services scenario runs with every mode that fits it, checks its bytes and yields
+// its figures and goals.
+func TestServicesRun(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "r.json")
+	var out, errs strings.Builder
+	code := run(append([]string{"-scenarios", "services", "-json", jsonPath}, tinyServices...), &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
+	}
+	for _, s := range []string{"RELAY (client", "RELAY, BACKEND HALF-CLOSES FIRST", "FAN-OUT", "FILE STREAMING", "KEY-VALUE",
+		"MULTI-QUEUE, SHARED CPUS", "GOALS (issue 20, services)", "7. relay", "12. HTTP under wrk", "net-aa / net"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("output lacks %q:\n%s", s, out.String())
+		}
+	}
+	wrk := harness.WrkAvailable() == nil
+	if wrk != strings.Contains(out.String(), "HTTP UNDER WRK") {
+		t.Errorf("wrk available %v, but the wrk table printed %v", wrk, !wrk)
+	}
+	if !wrk && !strings.Contains(out.String(), "scenario wrk: not run: wrk not installed") {
+		t.Errorf("no note that wrk is missing:\n%s", out.String())
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Results []struct {
+			Scenario string   `json:"scenario"`
+			Mode     string   `json:"mode"`
+			Size     int      `json:"size"`
+			Conns    int      `json:"conns"`
+			Reps     int      `json:"reps"`
+			MsgsPerS *float64 `json:"msgs_per_s"`
+			SrvUs    *float64 `json:"srv_cpu_us_per_msg"`
+			SrvSGB   *float64 `json:"srv_cpu_s_per_gb"`
+		} `json:"results"`
+		Goals []struct {
+			ID     int    `json:"id"`
+			Status string `json:"status"`
+		} `json:"goals"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range doc.Results {
+		seen[r.Scenario+" "+r.Mode] = true
+		if r.Reps != 1 || r.MsgsPerS == nil || *r.MsgsPerS <= 0 || r.SrvUs == nil || *r.SrvUs <= 0 {
+			t.Errorf("%s %s %d×%d: reps %d, units/s %v, server µs/unit %v", r.Scenario, r.Mode, r.Size, r.Conns, r.Reps, r.MsgsPerS, r.SrvUs)
+		}
+		if (r.Scenario == "relay" || r.Scenario == "files") && (r.SrvSGB == nil || *r.SrvSGB <= 0) {
+			t.Errorf("%s %s ×%d: server s/GB %v", r.Scenario, r.Mode, r.Conns, r.SrvSGB)
+		}
+	}
+	want := []string{"relay net", "relay net-aa", "relay zc", "relay-hc net", "relay-hc zc", "fanout net", "fanout zc",
+		"files net", "files zc", "kv net", "kv net-aa", "kv zc", "mq net", "mq netpoll", "mq zc"}
+	if wrk {
+		want = append(want, "wrk net", "wrk zc-net")
+	}
+	for _, w := range want {
+		if !seen[w] {
+			t.Errorf("no result for %s", w)
+		}
+	}
+	for _, g := range doc.Goals {
+		if g.ID >= 7 && g.ID <= 11 && strings.HasPrefix(g.Status, "NOT RUN") {
+			t.Errorf("goal %d: %s", g.ID, g.Status)
+		}
+	}
+}
+
+// A damaged byte fails every services scenario with "wrong bytes": relay (upload and
+// download frames), fan-out (a published message), files (a frame of the file), key-value
+// (a stored value read back), multi-queue (a request) and wrk (a response body).
+func TestServicesCorrupt(t *testing.T) {
+	for _, tc := range []struct{ scen, modes, says string }{
+		{"relay", "zc", "payload CRC-32C"},
+		{"relay-hc", "net", "payload CRC-32C"},
+		{"fanout", "zc", "payload damaged"},
+		{"files", "zc", "payload CRC-32C"},
+		{"kv", "zc", "not what was stored"},
+		{"mq", "zc", "payload CRC-32C"},
+		{"wrk", "zc-net", "responses were not the"},
+	} {
+		t.Run(tc.scen, func(t *testing.T) {
+			if tc.scen == "wrk" && harness.WrkAvailable() != nil {
+				t.Skip(harness.WrkAvailable())
+			}
+			var out, errs strings.Builder
+			code := run(append([]string{"-scenarios", tc.scen, "-modes", tc.modes, "-selftest-corrupt", "0"}, tinyServices...), &out, &errs)
+			if code != 3 {
+				t.Fatalf("exit %d, want 3\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
+			}
+			if !strings.Contains(errs.String(), "wrong bytes") || !strings.Contains(errs.String(), tc.says) {
+				t.Errorf("stderr does not say %q:\n%s", tc.says, errs.String())
+			}
+		})
+	}
+}
+
+// The services plan: each scenario with its modes, the A/A pair only where it belongs,
+// nothing of the suite with -services=false.
+func TestPlanServices(t *testing.T) {
+	cfg := config{services: true, mcConns: "512", idleConns: 10, bulkSizes: "4096", scenarios: "services"}
+	vs, _, err := plan(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(s harness.Scenario, mode string, size, conns int) bool {
+		return slices.Contains(vs, harness.Variant{Scenario: s, Mode: mode, Size: size, Conns: conns})
+	}
+	for _, v := range []harness.Variant{
+		{Scenario: harness.Relay, Mode: "net-aa", Size: 64 << 10, Conns: 8},
+		{Scenario: harness.Relay, Mode: "zc", Size: 64 << 10, Conns: 64},
+		{Scenario: harness.RelayHalfClose, Mode: "net", Size: 64 << 10, Conns: 8},
+		{Scenario: harness.FanOut, Mode: "zc", Size: 1 << 10, Conns: 1000},
+		{Scenario: harness.FileStream, Mode: "net", Size: 64 << 10, Conns: 128},
+		{Scenario: harness.KV, Mode: "net-aa", Size: 64, Conns: 32},
+		{Scenario: harness.KV, Mode: "zc", Size: 100 << 10, Conns: 32},
+		{Scenario: harness.MultiQueue, Mode: "netpoll", Size: 64, Conns: 512},
+		{Scenario: harness.HTTPWrk, Mode: "zc-net", Size: 64 << 10, Conns: 512},
+	} {
+		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
+			t.Errorf("plan lacks %+v", v)
+		}
+	}
+	for _, v := range vs {
+		if !v.Scenario.Service() {
+			t.Errorf("-scenarios services planned %+v", v)
+		}
+		if v.Mode == "net-aa" && !(v.Scenario == harness.Relay && v.Conns == 8 || v.Scenario == harness.KV && v.Size == 64) {
+			t.Errorf("A/A copy planned for %+v", v)
+		}
+		if v.Scenario == harness.MultiQueue && v.Mode != "net" && v.Mode != "netpoll" && v.Mode != "zc" {
+			t.Errorf("mq planned with %s", v.Mode)
+		}
+		if v.Scenario == harness.HTTPWrk && v.Mode != "net" && v.Mode != "zc-net" {
+			t.Errorf("wrk planned with %s", v.Mode)
+		}
+	}
+	cfg.scenarios, cfg.services = "", false
+	vs, _, err = plan(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(vs, func(v harness.Variant) bool { return v.Scenario.Service() }) {
+		t.Error("-services=false planned services")
 	}
 }

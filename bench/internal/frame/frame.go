@@ -202,6 +202,16 @@ func NewVerifier(size int, onData func()) (*Verifier, error) {
 	return &Verifier{size: size, want: payloadOf(size).crc, onData: onData}, nil
 }
 
+// NewVerifierAt is NewVerifier for a stream that starts at frame seq (a slice of a
+// frame file).
+func NewVerifierAt(size int, seq uint64, onData func()) (*Verifier, error) {
+	v, err := NewVerifier(size, onData)
+	if err == nil {
+		v.seq = seq
+	}
+	return v, err
+}
+
 // Frames and Bytes count what was verified completely.
 func (v *Verifier) Frames() uint64 { return v.frames }
 func (v *Verifier) Bytes() uint64  { return v.bytes }

@@ -68,8 +68,9 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 	}
 	var m Mode
 	for _, x := range modes {
-		if x.Name() == c.Mode {
+		if x.Name() == c.Mode && Supports(x, c.Scenario) {
 			m = x
+			break
 		}
 	}
 	if m == nil {
@@ -77,8 +78,8 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 		return 2
 	}
 	// A child never outlives its case by much, whatever happens to its peer.
-	wd := time.AfterFunc(c.Duration+60*time.Second, func() {
-		fmt.Fprintf(stderr, "zcbench %s: watchdog: %s %s still running after %v\n", *role, c.Mode, c.Scenario, c.Duration+60*time.Second)
+	wd := time.AfterFunc(c.Deadline()+30*time.Second, func() {
+		fmt.Fprintf(stderr, "zcbench %s: watchdog: %s %s still running after %v\n", *role, c.Mode, c.Scenario, c.Deadline()+30*time.Second)
 		os.Exit(exitTimeout)
 	})
 	defer wd.Stop()
@@ -132,6 +133,8 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 			err = idleClient(ctx, c, meter, os.Stdin)
 		case HTTP:
 			err = httpClient(ctx, c, meter)
+		case HTTPWrk:
+			err = wrkClient(ctx, c, meter)
 		default:
 			err = m.Client(ctx, c, meter)
 		}

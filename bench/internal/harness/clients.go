@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -295,6 +296,24 @@ func ServeHTTP(c Case, m *Meter, ln net.Listener, ready func(string)) error {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = w.Write(body)
 	})
+	if c.Scenario == HTTPWrk {
+		body := WrkBody(c.Size)
+		var served atomic.Int64
+		mux.HandleFunc("GET "+wrkPath, func(w http.ResponseWriter, _ *http.Request) {
+			m.Start()
+			n := served.Add(1) - 1
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			if n == c.CorruptSeq {
+				// -selftest-corrupt: one damaged response, which wrk's check must catch
+				bad := bytes.Clone(body)
+				bad[len(bad)/2] ^= 0x20
+				_, _ = w.Write(bad)
+				return
+			}
+			_, _ = w.Write(body)
+		})
+	}
 	mux.HandleFunc("POST "+httpQuitPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		quitOnce.Do(func() { close(quit) })

@@ -57,6 +57,10 @@ type Meter struct {
 	onIdle func()
 }
 
+// NewMeter returns the meter of one side of c (client: the side that sends and stops at
+// c.Duration), for a mode's own tests; the child processes make theirs in ChildMain.
+func NewMeter(c Case, client bool) *Meter { return newMeter(c, client) }
+
 func newMeter(c Case, client bool) *Meter {
 	frame.Payload(c.Size) // build the payload now, outside any measured window
 	return &Meter{c: c, client: client, idleDone: make(chan struct{})}
@@ -153,6 +157,14 @@ func (m *Meter) CheckFrame(p []byte) error {
 	m.checked.Add(1)
 	m.checkedBytes.Add(uint64(len(p)))
 	return nil
+}
+
+// Count adds units of work and their payload bytes that this side verified by its own
+// means (services clients: a delivered message, a key-value response, a request wrk
+// checked); they count as Frames and Bytes. Safe for concurrent use.
+func (m *Meter) Count(units, bytes uint64) {
+	m.checked.Add(units)
+	m.checkedBytes.Add(bytes)
 }
 
 // CheckErr returns the first error CheckFrame found, or nil.

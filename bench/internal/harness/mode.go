@@ -11,6 +11,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/zcnet/zcnet/bench/internal/frame"
@@ -47,10 +48,54 @@ const (
 	// and left idle; the server's resident memory is sampled before the first and after
 	// the last was accepted.
 	Idle Scenario = "idle"
+
+	// The services suite (issue 20): the shapes of the programs users write. Each
+	// reports the server's CPU per unit of work (Side.CPU over the units the client
+	// verified) and a throughput.
+
+	// Relay: Case.Conns clients each send Case.Total bytes (frames of Case.Size) through
+	// the server, a TCP relay, to a backend at Case.Backend that the client process runs;
+	// the backend sends as many back at the same time. Both ends check every byte.
+	Relay Scenario = "relay"
+	// RelayHalfClose: Relay where the backend answers first, half-closes (CloseWrite),
+	// and only then reads the client's upload to its end: the relay must pass the FIN
+	// on and keep forwarding the other way.
+	RelayHalfClose Scenario = "relay-hc"
+	// FanOut: one publisher connection sends messages of Case.Size bytes; the server
+	// forwards each to Case.Conns subscriber connections (a few of them slow readers)
+	// and drops a message for a subscriber whose backlog is over a bound.
+	FanOut Scenario = "fanout"
+	// FileStream: Case.Conns parallel clients each ask for a slice of the page-cache file
+	// Case.File (Case.Total bytes in all) and check every byte; a client that gets no
+	// byte for StallTimeout fails the case.
+	FileStream Scenario = "files"
+	// KV: Case.Conns connections pipelining KVDepth GET/SET requests per round trip,
+	// values of 16–64 B (Case.Size 64) or a mix up to 100 KiB (Case.Size 100 KiB).
+	KV Scenario = "kv"
+	// MultiQueue: MultiCore's echo with the server's queues (Case.Queues 2) and the load
+	// generator sharing the same CPUs, 64 B request/response.
+	MultiQueue Scenario = "mq"
+	// HTTPWrk: net/http on the mode's listener, GETs of a Case.Size byte body, with wrk
+	// (an outside C load generator) on Case.Conns keep-alive connections.
+	HTTPWrk Scenario = "wrk"
 )
 
 // Scenarios lists all scenarios in report order.
-var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream, MultiCore, HTTP, FileSend, Idle}
+var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream, MultiCore, HTTP, FileSend, Idle,
+	Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk}
+
+// ServiceScenarios are the scenarios of the services suite (issue 20).
+var ServiceScenarios = []Scenario{Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk}
+
+// Service reports whether s belongs to the services suite.
+func (s Scenario) Service() bool { return slices.Contains(ServiceScenarios, s) }
+
+// OwnModes reports whether s is run only by modes written for it (ServiceMode): the
+// services whose server and client are specific to the service (relay, fan-out, file
+// streaming, key-value). MultiQueue runs the MultiCore servers, HTTPWrk the HTTP ones.
+func (s Scenario) OwnModes() bool {
+	return s == Relay || s == RelayHalfClose || s == FanOut || s == FileStream || s == KV
+}
 
 // RequestResponse reports whether s is a request/response scenario (Echo, PingPong,
 // MultiCore, HTTP) rather than a one-way stream (Bulk, Stream, FileSend) or Idle.
@@ -64,7 +109,13 @@ func (s Scenario) OneWay() bool { return s == Bulk || s == Stream || s == FileSe
 // HarnessClient reports whether the client side of s is the harness's own
 // (mode-independent) client rather than the mode's: the multi-core load generator, the
 // net/http client and the idle-connection opener. Only the server differs by mode.
-func (s Scenario) HarnessClient() bool { return s == MultiCore || s == Idle || s == HTTP }
+func (s Scenario) HarnessClient() bool {
+	return s == MultiCore || s == Idle || s == HTTP || s == HTTPWrk
+}
+
+// StallTimeout is how long a FileStream client may go without a byte before the case
+// fails.
+var StallTimeout = 5 * time.Second
 
 // Case is one run of one mode, as each side sees it.
 type Case struct {
@@ -95,12 +146,30 @@ type Case struct {
 	// Queues is how many CPUs the server has (MultiCore: one queue or poller per CPU);
 	// 0 elsewhere (the server has one CPU).
 	Queues int `json:"queues,omitempty"`
+	// Total is, for Relay, the bytes each connection carries each way; for FileStream,
+	// the bytes all clients receive together.
+	Total int64 `json:"total,omitempty"`
+	// Backend is where a Relay server dials its backend (the client process listens
+	// there).
+	Backend string `json:"backend,omitempty"`
+	// Limit, when set, is how long the case may take in all (size-bound cases: Relay,
+	// FileStream); otherwise Duration plus 30 s.
+	Limit time.Duration `json:"limit,omitempty"`
+}
+
+// Deadline is how long the case may take before the parent gives up on it.
+func (c Case) Deadline() time.Duration {
+	if c.Limit > 0 {
+		return c.Limit
+	}
+	return c.Duration + 30*time.Second
 }
 
 // Validate reports a Case that cannot run.
 func (c Case) Validate() error {
 	switch c.Scenario {
-	case Bulk, Stream, Echo, PingPong, MultiCore, HTTP, FileSend, Idle:
+	case Bulk, Stream, Echo, PingPong, MultiCore, HTTP, FileSend, Idle,
+		Relay, RelayHalfClose, FanOut, FileStream, KV, HTTPWrk:
 	default:
 		return fmt.Errorf("unknown scenario %q", c.Scenario)
 	}
@@ -112,6 +181,12 @@ func (c Case) Validate() error {
 	}
 	if c.Scenario.OneWay() && c.Conns != 1 {
 		return fmt.Errorf("%s runs on one connection, not %d", c.Scenario, c.Conns)
+	}
+	if (c.Scenario == Relay || c.Scenario == RelayHalfClose) && (c.Backend == "" || c.Total < 1) {
+		return fmt.Errorf("%s needs a backend address and a size", c.Scenario)
+	}
+	if c.Scenario == FileStream && (c.File == "" || c.Total < 1) {
+		return fmt.Errorf("%s needs a file and a size", c.Scenario)
 	}
 	if c.Scenario == FileSend && c.File == "" {
 		return fmt.Errorf("%s needs a file", c.Scenario)
@@ -187,8 +262,19 @@ type ScenarioSupporter interface {
 	Supports(s Scenario) bool
 }
 
+// ServiceMode is a mode written for one or more services scenarios (Scenario.OwnModes):
+// only such modes run them, and they run nothing else.
+type ServiceMode interface {
+	Mode
+	ScenarioSupporter
+	ServiceMode()
+}
+
 // Supports reports whether m runs scenario s.
 func Supports(m Mode, s Scenario) bool {
+	if _, svc := m.(ServiceMode); svc != s.OwnModes() {
+		return false
+	}
 	if ss, ok := m.(ScenarioSupporter); ok {
 		return ss.Supports(s)
 	}

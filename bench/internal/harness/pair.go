@@ -45,6 +45,9 @@ type Rep struct {
 	// CPU microseconds per message, both sides together, and the server's alone
 	// (request/response scenarios).
 	CPUusPerMsg, SrvCPUusPerMsg float64
+	// SrvCPUPerGB is the server's CPU seconds per GB of payload the client verified
+	// (services: the relay's CPU per GB relayed, the file server's per GB sent).
+	SrvCPUPerGB float64
 	// Idle: connections the server held when it sampled its memory, its resident
 	// memory growth per connection ((VmRSS after − before) / conns, bytes), and its
 	// pinned memory (VmPin, bytes) with all connections open.
@@ -82,7 +85,7 @@ func RunPair(ctx context.Context, env *Env, c Case) (Rep, error) {
 	if err := c.Validate(); err != nil {
 		return Rep{}, err
 	}
-	limit := c.Duration + 30*time.Second
+	limit := c.Deadline()
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 
@@ -146,7 +149,7 @@ func RunPair(ctx context.Context, env *Env, c Case) (Rep, error) {
 func compute(c Case, srv, cli Side) (Rep, error) {
 	nan := math.NaN()
 	r := Rep{Gbps: nan, MsgsPerS: nan, P50us: nan, P99us: nan, P999us: nan,
-		CPUSndPerGB: nan, CPURcvPerGB: nan, CPUusPerMsg: nan, SrvCPUusPerMsg: nan,
+		CPUSndPerGB: nan, CPURcvPerGB: nan, CPUusPerMsg: nan, SrvCPUusPerMsg: nan, SrvCPUPerGB: nan,
 		IdleBytesPerConn: nan, IdlePinned: nan, Server: srv, Client: cli}
 	r.ZCBytes = srv.ZCBytes + cli.ZCBytes
 	r.CopiedBytes = srv.CopiedBytes + cli.CopiedBytes
@@ -162,6 +165,28 @@ func compute(c Case, srv, cli Side) (Rep, error) {
 		r.IdleConns = srv.Accepted
 		r.IdleBytesPerConn = (float64(srv.RSSAfter) - float64(srv.RSSBefore)) / float64(srv.Accepted)
 		r.IdlePinned = float64(srv.PinAfter)
+		return r, nil
+	}
+	if c.Scenario.Service() {
+		// The client checked every unit (a relayed frame, a delivered message, a file
+		// frame, a key-value response, a request) and returned a wrong-bytes error itself
+		// for anything missing or damaged; the server's CPU is spread over what it
+		// verified.
+		if cli.Frames == 0 || cli.Wall <= 0 {
+			return Rep{}, fmt.Errorf("%s %s: no units of work verified", c.Mode, c.Scenario)
+		}
+		r.Bytes = cli.Bytes
+		r.MsgsPerS = float64(cli.Frames) / cli.Wall.Seconds()
+		r.CPUusPerMsg = (cli.CPU() + srv.CPU()).Seconds() * 1e6 / float64(cli.Frames)
+		r.SrvCPUusPerMsg = srv.CPU().Seconds() * 1e6 / float64(cli.Frames)
+		if cli.Bytes > 0 {
+			gb := float64(cli.Bytes) / 1e9
+			r.Gbps = gb * 8 / cli.Wall.Seconds()
+			r.SrvCPUPerGB = srv.CPU().Seconds() / gb
+		}
+		if cli.Lat.N > 0 {
+			r.P50us, r.P99us, r.P999us = us(cli.Lat.P50), us(cli.Lat.P99), us(cli.Lat.P999)
+		}
 		return r, nil
 	}
 	if c.Scenario.RequestResponse() {

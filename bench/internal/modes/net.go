@@ -49,7 +49,7 @@ func (Net) Server(ctx context.Context, c harness.Case, m *harness.Meter, ready f
 	if err != nil {
 		return err
 	}
-	if c.Scenario == harness.HTTP {
+	if c.Scenario == harness.HTTP || c.Scenario == harness.HTTPWrk {
 		return harness.ServeHTTP(c, m, l, ready)
 	}
 	return serve(c, m, netListener{l.(*net.TCPListener)}, ready)

@@ -45,9 +45,10 @@ func (Netpoll) Name() string { return "netpoll" }
 func (Netpoll) Available() error { return nil }
 
 // Supports implements harness.ScenarioSupporter: netpoll's model (an RPC event loop)
-// fits everything but HTTP (net/http does not run on it) and the file send.
+// fits everything but HTTP (net/http does not run on it: the http and wrk scenarios) and
+// the file send.
 func (Netpoll) Supports(s harness.Scenario) bool {
-	return s != harness.HTTP && s != harness.FileSend
+	return s != harness.HTTP && s != harness.HTTPWrk && s != harness.FileSend
 }
 
 var netpollLoops sync.Once

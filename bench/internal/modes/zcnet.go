@@ -19,7 +19,7 @@ import (
 // queue's receive ring instead (Config.NetConnRing), side by side for HTTP and file send.
 type ZCNet struct{ Ring bool }
 
-var zcNetScenarios = []harness.Scenario{harness.FileSend, harness.HTTP, harness.Idle}
+var zcNetScenarios = []harness.Scenario{harness.FileSend, harness.HTTP, harness.Idle, harness.HTTPWrk}
 
 // Name implements harness.Mode.
 func (z ZCNet) Name() string {
@@ -63,7 +63,7 @@ func (z ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready
 	if err != nil {
 		return err
 	}
-	if c.Scenario == harness.HTTP {
+	if c.Scenario == harness.HTTP || c.Scenario == harness.HTTPWrk {
 		err = harness.ServeHTTP(c, m, ln, ready)
 	} else {
 		err = serve(c, m, netConnListener{ln}, ready)

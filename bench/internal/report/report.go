@@ -67,7 +67,7 @@ func (r Row) Sum(f Figure) stats.Summary {
 // higher is better.
 func Headline(s harness.Scenario) (Figure, string, bool) {
 	switch s {
-	case harness.Bulk, harness.FileSend:
+	case harness.Bulk, harness.FileSend, harness.Relay, harness.RelayHalfClose, harness.FileStream:
 		return Gbps, "gbps", true
 	case harness.PingPong:
 		return P99, "p99_us", false
@@ -102,14 +102,16 @@ type Result struct {
 
 	// What min/max refer to, the CPU split, the raw headline of every repetition in run
 	// order.
-	Headline       string    `json:"headline"`
-	CPUSndPerGB    *float64  `json:"cpu_snd_s_per_gb"`
-	CPURcvPerGB    *float64  `json:"cpu_rcv_s_per_gb"`
-	CPUusPerMsg    *float64  `json:"cpu_us_per_msg"`
-	SrvCPUusPerMsg *float64  `json:"srv_cpu_us_per_msg"`
-	HeadlineReps   []float64 `json:"headline_reps"`
-	RxMappedBytes  uint64    `json:"rx_mapped_bytes"`
-	RxCopiedBytes  uint64    `json:"rx_copied_bytes"`
+	Headline       string   `json:"headline"`
+	CPUSndPerGB    *float64 `json:"cpu_snd_s_per_gb"`
+	CPURcvPerGB    *float64 `json:"cpu_rcv_s_per_gb"`
+	CPUusPerMsg    *float64 `json:"cpu_us_per_msg"`
+	SrvCPUusPerMsg *float64 `json:"srv_cpu_us_per_msg"`
+	// SrvCPUsPerGB: the services' server CPU seconds per GB verified (relay, files).
+	SrvCPUsPerGB  *float64  `json:"srv_cpu_s_per_gb"`
+	HeadlineReps  []float64 `json:"headline_reps"`
+	RxMappedBytes uint64    `json:"rx_mapped_bytes"`
+	RxCopiedBytes uint64    `json:"rx_copied_bytes"`
 	// Idle: the server's resident memory per idle connection, VmRSS before the first
 	// and with all connections (bytes), and its pinned memory (VmPin) with them.
 	IdleBytesPerConn *float64 `json:"idle_bytes_per_conn"`
@@ -141,6 +143,7 @@ func Results(rows []Row) []Result {
 			P50us: opt(r.Sum(P50)), P99us: opt(r.Sum(P99)), P999us: opt(r.Sum(P999)),
 			CPUsPerGB: opt(r.Sum(CPUPerGB)), CPUSndPerGB: opt(r.Sum(CPUSndPerGB)), CPURcvPerGB: opt(r.Sum(CPURcvPerGB)),
 			CPUusPerMsg: opt(r.Sum(CPUPerMsg)), SrvCPUusPerMsg: opt(r.Sum(SrvCPUPerMsg)), Headline: hname,
+			SrvCPUsPerGB:     opt(r.Sum(SrvCPUPerGB)),
 			IdleBytesPerConn: opt(r.Sum(IdleBytes)), PinnedBytes: opt(r.Sum(IdlePinned)),
 			RSSBefore: opt(r.Sum(rssBefore)), RSSAfter: opt(r.Sum(rssAfter)),
 			Notes: notes(r),
@@ -288,7 +291,7 @@ func Table(w io.Writer, rows []Row) {
 				rs = append(rs, r)
 			}
 		}
-		if len(rs) == 0 {
+		if len(rs) == 0 || sc.Service() {
 			continue
 		}
 		switch sc {
@@ -348,6 +351,7 @@ func Table(w io.Writer, rows []Row) {
 		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()
+	servicesTable(w, rows)
 	mappedTable(w, rows)
 }
 
@@ -649,6 +653,10 @@ var noiseSources = map[string]struct {
 	"msgs/s":   {harness.Echo, MsgsPerS},
 	"req/s":    {harness.Echo, MsgsPerS},
 	"µs":       {harness.PingPong, P99},
+	// the services' A/A pair (net-aa / net)
+	unitSrvUs:   {harness.KV, SrvCPUPerMsg},
+	unitSrvSGB:  {harness.Relay, SrvCPUPerGB},
+	unitSvcGbps: {harness.Relay, Gbps},
 }
 
 // AANoise is this run's noise in a unit of the goals: over every A/A pair that measures it
@@ -662,7 +670,7 @@ func AANoise(rows []Row, unit string) (dev float64, ok bool) {
 		return 0, false
 	}
 	for _, p := range aaPairs(rows) {
-		if p[0].Scenario != src.scen {
+		if p[0].Scenario != src.scen || (src.scen == harness.Relay && p[0].Conns != 8) {
 			continue
 		}
 		if lo, hi, has := roundRatios(p[0], p[1], src.f); has {
@@ -681,11 +689,16 @@ func NoiseFloor(rows []Row) []Check {
 		hf, _, _ := Headline(p[0].Scenario)
 		figs := []Figure{hf}
 		units := []string{headlineUnit(p[0].Scenario)}
-		if p[0].Scenario == harness.Bulk {
+		switch p[0].Scenario {
+		case harness.Bulk:
 			figs, units = append(figs, CPUPerGB), append(units, "CPU s/GB")
+		case harness.KV:
+			figs, units = []Figure{SrvCPUPerMsg}, []string{unitSrvUs}
+		case harness.Relay:
+			figs, units = []Figure{Gbps, SrvCPUPerGB}, []string{unitSvcGbps, unitSrvSGB}
 		}
 		for i, f := range figs {
-			what := fmt.Sprintf("%s %s: zc-copy-aa / zc-copy", p[0].Scenario, SizeString(p[0].Size))
+			what := fmt.Sprintf("%s %s: %s / %s", p[0].Scenario, SizeString(p[0].Size), p[0].Mode, p[1].Mode)
 			c := compare(what, p[0], p[1], f, units[i], 1, true)
 			c.Target, c.Met, c.goal = "", true, 0
 			for _, ra := range p[0].Reps {
@@ -719,10 +732,14 @@ func aaPairs(rows []Row) [][2]*Row {
 	var ps [][2]*Row
 	for i := range rows {
 		aa := &rows[i]
-		if aa.Mode != ZCCopyAA || len(aa.Reps) == 0 {
+		if (aa.Mode != ZCCopyAA && aa.Mode != NetAA) || len(aa.Reps) == 0 {
 			continue
 		}
-		if cp := Find(rows, aa.Scenario, ZCCopy, aa.Size, aa.Conns); cp != nil {
+		base := ZCCopy
+		if aa.Mode == NetAA {
+			base = "net"
+		}
+		if cp := Find(rows, aa.Scenario, base, aa.Size, aa.Conns); cp != nil {
 			ps = append(ps, [2]*Row{aa, cp})
 		}
 	}
@@ -785,7 +802,7 @@ func PrintNoise(w io.Writer, rows []Row) {
 	if len(checks) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "NOISE (A/A): zc-copy-aa is zc-copy run again as a variant of its own, at a position in each round that moves over the rounds; the ratio of the two, round by round:")
+	fmt.Fprintln(w, "NOISE (A/A): zc-copy-aa is zc-copy run again as a variant of its own (net-aa: the services' net), at a position in each round that moves over the rounds; the ratio of the two, round by round:")
 	for _, c := range checks {
 		rs := make([]string, len(c.Rounds))
 		for i, x := range c.Rounds {
@@ -886,6 +903,10 @@ func fmtNum(x float64) string {
 // PrintGoals writes the verdicts, each with its checks.
 func PrintGoals(w io.Writer, gs []Goal) {
 	fmt.Fprintln(w, "GOALS (issue 10): ratios of medians measured side by side in this run; [rounds min–max] is the same ratio round by round")
+	printGoals(w, gs)
+}
+
+func printGoals(w io.Writer, gs []Goal) {
 	for _, g := range gs {
 		fmt.Fprintf(w, "  %d. %s: %s\n", g.ID, g.Name, g.Status)
 		for _, c := range g.Checks {

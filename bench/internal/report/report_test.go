@@ -94,7 +94,7 @@ func TestJSONDocument(t *testing.T) {
 	required := []string{"scenario", "mode", "size", "conns", "reps", "gbps", "msgs_per_s", "p50_us", "p99_us",
 		"p999_us", "cpu_s_per_gb", "min", "max", "zc_bytes", "copied_bytes"}
 	extras := []string{"headline", "cpu_snd_s_per_gb", "cpu_rcv_s_per_gb", "cpu_us_per_msg", "srv_cpu_us_per_msg",
-		"headline_reps", "rx_mapped_bytes", "rx_copied_bytes", "idle_bytes_per_conn", "rss_before_bytes",
+		"srv_cpu_s_per_gb", "headline_reps", "rx_mapped_bytes", "rx_copied_bytes", "idle_bytes_per_conn", "rss_before_bytes",
 		"rss_after_bytes", "pinned_bytes", "notes"}
 	for _, o := range doc.Results {
 		for _, k := range required {

@@ -1,0 +1,126 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/zcnet/zcnet/bench/internal/frame"
+)
+
+// wrkPath is what wrk GETs in the HTTPWrk scenario.
+const wrkPath = "/body"
+
+// WrkBody is the HTTPWrk response body of size bytes: letters in a pattern that wrk's
+// script rebuilds on its side to compare every response with.
+func WrkBody(size int) []byte {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = 'a' + byte(i*7%26)
+	}
+	return b
+}
+
+// wrkScript checks every response of wrk against the body WrkBody makes (LuaJIT interns
+// strings: the comparison is a hash and a memcmp of the whole body) and prints the
+// counts of all threads at the end.
+const wrkScript = `
+local size = %d
+local parts = {}
+for i = 0, size - 1 do parts[#parts + 1] = string.char(97 + (i * 7) %% 26) end
+local expected = table.concat(parts)
+local threads = {}
+body_ok = 0
+body_bad = 0
+function setup(thread) table.insert(threads, thread) end
+function response(status, headers, body)
+  if status == 200 and body == expected then body_ok = body_ok + 1 else body_bad = body_bad + 1 end
+end
+function done(summary, latency, requests)
+  local ok, bad = 0, 0
+  for _, t in ipairs(threads) do ok = ok + t:get("body_ok"); bad = bad + t:get("body_bad") end
+  local e = summary.errors
+  io.write(string.format("ZCBENCH ok=%%d bad=%%d errors=%%d p50=%%d p99=%%d\n", ok, bad,
+    e.connect + e.read + e.write + e.status + e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+`
+
+// WrkAvailable reports whether wrk can run here.
+func WrkAvailable() error {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return fmt.Errorf("wrk not installed (Debian package wrk; make bench installs it when it can)")
+	}
+	return nil
+}
+
+var wrkLine = regexp.MustCompile(`ZCBENCH ok=(\d+) bad=(\d+) errors=(\d+) p50=(\d+) p99=(\d+)`)
+
+// wrkClient runs wrk against the server for c.Duration (whole seconds, at least one) on
+// c.Conns keep-alive connections, one thread per CPU of this process; every response is
+// checked by the script; then it tells the server to quit.
+func wrkClient(ctx context.Context, c Case, m *Meter) error {
+	dir, err := os.MkdirTemp("", "zcbench-wrk")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	script := filepath.Join(dir, "check.lua")
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(wrkScript, c.Size)), 0o644); err != nil {
+		return err
+	}
+	secs := max(1, int(c.Duration.Round(time.Second)/time.Second))
+	threads := max(1, min(len(AllowedCPUs()), c.Conns))
+	cmd := exec.CommandContext(ctx, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(c.Conns),
+		"-d", fmt.Sprintf("%ds", secs), "--timeout", "5s", "-s", script, "http://"+c.Addr+wrkPath)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	m.Start()
+	runErr := cmd.Run()
+	m.Stop()
+	quitErr := wrkQuit(ctx, c.Addr)
+	if runErr != nil {
+		return fmt.Errorf("wrk: %w: %s%s", runErr, out.String(), errb.String())
+	}
+	g := wrkLine.FindStringSubmatch(out.String())
+	if g == nil {
+		return fmt.Errorf("wrk printed no counts: %s%s", out.String(), errb.String())
+	}
+	ok, _ := strconv.ParseUint(g[1], 10, 64)
+	bad, _ := strconv.ParseUint(g[2], 10, 64)
+	nerr, _ := strconv.ParseUint(g[3], 10, 64)
+	if bad > 0 {
+		return fmt.Errorf("%w: wrk: %d of %d responses were not the %d byte body", frame.ErrCorrupt, bad, ok+bad, c.Size)
+	}
+	if nerr > 0 {
+		return fmt.Errorf("wrk: %d socket or status errors: %s", nerr, strings.TrimSpace(out.String()))
+	}
+	m.Count(ok, ok*uint64(c.Size))
+	m.Note("wrk_p50_us", g[4])
+	m.Note("wrk_p99_us", g[5])
+	return quitErr
+}
+
+func wrkQuit(ctx context.Context, addr string) error {
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	cl := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 10 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+httpQuitPath, nil)
+	if err != nil {
+		return err
+	}
+	r, err := cl.Do(req)
+	if err != nil {
+		return fmt.Errorf("quit: %w", err)
+	}
+	r.Body.Close()
+	return nil
+}
