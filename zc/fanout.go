@@ -44,8 +44,8 @@ type FanOutOptions struct {
 	// it by one message: the bound is checked before each message.
 	MaxQueued int
 	// OnReady (FanOutPause) runs once after a Publish returned ErrWouldBlock, when every
-	// subscriber is under half its bound again (or was removed, or closed): publish again
-	// from there. It runs on the queue goroutine of the subscriber that drained last (or on
+	// subscriber is under half its bound again (or was removed, or closed), or the FanOut
+	// closed: publish again from there. It runs on the queue goroutine of the subscriber that drained last (or on
 	// the goroutine that removed it) and must not block: an event-loop publisher posts to
 	// its own connection (Conn.Post), a goroutine publisher signals a channel.
 	OnReady func()
@@ -262,18 +262,18 @@ func (f *FanOut) Len() int {
 // queued, b is still the caller's; OnReady follows). After Close it returns ErrClosed and
 // releases b. Buffer errors are NewShared's.
 func (f *FanOut) Publish(b memreg.Buf, n int) error {
-	if err := f.admit(); err != nil {
-		if errors.Is(err, ErrClosed) {
-			b.Release()
-		}
-		return err
+	var sh *Shared
+	err := f.publish(func() (*Shared, error) {
+		var err error
+		sh, err = NewShared(b, n)
+		return sh, err
+	})
+	if sh != nil {
+		sh.Release() // the sends hold it now
+	} else if errors.Is(err, ErrClosed) {
+		b.Release()
 	}
-	sh, err := NewShared(b, n)
-	if err != nil {
-		return err
-	}
-	defer sh.Release()
-	return f.PublishShared(sh)
+	return err
 }
 
 // PublishData sends received bytes to every subscriber without copying them: d's buffer
@@ -285,12 +285,6 @@ func (f *FanOut) Publish(b memreg.Buf, n int) error {
 // be shared (mapped or zcrx: see Data.Retain) is refused with ErrNotSupported and left
 // with the caller, to copy into a buffer and Publish.
 func (f *FanOut) PublishData(d Data) error {
-	if err := f.admit(); err != nil {
-		if errors.Is(err, ErrClosed) {
-			d.Release()
-		}
-		return err
-	}
 	if d.mr != nil || !d.zb.IsZero() {
 		return fmt.Errorf("zc: fan-out of mapped or zcrx Data (copy it into a buffer and Publish): %w", ErrNotSupported)
 	}
@@ -298,12 +292,20 @@ func (f *FanOut) PublishData(d Data) error {
 		d.Release()
 		return fmt.Errorf("zc: fan-out: %w", ErrEmpty)
 	}
-	sh, err := sharedData(d)
-	if err != nil {
-		return err
+	var sh *Shared
+	taken := false
+	err := f.publish(func() (*Shared, error) {
+		var err error
+		taken = true
+		sh, err = sharedData(d)
+		return sh, err
+	})
+	if sh != nil {
+		sh.Release()
+	} else if errors.Is(err, ErrClosed) && !taken {
+		d.Release()
 	}
-	defer sh.Release()
-	return f.PublishShared(sh)
+	return err
 }
 
 // sharedData turns ring Data into a Shared (d is consumed).
@@ -313,30 +315,27 @@ func sharedData(d Data) (*Shared, error) {
 	}
 	r, err := d.Retain()
 	if err != nil {
+		d.Release()
 		return nil, err
 	}
 	d.Release() // r holds the buffer (and the receive credit) now
 	return &Shared{ref: r.ref, n: r.n, tag: r.ref.Region().Pool().Tag()}, nil
 }
 
-// admit is Publish's early check: the FanOut is open, and under FanOutPause nobody lags.
-func (f *FanOut) admit() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return fmt.Errorf("zc: fan-out: %w", ErrClosed)
-	}
-	if f.blocked {
-		f.pauses.Add(1)
-		return fmt.Errorf("zc: fan-out: a subscriber is at its bound: %w", ErrWouldBlock)
-	}
-	return nil
-}
-
 // PublishShared sends sh to every subscriber (sh stays the caller's: Release it when done
 // publishing). Under FanOutPause, when a subscriber is at its bound it queues nothing and
 // returns ErrWouldBlock (OnReady follows).
 func (f *FanOut) PublishShared(sh *Shared) error {
+	if sh == nil || !sh.ref.Valid() {
+		return fmt.Errorf("zc: fan-out: %w", memreg.ErrStale)
+	}
+	return f.publish(func() (*Shared, error) { return sh, nil })
+}
+
+// publish admits a message (the FanOut is open; under FanOutPause nobody is at its bound),
+// then makes it (mk runs only once admitted, so a refused message stays the caller's) and
+// queues it for every subscriber.
+func (f *FanOut) publish(mk func() (*Shared, error)) error {
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -366,13 +365,18 @@ func (f *FanOut) PublishShared(sh *Shared) error {
 			f.mu.Unlock()
 			return fmt.Errorf("zc: fan-out: a subscriber is at its bound: %w", ErrWouldBlock)
 		}
-		// nobody over its bound: the lag marks were for a pause that did not happen
+		// nobody at its bound: the lag marks were for a pause that did not happen
 		for _, s := range f.subs {
 			if s.lag {
 				s.lag = false
 				f.lagging--
 			}
 		}
+	}
+	sh, err := mk()
+	if err != nil {
+		f.mu.Unlock()
+		return err
 	}
 	f.published.Add(1)
 	var failed, slow []*fanSub
@@ -414,11 +418,15 @@ func (f *FanOut) Close() error {
 		return fmt.Errorf("zc: fan-out: %w", ErrClosed)
 	}
 	f.closed = true
-	f.blocked = false // no OnReady after Close
+	wake := f.blocked // a paused publisher hears of it (its next Publish: ErrClosed)
+	f.blocked = false
 	subs := append([]*fanSub(nil), f.subs...)
 	f.mu.Unlock()
 	for _, s := range subs {
 		f.remove(s, false)
+	}
+	if wake {
+		f.ready()
 	}
 	return nil
 }

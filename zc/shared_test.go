@@ -73,12 +73,14 @@ func subscribers(t *testing.T, e *Engine, n int, h func() Handler) ([]*Conn, []n
 // returns to its pool once every send is done; misuse gets typed errors.
 func TestSharedSend(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testSharedSend(t, b) })
+		t.Run(b.String(), func(t *testing.T) { testSharedSend(t, b, SendAdaptive) })
 	}
+	// every send zero-copy: each buffer comes back after the last notification
+	t.Run("io_uring-zerocopy", func(t *testing.T) { testSharedSend(t, BackendIOUring, SendZeroCopy) })
 }
 
-func testSharedSend(t *testing.T, b Backend) {
-	e := newEngine(t, Config{Backend: b, SendBufSize: 4096, SendBufs: 4, SendPoolMax: 16 * 4096})
+func testSharedSend(t *testing.T, b Backend, path SendPath) {
+	e := newEngine(t, Config{Backend: b, SendPath: path, ZCThreshold: 512, SendBufSize: 4096, SendBufs: 4, SendPoolMax: 16 * 4096})
 	const nsubs, nmsgs, size = 12, 300, 1000
 	conns, clients := subscribers(t, e, nsubs, nil)
 	errs := make(chan error, nsubs)
@@ -139,6 +141,9 @@ func testSharedSend(t *testing.T, b Backend) {
 	st := e.Stats()
 	if st.SharedSends != nsubs*nmsgs || st.BytesShared != nsubs*nmsgs*size {
 		t.Errorf("SharedSends %d BytesShared %d, want %d, %d", st.SharedSends, st.BytesShared, nsubs*nmsgs, nsubs*nmsgs*size)
+	}
+	if path == SendZeroCopy && st.SendZCOps == 0 {
+		t.Error("no zero-copy send made")
 	}
 	waitSendBuffersBack(t, e)
 
