@@ -95,6 +95,7 @@ type fanSub struct {
 	inner Handler // the subscriber's handler (set on its queue goroutine)
 	// left: removed (the wrapper only passes events on); lag: counted in f.lagging
 	left, lag bool
+	retries   int // install's tries while the connection has no handler yet
 }
 
 // NewFanOut returns an empty FanOut. A Policy it does not know is ErrInvalid.
@@ -131,10 +132,12 @@ func (f *FanOut) Add(c *Conn) error {
 	f.subs = append(f.subs, s)
 	f.byConn[c] = s
 	f.mu.Unlock()
-	if c.q.OnLoop() {
+	if c.q.OnLoop() && c.h != nil {
 		s.install()
 		return nil
 	}
+	// Off the queue, or from the accept function (the handler is not in place yet): on the
+	// queue goroutine, next.
 	if err := c.q.Post(s.install); err != nil {
 		f.remove(s, false)
 		return c.opErr("fanout", ErrClosed)
@@ -146,6 +149,15 @@ func (f *FanOut) Add(c *Conn) error {
 func (s *fanSub) install() {
 	c := s.c
 	if c.ended() || c.inClose() {
+		s.f.remove(s, true)
+		return
+	}
+	if c.h == nil {
+		// still no handler (a connection still dialing): try again once its handler is in
+		// place; a connection never given one leaves
+		if s.retries++; s.retries < 1000 && c.q.Post(s.install) == nil {
+			return
+		}
 		s.f.remove(s, true)
 		return
 	}
