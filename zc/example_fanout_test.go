@@ -63,6 +63,7 @@ func Example_fanOut() {
 	}
 
 	// The publisher, a goroutine here: one buffer per message, shared by every subscriber.
+	// publish:begin
 	for _, msg := range []string{"hello ", "fan ", "out\n"} {
 		b, err := c.BufferWait(0) // any connection's buffer serves
 		if err != nil {
@@ -82,6 +83,7 @@ func Example_fanOut() {
 			return
 		}
 	}
+	// publish:end
 	for i, nc := range subs {
 		p := make([]byte, len("hello fan out\n"))
 		if _, err := io.ReadFull(nc, p); err != nil {
