@@ -98,10 +98,14 @@ type fanSub struct {
 	retries   int // install's tries while the connection has no handler yet
 }
 
-// NewFanOut returns an empty FanOut. A Policy it does not know is ErrInvalid.
+// NewFanOut returns an empty FanOut. A Policy it does not know, a negative MaxQueued, and
+// FanOutPause without OnReady are ErrInvalid.
 func NewFanOut(opt FanOutOptions) (*FanOut, error) {
 	if opt.Policy > FanOutClose {
 		return nil, fmt.Errorf("zc: fan-out policy %v: %w", opt.Policy, ErrInvalid)
+	}
+	if opt.Policy == FanOutPause && opt.OnReady == nil {
+		return nil, fmt.Errorf("zc: fan-out: FanOutPause needs OnReady (what tells a paused publisher to go on): %w", ErrInvalid)
 	}
 	if opt.MaxQueued < 0 {
 		return nil, fmt.Errorf("zc: fan-out MaxQueued %d: %w", opt.MaxQueued, ErrInvalid)
@@ -392,19 +396,27 @@ func (f *FanOut) publish(mk func() (*Shared, error)) error {
 	}
 	f.published.Add(1)
 	var failed, slow []*fanSub
+	sent := uint64(0)
 	for _, s := range f.subs {
 		if f.opt.Policy != FanOutPause && s.c.Queued() >= f.bound(s.c) {
 			slow = append(slow, s)
 			continue
 		}
-		if err := sh.Send(s.c); err != nil {
+		if err := sh.send(s.c); err != nil {
 			failed = append(failed, s)
 			continue
 		}
-		f.deliveries.Add(1)
-		f.shared.Add(uint64(sh.n))
+		sent++
 	}
 	f.mu.Unlock()
+	if sent > 0 {
+		f.deliveries.Add(sent)
+		f.shared.Add(sent * uint64(sh.n))
+		if e, ok := sh.tag.(*Engine); ok {
+			e.shareCtr.sends.Add(sent)
+			e.shareCtr.bytes.Add(sent * uint64(sh.n))
+		}
+	}
 	for _, s := range slow {
 		if f.opt.Policy == FanOutDrop {
 			f.drops.Add(1)

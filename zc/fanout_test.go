@@ -76,6 +76,30 @@ func publishPaced(f *FanOut, c *Conn, ready chan struct{}, nmsgs uint64, size in
 	return nil
 }
 
+func TestFanOutOptions(t *testing.T) {
+	for _, o := range []FanOutOptions{{}, {Policy: 9, OnReady: func() {}}, {Policy: FanOutDrop, MaxQueued: -1}} {
+		if _, err := NewFanOut(o); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewFanOut(%+v) = %v, want ErrInvalid", o, err)
+		}
+	}
+	f, err := NewFanOut(FanOutOptions{Policy: FanOutDrop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Add(nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Add(nil) = %v", err)
+	}
+	if err := f.PublishShared(nil); err == nil {
+		t.Error("PublishShared(nil) succeeded")
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); !errors.Is(err, ErrClosed) {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
 // TestFanOutPause: more subscribers than the send pool has buffers, some slow; the
 // publisher pauses at their bound and OnReady wakes it: every subscriber gets every message.
 func TestFanOutPause(t *testing.T) {
@@ -98,6 +122,9 @@ func TestFanOutPause(t *testing.T) {
 				if err := f.Add(c); err != nil {
 					t.Fatal(err)
 				}
+			}
+			if err := f.Add(conns[0]); !errors.Is(err, ErrInvalid) {
+				t.Errorf("second Add = %v, want ErrInvalid", err)
 			}
 			errs := make(chan error, nsubs)
 			for i, nc := range clients {
@@ -128,6 +155,10 @@ func TestFanOutPause(t *testing.T) {
 				t.Log("the publisher never paused")
 			}
 			f.Close()
+			b, _ := conns[0].BufferWait(0)
+			if err := f.Publish(b, 1); !errors.Is(err, ErrClosed) || b.Valid() {
+				t.Errorf("Publish after Close = %v (buffer still held: %v)", err, b.Valid())
+			}
 			waitSendBuffersBack(t, e)
 		})
 	}

@@ -171,6 +171,16 @@ func (s *Shared) Bytes() []byte {
 // memreg.ErrStale; on a connection of another engine with ErrForeignBuffer; on a closed one
 // with ErrClosed (nothing is queued then).
 func (s *Shared) Send(c *Conn) error {
+	if err := s.send(c); err != nil {
+		return err
+	}
+	c.e.shareCtr.sends.Add(1)
+	c.e.shareCtr.bytes.Add(uint64(s.n))
+	return nil
+}
+
+// send is Send without the engine's counters (FanOut adds them once per message).
+func (s *Shared) send(c *Conn) error {
 	if s == nil || s.ref == nil {
 		return fmt.Errorf("zc: shared send: %w", ErrInvalid)
 	}
@@ -188,8 +198,6 @@ func (s *Shared) Send(c *Conn) error {
 		}
 		return c.opErr("send", err)
 	}
-	c.e.shareCtr.sends.Add(1)
-	c.e.shareCtr.bytes.Add(uint64(s.n))
 	return c.enqueue(seg{loan: loan, n: int32(s.n), sum: sum, shared: true})
 }
 
