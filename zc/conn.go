@@ -537,7 +537,7 @@ func (c *Conn) enqueue(s seg) error {
 	c.flushStageLocked()
 	tx := c.txLocked()
 	c.out = append(c.out, s)
-	c.queued += int(s.n)
+	c.queued += int(s.n - s.off) // off > 0: a slice of a shared buffer (Data.Slice)
 	over := c.queued > c.e.cfg.MaxQueuedBytes
 	if over && s.src != nil && s.src != c {
 		tx.destWaits = append(tx.destWaits, s.src)

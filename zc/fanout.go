@@ -327,7 +327,7 @@ func (f *FanOut) PublishData(d Data) error {
 // sharedData turns ring Data into a Shared (d is consumed).
 func sharedData(d Data) (*Shared, error) {
 	if d.ref != nil {
-		return &Shared{ref: d.ref, n: d.n, tag: d.ref.Region().Pool().Tag()}, nil
+		return &Shared{ref: d.ref, off: d.off, n: d.n, tag: d.ref.Region().Pool().Tag()}, nil
 	}
 	r, err := d.Retain()
 	if err != nil {

@@ -75,6 +75,7 @@ type Data struct {
 	mr  *mappedData // set for data from the mapped receive window
 	zb  zcrx.Buf    // set for data in a zcrx area (RecvZcrx, see zcrx.go)
 	ref *memreg.Ref // set for a second reference to a ring buffer (Retain, shared.go)
+	off int         // where the bytes start in ref's buffer (Slice)
 }
 
 // Bytes returns the received bytes, or nil after Release.
@@ -87,7 +88,7 @@ func (d Data) Bytes() []byte {
 	}
 	if d.ref != nil {
 		if b := d.ref.Bytes(); b != nil {
-			return b[:d.n]
+			return b[d.off : d.off+d.n]
 		}
 		return nil
 	}

@@ -51,7 +51,7 @@ func (d Data) Retain() (Data, error) {
 		if err != nil {
 			return Data{}, fmt.Errorf("zc: retain: %w", err)
 		}
-		return Data{c: d.c, ref: x, n: d.n}, nil
+		return Data{c: d.c, ref: x, off: d.off, n: d.n}, nil
 	}
 	var onLast func()
 	if c := d.c; c != nil && d.buf.Region() != nil {
@@ -88,7 +88,9 @@ func (c *Conn) sendRef(d Data) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
-		sum = debugSum(d.Bytes())
+		if b := d.ref.Bytes(); b != nil {
+			sum = debugSum(b[:d.off+d.n]) // what checkSent reads back: from the start
+		}
 	}
 	loan, err := d.ref.Lend()
 	d.ref.Release() // the loan owns the buffer now (with the others)
@@ -100,7 +102,31 @@ func (c *Conn) sendRef(d Data) error {
 	}
 	c.e.shareCtr.sends.Add(1)
 	c.e.shareCtr.bytes.Add(uint64(d.n))
-	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum, shared: true})
+	return c.enqueue(seg{loan: loan, off: int32(d.off), n: int32(d.off + d.n), src: d.c, sum: sum, shared: true})
+}
+
+// Slice returns a reference to n bytes of d from off, without copying them: as Retain
+// (d stays valid, each is released or sent on its own, the receive credit goes back with the
+// last reference), but over part of the bytes. off and n must lie within d (ErrInvalid;
+// n == 0 is ErrEmpty). A slice of zcrx Data is ErrNotSupported, as its Retain.
+func (d Data) Slice(off, n int) (Data, error) {
+	if off < 0 || n < 0 || off > d.n || n > d.n-off {
+		return Data{}, fmt.Errorf("zc: slice [%d, %d+%d) of %d bytes: %w", off, off, n, d.n, ErrInvalid)
+	}
+	if n == 0 {
+		return Data{}, fmt.Errorf("zc: slice: %w", ErrEmpty)
+	}
+	r, err := d.Retain()
+	if err != nil {
+		return Data{}, err
+	}
+	if r.mr != nil {
+		r.mr.b = r.mr.b[off : off+n : off+n]
+	} else {
+		r.off += off
+	}
+	r.n = n
+	return r, nil
 }
 
 // Shared is one send buffer sent on many connections without copying (a fan-out): each
@@ -118,6 +144,7 @@ func (c *Conn) sendRef(d Data) error {
 //	sh.Release()
 type Shared struct {
 	ref *memreg.Ref
+	off int // where the bytes start in the buffer (a slice of received Data)
 	n   int
 	tag any // the engine that owns the buffer
 }
@@ -162,7 +189,7 @@ func (s *Shared) Bytes() []byte {
 	if b == nil {
 		return nil
 	}
-	return b[:s.n]
+	return b[s.off : s.off+s.n]
 }
 
 // Send queues the shared bytes on c, as Conn.Send does with a buffer of its own: the bytes
@@ -189,7 +216,9 @@ func (s *Shared) send(c *Conn) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
-		sum = debugSum(s.Bytes())
+		if b := s.ref.Bytes(); b != nil {
+			sum = debugSum(b[:s.off+s.n]) // what checkSent reads back: from the start
+		}
 	}
 	loan, err := s.ref.Lend()
 	if err != nil {
@@ -198,7 +227,7 @@ func (s *Shared) send(c *Conn) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(s.n), sum: sum, shared: true})
+	return c.enqueue(seg{loan: loan, off: int32(s.off), n: int32(s.off + s.n), sum: sum, shared: true})
 }
 
 // Release drops the caller's reference: the buffer returns to its pool once the sends
