@@ -24,8 +24,7 @@ func TestSendDataCopyAllOrNothing(t *testing.T) {
 	bad := make(chan error, 4)
 	var srcp atomic.Pointer[Conn]
 	// flush sends what is pending, in order (on the queue goroutine).
-	var flush func(dst *Conn)
-	flush = func(dst *Conn) {
+	flush := func(dst *Conn) {
 		mu.Lock()
 		defer mu.Unlock()
 		for len(pending) > 0 {

@@ -35,11 +35,9 @@ func main() {
 	modes := flag.String("modes", "zc-shared,zc-copy,net", "modes")
 	flag.Parse()
 	if *serve != "" {
-		if err := server(*serve, *subs); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		return
+		err := server(*serve, *subs) // returns only when it failed
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	res := map[string][]float64{}
 	ms := strings.Split(*modes, ",")
@@ -181,6 +179,7 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(u+s) * time.Second / 100 // USER_HZ
 }
 
+// server serves until killed; it returns only an error.
 func server(mode string, nsubs int) error {
 	switch mode {
 	case "net":
@@ -266,8 +265,7 @@ func zcServer(nsubs int, shared bool) error {
 	}
 	var subs []*sub
 	blocked := 0
-	var flushSub func(s *sub)
-	flushSub = func(s *sub) {
+	flushSub := func(s *sub) {
 		for len(s.backlog) > 0 {
 			p := s.backlog[0]
 			n, err := s.c.Write(p)
