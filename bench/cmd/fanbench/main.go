@@ -17,10 +17,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/zcnet/zcnet/zc"
@@ -33,8 +36,19 @@ func main() {
 	msgs := flag.Int("msgs", 20000, "messages per round")
 	rounds := flag.Int("rounds", 5, "rounds (modes interleaved)")
 	modes := flag.String("modes", "zc-shared,zc-copy,net", "modes")
+	prof := flag.String("cpuprofile", "", "servers write a CPU profile to this file + mode (the last round's)")
 	flag.Parse()
+	profile = *prof
 	if *serve != "" {
+		if *prof != "" {
+			f, err := os.Create(*prof + "." + *serve)
+			if err == nil {
+				pprof.StartCPUProfile(f)
+				sig := make(chan os.Signal, 1)
+				signal.Notify(sig, syscall.SIGTERM)
+				go func() { <-sig; pprof.StopCPUProfile(); f.Close(); os.Exit(0) }()
+			}
+		}
 		err := server(*serve, *subs) // returns only when it failed
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -59,6 +73,8 @@ func main() {
 	}
 }
 
+var profile string
+
 func med(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
@@ -76,13 +92,23 @@ func maxOf(v []float64) float64 {
 
 // round runs one server of mode and returns its CPU per delivery in ns.
 func round(mode string, nsubs, size, nmsgs int) (float64, error) {
-	cmd := exec.Command(os.Args[0], "-serve", mode, "-subs", strconv.Itoa(nsubs))
+	cmd := exec.Command(os.Args[0], "-serve", mode, "-subs", strconv.Itoa(nsubs), "-cpuprofile", profile)
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return 0, err
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM) // a profiling server writes its profile
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}()
 	var addr string
 	if _, err := fmt.Fscanln(out, &addr); err != nil {
 		return 0, fmt.Errorf("server address: %v", err)
