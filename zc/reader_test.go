@@ -21,7 +21,8 @@ func TestReaderFrames(t *testing.T) {
 }
 
 func testReaderFrames(t *testing.T, b Backend) {
-	e := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 1024})
+	// Debug's buffer checks: slices of shared buffers must not look like writes after Send
+	e := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 1024, Debug: DebugOptions{Buffers: true, HeldData: time.Hour}})
 	bad := make(chan error, 1)
 	_, clients := subscribers(t, e, 1, func() Handler {
 		var r Reader
@@ -104,6 +105,9 @@ func testReaderFrames(t *testing.T, b Backend) {
 	}
 	st := e.Stats()
 	t.Logf("shared %d bytes in %d sends, copied %d", st.BytesShared, st.SharedSends, st.BytesDataCopied)
+	if st.Misuses != 0 {
+		t.Errorf("Debug reported %d misuses", st.Misuses)
+	}
 	if st.BytesDataCopied != 0 || st.BytesShared == 0 {
 		t.Errorf("shared %d, copied %d", st.BytesShared, st.BytesDataCopied)
 	}

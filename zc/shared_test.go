@@ -202,7 +202,7 @@ func TestDataRetain(t *testing.T) {
 }
 
 func testDataRetain(t *testing.T, b Backend) {
-	e := newEngine(t, Config{Backend: b, Queues: 2})
+	e := newEngine(t, Config{Backend: b, Queues: 2, Debug: DebugOptions{Buffers: true, HeldData: time.Hour}})
 	outs, outClients := subscribers(t, e, 2, nil)
 	misuse := make(chan error, 4)
 	var once sync.Once
@@ -288,6 +288,9 @@ func testDataRetain(t *testing.T, b Backend) {
 	default:
 	}
 	st := e.Stats()
+	if st.Misuses != 0 {
+		t.Errorf("Debug reported %d misuses", st.Misuses)
+	}
 	if st.BytesShared != 2*total || st.BytesDataCopied != 0 {
 		t.Errorf("BytesShared %d (want %d), BytesDataCopied %d (want 0)", st.BytesShared, 2*total, st.BytesDataCopied)
 	}
@@ -458,5 +461,80 @@ func TestSharedAfterClose(t *testing.T) {
 			}
 			waitFor(t, func() bool { return memreg.OpenRegions() == before }, "regions unmapped")
 		})
+	}
+}
+
+// TestRetainMapped: mapped Data (RecvMapped) retained: the window reads on only once every
+// reference is released, released here from another goroutine; every byte arrives.
+func TestRetainMapped(t *testing.T) {
+	e := newEngine(t, Config{Queues: 1, RecvPath: RecvMapped})
+	refs := make(chan Data, 1024)
+	var mu sync.Mutex
+	got := 0
+	bad := make(chan error, 1)
+	_, clients := subscribers(t, e, 1, func() Handler {
+		return HandlerFuncs{Data: func(c *Conn, d Data) {
+			r, err := d.Retain()
+			if err != nil {
+				bad <- err
+				return
+			}
+			s, err := d.Slice(0, d.Len())
+			if err != nil {
+				bad <- err
+				return
+			}
+			d.Release()
+			s.Release()
+			if err := s.Release(); !errors.Is(err, memreg.ErrStale) {
+				bad <- fmt.Errorf("double Release of a mapped slice = %v", err)
+			}
+			mu.Lock()
+			p := r.Bytes()
+			for i := range p {
+				if p[i] != byte((got+i)%251) {
+					bad <- fmt.Errorf("byte %d", got+i)
+					break
+				}
+			}
+			got += len(p)
+			mu.Unlock()
+			refs <- r
+		}}
+	})
+	go func() {
+		for r := range refs {
+			r.Release()
+		}
+	}()
+	defer close(refs)
+	const total = 4 << 20
+	go func() {
+		p := make([]byte, total)
+		for i := range p {
+			p[i] = byte(i % 251)
+		}
+		clients[0].Write(p)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := got
+		mu.Unlock()
+		if n >= total {
+			break
+		}
+		select {
+		case err := <-bad:
+			t.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stalled at %d of %d", n, total)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if st := e.Stats(); st.RecvMappedFallbacks != 0 {
+		t.Errorf("the mapped path was not taken: %+v", st)
 	}
 }
