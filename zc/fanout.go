@@ -113,8 +113,10 @@ func NewFanOut(opt FanOutOptions) (*FanOut, error) {
 	return &FanOut{opt: opt, byConn: map[*Conn]*fanSub{}}, nil
 }
 
-// Add subscribes c. It fails with ErrClosed when the FanOut or c is closed (or closing) and
-// ErrInvalid when c is already a subscriber.
+// Add subscribes c (from any goroutine; from the accept function too). It fails with
+// ErrClosed when the FanOut or c is closed (or closing) and ErrInvalid when c is already a
+// subscriber. A subscriber must belong to the engine whose buffers (or Data) are published:
+// a send to one of another engine fails (ErrForeignBuffer) and it leaves (Gone).
 func (f *FanOut) Add(c *Conn) error {
 	if c == nil {
 		return fmt.Errorf("zc: fan-out add: nil connection: %w", ErrInvalid)
@@ -152,6 +154,12 @@ func (f *FanOut) Add(c *Conn) error {
 // install wraps the subscriber's handler (on its queue goroutine).
 func (s *fanSub) install() {
 	c := s.c
+	s.f.mu.Lock()
+	left := s.left
+	s.f.mu.Unlock()
+	if left {
+		return // removed before it was installed: the handler stays its own
+	}
 	if c.ended() || c.inClose() {
 		s.f.remove(s, true)
 		return
