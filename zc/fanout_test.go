@@ -103,9 +103,14 @@ func TestFanOutOptions(t *testing.T) {
 // TestFanOutPause: more subscribers than the send pool has buffers, some slow; the
 // publisher pauses at their bound and OnReady wakes it: every subscriber gets every message.
 func TestFanOutPause(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: b, SendBufSize: 4096, SendBufs: 8, SendPoolMax: 32 * 4096})
+	for _, tc := range []struct {
+		name string
+		b    Backend
+		path SendPath
+	}{{"io_uring", BackendIOUring, SendAdaptive}, {"plain", BackendPlain, SendAdaptive}, {"io_uring-zerocopy", BackendIOUring, SendZeroCopy}} {
+		b := tc.b
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, Config{Backend: b, SendPath: tc.path, ZCThreshold: 128, SendBufSize: 4096, SendBufs: 8, SendPoolMax: 32 * 4096})
 			const nsubs, nmsgs, size = 120, 200, 256
 			ready := make(chan struct{}, 1)
 			f, err := NewFanOut(FanOutOptions{Policy: FanOutPause, MaxQueued: 2 << 10, OnReady: func() {
