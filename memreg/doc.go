@@ -12,6 +12,8 @@
 //	Free    in the region's free list
 //	Held    handed to the application (Region.Get, or a received buffer it borrowed)
 //	Kernel  lent to the kernel: a send in flight, or a receive buffer in a provided-buffer ring
+//	Shared  several owners at once (Buf.Share, shared.go): application handles and Refs, and
+//	        loans of sends in flight; it goes back when the last of them lets go
 //
 // A Buf is a handle: region, index and a generation. The generation changes every time the
 // buffer leaves the application's hands, so a handle kept after Release, or after the buffer was

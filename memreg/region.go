@@ -34,6 +34,9 @@ const (
 	Free State = iota
 	Held
 	Kernel
+	// Shared: several owners at once (Buf.Share): the application's handles and Refs, and
+	// loans for sends in flight; the buffer goes back when the last of them lets go.
+	Shared
 )
 
 func (s State) String() string {
@@ -44,6 +47,8 @@ func (s State) String() string {
 		return "held"
 	case Kernel:
 		return "kernel"
+	case Shared:
+		return "shared"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -98,6 +103,9 @@ type Region struct {
 	// pages instead (PoolOptions.KeepMapped)
 	scrub      func([]byte)
 	keepMapped bool
+
+	// shares: the shared buffers' owners (shared.go), nil until the first Share
+	shares map[int32]*share
 
 	// recycle, when set, takes buffers the application releases instead of the free list
 	// (receive buffers go back to their provided-buffer ring). It runs with mu not held.
@@ -266,7 +274,16 @@ func (b Buf) check() error {
 	}
 	// A handle that no longer owns its buffer is stale, whether or not the region is still
 	// mapped (a second Release after the owner closed is ErrStale, as before it).
-	if b.r.state[b.idx] != Held || b.r.gen[b.idx] != b.gen {
+	switch b.r.state[b.idx] {
+	case Held:
+		if b.r.gen[b.idx] != b.gen {
+			return ErrStale
+		}
+	case Shared:
+		if sh := b.r.shares[b.idx]; !sh.base || sh.baseGen != b.gen {
+			return ErrStale
+		}
+	default:
 		return ErrStale
 	}
 	if b.r.unmapped {
@@ -319,6 +336,11 @@ func (b Buf) Release() error {
 		r.mu.Unlock()
 		return err
 	}
+	if r.state[b.idx] == Shared {
+		r.shares[b.idx].base = false
+		r.dropOwner(b.idx) // unlocks
+		return nil
+	}
 	r.gen[b.idx]++
 	r.held--
 	if r.recycle != nil && !r.closed {
@@ -357,6 +379,11 @@ func (b Buf) Lend() (Loan, error) {
 	if r.closed {
 		return Loan{}, ErrClosed
 	}
+	if sh := r.shares[b.idx]; r.state[b.idx] == Shared {
+		sh.base = false // the handle's ownership becomes the loan's
+		sh.loans++
+		return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
+	}
 	r.gen[b.idx]++
 	r.state[b.idx] = Kernel
 	r.held--
@@ -383,6 +410,25 @@ func (l Loan) Region() *Region { return l.r }
 func (l Loan) settle(to State) (Buf, error) {
 	if l.r == nil {
 		return Buf{}, ErrStale
+	}
+	if r := l.r; true {
+		r.mu.Lock()
+		if r.state[l.idx] == Shared {
+			sh := r.shares[l.idx]
+			if r.gen[l.idx] != l.gen || sh.loans <= 0 {
+				r.mu.Unlock()
+				return Buf{}, ErrStale
+			}
+			// One owner of a shared buffer: the buffer itself goes back with the last one
+			// (a shared buffer cannot be reclaimed: others may still read it).
+			sh.loans--
+			r.dropOwner(l.idx) // unlocks
+			if to == Held {
+				return Buf{}, ErrStale
+			}
+			return Buf{}, nil
+		}
+		r.mu.Unlock()
 	}
 	b, freed, err := l.settleLocked(to)
 	if freed && l.r.onFree != nil {
@@ -544,8 +590,8 @@ func (r *Region) unmapIfDoneLocked() {
 // It returns whether the region was unmapped now. Idempotent.
 func (r *Region) CloseWhenReleased() bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.unmapped {
+		r.mu.Unlock()
 		return true
 	}
 	r.closed = true
@@ -558,8 +604,14 @@ func (r *Region) CloseWhenReleased() bool {
 	}
 	r.lent = 0
 	r.kernRefs = 0
+	last := r.forgetSharedLoansLocked()
 	r.unmapIfDoneLocked()
-	return r.unmapped
+	unmapped := r.unmapped
+	r.mu.Unlock()
+	for _, f := range last {
+		f()
+	}
+	return unmapped
 }
 
 // Memory returns the whole mapping (every buffer, back to back, and the rounding up to whole
@@ -574,7 +626,6 @@ func (r *Region) Memory() []byte {
 // closed (the kernel has dropped its references). Close may follow.
 func (r *Region) Abandon() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for i, s := range r.state {
 		if s == Kernel {
 			r.gen[i]++
@@ -584,6 +635,11 @@ func (r *Region) Abandon() {
 	}
 	r.lent = 0
 	r.kernRefs = 0
+	last := r.forgetSharedLoansLocked()
+	r.mu.Unlock()
+	for _, f := range last {
+		f()
+	}
 }
 
 // Data returns the lent buffer's memory for the code that performs the send (the plain
@@ -607,6 +663,9 @@ func (l Loan) Valid() bool {
 	}
 	l.r.mu.Lock()
 	defer l.r.mu.Unlock()
+	if l.r.state[l.idx] == Shared {
+		return !l.r.unmapped && l.r.gen[l.idx] == l.gen && l.r.shares[l.idx].loans > 0
+	}
 	return !l.r.unmapped && l.r.state[l.idx] == Kernel && l.r.gen[l.idx] == l.gen
 }
 

@@ -92,6 +92,9 @@ type seg struct {
 	n    int32  // bytes to send
 	src  *Conn  // a forwarded receive buffer: src's receive credit, released once sent
 	sum  uint64 // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
+	// shared: the loan is one owner of a shared buffer (shared.go); src's credit goes back
+	// with the buffer's last owner, not with this segment
+	shared bool
 }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.
@@ -452,11 +455,19 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 
 // SendData forwards received bytes without copying them (a proxy's or echo server's fast
 // path): the receive buffer is sent as is and returns to its pool when the kernel is done
-// with it. d is released by the call, whatever its result. The bytes count toward this
-// connection's MaxQueuedBytes and stay charged to the receiving connection's MaxRecvHeld
-// until sent; when this connection is over MaxQueuedBytes the receiving connection stops
-// receiving until this one drains below half of it (then OnWritable runs here). So a relay
-// needs no flow-control code of its own, and cannot deadlock.
+// with it. d is released by the call, whatever its result, with one exception below. The
+// bytes count toward this connection's MaxQueuedBytes and stay charged to the receiving
+// connection's MaxRecvHeld until sent; when this connection is over MaxQueuedBytes the
+// receiving connection stops receiving until this one drains below half of it (then
+// OnWritable runs here). So a relay needs no flow-control code of its own, and cannot
+// deadlock. A reference made by Data.Retain is sent the same way, sharing the buffer with
+// the other references (Stats.Send.SharedSends).
+//
+// Data whose memory cannot be lent to a send (mapped or zcrx Data) is copied into send
+// buffers (Stats.Send.BytesDataCopied), all or nothing: when the send pool refuses (an error
+// matching memreg.ErrExhausted; OnWritable follows when a buffer is free, as for Buffer)
+// or the bytes are more than the pool can ever hold (ErrTooLarge), nothing is queued and
+// d is not released: it is still the caller's, to send again or release.
 func (c *Conn) SendData(d Data) error {
 	if d.n == 0 {
 		d.Release()
@@ -464,12 +475,25 @@ func (c *Conn) SendData(d Data) error {
 	}
 	if d.mr != nil {
 		// Mapped pages belong to the socket's receive queue: copy them out.
-		err := c.writeCopy(d.Bytes())
+		p := d.Bytes()
+		if p == nil {
+			return c.opErr("send", memreg.ErrStale)
+		}
+		if err := c.copyData(p, nil); err != nil {
+			if errors.Is(err, memreg.ErrExhausted) || errors.Is(err, ErrTooLarge) {
+				return err // nothing queued: d is still the caller's
+			}
+			d.Release()
+			return err
+		}
 		d.Release()
-		return err
+		return nil
 	}
 	if !d.zb.IsZero() {
 		return c.sendZcrxData(d) // the zcrx area belongs to the kernel's instance: copy
+	}
+	if d.ref != nil {
+		return c.sendRef(d) // a retained reference: the shared buffer goes out (shared.go)
 	}
 	if !d.buf.Valid() {
 		return c.opErr("send", memreg.ErrStale)
@@ -485,6 +509,7 @@ func (c *Conn) SendData(d Data) error {
 			sum = debugSum(d.Bytes())
 		}
 	}
+	shared := d.buf.Shared() // retained: the loan is one owner among others
 	loan, err := d.buf.Lend()
 	if err != nil {
 		d.Release()
@@ -493,7 +518,11 @@ func (c *Conn) SendData(d Data) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum})
+	if shared {
+		c.e.shareCtr.sends.Add(1)
+		c.e.shareCtr.bytes.Add(uint64(d.n))
+	}
+	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum, shared: shared})
 }
 
 // enqueue adds s to the producer queue.
@@ -508,7 +537,7 @@ func (c *Conn) enqueue(s seg) error {
 	c.flushStageLocked()
 	tx := c.txLocked()
 	c.out = append(c.out, s)
-	c.queued += int(s.n)
+	c.queued += int(s.n - s.off) // off > 0: a slice of a shared buffer (Data.Slice)
 	over := c.queued > c.e.cfg.MaxQueuedBytes
 	if over && s.src != nil && s.src != c {
 		tx.destWaits = append(tx.destWaits, s.src)
@@ -555,26 +584,6 @@ func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
 		err = c.opErr("write", ctx.Err())
 	}
 	return n, err
-}
-
-// writeCopy queues a copy of p without blocking (loop-safe): used for mapped Data.
-func (c *Conn) writeCopy(p []byte) error {
-	for len(p) > 0 {
-		b, err := c.q.getBuf(c, c)
-		if err != nil {
-			return c.opErr("send", err)
-		}
-		k := copy(b.Bytes(), p)
-		p = p[k:]
-		loan, err := b.Lend()
-		if err != nil {
-			return c.opErr("send", err)
-		}
-		if err := c.enqueue(seg{loan: loan, n: int32(k)}); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // write is Write bounded by the deadline dl returns (nil or zero: none); dl is re-read while

@@ -132,7 +132,7 @@ func (c *Conn) finishSeg(s seg) {
 	}
 	size := int64(s.loan.Region().BufSize())
 	s.loan.Return() // a send buffer's return reaches waiters through the pool's OnFree
-	if s.src != nil {
+	if s.src != nil && !s.shared {
 		s.src.releaseHeld(size)
 	}
 }

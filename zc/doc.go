@@ -46,7 +46,10 @@
 //   - Write's ErrWouldBlock at MaxQueuedBytes: OnWritable once less than half is queued.
 //   - SendData over the destination's MaxQueuedBytes: the source stops receiving and
 //     resumes when the destination drained to half of it.
-//   - Receive credit (MaxRecvHeld): receiving resumes when Data is released.
+//   - Receive credit (MaxRecvHeld): receiving resumes when Data is released (every
+//     reference of a retained Data: the last one).
+//   - FanOut.Publish's ErrWouldBlock (FanOutPause): OnReady once every subscriber drained
+//     to half its bound, left, or the FanOut closed.
 //
 // OnClose ends every promise. A handler that does not implement Writable hears nothing but
 // OnClose: a sender must implement it. The send pool's growth refused by RLIMIT_MEMLOCK is
@@ -65,6 +68,18 @@
 // until the destination drains to half of it (OnWritable runs there then). A relay written
 // with SendData both ways therefore needs no flow-control code and cannot deadlock; Relay
 // is that relay, with each side's end of stream passed on to the other.
+//
+// # Shared sends and fan-out
+//
+// One buffer can go to many connections without a copy: NewShared makes a send buffer a
+// Shared, whose Send queues the same memory on one more connection; Data.Retain makes a
+// second reference to received bytes, each released or passed to SendData on its own.
+// memreg counts the owners (memreg.Ref); the buffer returns to its pool, and a received
+// buffer's receive credit to its connection, when the last send is done (after its
+// zero-copy notification) and the last reference is released. FanOut builds a pub/sub
+// fan-out on it: one message, every subscriber, each bounded (FanOutOptions.MaxQueued) with
+// the policy the caller picks for a slow one (pause the publisher, drop, close). Stats
+// (SharedSends, BytesShared, BytesDataCopied) say which bytes were shared and which copied.
 //
 // # Memory
 //

@@ -36,6 +36,7 @@ type Engine struct {
 	memlockShort   atomic.Bool   // SendPoolMax × Queues exceeds RLIMIT_MEMLOCK (checkMemlock)
 	callbackPanics atomic.Uint64 // OnLimit or Debug.OnMisuse panicked (counted in HandlerPanics)
 	steerCtr       steerCounters
+	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
 	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
 	dbg        *debugState    // Config.Debug (nil: no checks)
@@ -415,6 +416,13 @@ type SendStats struct {
 	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
 	// an OnWritable when a buffer is free for it (or OnClose).
 	PoolWaits uint64
+	// Shared sends (Shared.Send, SendData of a retained Data): SharedSends sends of a buffer
+	// others may send too, BytesShared their bytes (no copy made for them). BytesDataCopied:
+	// bytes SendData copied into send buffers because their memory cannot be lent to a send
+	// (mapped or zcrx Data).
+	SharedSends     uint64
+	BytesShared     uint64
+	BytesDataCopied uint64
 }
 
 // RecvStats: every byte received, by the path it took, and what receiving waited for.
@@ -555,6 +563,7 @@ func (e *Engine) Stats() Stats {
 		s.Fallback = e.fallback.Error()
 	}
 	e.steerCtr.fill(&s)
+	e.shareCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)

@@ -74,6 +74,8 @@ type Data struct {
 	n   int
 	mr  *mappedData // set for data from the mapped receive window
 	zb  zcrx.Buf    // set for data in a zcrx area (RecvZcrx, see zcrx.go)
+	ref *memreg.Ref // set for a second reference to a ring buffer (Retain, shared.go)
+	off int         // where the bytes start in ref's buffer (Slice)
 }
 
 // Bytes returns the received bytes, or nil after Release.
@@ -83,6 +85,12 @@ func (d Data) Bytes() []byte {
 	}
 	if !d.zb.IsZero() {
 		return d.zb.Bytes()
+	}
+	if d.ref != nil {
+		if b := d.ref.Bytes(); b != nil {
+			return b[d.off : d.off+d.n]
+		}
+		return nil
 	}
 	b := d.buf.Bytes()
 	if b == nil {
@@ -101,10 +109,14 @@ func (d Data) Mapped() bool { return d.mr != nil && d.mr.mapped }
 // Release gives the buffer back (to the queue's receive pool, the mapped window, or the zcrx
 // area through its refill ring), from any goroutine. A second Release returns
 // memreg.ErrStale. Releasing works after the engine closed: the memory stays mapped until
-// the last buffer is released.
+// the last buffer is released. Of a retained buffer (Retain) each reference is released on
+// its own; the buffer, and its receive credit, go back with the last.
 func (d Data) Release() error {
 	if d.mr != nil {
 		return d.mr.release()
+	}
+	if d.ref != nil {
+		return d.ref.Release() // the last owner returns the credit (Retain's onLast)
 	}
 	if !d.zb.IsZero() {
 		if d.zb.Release() != nil {
@@ -114,8 +126,12 @@ func (d Data) Release() error {
 		if d.c != nil && d.c.e.dbg != nil {
 			d.c.e.dbg.untrackHeld(d.buf)
 		}
+		shared := d.buf.Shared() // retained: the last reference returns the credit
 		if err := d.buf.Release(); err != nil {
 			return err
+		}
+		if shared {
+			return nil
 		}
 	}
 	if d.c != nil {
@@ -128,6 +144,9 @@ func (d Data) Release() error {
 func (d Data) credit() int64 {
 	if !d.zb.IsZero() {
 		return zcrxCredit(d.n)
+	}
+	if d.ref != nil {
+		return int64(d.ref.Region().BufSize())
 	}
 	return int64(d.buf.Region().BufSize())
 }

@@ -27,7 +27,8 @@ import (
 //   - streamers (Buffer/Send, memreg.ErrExhausted → wait for OnWritable, as ExampleWritable),
 //   - writers (Write on the loop, ErrWouldBlock → wait for OnWritable),
 //   - echoes (SendData of what arrives, Close at EOF; the application pauses and resumes
-//     their receiving),
+//     their receiving; half of the time they Retain the Data and keep one of the two
+//     references, released later from outside the loop, sending the other),
 //   - sinks (keep some Data, released later from outside the loop; Close at EOF),
 //   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
 //
@@ -740,6 +741,23 @@ func (h *simEcho) OnData(c *Conn, d Data) {
 		return
 	}
 	n := d.Len()
+	// Shared buffers: a quarter of the time the echo keeps a second reference to what it
+	// sends back (released later from outside the loop), another quarter it sends the
+	// reference and keeps the Data: either way the buffer (and the receive credit) must
+	// come back only with the last of the two.
+	switch r.s.rng.IntN(4) {
+	case 0, 1:
+		ref, err := d.Retain()
+		if err != nil {
+			h.unexpected(c, "Retain", err)
+			d.Release()
+			return
+		}
+		if r.s.rng.IntN(2) == 0 {
+			d, ref = ref, d
+		}
+		r.held = append(r.held, ref)
+	}
 	if err := c.SendData(d); err != nil {
 		h.unexpected(c, "SendData", err)
 		return

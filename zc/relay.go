@@ -68,7 +68,8 @@ type relaySide struct {
 func (s *relaySide) OnData(c *Conn, d Data) {
 	n := d.Len()
 	if err := s.peer.SendData(d); err != nil {
-		c.Close() // the other side is gone: nothing more can be forwarded
+		d.Release() // a refused copy (mapped Data) is still ours; otherwise ErrStale, harmless
+		c.Close()   // the other side is gone: nothing more can be forwarded
 		return
 	}
 	s.bytes.Add(uint64(n))

@@ -235,35 +235,22 @@ func zcrxCredit(n int) int64 {
 }
 
 // sendZcrxData is SendData for zcrx Data: the area belongs to the zcrx instance, so the
-// bytes are copied into send buffers and the Data is released at once. The copies stay
-// charged to the receiving connection's credit until sent, as forwarded ring buffers are, so
-// flow control works the same.
+// bytes are copied into send buffers (all or nothing, copyData) and the Data is released.
+// The copies stay charged to the receiving connection's credit until sent, as forwarded
+// ring buffers are, so flow control works the same. A refusal leaves d with the caller.
 func (c *Conn) sendZcrxData(d Data) error {
 	p := d.Bytes()
 	if p == nil {
 		return c.opErr("send", memreg.ErrStale)
 	}
-	defer d.Release()
-	src := d.c
-	for len(p) > 0 {
-		b, err := c.q.getBuf(c, c)
-		if err != nil {
-			return c.opErr("send", err)
+	if err := c.copyData(p, d.c); err != nil {
+		if errors.Is(err, memreg.ErrExhausted) || errors.Is(err, ErrTooLarge) {
+			return err // nothing queued: d is still the caller's
 		}
-		k := copy(b.Bytes(), p)
-		p = p[k:]
-		loan, err := b.Lend()
-		if err != nil {
-			b.Release()
-			return c.opErr("send", err)
-		}
-		if src != nil {
-			src.held.Add(int64(loan.Region().BufSize())) // released by finishSeg
-		}
-		if err := c.enqueue(seg{loan: loan, n: int32(k), src: src}); err != nil {
-			return err
-		}
+		d.Release()
+		return err
 	}
+	d.Release()
 	return nil
 }
 

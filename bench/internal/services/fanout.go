@@ -301,7 +301,7 @@ func (h *fanConn) OnClose(c *zc.Conn, err error) { h.f.done() }
 // own, and a thousand subscribers with a burst of 32 KiB waiting each need 32 MiB (with
 // 64 KiB buffers, 64 MiB), so with the defaults most of them wait for buffers (the first
 // runs delivered 1,500 messages per second); these two settings are what a user who read
-// Stats.PoolWaits would change. Go's net keeps the same bytes in socket buffers.
+// Stats.Send.PoolWaits would change. Go's net keeps the same bytes in socket buffers.
 func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	cfg := zcConfig()
 	if cfg.SendBufSize == 0 {

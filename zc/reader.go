@@ -1,0 +1,186 @@
+package zc
+
+import (
+	"fmt"
+)
+
+// Reader is a no-copy reader over received Data for framed protocols: OnData pushes what
+// arrived, the parser peeks at headers (Peek copies only the bytes asked for), skips what it
+// does not need, and takes whole messages with Next as references to the received buffers
+// (Data.Slice: no copy), wherever the buffer boundaries fall. A message held this way keeps
+// its buffers, and the receiving connection's receive credit, until released; forwarding
+// its parts with SendData (Message.SendTo) sends the received memory itself, so a reply
+// that quotes a request (or a cached value) is a vectored send of held Data. A Reader is
+// used by one goroutine at a time (the connection's handler).
+//
+//	func (h *handler) OnData(c *zc.Conn, d zc.Data) {
+//		h.r.Push(d)
+//		var hdr [4]byte
+//		for h.r.Peek(hdr[:]) == 4 {
+//			n := int(binary.BigEndian.Uint32(hdr[:]))
+//			if h.r.Len() < 4+n {
+//				return // the rest of the message comes later
+//			}
+//			h.r.Skip(4)
+//			msg, _ := h.r.Next(n)
+//			msg.SendTo(c) // echo it, without a copy
+//		}
+//	}
+type Reader struct {
+	q   []Data // pushed, not yet consumed; the first starts at off
+	off int
+	n   int // bytes available
+}
+
+// Push adds d at the end (the Reader owns it now). Empty Data is released.
+func (r *Reader) Push(d Data) {
+	if d.n == 0 {
+		d.Release()
+		return
+	}
+	r.q = append(r.q, d)
+	r.n += d.n
+}
+
+// Len returns the bytes available.
+func (r *Reader) Len() int { return r.n }
+
+// Peek copies the first len(p) available bytes (or all, if fewer) into p without consuming
+// them, and returns how many it copied: for headers, not payloads.
+func (r *Reader) Peek(p []byte) int {
+	k, off := 0, r.off
+	for _, d := range r.q {
+		if k == len(p) {
+			break
+		}
+		k += copy(p[k:], d.Bytes()[off:])
+		off = 0
+	}
+	return k
+}
+
+// Skip drops the first n available bytes (their buffers go back once nothing else holds
+// them). n over Len is ErrInvalid, and nothing is dropped.
+func (r *Reader) Skip(n int) error {
+	if n < 0 || n > r.n {
+		return fmt.Errorf("zc: reader: skip %d of %d bytes: %w", n, r.n, ErrInvalid)
+	}
+	r.n -= n
+	for n > 0 {
+		d := r.q[0]
+		left := d.n - r.off
+		if n < left {
+			r.off += n
+			return nil
+		}
+		n -= left
+		r.pop()
+	}
+	return nil
+}
+
+// pop drops the first Data.
+func (r *Reader) pop() {
+	r.q[0].Release()
+	r.q[0] = Data{}
+	r.q = r.q[1:]
+	r.off = 0
+	if len(r.q) == 0 {
+		r.q = nil
+	}
+}
+
+// Next takes the first n available bytes as a Message: references to the received buffers,
+// no copy. n over Len is ErrInvalid (check Len first: a message not fully arrived stays
+// where it is); 0 is ErrEmpty. Data that cannot be sliced (zcrx) is ErrNotSupported.
+func (r *Reader) Next(n int) (Message, error) {
+	if n <= 0 || n > r.n {
+		if n == 0 {
+			return Message{}, fmt.Errorf("zc: reader: %w", ErrEmpty)
+		}
+		return Message{}, fmt.Errorf("zc: reader: next %d of %d bytes: %w", n, r.n, ErrInvalid)
+	}
+	var m Message
+	for left := n; left > 0; {
+		d := r.q[0]
+		avail := d.n - r.off
+		k := min(left, avail)
+		if r.off == 0 && k == avail {
+			// the whole Data: it moves into the message as is
+			r.q[0] = Data{}
+			r.q = r.q[1:]
+			if len(r.q) == 0 {
+				r.q = nil
+			}
+			m.parts = append(m.parts, d)
+		} else {
+			p, err := d.Slice(r.off, k)
+			if err != nil {
+				m.Release()
+				return Message{}, err
+			}
+			m.parts = append(m.parts, p)
+			if k == avail {
+				r.pop()
+			} else {
+				r.off += k
+			}
+		}
+		m.n += k
+		left -= k
+		r.n -= k
+	}
+	return m, nil
+}
+
+// Release drops everything the Reader holds.
+func (r *Reader) Release() {
+	for len(r.q) > 0 {
+		r.pop()
+	}
+	r.n = 0
+}
+
+// Message is bytes taken from a Reader: references to received buffers, in order.
+type Message struct {
+	parts []Data
+	n     int
+}
+
+// Len returns the message's length.
+func (m Message) Len() int { return m.n }
+
+// Parts returns the message's pieces (each a Data the message owns: do not release them,
+// Release the message).
+func (m Message) Parts() []Data { return m.parts }
+
+// AppendTo appends a copy of the bytes to p (for a caller that wants them in one slice).
+func (m Message) AppendTo(p []byte) []byte {
+	for _, d := range m.parts {
+		p = append(p, d.Bytes()...)
+	}
+	return p
+}
+
+// Release gives every piece back (each piece's buffer returns once nothing else holds it).
+func (m Message) Release() {
+	for _, d := range m.parts {
+		d.Release()
+	}
+}
+
+// SendTo sends the message on c with SendData, piece by piece, without copying (the pieces
+// leave in one vectored send when nothing else is in flight), and releases the message. On an
+// error the pieces not sent are released, and the error returned.
+func (m Message) SendTo(c *Conn) error {
+	for i, d := range m.parts {
+		if err := c.SendData(d); err != nil {
+			d.Release() // a refused copy leaves it with us (ErrStale when SendData released it)
+			for _, d := range m.parts[i+1:] {
+				d.Release()
+			}
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+package zc
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestReaderFrames: length-prefixed frames written in random pieces arrive in small receive
+// buffers, so headers and payloads span buffer boundaries; the handler parses them with a
+// Reader (Peek, Skip, Next) and echoes each frame as references to the received buffers
+// (Message.SendTo): the echo is the stream, byte for byte, and nothing was copied.
+func TestReaderFrames(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testReaderFrames(t, b) })
+	}
+}
+
+func testReaderFrames(t *testing.T, b Backend) {
+	// Debug's buffer checks: slices of shared buffers must not look like writes after Send
+	e := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 1024, Debug: DebugOptions{Buffers: true, HeldData: time.Hour}})
+	bad := make(chan error, 1)
+	_, clients := subscribers(t, e, 1, func() Handler {
+		var r Reader
+		frames := 0
+		return HandlerFuncs{
+			Data: func(c *Conn, d Data) {
+				r.Push(d)
+				var hdr [4]byte
+				for r.Peek(hdr[:]) == 4 {
+					n := int(binary.BigEndian.Uint32(hdr[:]))
+					if r.Len() < 4+n {
+						return
+					}
+					frames++
+					if frames%3 == 0 {
+						// header and payload apart: Skip, then Next of the payload,
+						// echoing a header of our own
+						r.Skip(4)
+						m, err := r.Next(n)
+						if err != nil || m.Len() != n {
+							bad <- err
+							return
+						}
+						c.Write(hdr[:])
+						if err := m.SendTo(c); err != nil {
+							bad <- err
+						}
+						continue
+					}
+					m, err := r.Next(4 + n)
+					if err != nil {
+						bad <- err
+						return
+					}
+					if err := m.SendTo(c); err != nil {
+						bad <- err
+					}
+				}
+			},
+			Close: func(c *Conn, err error) { r.Release() },
+		}
+	})
+	nc := clients[0]
+	rng := rand.New(rand.NewPCG(1, 2))
+	var stream []byte
+	for len(stream) < 1<<20 {
+		n := rng.IntN(5000)
+		stream = binary.BigEndian.AppendUint32(stream, uint32(n))
+		for i := 0; i < n; i++ {
+			stream = append(stream, byte(rng.Uint32()))
+		}
+	}
+	go func() {
+		for p := stream; len(p) > 0; {
+			k := min(len(p), 1+rng.IntN(3000))
+			if _, err := nc.Write(p[:k]); err != nil {
+				return
+			}
+			p = p[k:]
+		}
+	}()
+	got := make([]byte, len(stream))
+	nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadFull(nc, got); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-bad:
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, stream) {
+		i := 0
+		for got[i] == stream[i] {
+			i++
+		}
+		t.Fatalf("echo differs at byte %d of %d", i, len(stream))
+	}
+	st := e.Stats()
+	t.Logf("shared %d bytes in %d sends, copied %d", st.Send.BytesShared, st.Send.SharedSends, st.Send.BytesDataCopied)
+	if st.Debug.Misuses != 0 {
+		t.Errorf("Debug reported %d misuses", st.Debug.Misuses)
+	}
+	if st.Send.BytesDataCopied != 0 || st.Send.BytesShared == 0 {
+		t.Errorf("shared %d, copied %d", st.Send.BytesShared, st.Send.BytesDataCopied)
+	}
+}
+
+func TestReaderMisuse(t *testing.T) {
+	var r Reader
+	if err := r.Skip(1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Skip past the end = %v", err)
+	}
+	if _, err := r.Next(1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Next past the end = %v", err)
+	}
+	if _, err := r.Next(0); !errors.Is(err, ErrEmpty) {
+		t.Errorf("Next(0) = %v", err)
+	}
+	if _, err := (Data{}).Slice(1, 1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Slice out of range = %v", err)
+	}
+	r.Release()
+}
