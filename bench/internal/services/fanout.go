@@ -49,12 +49,6 @@ const slowPause = 2 * time.Millisecond
 // and the slow ones fall behind and drop (never the server's memory).
 const FanBurst = 32
 
-// FanSendBuf is the zc fan-out server's send buffer size (Config.SendBufSize).
-const (
-	FanSendBuf  = 16 << 10
-	FanSendPool = 128 << 20 // its Config.SendPoolMax
-)
-
 func fanPayload(size int) []byte {
 	p := make([]byte, size-fanHdr-fanTrl)
 	for i := range p {
@@ -168,47 +162,17 @@ func fanoutNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func
 	return rerr
 }
 
-// zcSub is a subscriber connection of the zc fan-out server.
-type zcSub struct {
-	conn    *zc.Conn
-	pending []byte // the rest of a message Write could not take at once
-}
-
-// zcDeliver sends one message to one subscriber, or drops it (false) when the
-// subscriber is SubBacklog behind: the one function to switch when zc can send one
-// buffer to many connections (msg lies in the publisher's received Data, or in its
-// carry buffer when it spanned two). Today's best: Write copies it into the subscriber's
-// send buffers (coalesced with the messages before it while a send is in flight).
-var zcDeliver = func(s *zcSub, msg []byte) bool {
-	if len(s.pending) > 0 || s.conn.Queued() >= SubBacklog {
-		return false
-	}
-	n, err := s.conn.Write(msg)
-	if errors.Is(err, zc.ErrWouldBlock) {
-		// No send buffer free right now: the rest goes out from OnWritable.
-		s.pending = append(s.pending, msg[n:]...)
-		return true
-	}
-	return err == nil
-}
-
-func (s *zcSub) OnWritable(c *zc.Conn) {
-	if len(s.pending) == 0 {
-		return
-	}
-	n, err := c.Write(s.pending)
-	s.pending = append(s.pending[:0], s.pending[n:]...)
-	if err != nil && !errors.Is(err, zc.ErrWouldBlock) {
-		c.Close()
-	}
-}
-
-// zcFanout is the zc fan-out server's state; its handlers all run on the one queue.
+// zcFanout is the zc fan-out server's state, written the way zc's docs teach (FanOut,
+// Example_fanOut): every whole message of the publisher's Data goes to every subscriber as
+// one shared reference to the received buffer (Data.Slice + FanOut.PublishData: no copy,
+// the buffer comes back when the slowest subscriber sent it), a slow subscriber is skipped
+// (FanOutDrop at SubBacklog queued bytes), and only a message split between two Data is
+// copied (into a send buffer, published as one shared buffer).
 type zcFanout struct {
 	size  int
-	subs  []*zcSub
+	fo    *zc.FanOut
+	subs  []*zc.Conn // to close at the publisher's end (every handler runs on the one queue)
 	carry []byte
-	drops uint64
 	m     *harness.Meter
 	done  func()
 	fail  func(error)
@@ -218,99 +182,148 @@ type zcFanout struct {
 type fanConn struct {
 	f    *zcFanout
 	role byte
-	sub  *zcSub
 }
 
 func (h *fanConn) OnData(c *zc.Conn, d zc.Data) {
-	defer d.Release()
-	b := d.Bytes()
 	if h.role == 0 {
-		h.role, b = b[0], b[1:]
+		h.role = d.Bytes()[0]
 		switch h.role {
 		case roleSub:
-			h.sub = &zcSub{conn: c}
-			h.f.subs = append(h.f.subs, h.sub)
+			d.Release()
 			if _, err := c.Write([]byte{subAck}); err != nil {
 				h.f.fail(err)
 				c.Close()
+				return
 			}
+			if err := h.f.fo.Add(c); err != nil {
+				h.f.fail(err)
+				c.Close()
+				return
+			}
+			h.f.subs = append(h.f.subs, c)
 			return
 		case rolePub:
 			h.f.m.Start()
+			if d.Len() == 1 {
+				d.Release()
+				return
+			}
+			rest, err := d.Slice(1, d.Len()-1)
+			d.Release()
+			if err != nil {
+				h.f.fail(err)
+				c.Close()
+				return
+			}
+			d = rest
 		default:
+			d.Release()
 			h.f.fail(fmt.Errorf("unknown role %q", h.role))
 			c.Close()
 			return
 		}
 	}
 	if h.role == rolePub {
-		h.f.publish(c, b)
+		h.f.publish(c, d)
+	} else {
+		d.Release()
 	}
 }
 
-// publish forwards the whole messages of b (after what was carried over from the last
-// Data) and carries a partial one over, copied, as a user does today.
-func (f *zcFanout) publish(c *zc.Conn, b []byte) {
+// publish forwards the whole messages of d (after completing one carried over from the
+// last Data) and carries a partial one over, copied. It releases d.
+func (f *zcFanout) publish(c *zc.Conn, d zc.Data) {
+	defer d.Release()
+	b := d.Bytes()
+	off := 0
 	if len(f.carry) > 0 {
-		f.carry = append(f.carry, b...)
-		b = f.carry
-	}
-	for len(b) >= 4 {
-		n := int(binary.LittleEndian.Uint32(b))
+		// Complete the message split between the last Data and this one.
+		if len(f.carry) < 4 {
+			k := min(4-len(f.carry), len(b))
+			f.carry = append(f.carry, b[:k]...)
+			off = k
+			if len(f.carry) < 4 {
+				return
+			}
+		}
+		n := int(binary.LittleEndian.Uint32(f.carry))
 		if n < fanHdr+fanTrl || n > 1<<20 {
 			f.fail(fmt.Errorf("message size %d", n))
 			c.Close()
 			return
 		}
-		if len(b) < n {
+		k := min(n-len(f.carry), len(b)-off)
+		f.carry = append(f.carry, b[off:off+k]...)
+		off += k
+		if len(f.carry) < n {
+			return
+		}
+		f.publishCopy(c, f.carry)
+		f.carry = f.carry[:0]
+	}
+	end := off
+	for len(b)-end >= 4 {
+		n := int(binary.LittleEndian.Uint32(b[end:]))
+		if n < fanHdr+fanTrl || n > 1<<20 {
+			f.fail(fmt.Errorf("message size %d", n))
+			c.Close()
+			return
+		}
+		if len(b)-end < n {
 			break
 		}
-		for _, s := range f.subs {
-			if !zcDeliver(s, b[:n]) {
-				f.drops++
-			}
-		}
-		b = b[n:]
+		end += n
 	}
-	f.carry = append(f.carry[:0], b...) // copy: may overlap carry itself (copy handles it)
+	if end > off {
+		s, err := d.Slice(off, end-off)
+		if err == nil {
+			err = f.fo.PublishData(s) // FanOutDrop never refuses: s is taken
+		}
+		if err != nil {
+			f.fail(err)
+			c.Close()
+			return
+		}
+	}
+	f.carry = append(f.carry[:0], b[end:]...)
+}
+
+// publishCopy publishes one message that lay across two Data: copied into a send buffer,
+// shared by every subscriber. Without a free buffer it is dropped for everyone (the
+// subscribers see a gap, as a drop).
+func (f *zcFanout) publishCopy(c *zc.Conn, msg []byte) {
+	buf, err := c.Buffer()
+	if err != nil || len(buf.Bytes()) < len(msg) {
+		if err == nil {
+			buf.Release()
+		}
+		return
+	}
+	n := copy(buf.Bytes(), msg)
+	if err := f.fo.Publish(buf, n); err != nil {
+		f.fail(err)
+		c.Close()
+	}
 }
 
 func (h *fanConn) OnEOF(c *zc.Conn, err error) {
 	if h.role == rolePub {
 		// The end of the stream: every subscriber closes once its queue is out.
+		h.f.fo.Close()
 		for _, s := range h.f.subs {
-			s.conn.Close()
+			s.Close()
 		}
 	}
 	c.Close()
 }
 
-func (h *fanConn) OnWritable(c *zc.Conn) {
-	if h.sub != nil {
-		h.sub.OnWritable(c)
-	}
-}
-
 func (h *fanConn) OnClose(c *zc.Conn, err error) { h.f.done() }
 
-// fanoutZC is the fan-out server in zc's event-loop style: the publisher's Data is
-// parsed in OnData and each message handed to zcDeliver for every subscriber.
-//
-// Its engine has send buffers of 16 KiB (zc's default is 64 KiB) and a send pool cap of
-// 128 MiB (default 32 MiB): Write stages each subscriber's messages in buffers of its
-// own, and a thousand subscribers with a burst of 32 KiB waiting each need 32 MiB (with
-// 64 KiB buffers, 64 MiB), so with the defaults most of them wait for buffers (the first
-// runs delivered 1,500 messages per second); these two settings are what a user who read
-// Stats.Send.PoolWaits would change. Go's net keeps the same bytes in socket buffers.
+// fanoutZC is the fan-out server in zc's event-loop style with zc's default Config: the
+// publisher's Data is parsed in OnData and its whole messages published to every
+// subscriber through a FanOut (zcFanout).
 func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
-	cfg := zcConfig()
-	if cfg.SendBufSize == 0 {
-		cfg.SendBufSize = FanSendBuf
-	}
-	if cfg.SendPoolMax == 0 {
-		cfg.SendPoolMax = FanSendPool
-	}
-	e, err := zc.New(cfg)
+	e, err := zc.New(zcConfig())
 	if err != nil {
 		return err
 	}
@@ -318,7 +331,11 @@ func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	fail := newFirstErr()
 	var wg sync.WaitGroup
 	wg.Add(c.Conns + 1)
-	f := &zcFanout{size: c.Size, m: m, done: wg.Done, fail: fail.set}
+	fo, err := zc.NewFanOut(zc.FanOutOptions{Policy: zc.FanOutDrop, MaxQueued: SubBacklog})
+	if err != nil {
+		return err
+	}
+	f := &zcFanout{size: c.Size, fo: fo, m: m, done: wg.Done, fail: fail.set}
 	var accepted atomic.Int32
 	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
 		if accepted.Add(1) > int32(c.Conns+1) {
@@ -333,7 +350,7 @@ func fanoutZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	wg.Wait()
 	m.Stop()
 	l.Close()
-	m.Note("dropped", strconv.FormatUint(f.drops, 10))
+	m.Note("dropped", strconv.FormatUint(fo.Stats().Drops, 10))
 	return fail.get()
 }
 

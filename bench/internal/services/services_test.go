@@ -57,9 +57,10 @@ func TestKVZCWaitsForBuffers(t *testing.T) {
 	}
 }
 
-// The zc fan-out server with a pool too small for its subscribers: Write refuses, the
-// rest of a message waits in pending and goes out from OnWritable, messages are dropped
-// meanwhile, and what arrives is whole and in order.
+// The zc fan-out server with a pool of a few buffers: the publisher's receive buffers are
+// shared by every subscriber (a slow one holds them; the publisher stops receiving at its
+// MaxRecvHeld), a message split between two Data finds no send buffer now and then and is
+// dropped for all, slow subscribers are skipped, and what arrives is whole and in order.
 func TestFanoutZCWaitsForBuffers(t *testing.T) {
 	old := zcConfig
 	t.Cleanup(func() { zcConfig = old })
