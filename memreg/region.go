@@ -88,6 +88,11 @@ type Region struct {
 	mu     sync.Mutex
 	state  []State
 	gen    []uint32
+	// tag mirrors (gen<<8 | state) of each buffer for lock-free readers (Buf.Valid, Bytes):
+	// written with state and gen, under mu (pub)
+	tag []atomic.Uint64
+	// gone mirrors unmapped for lock-free readers
+	gone atomic.Bool
 	free   []int32
 	lent   int
 	held   int  // buffers in the application's hands
@@ -183,7 +188,8 @@ func New(opt Options) (*Region, error) {
 	info.Size = size
 	r := &Region{
 		mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), bufSize: opt.BufSize, count: opt.Count, info: info,
-		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), free: make([]int32, opt.Count),
+		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), tag: make([]atomic.Uint64, opt.Count),
+		free: make([]int32, opt.Count),
 		memfd: memfd, dmabuf: dmabuf,
 	}
 	for i := range r.free {
@@ -240,6 +246,7 @@ func (r *Region) Get() (Buf, error) {
 	idx := r.free[n-1]
 	r.free = r.free[:n-1]
 	r.state[idx] = Held
+	r.pub(idx)
 	r.held++
 	return Buf{r: r, idx: idx, gen: r.gen[idx]}, nil
 }
@@ -297,6 +304,11 @@ func (b Buf) Valid() bool {
 	if b.r == nil {
 		return false
 	}
+	// The owner's common case without the lock: its buffer is held under its generation
+	// and mapped. Everything else (shared buffers, stale handles) takes the lock.
+	if b.r.tag[b.idx].Load() == uint64(b.gen)<<8|uint64(Held) && !b.r.gone.Load() {
+		return true
+	}
 	b.r.mu.Lock()
 	defer b.r.mu.Unlock()
 	return b.check() == nil
@@ -309,6 +321,13 @@ func (b Buf) Bytes() []byte {
 		return nil
 	}
 	return b.r.slice(int(b.idx))
+}
+
+// pub publishes buffer idx's generation and state to lock-free readers (mu held): every
+// change of r.state or r.gen is followed by it.
+func (r *Region) pub(i int32) {
+	idx := int(i)
+	r.tag[idx].Store(uint64(r.gen[idx])<<8 | uint64(r.state[idx]))
 }
 
 // Index returns the buffer's index in its region.
@@ -342,15 +361,18 @@ func (b Buf) Release() error {
 		return nil
 	}
 	r.gen[b.idx]++
+	r.pub(b.idx)
 	r.held--
 	if r.recycle != nil && !r.closed {
 		r.state[b.idx] = Kernel
+		r.pub(b.idx)
 		r.lent++
 		r.mu.Unlock()
 		r.recycle(int(b.idx))
 		return nil
 	}
 	r.state[b.idx] = Free
+	r.pub(b.idx)
 	if r.scrub != nil && !r.unmapped {
 		r.scrub(r.slice(int(b.idx)))
 	}
@@ -386,6 +408,7 @@ func (b Buf) Lend() (Loan, error) {
 	}
 	r.gen[b.idx]++
 	r.state[b.idx] = Kernel
+	r.pub(b.idx)
 	r.held--
 	r.lent++
 	return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
@@ -445,6 +468,7 @@ func (l Loan) settleLocked(to State) (b Buf, freed bool, err error) {
 		return Buf{}, false, ErrStale
 	}
 	r.gen[l.idx]++
+	r.pub(l.idx)
 	if to == Free && r.recycle != nil && !r.closed {
 		// A recycled region's buffers go back to their provider, still lent.
 		r.mu.Unlock()
@@ -457,6 +481,7 @@ func (l Loan) settleLocked(to State) (b Buf, freed bool, err error) {
 		to = Free
 	}
 	r.state[l.idx] = to
+	r.pub(l.idx)
 	if to == Free {
 		if r.scrub != nil && !r.unmapped {
 			r.scrub(r.slice(int(l.idx)))
@@ -493,6 +518,7 @@ func (r *Region) Provide(n int, fn func(l Loan)) int {
 		r.free = r.free[:k]
 		r.gen[idx]++
 		r.state[idx] = Kernel
+		r.pub(idx)
 		r.lent++
 		loans = append(loans, Loan{r: r, idx: idx, gen: r.gen[idx]})
 	}
@@ -515,9 +541,11 @@ func (r *Region) Received(idx int) (Buf, error) {
 		return Buf{}, fmt.Errorf("memreg: buffer %d is %v, not in the kernel: %w", idx, r.state[idx], ErrStale)
 	}
 	r.gen[idx]++
+	r.pub(int32(idx))
 	r.lent--
 	r.held++
 	r.state[idx] = Held
+	r.pub(int32(idx))
 	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
 }
 
@@ -560,6 +588,7 @@ func (r *Region) unmapLocked() {
 		return
 	}
 	r.unmapped = true
+	r.gone.Store(true)
 	if r.keepMapped {
 		// A slice kept past Release stays writable (into pages given back to the system)
 		// instead of faulting: the mapping's address range is never reused.
@@ -599,6 +628,7 @@ func (r *Region) CloseWhenReleased() bool {
 		if st == Kernel {
 			r.gen[i]++
 			r.state[i] = Free
+			r.pub(int32(i))
 			r.free = append(r.free, int32(i))
 		}
 	}
@@ -630,6 +660,7 @@ func (r *Region) Abandon() {
 		if s == Kernel {
 			r.gen[i]++
 			r.state[i] = Free
+			r.pub(int32(i))
 			r.free = append(r.free, int32(i))
 		}
 	}

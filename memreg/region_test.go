@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/zcnet/zcnet/internal/leakcheck"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"runtime"
@@ -452,5 +453,84 @@ func BenchmarkLendReturn(b *testing.B) {
 		x, _ := r.Get()
 		l, _ := x.Lend()
 		l.Return()
+	}
+}
+
+// TestValidFastPath: Buf.Valid's lock-free answer (the tag mirror of gen and state) agrees
+// with the locked check for every handle ever handed out, after every step of a random walk
+// through Get, Release, Lend, Return, Reclaim, Share and the shared owners' releases.
+func TestValidFastPath(t *testing.T) {
+	r, err := New(Options{BufSize: 4096, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var held []Buf
+	var loans []Loan
+	var refs []*Ref
+	var seen []Buf
+	locked := func(b Buf) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return b.check() == nil
+	}
+	for step := 0; step < 20000; step++ {
+		switch op := rng.IntN(7); {
+		case op == 0 || len(held) == 0:
+			if b, err := r.Get(); err == nil {
+				held = append(held, b)
+				seen = append(seen, b)
+			}
+		case op == 1:
+			i := rng.IntN(len(held))
+			held[i].Release()
+			held = append(held[:i], held[i+1:]...)
+		case op == 2:
+			i := rng.IntN(len(held))
+			if l, err := held[i].Lend(); err == nil {
+				loans = append(loans, l)
+				held = append(held[:i], held[i+1:]...)
+			}
+		case op == 3 && len(loans) > 0:
+			i := rng.IntN(len(loans))
+			loans[i].Return()
+			loans = append(loans[:i], loans[i+1:]...)
+		case op == 4 && len(loans) > 0:
+			i := rng.IntN(len(loans))
+			if b, err := loans[i].Reclaim(); err == nil {
+				held = append(held, b)
+				seen = append(seen, b)
+			}
+			loans = append(loans[:i], loans[i+1:]...)
+		case op == 5:
+			i := rng.IntN(len(held))
+			if x, err := held[i].Share(nil); err == nil {
+				refs = append(refs, x)
+			}
+		case op == 6 && len(refs) > 0:
+			i := rng.IntN(len(refs))
+			refs[i].Release()
+			refs = append(refs[:i], refs[i+1:]...)
+		}
+		for _, b := range seen {
+			if fast, slow := b.Valid(), locked(b); fast != slow {
+				t.Fatalf("step %d: buffer %d gen %d: Valid %v, locked check %v", step, b.idx, b.gen, fast, slow)
+			}
+		}
+		if len(seen) > 64 {
+			seen = seen[len(seen)-64:]
+		}
+	}
+	for _, x := range refs {
+		x.Release()
+	}
+	for _, l := range loans {
+		l.Return()
+	}
+	for _, b := range held {
+		b.Release()
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

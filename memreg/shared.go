@@ -61,6 +61,7 @@ func (b Buf) Share(onLast func()) (*Ref, error) {
 		sh = &share{owners: 1, base: true, baseGen: b.gen, onLast: onLast}
 		r.shares[b.idx] = sh
 		r.state[b.idx] = Shared
+		r.pub(b.idx)
 	}
 	sh.owners++
 	return &Ref{r: r, idx: b.idx}, nil
@@ -166,14 +167,17 @@ func (r *Region) dropOwner(idx int32) {
 	}
 	delete(r.shares, idx)
 	r.gen[idx]++
+	r.pub(idx)
 	r.held--
 	if r.recycle != nil && !r.closed {
 		r.state[idx] = Kernel
+		r.pub(idx)
 		r.lent++
 		r.mu.Unlock()
 		r.recycle(int(idx))
 	} else {
 		r.state[idx] = Free
+		r.pub(idx)
 		if r.scrub != nil && !r.unmapped {
 			r.scrub(r.slice(int(idx)))
 		}
@@ -202,13 +206,16 @@ func (r *Region) forgetSharedLoansLocked() []func() {
 		sh.owners -= sh.loans
 		sh.loans = 0
 		r.gen[idx]++ // the loans are stale
+		r.pub(idx)
 		if sh.owners > 0 {
 			continue
 		}
 		delete(r.shares, idx)
 		r.gen[idx]++
+		r.pub(idx)
 		r.held--
 		r.state[idx] = Free
+		r.pub(idx)
 		r.free = append(r.free, idx)
 		if sh.onLast != nil {
 			last = append(last, sh.onLast)
