@@ -102,6 +102,12 @@ func (c *Conn) onPoll(ev loop.Event) {
 	if ev.Res < 0 {
 		if ev.Res != -int32(unix.ECANCELED) {
 			c.gotEOF(unix.Errno(-ev.Res))
+			return
+		}
+		// Cancelled by a pause: if the connection was resumed while the cancel was in
+		// flight (armRecv saw the poll still armed and did nothing), the poll is owed now.
+		if !c.recvArmed {
+			c.armRecv()
 		}
 		return
 	}
