@@ -668,9 +668,8 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 			c.flushStageLocked()
 		}
 	}
-	if !c.kicked {
-		c.flushStageLocked()
-	}
+	// The staged buffer stays open for the next Writes of this round: the loop takes it
+	// (takeWork) with everything queued before it, in one send.
 	kick := c.kickLocked()
 	c.mu.Unlock()
 	if kick {
@@ -803,9 +802,6 @@ func (c *Conn) staged() bool { return c.tx != nil && c.tx.hasStage }
 func (c *Conn) kickLocked() bool {
 	if c.kicked || (len(c.out) == 0 && !c.staged()) {
 		return false
-	}
-	if len(c.out) == 0 {
-		c.flushStageLocked()
 	}
 	c.kicked = true
 	return true

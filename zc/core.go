@@ -48,9 +48,10 @@ func (c *Conn) service() {
 // kicked, so the next producer kicks the loop again.
 func (c *Conn) takeWork() {
 	c.mu.Lock()
-	if len(c.out) == 0 {
-		c.flushStageLocked()
-	}
+	// The staged buffer follows everything in out (enqueue flushes it before appending),
+	// so it goes too: the Writes of a handler's round leave in one send with what was
+	// queued before them.
+	c.flushStageLocked()
 	if len(c.out) == 0 {
 		if c.pendLen() == 0 && !c.q.be.sending(c) {
 			c.kicked = false
