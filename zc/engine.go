@@ -389,9 +389,21 @@ type Stats struct {
 	// BytesSentSpliced: sent by the net.Conn face's ReadFrom with sendfile(2) or splice(2),
 	// never through user memory.
 	BytesSentSpliced uint64
-	BytesRecvRing    uint64 // received through the provided-buffer ring
-	BytesRecvPlain   uint64 // received with read(2) (plain backend)
-	BytesRecvShim    uint64 // received through the zcshim module
+	// BytesRelaySpliced: forwarded by Relay's splice path (RelaySplice), never through user
+	// memory. RelaysSplice counts relays that took that path, RelayFallbacks relays that
+	// RelayAuto sent through SendData instead (RelayStats.Fallback says why), RelayErrors
+	// splice relays ended by a failed system call (a reset). PipesOpen is the pipes the
+	// splice relays hold or keep for reuse; PipeSizeRefused counts pipes the kernel left at
+	// its default size (RelayOptions.PipeSize above the limit).
+	BytesRelaySpliced                                    uint64
+	RelaysSplice, RelayFallbacks, RelayErrors, PipesOpen uint64
+	PipeSizeRefused                                      uint64
+	// BytesSentFile: sent by Conn.SendFile with sendfile(2) from the page cache, in
+	// FileSendOps system calls.
+	BytesSentFile, FileSendOps uint64
+	BytesRecvRing              uint64 // received through the provided-buffer ring
+	BytesRecvPlain             uint64 // received with read(2) (plain backend)
+	BytesRecvShim              uint64 // received through the zcshim module
 	// BytesRecvDirect: read by the net.Conn face's Read with read(2) on the reading goroutine
 	// (the default; Config.NetConnRing turns it off).
 	BytesRecvDirect uint64
@@ -489,6 +501,14 @@ func (s *Stats) addCounters(c *counters) {
 	s.BytesZCCopied += c.zcCopied.Load()
 	s.BytesSentCopy += c.sentCopy.Load()
 	s.BytesSentSpliced += c.sentSpliced.Load()
+	s.BytesRelaySpliced += c.relaySpliced.Load()
+	s.RelaysSplice += c.relaysSplice.Load()
+	s.RelayFallbacks += c.relayFallbacks.Load()
+	s.RelayErrors += c.relayErrors.Load()
+	s.PipesOpen += uint64(max(c.pipesOpen.Load(), 0))
+	s.PipeSizeRefused += c.pipeSizeRefused.Load()
+	s.BytesSentFile += c.fileSent.Load()
+	s.FileSendOps += c.fileSendOps.Load()
 	s.BytesRecvRing += c.recvRing.Load()
 	s.BytesRecvPlain += c.recvPlain.Load()
 	s.BytesRecvShim += c.recvShim.Load()

@@ -1,0 +1,220 @@
+package zc
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+// Readiness-driven splice(2) from the queue goroutine: the relay's splice path (relay.go,
+// spliceRelay below) and Conn.SendFile (sendfile.go) wait for a descriptor to become
+// readable or writable with an fdWatch, then move bytes with non-blocking system calls.
+//
+// Why not IORING_OP_SPLICE: io_uring never runs a splice inline; io_splice returns -EAGAIN
+// when issued non-blocking (io_uring/splice.c), so every one goes to an io-wq worker thread,
+// and a splice from an empty socket blocks that worker until data comes. A relay of 64 idle
+// connections would hold 128 kernel threads, and on a 2-CPU machine each wake-up is a thread
+// switch. A poll (POLL_ADD through the ring, or the plain backend's epoll) followed by
+// non-blocking splice(2) calls on the queue's own thread costs no thread at all while idle.
+
+// Tags of the splice machinery's operations (loop.NewOp); distinct from the backends'.
+const (
+	tagSpliceIn uint32 = 100 + iota
+	tagSpliceOut
+	tagFileOut
+)
+
+// fdWatch waits for readiness of a descriptor it does not own, on one queue (loop only):
+// POLL_ADD through the ring on the io_uring backend, a one-shot epoll registration on the
+// plain backend (the descriptor must not be in the queue's epoll set already: the relay
+// watches duplicates of the connections' descriptors). One wait at a time; the owner's
+// OnEvent calls fired first.
+type fdWatch struct {
+	q     *queue
+	fd    int
+	owner loop.Owner
+	tag   uint32
+	ud    uint64
+	armed bool // a wait is in the kernel
+	added bool // epoll: the descriptor is registered
+}
+
+// spliceCapable reports whether the queue's backend can wait with an fdWatch (io_uring,
+// plain); the shim backend (and test backends) cannot.
+func spliceCapable(q *queue) bool {
+	switch q.be.(type) {
+	case *uringBackend, *plainBackend:
+		return true
+	}
+	return false
+}
+
+// arm starts a one-shot wait for events (POLLIN or POLLOUT); a wait already armed stays.
+func (w *fdWatch) arm(events uint32) error {
+	if w.armed {
+		return nil
+	}
+	switch b := w.q.be.(type) {
+	case *uringBackend:
+		w.ud = w.q.NewOp(w.owner, w.tag)
+		sqe := b.u.GetSQE()
+		sqe.PrepPollAdd(int32(w.fd), events, false)
+		sqe.UserData = w.ud
+	case *plainBackend:
+		ev := events | unix.EPOLLONESHOT
+		if !w.added {
+			w.ud = w.q.NewOp(w.owner, w.tag)
+			if err := b.ep.Add(w.fd, ev, w.ud); err != nil {
+				w.q.FreeOp(w.ud)
+				w.ud = 0
+				return err
+			}
+			w.added = true
+		} else if err := b.ep.Mod(w.fd, ev, w.ud); err != nil {
+			return err
+		}
+	default:
+		return unix.EOPNOTSUPP
+	}
+	w.armed = true
+	return nil
+}
+
+// fired records that the wait's event arrived (the owner's OnEvent calls it first); it
+// reports whether the event is the watch's current one.
+func (w *fdWatch) fired(ev loop.Event) bool {
+	if ev.UD != w.ud || !w.armed {
+		if _, ok := w.q.be.(*uringBackend); ok {
+			w.q.FreeOp(ev.UD) // a cancelled wait's completion
+		}
+		return false
+	}
+	w.armed = false
+	if _, ok := w.q.be.(*uringBackend); ok {
+		w.q.FreeOp(ev.UD)
+		w.ud = 0
+	}
+	return true
+}
+
+// stop ends the watch before the descriptor is closed: a wait in the ring is cancelled (its
+// completion comes back to the owner, which ignores it) and submitted now, so no prepared
+// request names the descriptor after it is closed; an epoll registration is removed.
+func (w *fdWatch) stop() {
+	switch b := w.q.be.(type) {
+	case *uringBackend:
+		if w.armed {
+			b.u.CancelOp(w.ud)
+		}
+		b.u.Submit()
+	case *plainBackend:
+		if w.added {
+			b.ep.Del(w.fd)
+			w.q.FreeOp(w.ud)
+			w.added = false
+		}
+	}
+	w.armed = false
+	w.ud = 0
+}
+
+// ---- pipes -------------------------------------------------------------------------------
+
+// spliceQueue is a queue's splice state (loop only): its pool of empty pipes and its live
+// relays (closed with the queue).
+type spliceQueue struct {
+	pipes    []pipePair
+	relays   map[*spliceRelay]struct{}
+	atStopOn bool
+	stopped  bool // the queue stopped: nothing is kept any more
+}
+
+type pipePair struct {
+	r, w int
+	size int
+}
+
+// maxPooledPipes bounds the empty pipes a queue keeps for the next relay.
+const maxPooledPipes = 64
+
+// getPipe returns an empty non-blocking pipe of size bytes (the kernel may round it up).
+func (q *queue) getPipe(size int) (pipePair, error) {
+	s := &q.spl
+	for i := len(s.pipes) - 1; i >= 0; i-- {
+		if p := s.pipes[i]; p.size == size {
+			s.pipes = append(s.pipes[:i], s.pipes[i+1:]...)
+			return p, nil
+		}
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return pipePair{}, err
+	}
+	p := pipePair{r: fds[0], w: fds[1], size: size}
+	if _, err := unix.FcntlInt(uintptr(p.w), unix.F_SETPIPE_SZ, size); err != nil {
+		// Above /proc/sys/fs/pipe-max-size, or the user's pipe pages are used up: the
+		// default size still works, just in smaller steps.
+		q.ctr.pipeSizeRefused.Add(1)
+	}
+	q.ctr.pipesOpen.Add(1)
+	return p, nil
+}
+
+// putPipe takes a pipe back: an empty one is kept for the next relay (up to maxPooledPipes),
+// the rest are closed.
+func (q *queue) putPipe(p pipePair, empty bool) {
+	if p.r <= 0 {
+		return
+	}
+	if empty && len(q.spl.pipes) < maxPooledPipes && !q.spl.stopped {
+		q.spl.pipes = append(q.spl.pipes, p)
+		return
+	}
+	closePipe(q, p)
+}
+
+func closePipe(q *queue, p pipePair) {
+	unix.Close(p.r)
+	unix.Close(p.w)
+	q.ctr.pipesOpen.Add(-1)
+}
+
+// spliceAtStop closes whatever the queue's splice machinery still holds (AtStop).
+func (q *queue) spliceAtStop() {
+	q.spl.stopped = true
+	for r := range q.spl.relays {
+		r.stop()
+	}
+	q.spl.relays = nil
+	for _, p := range q.spl.pipes {
+		closePipe(q, p)
+	}
+	q.spl.pipes = nil
+}
+
+// addRelay registers a live relay on its home queue (loop only).
+func (q *queue) addRelay(r *spliceRelay) {
+	if !q.spl.atStopOn {
+		q.spl.atStopOn = true
+		q.AtStop(q.spliceAtStop)
+	}
+	if q.spl.relays == nil {
+		q.spl.relays = map[*spliceRelay]struct{}{}
+	}
+	q.spl.relays[r] = struct{}{}
+}
+
+// dupSocket duplicates a connection's descriptor (close-on-exec), for a watcher that outlives
+// nothing: the duplicate is the caller's to close.
+func dupSocket(c *Conn) (int, error) {
+	fd := -1
+	err := c.sock.Control(func(s int) error {
+		n, err := unix.FcntlInt(uintptr(s), unix.F_DUPFD_CLOEXEC, 0)
+		fd = n
+		return err
+	})
+	if err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
