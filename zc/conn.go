@@ -92,6 +92,8 @@ type seg struct {
 	n    int32  // bytes to send
 	src  *Conn  // a forwarded receive buffer: src's receive credit, released once sent
 	sum  uint64 // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
+	// file: a SendFile range (no loan): alone at the head of tx.pend when it goes (sendfile.go)
+	file *fileSeg
 }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.

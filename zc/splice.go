@@ -28,7 +28,8 @@ const (
 // POLL_ADD through the ring on the io_uring backend, a one-shot epoll registration on the
 // plain backend (the descriptor must not be in the queue's epoll set already: the relay
 // watches duplicates of the connections' descriptors). One wait at a time; the owner's
-// OnEvent calls fired first.
+// OnEvent calls fired first. The zcshim backend's epoll works too (SendFile), but its
+// connections keep the SendData relay.
 type fdWatch struct {
 	q     *queue
 	fd    int
@@ -60,17 +61,18 @@ func (w *fdWatch) arm(events uint32) error {
 		sqe := b.u.GetSQE()
 		sqe.PrepPollAdd(int32(w.fd), events, false)
 		sqe.UserData = w.ud
-	case *plainBackend:
+	case interface{ common() *epollCommon }:
+		ep := b.common().ep
 		ev := events | unix.EPOLLONESHOT
 		if !w.added {
 			w.ud = w.q.NewOp(w.owner, w.tag)
-			if err := b.ep.Add(w.fd, ev, w.ud); err != nil {
+			if err := ep.Add(w.fd, ev, w.ud); err != nil {
 				w.q.FreeOp(w.ud)
 				w.ud = 0
 				return err
 			}
 			w.added = true
-		} else if err := b.ep.Mod(w.fd, ev, w.ud); err != nil {
+		} else if err := ep.Mod(w.fd, ev, w.ud); err != nil {
 			return err
 		}
 	default:
@@ -107,9 +109,9 @@ func (w *fdWatch) stop() {
 			b.u.CancelOp(w.ud)
 		}
 		b.u.Submit()
-	case *plainBackend:
+	case interface{ common() *epollCommon }:
 		if w.added {
-			b.ep.Del(w.fd)
+			b.common().ep.Del(w.fd)
 			w.q.FreeOp(w.ud)
 			w.added = false
 		}
