@@ -226,8 +226,12 @@ func (s *spliceEnv) checkRelays(t *testing.T, n int, atob, btoa int64) {
 		if !rs.Finished() {
 			t.Fatalf("relay not finished: %d/%d bytes", rs.AtoB.Load(), rs.BtoA.Load())
 		}
-		if rs.Path() != RelaySplice {
-			t.Errorf("path %v (fallback %v), want splice", rs.Path(), rs.Fallback())
+		want := RelaySplice
+		if s.opts.Path == RelaySendData {
+			want = RelaySendData
+		}
+		if rs.Path() != want {
+			t.Errorf("path %v (fallback %v), want %v", rs.Path(), rs.Fallback(), want)
 		}
 		if got := int64(rs.AtoB.Load()); got != atob {
 			t.Errorf("AtoB %d, want %d", got, atob)
@@ -238,12 +242,18 @@ func (s *spliceEnv) checkRelays(t *testing.T, n int, atob, btoa int64) {
 		// Bytes the backend connection received before the relay took over (its receive is
 		// armed before DialAsync's done runs) went by SendData; the bulk must be spliced.
 		sa, sb := rs.SplicedAtoB.Load(), rs.SplicedBtoA.Load()
+		if want == RelaySendData {
+			if sa+sb != 0 {
+				t.Errorf("SendData relay spliced %d/%d bytes", sa, sb)
+			}
+			continue
+		}
 		if sa > rs.AtoB.Load() || sb > rs.BtoA.Load() || 2*(sa+sb) < rs.AtoB.Load()+rs.BtoA.Load() {
 			t.Errorf("spliced %d/%d of %d/%d bytes", sa, sb, rs.AtoB.Load(), rs.BtoA.Load())
 		}
 	}
 	st := s.e.Stats()
-	if st.RelaysSplice < uint64(n) || st.BytesRelaySpliced == 0 {
+	if s.opts.Path != RelaySendData && (st.RelaysSplice < uint64(n) || st.BytesRelaySpliced == 0) {
 		t.Errorf("Stats: %d splice relays, %d bytes", st.RelaysSplice, st.BytesRelaySpliced)
 	}
 	waitPipes(t, s.e)
@@ -472,6 +482,16 @@ func TestRelaySpliceEngineClose(t *testing.T) {
 				t.Errorf("%d descriptors before, %d after", fdsBefore, n)
 			}
 		})
+	}
+}
+
+// TestRelaySendDataDemanded: RelaySendData is the old path, on a backend that could splice.
+func TestRelaySendDataDemanded(t *testing.T) {
+	s := newSpliceEnv(t, Config{Queues: 2}, RelayOptions{Path: RelaySendData}, streamServe(1<<20))
+	runSpliceClients(t, s.addr(), 8, 1<<20)
+	s.checkRelays(t, 8, 1<<20+8, 1<<20)
+	if st := s.e.Stats(); st.RelaysSplice != 0 || st.RelayFallbacks != 0 {
+		t.Errorf("Stats: %d splice relays, %d fallbacks", st.RelaysSplice, st.RelayFallbacks)
 	}
 }
 
