@@ -397,7 +397,10 @@ type Stats struct {
 	// its default size (RelayOptions.PipeSize above the limit).
 	BytesRelaySpliced                                    uint64
 	RelaysSplice, RelayFallbacks, RelayErrors, PipesOpen uint64
-	PipeSizeRefused                                      uint64
+	// RelaySpliceCalls counts the splice relays' splice(2) calls (EAGAIN included), and
+	// RelayWaits their waits for readiness.
+	RelaySpliceCalls, RelayWaits uint64
+	PipeSizeRefused              uint64
 	// BytesSentFile: sent by Conn.SendFile with sendfile(2) from the page cache, in
 	// FileSendOps system calls.
 	BytesSentFile, FileSendOps uint64
@@ -505,6 +508,8 @@ func (s *Stats) addCounters(c *counters) {
 	s.RelaysSplice += c.relaysSplice.Load()
 	s.RelayFallbacks += c.relayFallbacks.Load()
 	s.RelayErrors += c.relayErrors.Load()
+	s.RelaySpliceCalls += c.relaySpliceCalls.Load()
+	s.RelayWaits += c.relayWaits.Load()
 	s.PipesOpen += uint64(max(c.pipesOpen.Load(), 0))
 	s.PipeSizeRefused += c.pipeSizeRefused.Load()
 	s.BytesSentFile += c.fileSent.Load()

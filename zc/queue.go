@@ -55,6 +55,7 @@ type counters struct {
 	poolWaits, memlockCaps                         atomic.Uint64
 	// splice.go, sendfile.go
 	relaySpliced, relaysSplice, relayFallbacks, relayErrors atomic.Uint64
+	relaySpliceCalls, relayWaits                            atomic.Uint64
 	pipeSizeRefused, fileSent, fileSendOps                  atomic.Uint64
 	pipesOpen                                               atomic.Int64
 }

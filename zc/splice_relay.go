@@ -197,13 +197,15 @@ func (d *spliceDir) pump() {
 	for {
 		if d.inPipe > 0 {
 			n, err := unix.Splice(d.p.r, nil, d.dfd, nil, d.inPipe, spliceFlags)
+			r.home.ctr.relaySpliceCalls.Add(1)
 			switch {
 			case err == unix.EINTR:
 				continue
 			case err == unix.EAGAIN:
 				// The destination is full: wait until it takes more. The source is not read
 				// meanwhile: the pipe's bytes are all that is in flight.
-				if err := d.out.arm(unix.POLLOUT); err != nil {
+				r.home.ctr.relayWaits.Add(1)
+			if err := d.out.arm(unix.POLLOUT); err != nil {
 					r.fail(err)
 				}
 				return
@@ -231,10 +233,12 @@ func (d *spliceDir) pump() {
 			return
 		}
 		n, err := unix.Splice(d.sfd, nil, d.p.w, nil, d.p.size, spliceFlags)
+		r.home.ctr.relaySpliceCalls.Add(1)
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
+			r.home.ctr.relayWaits.Add(1)
 			if err := d.in.arm(unix.POLLIN | unix.POLLRDHUP); err != nil {
 				r.fail(err)
 			}
