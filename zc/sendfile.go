@@ -200,8 +200,12 @@ func (fs *fileSeg) wait() error {
 	c := fs.c
 	if fs.w == nil {
 		fd := c.fd
-		if _, ok := c.q.be.(*uringBackend); !ok {
-			// epoll: the connection's descriptor is registered already; wait on a duplicate.
+		// A POLL_ADD through the ring on the io_uring backend; an epoll registration of a
+		// duplicate on the others (the connection's descriptor is registered already).
+		fs.w = &fdWatch{q: c.q, owner: fs, tag: tagFileOut}
+		if _, ok := c.q.be.(*uringBackend); ok {
+			fs.w.ring = true
+		} else {
 			d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
 			if err != nil {
 				return err
@@ -209,13 +213,12 @@ func (fs *fileSeg) wait() error {
 			fs.wfd, fd = d, d
 			c.opStarted() // the registration, until release
 		}
-		fs.w = &fdWatch{q: c.q, fd: fd, owner: fs, tag: tagFileOut}
+		fs.w.fd = fd
 	}
-	_, ring := c.q.be.(*uringBackend)
 	if err := fs.w.arm(unix.POLLOUT); err != nil {
 		return err
 	}
-	if ring {
+	if fs.w.ringPoll() {
 		c.opStarted() // the poll, until its completion
 	}
 	return nil
@@ -224,7 +227,7 @@ func (fs *fileSeg) wait() error {
 // OnEvent: the socket has room (or the wait was cancelled).
 func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 	c := fs.c
-	if _, ok := c.q.be.(*uringBackend); ok {
+	if fs.w.ringPoll() {
 		c.opEnded()
 	}
 	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.fdClosed {

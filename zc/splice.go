@@ -22,6 +22,7 @@ const (
 	tagSpliceIn uint32 = 100 + iota
 	tagSpliceOut
 	tagFileOut
+	tagSpliceEpoll
 )
 
 // fdWatch waits for readiness of a descriptor it does not own, on one queue (loop only):
@@ -38,6 +39,8 @@ type fdWatch struct {
 	ud    uint64
 	armed bool // a wait is in the kernel
 	added bool // epoll: the descriptor is registered
+	ep    *loop.Epoll
+	ring  bool // waits are POLL_ADDs through the ring
 }
 
 // spliceCapable reports whether the queue's backend can wait with an fdWatch (io_uring,
@@ -50,19 +53,44 @@ func spliceCapable(q *queue) bool {
 	return false
 }
 
+// watchEpoll returns the epoll instance the queue's watches use: the backend's own (plain,
+// shim), or on the io_uring backend a private one whose readiness the ring reports
+// (spliceQueue.ep): nil when that cannot be made (then each wait is a POLL_ADD).
+func (q *queue) watchEpoll() *loop.Epoll {
+	switch b := q.be.(type) {
+	case interface{ common() *epollCommon }:
+		return b.common().ep
+	case *uringBackend:
+		return q.spl.ringEpoll(q, b)
+	}
+	return nil
+}
+
 // arm starts a one-shot wait for events (POLLIN or POLLOUT); a wait already armed stays.
 func (w *fdWatch) arm(events uint32) error {
 	if w.armed {
 		return nil
 	}
+	if w.ep == nil && !w.ring {
+		if w.ep = w.q.watchEpoll(); w.ep == nil {
+			w.ring = true
+		}
+	}
 	switch b := w.q.be.(type) {
 	case *uringBackend:
+		if w.ep != nil {
+			goto epoll
+		}
 		w.ud = w.q.NewOp(w.owner, w.tag)
 		sqe := b.u.GetSQE()
 		sqe.PrepPollAdd(int32(w.fd), events, false)
 		sqe.UserData = w.ud
-	case interface{ common() *epollCommon }:
-		ep := b.common().ep
+		w.armed = true
+		return nil
+	}
+epoll:
+	{
+		ep := w.ep
 		ev := events | unix.EPOLLONESHOT
 		if !w.added {
 			w.ud = w.q.NewOp(w.owner, w.tag)
@@ -75,8 +103,6 @@ func (w *fdWatch) arm(events uint32) error {
 		} else if err := ep.Mod(w.fd, ev, w.ud); err != nil {
 			return err
 		}
-	default:
-		return unix.EOPNOTSUPP
 	}
 	w.armed = true
 	return nil
@@ -86,35 +112,38 @@ func (w *fdWatch) arm(events uint32) error {
 // reports whether the event is the watch's current one.
 func (w *fdWatch) fired(ev loop.Event) bool {
 	if ev.UD != w.ud || !w.armed {
-		if _, ok := w.q.be.(*uringBackend); ok {
+		if w.ring {
 			w.q.FreeOp(ev.UD) // a cancelled wait's completion
 		}
 		return false
 	}
 	w.armed = false
-	if _, ok := w.q.be.(*uringBackend); ok {
+	if w.ring {
 		w.q.FreeOp(ev.UD)
 		w.ud = 0
 	}
 	return true
 }
 
+// ringPoll reports whether the watch's waits are POLL_ADDs through the ring (each one an
+// operation until its completion) rather than epoll registrations.
+func (w *fdWatch) ringPoll() bool { return w.ring }
+
 // stop ends the watch before the descriptor is closed: a wait in the ring is cancelled (its
 // completion comes back to the owner, which ignores it) and submitted now, so no prepared
 // request names the descriptor after it is closed; an epoll registration is removed.
 func (w *fdWatch) stop() {
-	switch b := w.q.be.(type) {
-	case *uringBackend:
-		if w.armed {
-			b.u.CancelOp(w.ud)
+	if w.ring {
+		if b, ok := w.q.be.(*uringBackend); ok {
+			if w.armed {
+				b.u.CancelOp(w.ud)
+			}
+			b.u.Submit()
 		}
-		b.u.Submit()
-	case interface{ common() *epollCommon }:
-		if w.added {
-			b.common().ep.Del(w.fd)
-			w.q.FreeOp(w.ud)
-			w.added = false
-		}
+	} else if w.added {
+		w.ep.Del(w.fd)
+		w.q.FreeOp(w.ud)
+		w.added = false
 	}
 	w.armed = false
 	w.ud = 0
@@ -129,6 +158,67 @@ type spliceQueue struct {
 	relays   map[*spliceRelay]struct{}
 	atStopOn bool
 	stopped  bool // the queue stopped: nothing is kept any more
+	// io_uring backend: the private epoll instance of the watches (ringEpoll)
+	ep       *loop.Epoll
+	epOwner  *ringEpoll
+	epFailed bool
+}
+
+// ringEpoll returns the io_uring queue's private epoll instance for watches, making it
+// (loop only). Its readiness reaches the loop as a POLL_ADD completion through the ring,
+// and one non-blocking epoll_wait then dispatches every ready watch: the waits of many
+// relays cost one ring operation per batch instead of one each, and a burst of readiness is
+// handled together (measured: 4-5x more bytes per splice call than a POLL_ADD per wait).
+func (s *spliceQueue) ringEpoll(q *queue, b *uringBackend) *loop.Epoll {
+	if s.ep != nil || s.epFailed {
+		return s.ep
+	}
+	ep, err := loop.NewEpoll(q.Queue)
+	if err == nil {
+		// NewEpoll watches the queue's wake-up eventfd: the ring does that here.
+		if err = ep.Del(q.WakeFD()); err != nil {
+			ep.Close()
+		}
+	}
+	if err != nil {
+		s.epFailed = true
+		return nil
+	}
+	s.ep = ep
+	s.epOwner = &ringEpoll{q: q, b: b, ep: ep}
+	s.epOwner.arm()
+	if !s.atStopOn {
+		s.atStopOn = true
+		q.AtStop(q.spliceAtStop)
+	}
+	return ep
+}
+
+// ringEpoll is the owner of the POLL_ADD that reports the private epoll's readiness.
+type ringEpoll struct {
+	q      *queue
+	b      *uringBackend
+	ep     *loop.Epoll
+	ud     uint64
+	closed bool
+}
+
+func (r *ringEpoll) arm() {
+	r.ud = r.q.NewOp(r, tagSpliceEpoll)
+	sqe := r.b.u.GetSQE()
+	sqe.PrepPollAdd(int32(r.ep.FD()), unix.POLLIN, false)
+	sqe.UserData = r.ud
+}
+
+func (r *ringEpoll) OnEvent(_ *loop.Queue, ev loop.Event) {
+	r.q.FreeOp(ev.UD)
+	if r.closed {
+		return
+	}
+	r.ep.Wait(0) // dispatches the ready watches
+	if !r.closed {
+		r.arm() // completes at once if more are ready than one wait took
+	}
 }
 
 type pipePair struct {
@@ -192,6 +282,15 @@ func (q *queue) spliceAtStop() {
 		closePipe(q, p)
 	}
 	q.spl.pipes = nil
+	if q.spl.ep != nil {
+		q.spl.epOwner.closed = true
+		if b, ok := q.be.(*uringBackend); ok {
+			b.u.CancelOp(q.spl.epOwner.ud)
+			b.u.Submit()
+		}
+		q.spl.ep.Close()
+		q.spl.ep = nil
+	}
 }
 
 // addRelay registers a live relay on its home queue (loop only).

@@ -205,7 +205,7 @@ func (d *spliceDir) pump() {
 				// The destination is full: wait until it takes more. The source is not read
 				// meanwhile: the pipe's bytes are all that is in flight.
 				r.home.ctr.relayWaits.Add(1)
-			if err := d.out.arm(unix.POLLOUT); err != nil {
+				if err := d.out.arm(unix.POLLOUT); err != nil {
 					r.fail(err)
 				}
 				return
