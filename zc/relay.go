@@ -39,8 +39,9 @@ const (
 	// each send. The engine's flow control (MaxRecvHeld, MaxQueuedBytes) bounds memory.
 	RelaySendData
 	// RelaySplice moves bytes socket → pipe → socket with splice(2), never through user
-	// memory: the relay's home queue (a's) waits for readiness (POLL_ADD through its ring, or
-	// its epoll) and splices without blocking. The pipe (RelayOptions.PipeSize per direction)
+	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain
+	// backend's, or on io_uring one whose readiness the ring reports) and splices without
+	// blocking. The pipe (RelayOptions.PipeSize per direction)
 	// is the flow control: while it holds bytes the destination has not taken, the source is
 	// not read. Each relay holds two pipes and a duplicate of each connection's descriptor.
 	RelaySplice

@@ -14,8 +14,8 @@ import (
 // when issued non-blocking (io_uring/splice.c), so every one goes to an io-wq worker thread,
 // and a splice from an empty socket blocks that worker until data comes. A relay of 64 idle
 // connections would hold 128 kernel threads, and on a 2-CPU machine each wake-up is a thread
-// switch. A poll (POLL_ADD through the ring, or the plain backend's epoll) followed by
-// non-blocking splice(2) calls on the queue's own thread costs no thread at all while idle.
+// switch. Readiness (an epoll registration; see ringEpoll for the io_uring backend) followed
+// by non-blocking splice(2) calls on the queue's own thread costs no thread at all while idle.
 
 // Tags of the splice machinery's operations (loop.NewOp); distinct from the backends'.
 const (
@@ -25,11 +25,12 @@ const (
 	tagSpliceEpoll
 )
 
-// fdWatch waits for readiness of a descriptor it does not own, on one queue (loop only):
-// POLL_ADD through the ring on the io_uring backend, a one-shot epoll registration on the
-// plain backend (the descriptor must not be in the queue's epoll set already: the relay
-// watches duplicates of the connections' descriptors). One wait at a time; the owner's
-// OnEvent calls fired first. The zcshim backend's epoll works too (SendFile), but its
+// fdWatch waits for readiness of a descriptor it does not own, on one queue (loop only): a
+// one-shot registration in the queue's watch epoll (watchEpoll: the backend's own, or on
+// io_uring a private one the ring reports on), or with ring set a POLL_ADD through the ring
+// per wait. In an epoll the descriptor must not be registered already: the relay watches
+// duplicates of the connections' descriptors. One wait at a time; the owner's OnEvent calls
+// fired first. The zcshim backend's epoll works too (SendFile), but its
 // connections keep the SendData relay.
 type fdWatch struct {
 	q     *queue
@@ -43,8 +44,9 @@ type fdWatch struct {
 	ring  bool // waits are POLL_ADDs through the ring
 }
 
-// spliceCapable reports whether the queue's backend can wait with an fdWatch (io_uring,
-// plain); the shim backend (and test backends) cannot.
+// spliceCapable reports whether the splice relay runs on the queue's backend: io_uring and
+// plain. The zcshim backend keeps SendData (fdWatch works on its epoll, but the module cannot
+// load where the tests run, so the splice relay there is untested), test backends too.
 func spliceCapable(q *queue) bool {
 	switch q.be.(type) {
 	case *uringBackend, *plainBackend:
@@ -76,10 +78,10 @@ func (w *fdWatch) arm(events uint32) error {
 			w.ring = true
 		}
 	}
-	switch b := w.q.be.(type) {
-	case *uringBackend:
-		if w.ep != nil {
-			goto epoll
+	if w.ring {
+		b, ok := w.q.be.(*uringBackend)
+		if !ok {
+			return unix.EOPNOTSUPP
 		}
 		w.ud = w.q.NewOp(w.owner, w.tag)
 		sqe := b.u.GetSQE()
@@ -88,21 +90,17 @@ func (w *fdWatch) arm(events uint32) error {
 		w.armed = true
 		return nil
 	}
-epoll:
-	{
-		ep := w.ep
-		ev := events | unix.EPOLLONESHOT
-		if !w.added {
-			w.ud = w.q.NewOp(w.owner, w.tag)
-			if err := ep.Add(w.fd, ev, w.ud); err != nil {
-				w.q.FreeOp(w.ud)
-				w.ud = 0
-				return err
-			}
-			w.added = true
-		} else if err := ep.Mod(w.fd, ev, w.ud); err != nil {
+	ev := events | unix.EPOLLONESHOT
+	if !w.added {
+		w.ud = w.q.NewOp(w.owner, w.tag)
+		if err := w.ep.Add(w.fd, ev, w.ud); err != nil {
+			w.q.FreeOp(w.ud)
+			w.ud = 0
 			return err
 		}
+		w.added = true
+	} else if err := w.ep.Mod(w.fd, ev, w.ud); err != nil {
+		return err
 	}
 	w.armed = true
 	return nil
