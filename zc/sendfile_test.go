@@ -298,3 +298,35 @@ func listFDs(t *testing.T) {
 		t.Logf("fd %s -> %s", f.Name(), l)
 	}
 }
+
+// TestSendFileOnLoop: SendFile from the connection's queue goroutine (a posted function, as
+// a handler would) queues and returns at once; the bytes follow a Write made there too.
+func TestSendFileOnLoop(t *testing.T) {
+	for _, be := range spliceBackends() {
+		t.Run(be.String(), func(t *testing.T) {
+			f, data := streamFile(t, 8, 3<<20)
+			_, c, p := sendFileConn(t, be, HandlerFuncs{})
+			errc := make(chan error, 1)
+			if err := c.Post(func() {
+				if _, err := c.Write([]byte("hdr")); err != nil {
+					errc <- err
+					return
+				}
+				errc <- c.SendFile(f, 0, int64(len(data)))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			c.CloseWrite()
+			got, err := io.ReadAll(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got[:3]) != "hdr" || !bytes.Equal(got[3:], data) {
+				t.Fatalf("got %d bytes, want hdr + %d", len(got), len(data))
+			}
+		})
+	}
+}
