@@ -540,6 +540,31 @@ func TestRelayPathDemand(t *testing.T) {
 		t.Fatalf("splice demanded on a net.Conn face: %v, want a NotSupportedError", err)
 	}
 	<-b.Done()
+
+	// RelayAuto there: SendData, and it says why.
+	go func() {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	nc2, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	b, _ = dialPeer(t, e, HandlerFuncs{})
+	rs, err := Relay(nc2.(*netConn).c, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Path() != RelaySendData || !errors.As(rs.Fallback(), &nse) {
+		t.Errorf("auto on a net.Conn face: path %v, fallback %v", rs.Path(), rs.Fallback())
+	}
+	if st := e.Stats(); st.RelayFallbacks != 1 {
+		t.Errorf("Stats.RelayFallbacks %d, want 1", st.RelayFallbacks)
+	}
 }
 
 // spliceDump describes the engine's live splice relays (for a stalled test).
