@@ -23,7 +23,8 @@ import (
 // range beyond the end fails with an error matching both ErrInvalid and io.ErrUnexpectedEOF,
 // and nothing is queued. A file that shrinks while it is being sent cannot deliver what was
 // promised: the connection then fails (OnClose's error matches io.ErrUnexpectedEOF), since
-// the peer's stream would be short.
+// the peer's stream would be short. The bytes are the page cache's as they go out (as with
+// sendfile(2) anywhere): a file written or truncated meanwhile may send its new content.
 //
 // Like Send, SendFile does not block: the n bytes count toward MaxQueuedBytes at once (a
 // file larger than it queues all the same), and OnWritable follows once less than half of

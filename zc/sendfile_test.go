@@ -168,7 +168,9 @@ func TestSendFileClosedMidSend(t *testing.T) {
 }
 
 // TestSendFileTruncated: the file shrinks while it is sent: the connection fails with an
-// error matching io.ErrUnexpectedEOF and the peer sees a short stream, never other bytes.
+// error matching io.ErrUnexpectedEOF and the peer sees a short stream. What remains of the
+// file arrives intact; bytes past the new end that were in flight may have been zeroed by
+// the truncation (sendfile sends page-cache pages by reference, as Go's net does).
 func TestSendFileTruncated(t *testing.T) {
 	for _, be := range spliceBackends() {
 		t.Run(be.String(), func(t *testing.T) {
@@ -182,8 +184,9 @@ func TestSendFileTruncated(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, _ := io.ReadAll(p) // a reset may end it
-			if len(got) >= len(data) || !bytes.Equal(got, data[:len(got)]) {
-				t.Fatalf("peer got %d bytes (want a prefix, shorter than %d)", len(got), len(data))
+			keep := min(len(got), 1<<20)
+			if len(got) >= len(data) || !bytes.Equal(got[:keep], data[:keep]) {
+				t.Fatalf("peer got %d bytes (want a short stream, its first %d bytes the file's)", len(got), keep)
 			}
 			select {
 			case err := <-h.closed:
