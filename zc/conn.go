@@ -95,6 +95,8 @@ type seg struct {
 	// shared: the loan is one owner of a shared buffer (shared.go); src's credit goes back
 	// with the buffer's last owner, not with this segment
 	shared bool
+	// file: a SendFile range (no loan): alone at the head of tx.pend when it goes (sendfile.go)
+	file *fileSeg
 }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.

@@ -59,10 +59,30 @@ func (c *Conn) takeWork() {
 		c.mu.Unlock()
 		return
 	}
-	c.tx.pend = append(c.tx.pend, c.out...)
-	clear(c.out)
-	c.out = c.out[:0]
+	k := c.takeCut()
+	c.tx.pend = append(c.tx.pend, c.out[:k]...)
+	rest := copy(c.out, c.out[k:])
+	clear(c.out[rest:])
+	c.out = c.out[:rest]
 	c.mu.Unlock()
+}
+
+// takeCut returns how many of c.out's segments takeWork moves (mu held): all of them, except
+// that a SendFile segment goes alone (sendFileHead moves it, a backend's send never sees it):
+// the segments before it go first, and those after it wait until it is sent.
+func (c *Conn) takeCut() int {
+	if c.pendLen() > 0 && c.tx.pend[0].file != nil {
+		return 0
+	}
+	for i := range c.out {
+		if c.out[i].file != nil {
+			if i == 0 && c.pendLen() == 0 {
+				return 1
+			}
+			return i
+		}
+	}
+	return len(c.out)
 }
 
 // pump hands pending segments to the backend.
@@ -72,7 +92,11 @@ func (c *Conn) pump() {
 	}
 	c.takeWork()
 	if c.pendLen() > 0 {
-		c.q.be.send(c)
+		if c.tx.pend[0].file != nil {
+			c.sendFileHead()
+		} else {
+			c.q.be.send(c)
+		}
 	}
 	if c.pendLen() == 0 && !c.q.be.sending(c) {
 		c.maybeShutdownWrite()
@@ -128,6 +152,10 @@ func (c *Conn) advance(res int) {
 
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
+	if s.file != nil {
+		s.file.release()
+		return
+	}
 	if s.sum != 0 {
 		c.checkSent(s)
 	}

@@ -67,7 +67,10 @@
 // toward the destination's MaxQueuedBytes; above it the source connection stops receiving
 // until the destination drains to half of it (OnWritable runs there then). A relay written
 // with SendData both ways therefore needs no flow-control code and cannot deadlock; Relay
-// is that relay, with each side's end of stream passed on to the other.
+// is that relay, with each side's end of stream passed on to the other, where it cannot
+// splice. Where it can (io_uring and plain backends, no RecvZcrx) Relay moves the bytes
+// socket → pipe → socket with splice(2) instead, never through user memory: the pipe is the
+// flow control (RelayWith demands a path; RelayStats says which one each byte took).
 //
 // # Shared sends and fan-out
 //
@@ -120,7 +123,9 @@
 // when the kernel reports that it copied them anyway (IORING_NOTIF_USAGE_ZC_COPIED: always
 // the case on loopback and veth), the connection switches to copying sends and probes
 // zero-copy again with exponential backoff. SendCopy and SendZeroCopy force a path. Counters
-// (Stats, Conn.Stats) say how many bytes went which way and why.
+// (Stats, Conn.Stats) say how many bytes went which way and why. Conn.SendFile queues a
+// file range in order with the other sends; it leaves with sendfile(2) from the page cache
+// (Stats.Send.BytesFile).
 //
 // # Lifetimes
 //

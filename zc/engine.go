@@ -386,6 +386,7 @@ type Stats struct {
 
 	Send     SendStats     // bytes sent by each path, send operations, zero-copy policy
 	Recv     RecvStats     // bytes received by each path, receive fallbacks and waits
+	Forward  ForwardStats  // Relay's splice path: bytes, calls, waits, pipes, fallbacks
 	Memory   MemoryStats   // the pools: mapped, caps, growth, RLIMIT_MEMLOCK
 	Loop     LoopStats     // the queues' event loops
 	Faults   FaultStats    // what went wrong and was handled: timeouts, panics, accept errors
@@ -416,6 +417,9 @@ type SendStats struct {
 	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
 	// an OnWritable when a buffer is free for it (or OnClose).
 	PoolWaits uint64
+	// BytesFile: sent by Conn.SendFile with sendfile(2) from the page cache, in FileOps
+	// system calls.
+	BytesFile, FileOps uint64
 	// Shared sends (Shared.Send, SendData of a retained Data): SharedSends sends of a buffer
 	// others may send too, BytesShared their bytes (no copy made for them). BytesDataCopied:
 	// bytes SendData copied into send buffers because their memory cannot be lent to a send
@@ -452,6 +456,23 @@ type RecvStats struct {
 	BufRingEmpty    uint64 // receives that found no receive buffer (the pool at its cap)
 	BundleMismatch  uint64
 	CreditPauses    uint64 // times a connection stopped receiving at MaxRecvHeld
+}
+
+// ForwardStats: Relay's splice path (socket -> pipe -> socket, never through user memory).
+type ForwardStats struct {
+	// BytesSpliced: forwarded by Relay's splice path (RelaySplice). SpliceRelays counts
+	// relays that took that path, Fallbacks relays that RelayAuto sent through SendData
+	// instead (RelayStats.Fallback says why), Errors splice relays ended by a failed system
+	// call (a reset).
+	BytesSpliced                    uint64
+	SpliceRelays, Fallbacks, Errors uint64
+	// SpliceCalls counts the splice relays' splice(2) calls (EAGAIN included), Waits their
+	// waits for readiness: bytes per call is what a splice relay's CPU goes to.
+	SpliceCalls, Waits uint64
+	// PipesOpen is the pipes the splice relays hold or keep for reuse; PipeSizeRefused
+	// counts pipes the kernel left at its default size (RelayOptions.PipeSize above the
+	// limit).
+	PipesOpen, PipeSizeRefused uint64
 }
 
 // MemoryStats: what the pools have mapped (send pools are registered with the kernel:
@@ -524,6 +545,16 @@ func (s *Stats) addCounters(c *counters) {
 	s.Send.BytesZCCopied += c.zcCopied.Load()
 	s.Send.BytesCopy += c.sentCopy.Load()
 	s.Send.BytesSpliced += c.sentSpliced.Load()
+	s.Forward.BytesSpliced += c.relaySpliced.Load()
+	s.Forward.SpliceRelays += c.relaysSplice.Load()
+	s.Forward.Fallbacks += c.relayFallbacks.Load()
+	s.Forward.Errors += c.relayErrors.Load()
+	s.Forward.SpliceCalls += c.relaySpliceCalls.Load()
+	s.Forward.Waits += c.relayWaits.Load()
+	s.Forward.PipesOpen += uint64(max(c.pipesOpen.Load(), 0))
+	s.Forward.PipeSizeRefused += c.pipeSizeRefused.Load()
+	s.Send.BytesFile += c.fileSent.Load()
+	s.Send.FileOps += c.fileSendOps.Load()
 	s.Recv.BytesRing += c.recvRing.Load()
 	s.Recv.BytesPlain += c.recvPlain.Load()
 	s.Recv.BytesShim += c.recvShim.Load()

@@ -53,6 +53,11 @@ type counters struct {
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
 	sentSpliced, directWrites, recvDirect          atomic.Uint64
 	poolWaits, memlockCaps                         atomic.Uint64
+	// splice.go, sendfile.go
+	relaySpliced, relaysSplice, relayFallbacks, relayErrors atomic.Uint64
+	relaySpliceCalls, relayWaits                            atomic.Uint64
+	pipeSizeRefused, fileSent, fileSendOps                  atomic.Uint64
+	pipesOpen                                               atomic.Int64
 }
 
 // queue is one of the engine's queues: an event loop, its backend, its send pool and its
@@ -94,7 +99,8 @@ type queue struct {
 	growErr       atomic.Pointer[error]
 	growPosted    atomic.Bool // a background pool growth is posted (getBuf)
 	ctr           counters
-	zx            zcrxQueue // RecvZcrx (zcrx.go)
+	zx            zcrxQueue   // RecvZcrx (zcrx.go)
+	spl           spliceQueue // splice relays and their pipes (splice.go)
 }
 
 func (q *queue) signalSpace() {

@@ -1,15 +1,16 @@
 package zc
 
 import (
+	"fmt"
 	"io"
 	"sync/atomic"
 )
 
-// Relay forwards a's received bytes to b and b's to a with SendData (no copy: received
-// buffers are sent as they are), until both directions ended:
+// Relay forwards a's received bytes to b and b's to a by the cheapest correct path this host
+// has (RelayWith with the zero RelayOptions: RelayAuto), until both directions ended:
 //
-//   - flow control both ways is the engine's (MaxRecvHeld, MaxQueuedBytes): a slow side
-//     stops the other side's receiving, and nothing waits forever;
+//   - flow control both ways: a slow side stops the other side's receiving, and nothing
+//     waits forever;
 //   - a side's EOF half-closes the other side (CloseWrite, after what is queued for it), so
 //     a peer that half-closes first still gets everything the other side sends afterwards;
 //   - once both sides sent their EOF both connections close gracefully (queued bytes still
@@ -21,12 +22,102 @@ import (
 // first side, and DialAsync's done function, which runs before the second side receives
 // anything, calls Relay. It may be called from any goroutine. It fails with ErrClosed (and
 // closes the other side) when either connection is already closing. RelayStats counts what
-// went each way.
-func Relay(a, b *Conn) (*RelayStats, error) {
+// went each way, and by which path.
+func Relay(a, b *Conn) (*RelayStats, error) { return RelayWith(a, b, RelayOptions{}) }
+
+// RelayPath is how a relay moves bytes.
+type RelayPath uint8
+
+const (
+	// RelayAuto picks the cheapest correct path: RelaySplice where both connections' queues
+	// can splice (the io_uring and plain backends) and no zero-copy receive (RecvZcrx)
+	// delivers into registered memory; RelaySendData otherwise. RelayStats.Path says which,
+	// and RelayStats.Fallback why not splice.
+	RelayAuto RelayPath = iota
+	// RelaySendData receives into the queue's registered receive buffers and sends them as
+	// they are (Conn.SendData): no user copy, but on loopback and veth the kernel copies
+	// each send. The engine's flow control (MaxRecvHeld, MaxQueuedBytes) bounds memory.
+	RelaySendData
+	// RelaySplice moves bytes socket → pipe → socket with splice(2), never through user
+	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain
+	// backend's, or on io_uring one whose readiness the ring reports) and splices without
+	// blocking. The pipe (RelayOptions.PipeSize per direction)
+	// is the flow control: while it holds bytes the destination has not taken, the source is
+	// not read. Each relay holds two pipes and a duplicate of each connection's descriptor.
+	RelaySplice
+)
+
+func (p RelayPath) String() string {
+	switch p {
+	case RelayAuto:
+		return "auto"
+	case RelaySendData:
+		return "senddata"
+	case RelaySplice:
+		return "splice"
+	}
+	return fmt.Sprintf("RelayPath(%d)", int(p))
+}
+
+// RelayOptions tune RelayWith. The zero value is Relay's behaviour.
+type RelayOptions struct {
+	// Path demands a path; RelayAuto (the default) picks one. A demanded path this host
+	// cannot take fails with an error matching ErrNotSupported (a *NotSupportedError that
+	// says why) instead of falling back.
+	Path RelayPath
+	// PipeSize is the splice path's pipe capacity per direction in bytes (default 1 MiB,
+	// capped by /proc/sys/fs/pipe-max-size for unprivileged processes; Stats.Forward.PipeSizeRefused
+	// counts pipes left at the kernel's default size). It bounds the bytes in flight each way.
+	PipeSize int
+}
+
+const defaultPipeSize = 1 << 20
+
+// RelayWith is Relay with options: which path to take, and the splice path's pipe size. It
+// fails with ErrInvalid for a bad option, and with an error matching ErrNotSupported when
+// opts.Path demands a path this host cannot take (both connections are then closed, as for
+// any failed Relay).
+func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	if a == nil || b == nil || a == b {
 		return nil, &OpError{Op: "relay", Err: ErrInvalid}
 	}
+	closeBoth := func() { a.Close(); b.Close() }
+	switch {
+	case opts.Path > RelaySplice:
+		closeBoth()
+		return nil, a.opErr("relay", fmt.Errorf("unknown path %v: %w", opts.Path, ErrInvalid))
+	case opts.PipeSize < 0:
+		closeBoth()
+		return nil, a.opErr("relay", fmt.Errorf("negative PipeSize %d: %w", opts.PipeSize, ErrInvalid))
+	case opts.PipeSize == 0:
+		opts.PipeSize = defaultPipeSize
+	}
 	r := &RelayStats{}
+	path := opts.Path
+	if path != RelaySendData {
+		err := spliceRefusal(a, b)
+		switch {
+		case err == nil:
+			path = RelaySplice
+		case path == RelaySplice:
+			closeBoth()
+			return nil, a.opErr("relay", err)
+		default:
+			path = RelaySendData
+			r.fallback = err
+		}
+	}
+	r.path = path
+	if path == RelaySplice {
+		if err := startSpliceRelay(r, a, b, opts.PipeSize); err != nil {
+			return nil, err
+		}
+		a.q.ctr.relaysSplice.Add(1)
+		return r, nil
+	}
+	if r.fallback != nil {
+		a.q.ctr.relayFallbacks.Add(1)
+	}
 	ha := &relaySide{r: r, peer: b, bytes: &r.AtoB}
 	hb := &relaySide{r: r, peer: a, bytes: &r.BtoA}
 	if err := a.SetHandler(ha); err != nil {
@@ -48,17 +139,48 @@ func Relay(a, b *Conn) (*RelayStats, error) {
 	return r, nil
 }
 
+// spliceRefusal says why the relay of a and b cannot splice (nil: it can).
+func spliceRefusal(a, b *Conn) error {
+	for _, c := range []*Conn{a, b} {
+		if !spliceCapable(c.q) {
+			return &NotSupportedError{What: "splice relay on the " + c.e.backend.String() + " backend",
+				Need: "the io_uring or plain backend"}
+		}
+		if c.e.cfg.RecvPath == RecvZcrx {
+			return &NotSupportedError{What: "splice relay with RecvZcrx",
+				Need: "RecvRing or RecvMapped (zcrx delivers into registered memory: SendData forwards it)"}
+		}
+		if c.pausedAt.Load()&pauseSelfRead != 0 {
+			return &NotSupportedError{What: "splice relay of a net.Conn face's connection",
+				Need: "event-loop connections (Listen, Dial)"}
+		}
+	}
+	return nil
+}
+
 // RelayStats are a relay's counters, safe to read from any goroutine.
 type RelayStats struct {
-	AtoB, BtoA atomic.Uint64 // bytes forwarded (handed to SendData) each way
-	ended      atomic.Int32  // directions that ended with EOF
-	closed     atomic.Int32  // connections that finished
+	AtoB, BtoA atomic.Uint64 // bytes forwarded each way (by any path)
+	// SplicedAtoB and SplicedBtoA are the part of AtoB and BtoA that moved by splice(2); the
+	// rest went by SendData (on the splice path, bytes received before the relay took over).
+	SplicedAtoB, SplicedBtoA atomic.Uint64
+	ended                    atomic.Int32 // directions that ended with EOF
+	closed                   atomic.Int32 // connections that finished
+	path                     RelayPath
+	fallback                 error
 }
 
 // Finished reports whether both connections of the relay closed (OnClose ran on both).
 func (r *RelayStats) Finished() bool { return r.closed.Load() == 2 }
 
-// relaySide is the handler of one side of a relay.
+// Path returns the path the relay took, both ways: RelaySplice or RelaySendData.
+func (r *RelayStats) Path() RelayPath { return r.path }
+
+// Fallback says why RelayAuto did not take the splice path (a *NotSupportedError); nil when
+// it did, or when RelaySendData was asked for.
+func (r *RelayStats) Fallback() error { return r.fallback }
+
+// relaySide is the handler of one side of a SendData relay.
 type relaySide struct {
 	r     *RelayStats
 	peer  *Conn

@@ -101,3 +101,7 @@ func (e *Epoll) Close() {
 		e.epfd = -1
 	}
 }
+
+// FD returns the epoll descriptor, for another poller to watch (a ring's POLL_ADD: the
+// instance is readable while events are ready).
+func (e *Epoll) FD() int { return e.epfd }

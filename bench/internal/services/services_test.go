@@ -66,7 +66,7 @@ func TestFanoutZCWaitsForBuffers(t *testing.T) {
 	t.Cleanup(func() { zcConfig = old })
 	zcConfig = func() zc.Config {
 		cfg := old()
-		cfg.SendBufs, cfg.SendPoolMax = 4, 64<<10
+		cfg.SendBufSize, cfg.SendBufs, cfg.SendPoolMax = 16<<10, 4, 64<<10
 		return cfg
 	}
 	c := harness.Case{Scenario: harness.FanOut, Mode: "zc", Size: 1 << 10, Conns: 20, RecvBuf: 64 << 10,

@@ -1,0 +1,258 @@
+package zc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+// SendFile queues n bytes of f, from offset off, for sending after what is already queued
+// (Send, SendData, Write) and before what is queued later. The bytes go from the page cache
+// to the socket with sendfile(2) on the connection's queue goroutine, never through user
+// memory, whenever the socket has room (on every backend: the queue waits for writability
+// with a poll through its ring, or its epoll). Stats.Send.BytesFile counts them.
+//
+// SendFile duplicates f's descriptor: f may be closed (or its offset moved) once SendFile
+// returns, and the bytes still go out. The range is checked against the file's size now: a
+// range beyond the end fails with an error matching both ErrInvalid and io.ErrUnexpectedEOF,
+// and nothing is queued. A file that shrinks while it is being sent cannot deliver what was
+// promised: the connection then fails (OnClose's error matches io.ErrUnexpectedEOF), since
+// the peer's stream would be short. The bytes are the page cache's as they go out (as with
+// sendfile(2) anywhere): a file written or truncated meanwhile may send its new content.
+//
+// Like Send, SendFile does not block: the n bytes count toward MaxQueuedBytes at once (a
+// file larger than it queues all the same), and OnWritable follows once less than half of
+// MaxQueuedBytes is queued, so a handler streams a large file in pieces from OnWritable
+// (or sends it in one call and waits for OnWritable before queuing more). It may be called
+// from any goroutine. It fails with ErrInvalid for a nil or closed file, a file that is not
+// a regular file, or a negative off or n; with ErrEmpty for n == 0; with ErrClosed after
+// Close or CloseWrite.
+func (c *Conn) SendFile(f *os.File, off, n int64) error {
+	switch {
+	case f == nil:
+		return c.opErr("sendfile", fmt.Errorf("nil file: %w", ErrInvalid))
+	case off < 0 || n < 0:
+		return c.opErr("sendfile", fmt.Errorf("negative offset %d or length %d: %w", off, n, ErrInvalid))
+	case n == 0:
+		return c.opErr("sendfile", ErrEmpty)
+	}
+	c.mu.Lock()
+	werr := c.werr
+	c.mu.Unlock()
+	if werr != nil {
+		if werr == errWriteClosed {
+			werr = ErrClosed
+		}
+		return c.opErr("sendfile", werr)
+	}
+	fd, size, err := dupFile(f)
+	if err != nil {
+		return c.opErr("sendfile", err)
+	}
+	if off > size || n > size-off {
+		unix.Close(fd)
+		return c.opErr("sendfile", fmt.Errorf("bytes %d..%d beyond the file's %d: %w", off, off+n, size, errors.Join(ErrInvalid, io.ErrUnexpectedEOF)))
+	}
+	ref := &fileRef{fd: fd}
+	// One segment per GiB (a segment's length is an int32).
+	const maxSeg = 1 << 30
+	var segs []seg
+	for left, o := n, off; left > 0; {
+		k := min(left, maxSeg)
+		segs = append(segs, seg{file: &fileSeg{c: c, ref: ref, base: o, wfd: -1}, n: int32(k)})
+		left -= k
+		o += k
+	}
+	ref.refs.Store(int32(len(segs)))
+	for i, s := range segs {
+		if err := c.enqueue(s); err != nil {
+			for _, r := range segs[i+1:] {
+				r.file.release()
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// dupFile duplicates f's descriptor and returns it with the file's size.
+func dupFile(f *os.File) (int, int64, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, 0, fmt.Errorf("%w: %w", ErrInvalid, err) // a nil or closed file
+	}
+	closedErr := func(err error) error {
+		return fmt.Errorf("closed file (%w): %w", err, errors.Join(ErrInvalid, os.ErrClosed))
+	}
+	fd := -1
+	var st unix.Stat_t
+	cerr := rc.Control(func(s uintptr) {
+		if err = unix.Fstat(int(s), &st); err != nil {
+			return
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			err = fmt.Errorf("%s is not a regular file: %w", f.Name(), ErrInvalid)
+			return
+		}
+		fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if cerr != nil {
+		return -1, 0, closedErr(cerr)
+	}
+	if err != nil {
+		return -1, 0, err
+	}
+	return fd, st.Size, nil
+}
+
+// fileRef is a SendFile's duplicated descriptor, shared by its segments.
+type fileRef struct {
+	fd   int
+	refs atomic.Int32
+}
+
+func (r *fileRef) put() {
+	if r.refs.Add(-1) == 0 {
+		unix.Close(r.fd)
+	}
+}
+
+// fileSeg is the file part of a seg: bytes base+seg.off .. base+seg.n of the file. The core
+// keeps a file segment alone at the head of the connection's pending sends (takeWork), so a
+// backend's send never sees one; sendFileHead moves it.
+type fileSeg struct {
+	c        *Conn
+	ref      *fileRef
+	base     int64
+	w        *fdWatch // waiting for room in the socket
+	wfd      int      // epoll backends: the duplicate the watch waits on (-1: none)
+	released bool
+}
+
+// sendFileChunk bounds one sendfile(2) call, and sendFileTurn the bytes one turn of the
+// loop sends before it serves other connections.
+const (
+	sendFileChunk = 1 << 20
+	sendFileTurn  = 4 << 20
+)
+
+// sendFileHead sends the file segment at the head of c.tx.pend (loop only).
+func (c *Conn) sendFileHead() {
+	s := &c.tx.pend[0]
+	fs := s.file
+	if fs.w != nil && fs.w.armed {
+		return // the socket's writability brings us back
+	}
+	moved := 0
+	for s.off < s.n {
+		if c.fdClosed {
+			return
+		}
+		if moved >= sendFileTurn {
+			c.q.Post(c.pump)
+			return
+		}
+		off := fs.base + int64(s.off)
+		k, err := unix.Sendfile(c.fd, fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			if err := fs.wait(); err != nil {
+				c.fail(c.opErr("sendfile", err))
+			}
+			return
+		case err != nil:
+			c.fail(c.opErr("sendfile", err))
+			return
+		case k == 0:
+			c.fail(c.opErr("sendfile", fmt.Errorf("the file ended at byte %d, %d bytes before the range sent: %w",
+				off, s.n-s.off, io.ErrUnexpectedEOF)))
+			return
+		}
+		s.off += int32(k)
+		moved += k
+		c.q.ctr.fileSent.Add(uint64(k))
+		c.q.ctr.fileSendOps.Add(1)
+		c.sentBytes(k)
+	}
+	c.finishSeg(c.popPend())
+	// OnWritable and the next segments from the loop, not from inside SendFile's caller.
+	c.q.MarkDirty((*fileDone)(c))
+}
+
+type fileDone Conn
+
+func (f *fileDone) Flush(*loop.Queue) {
+	c := (*Conn)(f)
+	if !c.ended() {
+		c.sendProgress()
+	}
+}
+
+// wait arms a one-shot wait for room in the socket (loop only).
+func (fs *fileSeg) wait() error {
+	c := fs.c
+	if fs.w == nil {
+		fd := c.fd
+		// A POLL_ADD through the ring on the io_uring backend; an epoll registration of a
+		// duplicate on the others (the connection's descriptor is registered already).
+		fs.w = &fdWatch{q: c.q, owner: fs, tag: tagFileOut}
+		if _, ok := c.q.be.(*uringBackend); ok {
+			fs.w.ring = true
+		} else {
+			d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			fs.wfd, fd = d, d
+			c.opStarted() // the registration, until release
+		}
+		fs.w.fd = fd
+	}
+	if err := fs.w.arm(unix.POLLOUT); err != nil {
+		return err
+	}
+	if fs.w.ringPoll() {
+		c.opStarted() // the poll, until its completion
+	}
+	return nil
+}
+
+// OnEvent: the socket has room (or the wait was cancelled).
+func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
+	c := fs.c
+	if fs.w.ringPoll() {
+		c.opEnded()
+	}
+	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.fdClosed {
+		c.sendFileHead()
+	}
+	if c.inClose() {
+		c.advanceClose()
+	}
+}
+
+// release ends the segment (sent, or dropped by a close): the wait is cancelled, the
+// duplicates closed (loop only, or before the loop saw the segment).
+func (fs *fileSeg) release() {
+	if fs.released {
+		return
+	}
+	fs.released = true
+	if fs.w != nil {
+		fs.w.stop()
+	}
+	if fs.wfd >= 0 {
+		unix.Close(fs.wfd)
+		fs.wfd = -1
+		fs.c.opEnded()
+	}
+	fs.ref.put()
+}

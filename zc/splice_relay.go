@@ -1,0 +1,354 @@
+package zc
+
+import (
+	"io"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/loop"
+)
+
+// The relay's splice path (RelaySplice). Both directions run on the relay's home queue (a's):
+//
+//  1. Each connection gets the relay's handler and is paused on its own queue; once its
+//     receive is no longer armed (a cancelled multishot receive still completes), its queue
+//     tells the home queue. Bytes received before that (OnData) go to the other side with
+//     SendData, and an EOF received before that is passed on as the SendData relay does.
+//  2. The home queue duplicates both descriptors (so no system call of the relay can ever
+//     reach a descriptor number that was closed and reused, whichever queue closes the
+//     connection) and takes a pipe per direction. A direction starts once its destination
+//     sent what SendData queued for it (the destination's OnWritable is the waker).
+//  3. pump: pipe → destination until the pipe is empty; when the destination is full, wait
+//     for it to be writable, without reading the source (the pipe is the flow control);
+//     then source → pipe; when the source is empty, wait for it to be readable. The
+//     source's EOF, once the pipe is drained, half-closes the destination (CloseWrite).
+//  4. When both directions ended both connections close; when a system call fails (a reset)
+//     both close; when either connection closes (OnClose), the relay stops: waits cancelled,
+//     duplicates closed, pipes back to the queue's pool (empty ones) or closed.
+
+type spliceRelay struct {
+	st    *RelayStats
+	home  *queue
+	conns [2]*Conn
+	sides [2]*spliceSide
+	dirs  [2]*spliceDir // 0: a → b, 1: b → a
+	psize int
+	// home queue only
+	quiet   [2]bool
+	started bool
+	stopped bool
+}
+
+type spliceDir struct {
+	r        *spliceRelay
+	src, dst *Conn
+	sfd, dfd int // duplicates, owned by the relay
+	in, out  fdWatch
+	p        pipePair
+	inPipe   int
+	eof      bool // the source's EOF was seen
+	done     bool // the EOF was passed on (or the relay stopped)
+	flushed  bool // the destination sent what SendData queued before the splice
+	posted   bool // a continuation is posted
+	total    *atomic.Uint64
+	spliced  *atomic.Uint64
+}
+
+// spliceSide is the handler of one connection of a splice relay.
+type spliceSide struct {
+	r      *spliceRelay
+	i      int         // 0: a, 1: b
+	preEOF atomic.Bool // EOF received (and passed on) before the splice took over
+}
+
+func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
+	r := &spliceRelay{st: st, home: a.q, conns: [2]*Conn{a, b}, psize: psize}
+	r.sides = [2]*spliceSide{{r: r, i: 0}, {r: r, i: 1}}
+	r.dirs = [2]*spliceDir{
+		{r: r, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
+		{r: r, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
+	}
+	if err := a.SetHandler(r.sides[0]); err != nil {
+		b.Close()
+		return err
+	}
+	if err := b.SetHandler(r.sides[1]); err != nil {
+		a.Close()
+		return err
+	}
+	for i, c := range r.conns {
+		if err := r.quiesce(c, i); err != nil {
+			r.conns[1-i].Close()
+			return c.opErr("relay", err)
+		}
+	}
+	return nil
+}
+
+// onHome runs fn on the home queue (at once when already there). When the home queue has
+// stopped, its AtStop cleanup has done (or will do) what fn would.
+func (r *spliceRelay) onHome(fn func()) {
+	if r.home.OnLoop() {
+		fn()
+		return
+	}
+	r.home.Post(fn)
+}
+
+// quiesce pauses c's receiving on its queue and reports to the home queue once no receive
+// is armed any more.
+func (r *spliceRelay) quiesce(c *Conn, i int) error {
+	f := func() { r.checkQuiet(c, i) }
+	if c.q.OnLoop() {
+		if c.ended() || c.inClose() {
+			return ErrClosed
+		}
+		f()
+		return nil
+	}
+	if c.isClosing() {
+		return ErrClosed
+	}
+	if c.q.Post(f) != nil {
+		return ErrClosed
+	}
+	return nil
+}
+
+// checkQuiet runs on c's queue.
+func (r *spliceRelay) checkQuiet(c *Conn, i int) {
+	if c.ended() || c.inClose() {
+		return // its OnClose stops the relay
+	}
+	c.pause(pauseUser)
+	if c.recvArmed {
+		// A cancelled receive still completes (its data goes to OnData: SendData): look
+		// again shortly.
+		c.q.After(200*time.Microsecond, func() { r.checkQuiet(c, i) })
+		return
+	}
+	r.onHome(func() { r.quietDone(i) })
+}
+
+func (r *spliceRelay) quietDone(i int) {
+	r.quiet[i] = true
+	if r.quiet[0] && r.quiet[1] && !r.started && !r.stopped {
+		r.begin()
+	}
+}
+
+// begin sets both directions up and starts them (home queue).
+func (r *spliceRelay) begin() {
+	r.started = true
+	r.home.addRelay(r)
+	for i, d := range r.dirs {
+		var err error
+		if d.sfd, err = dupSocket(d.src); err == nil {
+			d.dfd, err = dupSocket(d.dst)
+		}
+		if err == nil {
+			d.p, err = r.home.getPipe(r.psize)
+		}
+		if err != nil {
+			r.fail(err)
+			return
+		}
+		d.in = fdWatch{q: r.home, fd: d.sfd, owner: d, tag: tagSpliceIn}
+		d.out = fdWatch{q: r.home, fd: d.dfd, owner: d, tag: tagSpliceOut}
+		if r.sides[i].preEOF.Load() {
+			d.eof, d.done = true, true // passed on by OnEOF already
+		}
+	}
+	for _, d := range r.dirs {
+		d.pump()
+	}
+}
+
+// kick looks at both directions again (home queue).
+func (r *spliceRelay) kick() {
+	if !r.started || r.stopped {
+		return
+	}
+	for _, d := range r.dirs {
+		if !d.flushed {
+			d.pump()
+		}
+	}
+}
+
+const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
+
+// pump moves what it can (home queue).
+func (d *spliceDir) pump() {
+	r := d.r
+	if d.done || r.stopped || !r.started || d.posted || d.in.armed || d.out.armed {
+		return
+	}
+	if !d.flushed {
+		if d.dst.Queued() > 0 {
+			return // the destination's OnWritable (kick) brings us back
+		}
+		d.flushed = true
+	}
+	budget := 8 * d.p.size
+	moved := 0
+	for {
+		if d.inPipe > 0 {
+			n, err := unix.Splice(d.p.r, nil, d.dfd, nil, d.inPipe, spliceFlags)
+			r.home.ctr.relaySpliceCalls.Add(1)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				// The destination is full: wait until it takes more. The source is not read
+				// meanwhile: the pipe's bytes are all that is in flight.
+				r.home.ctr.relayWaits.Add(1)
+				if err := d.out.arm(unix.POLLOUT); err != nil {
+					r.fail(err)
+				}
+				return
+			case err != nil:
+				r.fail(err)
+				return
+			}
+			d.inPipe -= int(n)
+			d.total.Add(uint64(n))
+			d.spliced.Add(uint64(n))
+			r.home.ctr.relaySpliced.Add(uint64(n))
+			moved += int(n)
+			continue
+		}
+		if d.eof {
+			d.finish()
+			return
+		}
+		if moved >= budget {
+			// Let the queue serve others; go on right after.
+			d.posted = true
+			if r.home.Post(func() { d.posted = false; d.pump() }) != nil {
+				d.posted = false
+			}
+			return
+		}
+		n, err := unix.Splice(d.sfd, nil, d.p.w, nil, d.p.size, spliceFlags)
+		r.home.ctr.relaySpliceCalls.Add(1)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			r.home.ctr.relayWaits.Add(1)
+			if err := d.in.arm(unix.POLLIN | unix.POLLRDHUP); err != nil {
+				r.fail(err)
+			}
+			return
+		case err != nil:
+			r.fail(err)
+			return
+		case n == 0:
+			d.eof = true
+		default:
+			d.inPipe += int(n)
+		}
+	}
+}
+
+// finish passes the source's EOF on (the pipe is empty): the destination half-closes.
+func (d *spliceDir) finish() {
+	d.done = true
+	d.dst.CloseWrite()
+	if d.r.st.ended.Add(1) == 2 {
+		d.r.closeBoth()
+	}
+}
+
+// OnEvent: a wait of the direction ended (home queue).
+func (d *spliceDir) OnEvent(_ *loop.Queue, ev loop.Event) {
+	w := &d.in
+	if ev.Tag == tagSpliceOut {
+		w = &d.out
+	}
+	if !w.fired(ev) || d.r.stopped {
+		return
+	}
+	d.pump()
+}
+
+func (r *spliceRelay) closeBoth() {
+	r.conns[0].Close()
+	r.conns[1].Close()
+}
+
+// fail ends the relay because a system call failed (a reset, an error): both connections
+// close (home queue).
+func (r *spliceRelay) fail(err error) {
+	r.home.ctr.relayErrors.Add(1)
+	r.stop()
+	r.closeBoth()
+}
+
+// stop releases the relay's descriptors and pipes (home queue; idempotent).
+func (r *spliceRelay) stop() {
+	if r.stopped {
+		return
+	}
+	r.stopped = true
+	if r.home.spl.relays != nil {
+		delete(r.home.spl.relays, r)
+	}
+	for _, d := range r.dirs {
+		d.done = true
+		if d.in.q != nil {
+			d.in.stop()
+			d.out.stop()
+		}
+		if d.sfd >= 0 {
+			unix.Close(d.sfd)
+			d.sfd = -1
+		}
+		if d.dfd >= 0 {
+			unix.Close(d.dfd)
+			d.dfd = -1
+		}
+		if d.p.r > 0 {
+			r.home.putPipe(d.p, d.inPipe == 0)
+			d.p = pipePair{}
+		}
+	}
+}
+
+// ---- the connections' handler -------------------------------------------------------------
+
+// OnData: bytes received before the splice took over go on with SendData.
+func (s *spliceSide) OnData(c *Conn, d Data) {
+	n := d.Len()
+	if err := s.r.conns[1-s.i].SendData(d); err != nil {
+		c.Close()
+		return
+	}
+	s.r.dirs[s.i].total.Add(uint64(n))
+}
+
+func (s *spliceSide) OnEOF(c *Conn, err error) {
+	peer := s.r.conns[1-s.i]
+	if err != io.EOF {
+		c.Close()
+		peer.Close()
+		return
+	}
+	s.preEOF.Store(true)
+	peer.CloseWrite()
+	if s.r.st.ended.Add(1) == 2 {
+		s.r.closeBoth()
+	}
+}
+
+// OnWritable: the connection drained what SendData queued before the splice took over.
+func (s *spliceSide) OnWritable(c *Conn) { s.r.onHome(s.r.kick) }
+
+func (s *spliceSide) OnClose(c *Conn, err error) {
+	s.r.st.closed.Add(1)
+	s.r.conns[1-s.i].Close()
+	s.r.onHome(s.r.stop)
+}
