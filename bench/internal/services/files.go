@@ -14,7 +14,6 @@ import (
 
 	"github.com/zcnet/zcnet/bench/internal/frame"
 	"github.com/zcnet/zcnet/bench/internal/harness"
-	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/zc"
 )
 
@@ -71,30 +70,14 @@ func filesNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(
 
 // zcFileSend queues up to n bytes of f from off on c and returns how many it queued: 0
 // with a nil error when there is no room now (OnWritable comes when there is). It is the
-// one function to switch to Conn.SendFile. Today's event-loop pattern: ReadAt into a
-// registered send buffer, Send, until MaxQueuedBytes are queued.
+// pattern zc's docs teach for files: Conn.SendFile queues the whole range (sendfile(2) from
+// the queue goroutine as the socket takes it, the page cache never copied into user
+// memory), in order with the connection's other sends.
 var zcFileSend = func(c *zc.Conn, f *os.File, off, n int64, maxQueued int) (int64, error) {
-	var sent int64
-	for sent < n && c.Queued() < maxQueued {
-		b, err := c.Buffer()
-		if errors.Is(err, memreg.ErrExhausted) {
-			return sent, nil // OnWritable comes when a buffer is back
-		}
-		if err != nil {
-			return sent, err
-		}
-		p := b.Bytes()[:min(int64(len(b.Bytes())), n-sent)]
-		k, err := f.ReadAt(p, off+sent)
-		if k < len(p) {
-			b.Release()
-			return sent, fmt.Errorf("read %s at %d: %d of %d bytes: %v", f.Name(), off+sent, k, len(p), err)
-		}
-		if err := c.Send(b, k); err != nil {
-			return sent, err
-		}
-		sent += int64(k)
+	if err := c.SendFile(f, off, n); err != nil {
+		return 0, err
 	}
-	return sent, nil
+	return n, nil
 }
 
 // fileConn streams one client's slice from the queue goroutine: the request in OnData
