@@ -48,8 +48,9 @@ func Example_relay() {
 					front.Close()
 					return
 				}
-				// Both ways with SendData; each side's FIN is passed on after what is
-				// queued, and the pair closes once both sides ended (or either failed).
+				// Both ways by the cheapest path (splice where it can); each side's FIN
+				// is passed on after what is queued, and the pair closes once both sides
+				// ended (or either failed).
 				zc.Relay(front, back)
 			})
 		return zc.HandlerFuncs{}

@@ -50,14 +50,16 @@ func ExampleConn_SendFile() {
 		fmt.Println(err)
 		return
 	}
+	// sendfile:begin
 	st, _ := f.Stat()
-	c.Write([]byte("200 OK\n"))
+	c.Write([]byte("200 OK\n")) // a header, then the file, in order
 	if err := c.SendFile(f, 0, st.Size()); err != nil {
 		fmt.Println(err)
 		return
 	}
 	f.Close() // SendFile holds its own descriptor
 	c.CloseWrite()
+	// sendfile:end
 	fmt.Print(<-got)
 	fmt.Println(e.Stats().Send.BytesFile, "bytes by sendfile")
 	// Output:

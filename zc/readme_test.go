@@ -15,7 +15,8 @@ func TestReadmeExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, file := range map[string]string{"echo": "example_echo_test.go", "relay": "example_relay_test.go",
-		"fanout": "example_fanout_test.go", "publish": "example_fanout_test.go"} {
+		"fanout": "example_fanout_test.go", "publish": "example_fanout_test.go",
+		"sendfile": "example_sendfile_test.go", "reader": "example_reader_test.go"} {
 		src, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
