@@ -117,6 +117,9 @@ const (
 	// pauseSelfRead: the net.Conn face reads the socket itself (netconn_direct.go); never
 	// lifted, so the receive ring cannot race it for the socket's bytes
 	pauseSelfRead
+	// pauseSplice: a splice relay reads the socket (splice_relay.go); never lifted, so
+	// neither the receive ring nor SetReceivePaused(false) can race it for the bytes
+	pauseSplice
 )
 
 // Conn is a TCP connection served by one queue for its whole life.

@@ -122,7 +122,7 @@ func (r *spliceRelay) checkQuiet(c *Conn, i int) {
 	if c.ended() || c.inClose() {
 		return // its OnClose stops the relay
 	}
-	c.pause(pauseUser)
+	c.pause(pauseSplice)
 	if c.recvArmed {
 		// A cancelled receive still completes (its data goes to OnData: SendData): look
 		// again shortly.
