@@ -85,14 +85,14 @@ type Region struct {
 	count   int
 	info    Info
 
-	mu     sync.Mutex
-	state  []State
-	gen    []uint32
+	mu    sync.Mutex
+	state []State
+	gen   []uint32
 	// tag mirrors (gen<<8 | state) of each buffer for lock-free readers (Buf.Valid, Bytes):
 	// written with state and gen, under mu (pub)
 	tag []atomic.Uint64
 	// gone mirrors unmapped for lock-free readers
-	gone atomic.Bool
+	gone   atomic.Bool
 	free   []int32
 	lent   int
 	held   int  // buffers in the application's hands
@@ -189,7 +189,7 @@ func New(opt Options) (*Region, error) {
 	r := &Region{
 		mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), bufSize: opt.BufSize, count: opt.Count, info: info,
 		state: make([]State, opt.Count), gen: make([]uint32, opt.Count), tag: make([]atomic.Uint64, opt.Count),
-		free: make([]int32, opt.Count),
+		free:  make([]int32, opt.Count),
 		memfd: memfd, dmabuf: dmabuf,
 	}
 	for i := range r.free {
