@@ -1,7 +1,6 @@
 package zc
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,7 +56,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	}
 	if off > size || n > size-off {
 		unix.Close(fd)
-		return c.opErr("sendfile", fmt.Errorf("bytes %d..%d beyond the file's %d: %w", off, off+n, size, errors.Join(ErrInvalid, io.ErrUnexpectedEOF)))
+		return c.opErr("sendfile", fmt.Errorf("bytes %d..%d beyond the file's %d (%w): %w", off, off+n, size, io.ErrUnexpectedEOF, ErrInvalid))
 	}
 	ref := &fileRef{fd: fd}
 	// One segment per GiB (a segment's length is an int32).
@@ -88,7 +87,7 @@ func dupFile(f *os.File) (int, int64, error) {
 		return -1, 0, fmt.Errorf("%w: %w", ErrInvalid, err) // a nil or closed file
 	}
 	closedErr := func(err error) error {
-		return fmt.Errorf("closed file (%w): %w", err, errors.Join(ErrInvalid, os.ErrClosed))
+		return fmt.Errorf("closed file (%w, %w): %w", err, os.ErrClosed, ErrInvalid)
 	}
 	fd := -1
 	var st unix.Stat_t
