@@ -171,6 +171,7 @@ type Conn struct {
 	bkWantOut bool // plain backend: waiting for EPOLLOUT
 	bkNeedArm bool // waiting for receive buffers
 	bk        backendConn
+	parked    *parkedRecv // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr  error
 	cl        *closeState // made by beginClose
 	m         *mappedRecv

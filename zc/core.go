@@ -356,7 +356,58 @@ func (c *Conn) deliver(d Data) {
 	if c.e.dbg != nil {
 		c.trackHeld(d.buf)
 	}
+	if c.paused&pauseUser != 0 || c.parked != nil {
+		// A receive already in flight when SetReceivePaused(true) took effect (its cancel
+		// had not landed): no OnData while paused, as documented; it waits for the resume
+		// (and keeps its receive credit meanwhile).
+		c.park().data = append(c.park().data, d)
+		return
+	}
 	c.callData(d)
+}
+
+// parkedRecv holds what a receive in flight delivered after SetReceivePaused(true): Data
+// and the peer's EOF, handed to the handler in order at the resume (unparkRecv).
+type parkedRecv struct {
+	data []Data
+	eof  bool
+}
+
+func (c *Conn) park() *parkedRecv {
+	if c.parked == nil {
+		c.parked = &parkedRecv{}
+	}
+	return c.parked
+}
+
+// unparkRecv delivers what was parked while the user paused receiving, in order, as long as
+// the handler does not pause again (loop only).
+func (c *Conn) unparkRecv() {
+	p := c.parked
+	for p != nil && c.paused&pauseUser == 0 && !c.inClose() && !c.ended() {
+		if len(p.data) > 0 {
+			d := p.data[0]
+			p.data[0] = Data{}
+			p.data = p.data[1:]
+			c.callData(d)
+			continue
+		}
+		c.parked = nil
+		if p.eof {
+			c.callEOF(io.EOF)
+		}
+		return
+	}
+}
+
+// dropParked releases what is still parked (the connection finished).
+func (c *Conn) dropParked() {
+	if p := c.parked; p != nil {
+		c.parked = nil
+		for _, d := range p.data {
+			d.Release()
+		}
+	}
 }
 
 // credit is how many receive-buffer bytes this connection may hold now: MaxRecvHeld, but
@@ -464,6 +515,9 @@ func (c *Conn) unpause(reason int32) {
 	}
 	c.paused &^= reason
 	c.pausedAt.Store(c.paused)
+	if reason == pauseUser && c.parked != nil {
+		c.unparkRecv()
+	}
 	if c.paused == 0 {
 		c.armRecv()
 	}
@@ -484,6 +538,10 @@ func (c *Conn) gotEOF(err error) {
 	}
 	c.eof = true
 	if err == nil {
+		if c.paused&pauseUser != 0 || c.parked != nil {
+			c.park().eof = true // after the parked Data, at the resume
+			return
+		}
 		if !c.inClose() {
 			c.callEOF(io.EOF)
 		}
@@ -664,6 +722,7 @@ func (c *Conn) finish() {
 		c.finishSeg(s)
 	}
 	c.dropProducer()
+	c.dropParked()
 	if c.m != nil {
 		c.m.close(c)
 	}

@@ -123,6 +123,10 @@ func (r *spliceRelay) checkQuiet(c *Conn, i int) {
 		return // its OnClose stops the relay
 	}
 	c.pause(pauseSplice)
+	// The user's pause (the accept function's, until the relay ran) is the relay's now:
+	// what a receive in flight delivered while it held (parked) goes to the relay's handler
+	// (SendData, before the splice starts), and receiving stays off under pauseSplice.
+	c.unpause(pauseUser)
 	if c.recvArmed {
 		// A cancelled receive still completes (its data goes to OnData: SendData): look
 		// again shortly.

@@ -204,8 +204,11 @@ func testNoSpinWhilePaused(t *testing.T, cfg Config) {
 		t.Fatalf("end of stream delivered while paused: %v", err)
 	default:
 	}
-	if st := c.Stats(); st.BytesRecv != 0 || !st.RecvPaused {
-		t.Fatalf("while paused: %d bytes received, RecvPaused %v; want 0, true", st.BytesRecv, st.RecvPaused)
+	// On io_uring a receive already in flight when the pause took effect (its cancel had not
+	// landed) may take the bytes from the socket: they are held back (not delivered: checked
+	// above) until the resume.
+	if st := c.Stats(); st.BytesRecv > uint64(len("data while paused")) || !st.RecvPaused {
+		t.Fatalf("while paused: %d bytes received, RecvPaused %v; want at most what was sent, true", st.BytesRecv, st.RecvPaused)
 	}
 	w0 := e.Stats().Loop.Waits
 	time.Sleep(300 * time.Millisecond)
