@@ -369,8 +369,9 @@ func (c *Conn) deliver(d Data) {
 // parkedRecv holds what a receive in flight delivered after SetReceivePaused(true): Data
 // and the peer's EOF, handed to the handler in order at the resume (unparkRecv).
 type parkedRecv struct {
-	data []Data
-	eof  bool
+	data   []Data
+	eof    bool
+	posted bool // an unparkRecv is posted
 }
 
 func (c *Conn) park() *parkedRecv {
@@ -384,6 +385,9 @@ func (c *Conn) park() *parkedRecv {
 // the handler does not pause again (loop only).
 func (c *Conn) unparkRecv() {
 	p := c.parked
+	if p != nil {
+		p.posted = false
+	}
 	for p != nil && c.paused&pauseUser == 0 && !c.inClose() && !c.ended() {
 		if len(p.data) > 0 {
 			d := p.data[0]
@@ -515,8 +519,11 @@ func (c *Conn) unpause(reason int32) {
 	}
 	c.paused &^= reason
 	c.pausedAt.Store(c.paused)
-	if reason == pauseUser && c.parked != nil {
-		c.unparkRecv()
+	if reason == pauseUser && c.parked != nil && !c.parked.posted {
+		// Later on the loop, not inside SetReceivePaused: its caller may hold a lock its own
+		// OnData takes. Receives meanwhile go behind what is parked (deliver).
+		c.parked.posted = true
+		c.q.Post(c.unparkRecv)
 	}
 	if c.paused == 0 {
 		c.armRecv()

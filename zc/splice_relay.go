@@ -127,6 +127,7 @@ func (r *spliceRelay) checkQuiet(c *Conn, i int) {
 	// what a receive in flight delivered while it held (parked) goes to the relay's handler
 	// (SendData, before the splice starts), and receiving stays off under pauseSplice.
 	c.unpause(pauseUser)
+	c.unparkRecv() // now, before the splice can start: the parked bytes come first
 	if c.recvArmed {
 		// A cancelled receive still completes (its data goes to OnData: SendData): look
 		// again shortly.
