@@ -469,6 +469,7 @@ func TestSharedAfterClose(t *testing.T) {
 func TestRetainMapped(t *testing.T) {
 	e := newEngine(t, Config{Queues: 1, RecvPath: RecvMapped})
 	refs := make(chan Data, 1024)
+	done := make(chan struct{})
 	var mu sync.Mutex
 	got := 0
 	bad := make(chan error, 1)
@@ -499,15 +500,24 @@ func TestRetainMapped(t *testing.T) {
 			}
 			got += len(p)
 			mu.Unlock()
-			refs <- r
+			select {
+			case refs <- r:
+			case <-done:
+				r.Release()
+			}
 		}}
 	})
 	go func() {
-		for r := range refs {
-			r.Release()
+		for {
+			select {
+			case r := <-refs:
+				r.Release()
+			case <-done:
+				return
+			}
 		}
 	}()
-	defer close(refs)
+	defer close(done) // the handler may still run after the test: it never sends on a closed channel
 	const total = 4 << 20
 	go func() {
 		p := make([]byte, total)

@@ -598,11 +598,12 @@ func TestRelaySpliceUserUnpause(t *testing.T) {
 			s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice, PipeSize: 64 << 10},
 				streamServe(perConn))
 			stop := make(chan struct{})
-			var wg sync.WaitGroup
+			var started, running atomic.Int32
 			hook := func(front, back *Conn) {
-				wg.Add(1)
+				running.Add(1)
+				started.Add(1)
 				go func() {
-					defer wg.Done()
+					defer running.Add(-1)
 					for {
 						select {
 						case <-stop:
@@ -616,8 +617,11 @@ func TestRelaySpliceUserUnpause(t *testing.T) {
 			}
 			s.hook.Store(&hook)
 			runSpliceClients(t, s.addr(), conns, perConn)
+			// Every relay's hook ran (it may run after its relay moved all the bytes), then
+			// the togglers stop.
+			waitFor(t, func() bool { return started.Load() == conns }, "every relay's hook")
 			close(stop)
-			wg.Wait()
+			waitFor(t, func() bool { return running.Load() == 0 }, "the togglers to stop")
 			s.checkRelays(t, conns, perConn+8, perConn)
 		})
 	}
