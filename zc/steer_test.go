@@ -682,7 +682,9 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		if onCPU < redirected*9/10 {
 			t.Errorf("%d packets redirected to CPU %d, %d arrived there", redirected, cpu, onCPU)
 		}
-		if tcMapped < 20 {
+		// The server's side of a 256 KiB echo is a couple of dozen GSO packets (19–23 seen:
+		// their count follows the segment sizes the stack picks): a handful proves the map.
+		if tcMapped < 8 {
 			t.Errorf("tc mapped only %d packets to TX queue %d", tcMapped, wantQ)
 		}
 		// What the server sent for this flow left on TX queue wantQ, i.e. arrived on the
