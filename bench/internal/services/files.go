@@ -24,48 +24,25 @@ const fileReq = 16
 // filesNet is the file server Go users write: a goroutine per connection, the file
 // opened for it, io.CopyN from the *os.File (sendfile: the kernel moves the pages).
 func filesNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	ln, err := listenNet(ctx, c.Addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	ready(ln.Addr().String())
-	fail := newFirstErr()
-	var wg sync.WaitGroup
-	for range c.Conns {
-		conn, err := ln.AcceptTCP()
+	return serveNet(ctx, c, m, ready, func(conn *net.TCPConn) error {
+		var req [fileReq]byte
+		if _, err := io.ReadFull(conn, req[:]); err != nil {
+			return fmt.Errorf("request: %w", err)
+		}
+		off, n := int64(binary.LittleEndian.Uint64(req[:])), int64(binary.LittleEndian.Uint64(req[8:]))
+		f, err := os.Open(c.File)
 		if err != nil {
 			return err
 		}
-		m.Start()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer conn.Close()
-			var req [fileReq]byte
-			if _, err := io.ReadFull(conn, req[:]); err != nil {
-				fail.set(fmt.Errorf("request: %w", err))
-				return
-			}
-			off, n := int64(binary.LittleEndian.Uint64(req[:])), int64(binary.LittleEndian.Uint64(req[8:]))
-			f, err := os.Open(c.File)
-			if err != nil {
-				fail.set(err)
-				return
-			}
-			defer f.Close()
-			if _, err := f.Seek(off, io.SeekStart); err != nil {
-				fail.set(err)
-				return
-			}
-			if _, err := io.CopyN(conn, f, n); err != nil {
-				fail.set(fmt.Errorf("send: %w", err))
-			}
-		}()
-	}
-	wg.Wait()
-	m.Stop()
-	return fail.get()
+		defer f.Close()
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(conn, f, n); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		return nil
+	})
 }
 
 // zcFileSend queues up to n bytes of f from off on c and returns how many it queued: 0

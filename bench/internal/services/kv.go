@@ -54,83 +54,58 @@ func kvValueSize(r *rand.Rand, mix bool) int {
 // bufio.Reader and a bufio.Writer (flushed when no request is buffered), one map behind
 // a sync.RWMutex; a stored value is a slice of its own.
 func kvNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	ln, err := listenNet(ctx, c.Addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	ready(ln.Addr().String())
 	var mu sync.RWMutex
 	store := map[string][]byte{}
-	fail := newFirstErr()
-	var wg sync.WaitGroup
-	for range c.Conns {
-		conn, err := ln.AcceptTCP()
-		if err != nil {
-			return err
-		}
-		m.Start()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer conn.Close()
-			br, bw := bufio.NewReaderSize(conn, 64<<10), bufio.NewWriterSize(conn, 64<<10)
-			var hdr [kvReqHdr]byte
-			var key [255]byte
-			var resp [kvRespHdr]byte
-			for {
-				if _, err := io.ReadFull(br, hdr[:]); err != nil {
-					if err != io.EOF {
-						fail.set(err)
-					}
-					return
+	return serveNet(ctx, c, m, ready, func(conn *net.TCPConn) error {
+		br, bw := bufio.NewReaderSize(conn, 64<<10), bufio.NewWriterSize(conn, 64<<10)
+		var hdr [kvReqHdr]byte
+		var key [255]byte
+		var resp [kvRespHdr]byte
+		for {
+			if _, err := io.ReadFull(br, hdr[:]); err != nil {
+				if err != io.EOF {
+					return err
 				}
-				k := key[:hdr[1]]
-				vlen := binary.LittleEndian.Uint32(hdr[2:])
-				if _, err := io.ReadFull(br, k); err != nil {
-					fail.set(err)
-					return
+				return nil
+			}
+			k := key[:hdr[1]]
+			vlen := binary.LittleEndian.Uint32(hdr[2:])
+			if _, err := io.ReadFull(br, k); err != nil {
+				return err
+			}
+			switch hdr[0] {
+			case opSet:
+				v := make([]byte, vlen)
+				if _, err := io.ReadFull(br, v); err != nil {
+					return err
 				}
-				switch hdr[0] {
-				case opSet:
-					v := make([]byte, vlen)
-					if _, err := io.ReadFull(br, v); err != nil {
-						fail.set(err)
-						return
-					}
-					mu.Lock()
-					store[string(k)] = v
-					mu.Unlock()
-					resp[0] = stDone
-					binary.LittleEndian.PutUint32(resp[1:], 0)
-					bw.Write(resp[:])
-				case opGet:
-					mu.RLock()
-					v, ok := store[string(k)]
-					mu.RUnlock()
-					resp[0] = stValue
-					if !ok {
-						resp[0] = stMissing
-					}
-					binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
-					bw.Write(resp[:])
-					bw.Write(v)
-				default:
-					fail.set(fmt.Errorf("unknown op %q", hdr[0]))
-					return
+				mu.Lock()
+				store[string(k)] = v
+				mu.Unlock()
+				resp[0] = stDone
+				binary.LittleEndian.PutUint32(resp[1:], 0)
+				bw.Write(resp[:])
+			case opGet:
+				mu.RLock()
+				v, ok := store[string(k)]
+				mu.RUnlock()
+				resp[0] = stValue
+				if !ok {
+					resp[0] = stMissing
 				}
-				if br.Buffered() == 0 {
-					if err := bw.Flush(); err != nil {
-						fail.set(err)
-						return
-					}
+				binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
+				bw.Write(resp[:])
+				bw.Write(v)
+			default:
+				return fmt.Errorf("unknown op %q", hdr[0])
+			}
+			if br.Buffered() == 0 {
+				if err := bw.Flush(); err != nil {
+					return err
 				}
 			}
-		}()
-	}
-	wg.Wait()
-	m.Stop()
-	return fail.get()
+		}
+	})
 }
 
 // kvZC is the key-value server in zc's event-loop style: requests parsed from the

@@ -1,6 +1,7 @@
 package services
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,47 +21,22 @@ import (
 // two *net.TCPConns (the kernel splices: no user copy), CloseWrite when a direction ends,
 // both closed when both ended.
 func relayNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	ln, err := listenNet(ctx, c.Addr)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	ready(ln.Addr().String())
-	fail := newFirstErr()
-	var wg sync.WaitGroup
-	for range c.Conns {
-		front, err := ln.AcceptTCP()
+	return serveNet(ctx, c, m, ready, func(front *net.TCPConn) error {
+		back, err := dialNet(ctx, c.Backend)
 		if err != nil {
 			return err
 		}
-		m.Start()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer front.Close()
-			back, err := dialNet(ctx, c.Backend)
-			if err != nil {
-				fail.set(err)
-				return
-			}
-			defer back.Close()
-			var dir sync.WaitGroup
-			dir.Add(2)
-			pipe := func(dst, src *net.TCPConn) {
-				defer dir.Done()
-				if _, err := io.Copy(dst, src); err != nil {
-					fail.set(err)
-				}
-				dst.CloseWrite()
-			}
-			go pipe(back, front)
-			go pipe(front, back)
-			dir.Wait()
-		}()
-	}
-	wg.Wait()
-	m.Stop()
-	return fail.get()
+		defer back.Close()
+		errs := make(chan error, 2)
+		pipe := func(dst, src *net.TCPConn) {
+			_, err := io.Copy(dst, src)
+			dst.CloseWrite()
+			errs <- err
+		}
+		go pipe(back, front)
+		go pipe(front, back)
+		return cmp.Or(<-errs, <-errs)
+	})
 }
 
 // zcRelay joins a relay's two connections: the one function to switch when zc offers a

@@ -152,6 +152,36 @@ type firstErr struct {
 	onErr func()
 }
 
+// serveNet is the skeleton of every Go server here, as Go users write it: accept c.Conns
+// connections, a goroutine per connection running serve (the first error is the run's),
+// the meter started at each accept and stopped once every connection is done.
+func serveNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(string), serve func(conn *net.TCPConn) error) error {
+	ln, err := listenNet(ctx, c.Addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	ready(ln.Addr().String())
+	fail := newFirstErr()
+	var wg sync.WaitGroup
+	for range c.Conns {
+		conn, err := ln.AcceptTCP()
+		if err != nil {
+			return err
+		}
+		m.Start()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conn.Close()
+			fail.set(serve(conn))
+		}()
+	}
+	wg.Wait()
+	m.Stop()
+	return fail.get()
+}
+
 func newFirstErr() *firstErr { return &firstErr{ch: make(chan error, 1)} }
 
 func (f *firstErr) set(err error) {
