@@ -171,11 +171,7 @@ func ServiceGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 			checks = append(checks, completed("half-close ×8: every byte of the upload after the backend's FIN", harness.RelayHalfClose, z))
 		}
 	}
-	if why != "" {
-		gs = append(gs, notRun(7, name, why))
-	} else {
-		gs = append(gs, verdict(7, name, checks, ""))
-	}
+	gs = append(gs, goalOf(7, name, checks, why))
 
 	// 8. Fan-out.
 	name = "fan-out: zc server CPU per delivered message ≤ 0.6× net (1 → 100 and 1,000 subscribers, 64 B and 1 KiB)"
@@ -190,11 +186,7 @@ func ServiceGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 			checks = append(checks, compare(fmt.Sprintf("%s ×%d: zc / net", SizeString(size), n), z, nt, SrvCPUPerMsg, unitSrvUs, 0.6, false))
 		}
 	}
-	if why != "" {
-		gs = append(gs, notRun(8, name, why))
-	} else {
-		gs = append(gs, verdict(8, name, checks, ""))
-	}
+	gs = append(gs, goalOf(8, name, checks, why))
 
 	// 9. File streaming.
 	name = "file streaming: zc ≥ 1.3× net's Gbit/s at ≤ 0.7× its CPU s/GB at 1, 8, 32 and 128 clients, no stall"
@@ -209,11 +201,7 @@ func ServiceGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 			compare(fmt.Sprintf("×%d CPU/GB: zc / net", n), z, nt, SrvCPUPerGB, unitSrvSGB, 0.7, false),
 			completed(fmt.Sprintf("×%d no stall", n), harness.FileStream, z))
 	}
-	if why != "" {
-		gs = append(gs, notRun(9, name, why))
-	} else {
-		gs = append(gs, verdict(9, name, checks, ""))
-	}
+	gs = append(gs, goalOf(9, name, checks, why))
 
 	// 10. Key-value.
 	name = "key-value: zc server CPU per op ≤ 0.7× net (32 conns × 16 pipelined; 16–64 B values and the mix to 100 KiB)"
@@ -226,11 +214,7 @@ func ServiceGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 		}
 		checks = append(checks, compare(kvName(size)+": zc / net", z, nt, SrvCPUPerMsg, unitSrvUs, 0.7, false))
 	}
-	if why != "" {
-		gs = append(gs, notRun(10, name, why))
-	} else {
-		gs = append(gs, verdict(10, name, checks, ""))
-	}
+	gs = append(gs, goalOf(10, name, checks, why))
 
 	// 11. Multi-queue on shared CPUs.
 	name = "multi-queue, shared CPUs (2 queues, 512 conns, 64 B): zc server CPU per request ≤ 0.7× net and ≤ 0.8× netpoll"
@@ -258,13 +242,17 @@ func ServiceGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 			checks = append(checks, compare(fmt.Sprintf("%s ×%d: zc-net / net", SizeString(size), n), z, nt, SrvCPUPerMsg, unitSrvUs, 0.9, false))
 		}
 	}
-	if why != "" {
-		gs = append(gs, notRun(12, name, why))
-	} else {
-		gs = append(gs, verdict(12, name, checks, ""))
-	}
+	gs = append(gs, goalOf(12, name, checks, why))
 	applyNoise(gs, rows)
 	return gs
+}
+
+// goalOf is goal id's verdict on checks, or NOT RUN with why when a case was not measured.
+func goalOf(id int, name string, checks []Check, why string) Goal {
+	if why != "" {
+		return notRun(id, name, why)
+	}
+	return verdict(id, name, checks, "")
 }
 
 // PrintServiceGoals writes the verdicts of issue 20's goals.
