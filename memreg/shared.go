@@ -129,12 +129,8 @@ func (x *Ref) Valid() bool { return x != nil && x.r != nil && !x.done.Load() }
 
 // Bytes returns the buffer's memory (read only: others share it), or nil after Release.
 func (x *Ref) Bytes() []byte {
-	if !x.Valid() {
-		return nil
-	}
-	x.r.mu.Lock()
-	defer x.r.mu.Unlock()
-	if x.done.Load() || x.r.mem == nil {
+	// No lock: an owner keeps the region mapped (it unmaps only after the last owner).
+	if !x.Valid() || x.r.gone.Load() {
 		return nil
 	}
 	return x.r.slice(int(x.idx))
