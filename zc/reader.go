@@ -11,21 +11,8 @@ import (
 // its buffers, and the receiving connection's receive credit, until released; forwarding
 // its parts with SendData (Message.SendTo) sends the received memory itself, so a reply
 // that quotes a request (or a cached value) is a vectored send of held Data. A Reader is
-// used by one goroutine at a time (the connection's handler).
-//
-//	func (h *handler) OnData(c *zc.Conn, d zc.Data) {
-//		h.r.Push(d)
-//		var hdr [4]byte
-//		for h.r.Peek(hdr[:]) == 4 {
-//			n := int(binary.BigEndian.Uint32(hdr[:]))
-//			if h.r.Len() < 4+n {
-//				return // the rest of the message comes later
-//			}
-//			h.r.Skip(4)
-//			msg, _ := h.r.Next(n)
-//			msg.SendTo(c) // echo it, without a copy
-//		}
-//	}
+// used by one goroutine at a time (the connection's handler). Example_reader is a whole
+// handler (README.md shows the same code).
 type Reader struct {
 	q   []Data // pushed, not yet consumed; the first starts at off
 	off int

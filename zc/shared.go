@@ -133,15 +133,7 @@ func (d Data) Slice(off, n int) (Data, error) {
 // Send queues the same memory on one more connection, and the buffer returns to its pool
 // when Release was called and every send is done with it (after its zero-copy notification
 // when the send was zero-copy). Its methods may be called from any goroutine. Nobody may
-// write the buffer once it is shared.
-//
-//	b, _ := c.Buffer()
-//	n := copy(b.Bytes(), msg)
-//	sh, _ := zc.NewShared(b, n)
-//	for _, sub := range subscribers {
-//		sh.Send(sub)
-//	}
-//	sh.Release()
+// write the buffer once it is shared. ExampleShared shows the whole pattern.
 type Shared struct {
 	ref *memreg.Ref
 	off int // where the bytes start in the buffer (a slice of received Data)
