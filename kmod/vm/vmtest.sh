@@ -59,7 +59,7 @@ CGO_ENABLED=0 "$GO" test -c -o "$VM/zc.test" ./zc
 # linux-image-cloud-amd64 is Debian 12's 6.1; the 6.12 line exercises the
 # module's version checks for newer kernel APIs.
 KERNELS=${ZCVM_KERNELS:-linux-image-cloud-amd64 linux-image-6.12-cloud-amd64 pin:7.3}
-tot_pass=0 tot_fail=0 tot_skip=0 failed_kernels=()
+tot_pass=0 tot_fail=0 tot_skip=0 failed_kernels=() fail_summaries=()
 
 run_kernel() {
 	local meta=$1 dir=$VM/$1
@@ -164,8 +164,25 @@ boot_and_judge() {
 	ns=$(grep -c '^--- SKIP' "$console.txt" || true)
 	log "[$meta] $np passed, $nf failed, $ns skipped"
 	tot_pass=$((tot_pass + np)) tot_fail=$((tot_fail + nf)) tot_skip=$((tot_skip + ns))
-	if [ $fail != 0 ]; then log "[$meta] see $console.txt"; return 1; fi
+	if [ $fail != 0 ]; then
+		log "[$meta] see $console.txt"
+		fail_summary "$meta" "$console.txt" > "$dir/fail-summary.txt"
+		fail_summaries+=("$dir/fail-summary.txt")
+		return 1
+	fi
 	return 0
+}
+
+# fail_summary LABEL CONSOLE: each failed test with the lines it logged (the indented
+# lines under "--- FAIL", at most 40), and any panic with its first goroutine, so that
+# the tail of a CI log (the last screen is often all a reader gets) says what failed.
+fail_summary() {
+	awk -v m="[$1] " '
+		/^--- FAIL/ { n = 40; print m $0; next }
+		/^panic: / { p = 40; n = 0; print m $0; next }
+		p > 0 { p--; print m $0; next }
+		n > 0 && (/^[ \t]/ || /^goroutine / || /^$/) { n--; print m $0; next }
+		{ n = 0 }' "$2"
 }
 
 # count_tests LABEL CONSOLE: the guest's top-level test results ("BINARY STATUS Test" a line,
@@ -249,6 +266,11 @@ for k in $KERNELS; do
 	run_kernel "$k" || failed_kernels+=("$k")
 done
 if [ ${#failed_kernels[@]} -gt 0 ] && [ "$tot_fail" = 0 ]; then tot_fail=${#failed_kernels[@]}; fi
+for f in "${fail_summaries[@]}"; do
+	[ -s "$f" ] || continue
+	log "what failed, again ($f):"
+	cat "$f"
+done
 echo "vmtest: $tot_pass passed, $tot_fail failed, $tot_skip skipped"
 if [ ${#failed_kernels[@]} -gt 0 ]; then
 	log "FAIL on: ${failed_kernels[*]}"
