@@ -117,31 +117,26 @@ func (b *uringBackend) freeOp(c *Conn, ud uint64) {
 }
 
 func (b *uringBackend) armRecv(c *Conn) {
-	if c.zx != nil {
-		c.zx.arm()
+	if c.rx != nil {
+		c.rx.arm(b)
 		return
 	}
+	c.bk.recvUD = b.newOp(c, tagRecv)
 	sqe := b.u.GetSQE()
-	if c.m != nil {
-		c.bk.recvUD = b.newOp(c, tagPoll)
-		sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
-	} else {
-		c.bk.recvUD = b.newOp(c, tagRecv)
-		bs := int64(b.rp.rr.BufSize())
-		room := c.credit() - c.held.Load()
-		switch {
-		case b.rp.rr.MultishotLimit():
-			// The receive ends by itself once it delivered the credit left (at least one
-			// buffer): the connection never holds more than MaxRecvHeld (its share) plus
-			// the rounding to whole buffers.
-			sqe.PrepRecvMultishotLimit(int32(c.fd), b.rp.rr.Group(), b.rp.rr.Bundles(), uint32(min(max(room, bs), 1<<30)))
-		case room < 8*bs:
-			// Close to its credit: one buffer per receive. A multishot receive (with bundles)
-			// keeps delivering until its cancel lands and overshoots the credit many times.
-			sqe.PrepRecvSelect(int32(c.fd), b.rp.rr.Group(), 0)
-		default:
-			sqe.PrepRecvMultishot(int32(c.fd), b.rp.rr.Group(), 0, b.rp.rr.Bundles())
-		}
+	bs := int64(b.rp.rr.BufSize())
+	room := c.credit() - c.held.Load()
+	switch {
+	case b.rp.rr.MultishotLimit():
+		// The receive ends by itself once it delivered the credit left (at least one
+		// buffer): the connection never holds more than MaxRecvHeld (its share) plus
+		// the rounding to whole buffers.
+		sqe.PrepRecvMultishotLimit(int32(c.fd), b.rp.rr.Group(), b.rp.rr.Bundles(), uint32(min(max(room, bs), 1<<30)))
+	case room < 8*bs:
+		// Close to its credit: one buffer per receive. A multishot receive (with bundles)
+		// keeps delivering until its cancel lands and overshoots the credit many times.
+		sqe.PrepRecvSelect(int32(c.fd), b.rp.rr.Group(), 0)
+	default:
+		sqe.PrepRecvMultishot(int32(c.fd), b.rp.rr.Group(), 0, b.rp.rr.Bundles())
 	}
 	sqe.UserData = c.bk.recvUD
 	c.recvStarted()
@@ -149,10 +144,15 @@ func (b *uringBackend) armRecv(c *Conn) {
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
-	if c.zx != nil {
-		c.zx.stop()
+	if c.rx != nil {
+		c.rx.stop(b)
 		return
 	}
+	b.cancelRecv(c)
+}
+
+// cancelRecv cancels the connection's armed receive (or poll): its last completion follows.
+func (b *uringBackend) cancelRecv(c *Conn) {
 	if c.recvArmed && c.bk.recvUD != 0 {
 		b.u.CancelOp(c.bk.recvUD)
 	}
@@ -319,7 +319,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.bk.recvUD = 0
 			c.recvEnded()
 		}
-		c.onPoll(ev)
+		c.rx.(*mappedRecv).onPoll(ev) // only the mapped path polls
 		if c.inClose() {
 			c.advanceClose()
 		}

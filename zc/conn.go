@@ -174,8 +174,7 @@ type Conn struct {
 	parked    *parkedRecv // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr  error
 	cl        *closeState // made by beginClose
-	m         *mappedRecv
-	zx        *zcrxConn // RecvZcrx (zcrx.go)
+	rx        recvPath    // where received bytes land when not the queue's ring (nil): recv.go
 	connect   *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow (raddr->laddr) on close
@@ -479,27 +478,13 @@ func (c *Conn) SendData(d Data) error {
 		d.Release()
 		return c.opErr("send", ErrEmpty)
 	}
-	if d.mr != nil {
-		// Mapped pages belong to the socket's receive queue: copy them out.
-		p := d.Bytes()
-		if p == nil {
-			return c.opErr("send", memreg.ErrStale)
+	if d.src != nil {
+		if r, ok := d.src.(*refData); ok {
+			return c.sendRef(d, r.ref()) // a retained reference: the shared buffer goes out (shared.go)
 		}
-		if err := c.copyData(p, nil); err != nil {
-			if errors.Is(err, memreg.ErrExhausted) || errors.Is(err, ErrTooLarge) {
-				return err // nothing queued: d is still the caller's
-			}
-			d.Release()
-			return err
-		}
-		d.Release()
-		return nil
-	}
-	if !d.zb.IsZero() {
-		return c.sendZcrxData(d) // the zcrx area belongs to the kernel's instance: copy
-	}
-	if d.ref != nil {
-		return c.sendRef(d) // a retained reference: the shared buffer goes out (shared.go)
+		// Mapped pages belong to the socket's receive queue, a zcrx area to the kernel's
+		// instance: the bytes are copied.
+		return c.sendCopy(d)
 	}
 	if !d.buf.Valid() {
 		return c.opErr("send", memreg.ErrStale)

@@ -730,8 +730,8 @@ func (c *Conn) finish() {
 	}
 	c.dropProducer()
 	c.dropParked()
-	if c.m != nil {
-		c.m.close(c)
+	if c.rx != nil {
+		c.rx.finish()
 	}
 	if c.steer != nil {
 		c.steer.Forget(bpf.FlowKey{Remote: c.raddr, Local: c.laddr}) // no stale flow entries after churn

@@ -309,7 +309,7 @@ func (f *FanOut) Publish(b memreg.Buf, n int) error {
 // be shared (mapped or zcrx: see Data.Retain) is refused with ErrNotSupported and left
 // with the caller, to copy into a buffer and Publish.
 func (f *FanOut) PublishData(d Data) error {
-	if d.mr != nil || !d.zb.IsZero() {
+	if _, ref := d.src.(*refData); d.src != nil && !ref {
 		return fmt.Errorf("zc: fan-out of mapped or zcrx Data (copy it into a buffer and Publish): %w", ErrNotSupported)
 	}
 	if d.n == 0 {
@@ -334,8 +334,8 @@ func (f *FanOut) PublishData(d Data) error {
 
 // sharedData turns ring Data into a Shared (d is consumed).
 func sharedData(d Data) (*Shared, error) {
-	if d.ref != nil {
-		return &Shared{ref: d.ref, off: d.off, n: d.n, tag: d.ref.Region().Pool().Tag()}, nil
+	if r, ok := d.src.(*refData); ok {
+		return &Shared{ref: r.ref(), off: d.off, n: d.n, tag: r.ref().Region().Pool().Tag()}, nil
 	}
 	r, err := d.Retain()
 	if err != nil {
@@ -343,7 +343,8 @@ func sharedData(d Data) (*Shared, error) {
 		return nil, err
 	}
 	d.Release() // r holds the buffer (and the receive credit) now
-	return &Shared{ref: r.ref, n: r.n, tag: r.ref.Region().Pool().Tag()}, nil
+	ref := r.src.(*refData).ref()
+	return &Shared{ref: ref, n: r.n, tag: ref.Region().Pool().Tag()}, nil
 }
 
 // PublishShared sends sh to every subscriber (sh stays the caller's: Release it when done

@@ -2,9 +2,6 @@ package zc
 
 import (
 	"time"
-
-	"github.com/zcnet/zcnet/internal/zcrx"
-	"github.com/zcnet/zcnet/memreg"
 )
 
 // Handler receives a connection's events. Its methods run on the connection's queue
@@ -65,90 +62,6 @@ func (h HandlerFuncs) OnWritable(c *Conn) {
 	if h.Writable != nil {
 		h.Writable(c)
 	}
-}
-
-// Data is a borrowed receive buffer.
-type Data struct {
-	c   *Conn // the connection that received it (its receive credit)
-	buf memreg.Buf
-	n   int
-	mr  *mappedData // set for data from the mapped receive window
-	zb  zcrx.Buf    // set for data in a zcrx area (RecvZcrx, see zcrx.go)
-	ref *memreg.Ref // set for a second reference to a ring buffer (Retain, shared.go)
-	off int         // where the bytes start in ref's buffer (Slice)
-}
-
-// Bytes returns the received bytes, or nil after Release.
-func (d Data) Bytes() []byte {
-	if d.mr != nil {
-		return d.mr.bytes()
-	}
-	if !d.zb.IsZero() {
-		return d.zb.Bytes()
-	}
-	if d.ref != nil {
-		if b := d.ref.Bytes(); b != nil {
-			return b[d.off : d.off+d.n]
-		}
-		return nil
-	}
-	b := d.buf.Bytes()
-	if b == nil {
-		return nil
-	}
-	return b[:d.n]
-}
-
-// Len returns the number of bytes received.
-func (d Data) Len() int { return d.n }
-
-// Mapped reports whether the bytes are pages of the socket's receive queue mapped into the
-// connection's window (RecvMapped), rather than a copy in a receive buffer.
-func (d Data) Mapped() bool { return d.mr != nil && d.mr.mapped }
-
-// Release gives the buffer back (to the queue's receive pool, the mapped window, or the zcrx
-// area through its refill ring), from any goroutine. A second Release returns
-// memreg.ErrStale. Releasing works after the engine closed: the memory stays mapped until
-// the last buffer is released. Of a retained buffer (Retain) each reference is released on
-// its own; the buffer, and its receive credit, go back with the last.
-func (d Data) Release() error {
-	if d.mr != nil {
-		return d.mr.release()
-	}
-	if d.ref != nil {
-		return d.ref.Release() // the last owner returns the credit (Retain's onLast)
-	}
-	if !d.zb.IsZero() {
-		if d.zb.Release() != nil {
-			return memreg.ErrStale
-		}
-	} else {
-		if d.c != nil && d.c.e.dbg != nil {
-			d.c.e.dbg.untrackHeld(d.buf)
-		}
-		shared := d.buf.Shared() // retained: the last reference returns the credit
-		if err := d.buf.Release(); err != nil {
-			return err
-		}
-		if shared {
-			return nil
-		}
-	}
-	if d.c != nil {
-		d.c.releaseHeld(d.credit())
-	}
-	return nil
-}
-
-// credit is the receive credit the Data takes from its connection (MaxRecvHeld).
-func (d Data) credit() int64 {
-	if !d.zb.IsZero() {
-		return zcrxCredit(d.n)
-	}
-	if d.ref != nil {
-		return int64(d.ref.Region().BufSize())
-	}
-	return int64(d.buf.Region().BufSize())
 }
 
 // ---- dispatch (loop only) ------------------------------------------------------------

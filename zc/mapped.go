@@ -2,6 +2,7 @@ package zc
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,25 @@ func (d *mappedData) bytes() []byte {
 	return d.b
 }
 
-func (d *mappedData) release() error {
+// credit is none: the window is the mapped path's bound (it reads on once everything is back).
+func (d *mappedData) credit(Data) int64 { return 0 }
+
+// retain is another reference to the same mapped bytes (the window reads on once every
+// reference is released).
+func (d *mappedData) retain(Data) (dataSource, error) {
+	if d.released.Load() {
+		return nil, fmt.Errorf("zc: retain: %w", memreg.ErrStale)
+	}
+	d.m.out.Add(1)
+	if d.released.Load() {
+		// released meanwhile (a misuse: Retain racing the Data's own Release)
+		d.m.out.Add(-1)
+		return nil, fmt.Errorf("zc: retain: %w", memreg.ErrStale)
+	}
+	return &mappedData{m: d.m, b: d.b, mapped: d.mapped}, nil
+}
+
+func (d *mappedData) release(Data) error {
 	if !d.released.CompareAndSwap(false, true) {
 		return memreg.ErrStale
 	}
@@ -64,7 +83,7 @@ func (d *mappedData) release() error {
 	}
 	m.mu.Unlock()
 	if !closed && m.posted.CompareAndSwap(false, true) {
-		if m.c.q.Post(m.c.mappedResume) != nil {
+		if m.c.q.Post(m.resume) != nil {
 			m.posted.Store(false)
 		}
 	}
@@ -95,10 +114,28 @@ func (c *Conn) setupRecvPath() {
 		c.q.ctr.mappedFallbacks.Add(1)
 		return
 	}
-	c.m = &mappedRecv{w: w, copyBuf: make([]byte, 64<<10), c: c}
+	c.rx = &mappedRecv{w: w, copyBuf: make([]byte, 64<<10), c: c}
 }
 
-func (c *Conn) onPoll(ev loop.Event) {
+// arm polls the socket for readability (the backend's armRecv): a multishot POLL_ADD; the
+// loop reads the window itself when it fires (onPoll).
+func (m *mappedRecv) arm(b *uringBackend) {
+	c := m.c
+	c.bk.recvUD = b.newOp(c, tagPoll)
+	sqe := b.u.GetSQE()
+	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
+	sqe.UserData = c.bk.recvUD
+	c.recvStarted()
+	c.bkNeedArm = false
+}
+
+// stop cancels the poll (the backend's stopRecv); its last completion follows.
+func (m *mappedRecv) stop(b *uringBackend) { b.cancelRecv(m.c) }
+
+// onPoll is the poll's completion: read while the socket is readable and the handler holds
+// nothing of the window.
+func (m *mappedRecv) onPoll(ev loop.Event) {
+	c := m.c
 	if ev.Res < 0 {
 		if ev.Res != -int32(unix.ECANCELED) {
 			c.gotEOF(unix.Errno(-ev.Res))
@@ -111,27 +148,25 @@ func (c *Conn) onPoll(ev loop.Event) {
 		}
 		return
 	}
-	c.m.wantRead = true
-	c.mappedRead()
+	m.wantRead = true
+	m.read()
 	if !c.recvArmed {
 		c.armRecv()
 	}
 }
 
-// mappedResume runs on the loop after the handler released the last mapped Data.
-func (c *Conn) mappedResume() {
-	if c.m == nil {
-		return
-	}
-	c.m.posted.Store(false)
-	c.mappedRead()
+// resume runs on the loop after the handler released the last mapped Data.
+func (m *mappedRecv) resume() {
+	c := m.c
+	m.posted.Store(false)
+	m.read()
 	if c.inClose() {
 		c.advanceClose()
 	}
 }
 
-func (c *Conn) mappedRead() {
-	m := c.m
+func (m *mappedRecv) read() {
+	c := m.c
 	for m.wantRead && m.out.Load() == 0 && !c.inClose() && c.paused == 0 && !c.eof && !c.ended() {
 		res, err := m.w.Recv(m.copyBuf)
 		if errors.Is(err, unix.EAGAIN) {
@@ -139,10 +174,10 @@ func (c *Conn) mappedRead() {
 			return
 		}
 		if len(res.Mapped) > 0 {
-			c.deliverMapped(res.Mapped, true)
+			m.deliver(res.Mapped, true)
 		}
 		if res.Copied > 0 {
-			c.deliverMapped(m.copyBuf[:res.Copied], false)
+			m.deliver(m.copyBuf[:res.Copied], false)
 		}
 		if err == io.EOF {
 			c.gotEOF(nil)
@@ -155,7 +190,8 @@ func (c *Conn) mappedRead() {
 	}
 }
 
-func (c *Conn) deliverMapped(b []byte, mapped bool) {
+func (m *mappedRecv) deliver(b []byte, mapped bool) {
+	c := m.c
 	n := uint64(len(b))
 	c.ctr.recv.Add(n)
 	if mapped {
@@ -164,12 +200,12 @@ func (c *Conn) deliverMapped(b []byte, mapped bool) {
 	} else {
 		c.q.ctr.recvMappedCopied.Add(n)
 	}
-	c.m.out.Add(1)
-	c.callData(Data{n: len(b), mr: &mappedData{m: c.m, b: b, mapped: mapped}})
+	m.out.Add(1)
+	c.callData(Data{n: len(b), src: &mappedData{m: m, b: b, mapped: mapped}})
 }
 
-// close drops the window once the handler released everything it holds (loop only).
-func (m *mappedRecv) close(c *Conn) {
+// finish drops the window once the handler released everything it holds (loop only).
+func (m *mappedRecv) finish() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true

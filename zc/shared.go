@@ -37,21 +37,12 @@ func (c *shareCounters) fill(s *Stats) {
 // Retain fails with an error matching ErrNotSupported (copy it with Bytes instead).
 // Retain of a released Data returns an error matching memreg.ErrStale.
 func (d Data) Retain() (Data, error) {
-	switch {
-	case d.mr != nil:
-		nd, err := d.mr.retain()
+	if d.src != nil {
+		src, err := d.src.retain(d)
 		if err != nil {
-			return Data{}, fmt.Errorf("zc: retain: %w", err)
+			return Data{}, err
 		}
-		return Data{n: d.n, mr: nd}, nil
-	case !d.zb.IsZero():
-		return Data{}, fmt.Errorf("zc: retain of zcrx Data (the area is the kernel's instance's; copy the bytes): %w", ErrNotSupported)
-	case d.ref != nil:
-		x, err := d.ref.Share()
-		if err != nil {
-			return Data{}, fmt.Errorf("zc: retain: %w", err)
-		}
-		return Data{c: d.c, ref: x, off: d.off, n: d.n}, nil
+		return Data{c: d.c, src: src, off: d.off, n: d.n}, nil
 	}
 	var onLast func()
 	if c := d.c; c != nil && d.buf.Region() != nil {
@@ -62,38 +53,41 @@ func (d Data) Retain() (Data, error) {
 	if err != nil {
 		return Data{}, fmt.Errorf("zc: retain: %w", err)
 	}
-	return Data{c: d.c, ref: x, n: d.n}, nil
+	return Data{c: d.c, src: (*refData)(x), n: d.n}, nil
 }
 
-// retain is another reference to the same mapped bytes (the window reads on once every
-// reference is released).
-func (d *mappedData) retain() (*mappedData, error) {
-	if d.released.Load() {
-		return nil, memreg.ErrStale
+// refData is a dataSource: one reference to a shared ring buffer (Retain, Slice). The
+// receive credit goes back with the last reference (the onLast Retain gave memreg).
+type refData memreg.Ref
+
+func (r *refData) ref() *memreg.Ref { return (*memreg.Ref)(r) }
+func (r *refData) bytes() []byte    { return r.ref().Bytes() }
+func (r *refData) release(Data) error {
+	return r.ref().Release()
+}
+func (r *refData) credit(Data) int64 { return int64(r.ref().Region().BufSize()) }
+func (r *refData) retain(Data) (dataSource, error) {
+	x, err := r.ref().Share()
+	if err != nil {
+		return nil, fmt.Errorf("zc: retain: %w", err)
 	}
-	d.m.out.Add(1)
-	if d.released.Load() {
-		// released meanwhile (a misuse: Retain racing the Data's own Release)
-		d.m.out.Add(-1)
-		return nil, memreg.ErrStale
-	}
-	return &mappedData{m: d.m, b: d.b, mapped: d.mapped}, nil
+	return (*refData)(x), nil
 }
 
 // sendRef is SendData of a retained reference: the shared buffer goes out as is.
-func (c *Conn) sendRef(d Data) error {
-	if err := c.e.checkOwn(d.ref.Region()); err != nil {
+func (c *Conn) sendRef(d Data, r *memreg.Ref) error {
+	if err := c.e.checkOwn(r.Region()); err != nil {
 		d.Release()
 		return c.opErr("send", err)
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
-		if b := d.ref.Bytes(); b != nil {
+		if b := r.Bytes(); b != nil {
 			sum = debugSum(b[:d.off+d.n]) // what checkSent reads back: from the start
 		}
 	}
-	loan, err := d.ref.Lend()
-	d.ref.Release() // the loan owns the buffer now (with the others)
+	loan, err := r.Lend()
+	r.Release() // the loan owns the buffer now (with the others)
 	if err != nil {
 		if errors.Is(err, memreg.ErrClosed) {
 			err = ErrClosed
@@ -120,11 +114,7 @@ func (d Data) Slice(off, n int) (Data, error) {
 	if err != nil {
 		return Data{}, err
 	}
-	if r.mr != nil {
-		r.mr.b = r.mr.b[off : off+n : off+n]
-	} else {
-		r.off += off
-	}
+	r.off += off
 	r.n = n
 	return r, nil
 }
@@ -238,6 +228,28 @@ func (s *Shared) Release() error {
 // memreg.ErrExhausted: the connection then hears OnWritable when a buffer is free for it)
 // the ones taken go back and nothing is queued. Bytes larger than the pool can ever hold
 // at once are refused with ErrTooLarge.
+// sendCopy is SendData of Data whose memory a send cannot reference (mapped or zcrx): the
+// bytes are copied into send buffers (all or nothing, copyData) and d is released. The
+// copies stay charged to the receiving connection's credit until sent (zcrx Data; mapped
+// Data holds none), as forwarded ring buffers are, so flow control works the same. A
+// refusal (the pool is exhausted: OnWritable follows; or too small: ErrTooLarge) leaves d
+// with the caller.
+func (c *Conn) sendCopy(d Data) error {
+	p := d.Bytes()
+	if p == nil {
+		return c.opErr("send", memreg.ErrStale)
+	}
+	if err := c.copyData(p, d.c); err != nil {
+		if errors.Is(err, memreg.ErrExhausted) || errors.Is(err, ErrTooLarge) {
+			return err // nothing queued: d is still the caller's
+		}
+		d.Release()
+		return err
+	}
+	d.Release()
+	return nil
+}
+
 func (c *Conn) copyData(p []byte, src *Conn) error {
 	bs := c.q.send.BufSize()
 	need := (len(p) + bs - 1) / bs

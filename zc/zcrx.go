@@ -144,7 +144,7 @@ type zcrxConn struct {
 // setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only):
 // its listener's NIC-bound instance (already set), the queue's device-less one, or the ring.
 func (c *Conn) setupZcrx() {
-	if c.zx != nil {
+	if c.rx != nil {
 		return
 	}
 	if c.q.zx.r == nil || c.q.be.name() != BackendIOUring {
@@ -155,11 +155,11 @@ func (c *Conn) setupZcrx() {
 		c.q.zx.fallbacks.Add(1)
 		return
 	}
-	c.zx = &zcrxConn{c: c, r: c.q.zx.r}
+	c.rx = &zcrxConn{c: c, r: c.q.zx.r}
 }
 
 // arm starts a stream (the backend's armRecv).
-func (zx *zcrxConn) arm() {
+func (zx *zcrxConn) arm(*uringBackend) {
 	c := zx.c
 	s, err := zx.r.Recv(c.fd, zx)
 	if err != nil {
@@ -175,7 +175,7 @@ func (zx *zcrxConn) arm() {
 
 // stop cancels the armed stream (the backend's stopRecv): its End follows, at once when the
 // stream was waiting for area buffers, else with the kernel's last completion.
-func (zx *zcrxConn) stop() {
+func (zx *zcrxConn) stop(*uringBackend) {
 	if zx.s == nil || zx.inStop {
 		return
 	}
@@ -184,11 +184,14 @@ func (zx *zcrxConn) stop() {
 	zx.inStop = false
 }
 
+// finish: nothing to let go (the area is the queue's; its buffers go back by Release).
+func (zx *zcrxConn) finish() {}
+
 // Data implements zcrx.Handler: one completion, a view of the area.
 func (zx *zcrxConn) Data(s *zcrx.Stream, b []byte, buf zcrx.Buf) {
 	c := zx.c
 	c.q.zx.bytes.Add(uint64(len(b)))
-	c.deliver(Data{n: len(b), zb: buf})
+	c.deliver(Data{n: len(b), src: &zcrxData{buf}})
 	if !c.ended() && !zx.inStop {
 		c.checkCredit()
 	}
@@ -229,29 +232,30 @@ func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
 
 // zcrxCredit is the receive credit a zcrx Data takes: the area pages it occupies (the
 // kernel puts each completion in buffers of a page).
+// zcrxData is a dataSource: a buffer of a zcrx area, which belongs to the kernel's zcrx
+// instance. It cannot be shared (the area's refill ring takes each buffer back once) nor lent
+// to a send (SendData copies it, sendCopy).
+type zcrxData struct{ b zcrx.Buf }
+
+func (z *zcrxData) bytes() []byte       { return z.b.Bytes() }
+func (z *zcrxData) credit(d Data) int64 { return zcrxCredit(d.n) }
+func (z *zcrxData) retain(Data) (dataSource, error) {
+	return nil, fmt.Errorf("zc: retain of zcrx Data (the area is the kernel's instance's; copy the bytes): %w", ErrNotSupported)
+}
+
+func (z *zcrxData) release(d Data) error {
+	if z.b.Release() != nil {
+		return memreg.ErrStale
+	}
+	if d.c != nil {
+		d.c.releaseHeld(d.credit())
+	}
+	return nil
+}
+
 func zcrxCredit(n int) int64 {
 	page := os.Getpagesize()
 	return int64((n + page - 1) &^ (page - 1))
-}
-
-// sendZcrxData is SendData for zcrx Data: the area belongs to the zcrx instance, so the
-// bytes are copied into send buffers (all or nothing, copyData) and the Data is released.
-// The copies stay charged to the receiving connection's credit until sent, as forwarded
-// ring buffers are, so flow control works the same. A refusal leaves d with the caller.
-func (c *Conn) sendZcrxData(d Data) error {
-	p := d.Bytes()
-	if p == nil {
-		return c.opErr("send", memreg.ErrStale)
-	}
-	if err := c.copyData(p, d.c); err != nil {
-		if errors.Is(err, memreg.ErrExhausted) || errors.Is(err, ErrTooLarge) {
-			return err // nothing queued: d is still the caller's
-		}
-		d.Release()
-		return err
-	}
-	d.Release()
-	return nil
 }
 
 // ---- a NIC RX queue per listener (ListenOptions.ZcrxNIC) --------------------------------
@@ -339,7 +343,7 @@ func (l *Listener) bindZcrxNIC(nic string) error {
 // instance on its queue (loop only).
 func (l *Listener) zcrxNICConn(c *Conn) {
 	if l.zx != nil && l.zx.recvs != nil {
-		c.zx = &zcrxConn{c: c, r: l.zx.recvs[c.q.idx]}
+		c.rx = &zcrxConn{c: c, r: l.zx.recvs[c.q.idx]}
 	}
 }
 
