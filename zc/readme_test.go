@@ -14,9 +14,11 @@ func TestReadmeExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, file := range map[string]string{"echo": "example_echo_test.go", "relay": "example_relay_test.go",
+	blocks := map[string]string{"echo": "example_echo_test.go", "relay": "example_relay_test.go",
 		"fanout": "example_fanout_test.go", "publish": "example_fanout_test.go",
-		"sendfile": "example_sendfile_test.go", "reader": "example_reader_test.go"} {
+		"sendfile": "example_sendfile_test.go", "reader": "example_reader_test.go",
+		"new": "example_send_test.go", "send": "example_send_test.go", "netlisten": "example_send_test.go"}
+	for name, file := range blocks {
 		src, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
@@ -26,6 +28,27 @@ func TestReadmeExamples(t *testing.T) {
 		if ex != doc {
 			t.Errorf("README.md's %s differs from %s's:\nREADME:\n%s\n\nexample:\n%s", name, file, doc, ex)
 		}
+	}
+	// Every Go block of the README is one of those: none that no test runs.
+	s := string(readme)
+	for off := 0; ; {
+		i := strings.Index(s[off:], "```go")
+		if i < 0 {
+			break
+		}
+		at := off + i
+		covered := false
+		for name := range blocks {
+			b, e := strings.Index(s, "<!-- "+name+":begin -->"), strings.Index(s, "<!-- "+name+":end -->")
+			if b >= 0 && b < at && at < e {
+				covered = true
+			}
+		}
+		if !covered {
+			line := strings.Count(s[:at], "\n") + 1
+			t.Errorf("README.md:%d: a Go block outside every <!-- NAME:begin/end --> pair: no test runs it", line)
+		}
+		off = at + len("```go")
 	}
 }
 
