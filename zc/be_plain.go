@@ -267,7 +267,7 @@ func (b *plainBackend) send(c *Conn) {
 		n := 0
 		for n < c.pendLen() && n < maxIov {
 			s := &c.tx.pend[n]
-			b.iov[n].Base = s.loan.Pointer(int(s.off))
+			b.iov[n].Base = s.ptr(int(s.off))
 			b.iov[n].SetLen(int(s.n - s.off))
 			n++
 		}

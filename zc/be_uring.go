@@ -158,6 +158,15 @@ func (b *uringBackend) cancelRecv(c *Conn) {
 	}
 }
 
+// fixedIndex is the registered-buffer index of a segment's memory, when its pool is
+// registered with the ring (a zcrx area is not: it is sent from by address).
+func (b *uringBackend) fixedIndex(s *seg, addr uintptr, n int) (uint16, bool) {
+	if s.ext != nil {
+		return 0, false
+	}
+	return b.u.FixedIndex(s.loan.Region().Base(), addr, n)
+}
+
 func (b *uringBackend) send(c *Conn) {
 	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.fdClosed {
 		return
@@ -165,10 +174,10 @@ func (b *uringBackend) send(c *Conn) {
 	head := &c.tx.pend[0]
 	left := int(head.n - head.off)
 	if c.tx.zc.use(left) {
-		addr := head.loan.Addr() + uintptr(head.off)
+		addr := head.addr(int(head.off))
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
-		if idx, ok := b.u.FixedIndex(head.loan.Region().Base(), addr, left); ok {
+		if idx, ok := b.fixedIndex(head, addr, left); ok {
 			sqe.PrepSendZCFixed(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage, idx)
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
@@ -200,12 +209,12 @@ func (b *uringBackend) send(c *Conn) {
 	ud := b.newOp(c, tagSend)
 	sqe := b.u.GetSQE()
 	if n == 1 {
-		sqe.PrepSend(int32(c.fd), head.loan.Addr()+uintptr(head.off), uint32(left), sendFlags)
+		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), sendFlags)
 	} else {
 		iv := b.getIov()
 		for i := 0; i < n; i++ {
 			s := &c.tx.pend[i]
-			iv.iov[i].Base = s.loan.Pointer(int(s.off))
+			iv.iov[i].Base = s.ptr(int(s.off))
 			iv.iov[i].SetLen(int(s.n - s.off))
 		}
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}

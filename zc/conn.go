@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -97,7 +98,29 @@ type seg struct {
 	shared bool
 	// file: a SendFile range (no loan): alone at the head of tx.pend when it goes (sendfile.go)
 	file *fileSeg
+	// ext: bytes in a zcrx area (no loan), held until sent (SendData of zcrx Data, zcrx.go);
+	// the credit goes back with the buffer's last reference, as for a shared loan
+	ext *zcrxRef
 }
+
+// mem is the memory the segment sends from ([off, n) of it), nil once it went back.
+func (s *seg) mem() []byte {
+	if s.ext != nil {
+		return s.ext.bytes()
+	}
+	return s.loan.Data()
+}
+
+// ptr is the address of byte i of the segment's memory, for an iovec.
+func (s *seg) ptr(i int) *byte {
+	if s.ext != nil {
+		return &s.ext.bytes()[i]
+	}
+	return s.loan.Pointer(i)
+}
+
+// addr is the address of byte i of the segment's memory.
+func (s *seg) addr(i int) uintptr { return uintptr(unsafe.Pointer(s.ptr(i))) }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.
 type zcWait struct {
@@ -466,10 +489,13 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 // receiving connection stops receiving until this one drains below half of it (then
 // OnWritable runs here). So a relay needs no flow-control code of its own, and cannot
 // deadlock. A reference made by Data.Retain is sent the same way, sharing the buffer with
-// the other references (Stats.Send.SharedSends).
+// the other references (Stats.Send.SharedSends). Data in a zcrx area (RecvZcrx) is sent
+// from the area itself and its buffer goes back to the kernel once the send is done
+// (Stats.Send.BytesZcrxSent).
 //
-// Data whose memory cannot be lent to a send (mapped or zcrx Data) is copied into send
-// buffers (Stats.Send.BytesDataCopied), all or nothing: when the send pool refuses (an error
+// Data whose memory cannot be lent to a send (mapped Data; zcrx Data to a connection on
+// the shim backend) is copied into send buffers (Stats.Send.BytesDataCopied), all or
+// nothing: when the send pool refuses (an error
 // matching memreg.ErrExhausted; OnWritable follows when a buffer is free, as for Buffer)
 // or the bytes are more than the pool can ever hold (ErrTooLarge), nothing is queued and
 // d is not released: it is still the caller's, to send again or release.
@@ -479,11 +505,17 @@ func (c *Conn) SendData(d Data) error {
 		return c.opErr("send", ErrEmpty)
 	}
 	if d.src != nil {
-		if r, ok := d.src.(*refData); ok {
-			return c.sendRef(d, r.ref()) // a retained reference: the shared buffer goes out (shared.go)
+		switch src := d.src.(type) {
+		case *refData:
+			return c.sendRef(d, src.ref()) // a retained reference: the shared buffer goes out (shared.go)
+		case *zcrxData, *zcrxRef:
+			if c.q.be.name() != BackendShim {
+				return c.sendZcrx(d) // from the area itself, held until sent (zcrx.go)
+			}
+			// The shim sends only from memory registered with it: copy.
 		}
-		// Mapped pages belong to the socket's receive queue, a zcrx area to the kernel's
-		// instance: the bytes are copied.
+		// Mapped pages belong to the socket's receive queue (and the shim's sends to its
+		// registered memory): the bytes are copied.
 		return c.sendCopy(d)
 	}
 	if !d.buf.Valid() {

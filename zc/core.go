@@ -159,6 +159,10 @@ func (c *Conn) finishSeg(s seg) {
 	if s.sum != 0 {
 		c.checkSent(s)
 	}
+	if s.ext != nil {
+		s.ext.release(Data{c: s.ext.c}) // the last reference returns the buffer and the credit
+		return
+	}
 	size := int64(s.loan.Region().BufSize())
 	s.loan.Return() // a send buffer's return reaches waiters through the pool's OnFree
 	if s.src != nil && !s.shared {
@@ -325,7 +329,7 @@ func (c *Conn) zcFinish(i int, copied bool) {
 		}
 	}
 	c.q.be.freeOp(c, w.ud)
-	if w.s.loan.Region() != nil {
+	if w.s.loan.Region() != nil || w.s.ext != nil {
 		c.finishSeg(w.s)
 	}
 	if c.ended() {

@@ -119,7 +119,7 @@ func (c *Conn) checkSent(s seg) {
 	if d == nil || s.sum == 0 {
 		return
 	}
-	p := s.loan.Data()
+	p := s.mem()
 	if p == nil || int(s.n) > len(p) {
 		return
 	}

@@ -423,10 +423,13 @@ type SendStats struct {
 	// Shared sends (Shared.Send, SendData of a retained Data): SharedSends sends of a buffer
 	// others may send too, BytesShared their bytes (no copy made for them). BytesDataCopied:
 	// bytes SendData copied into send buffers because their memory cannot be lent to a send
-	// (mapped or zcrx Data).
+	// (mapped Data; zcrx Data on the shim backend).
 	SharedSends     uint64
 	BytesShared     uint64
 	BytesDataCopied uint64
+	// BytesZcrxSent: zcrx Data that SendData sent from the zcrx area itself (no copy into
+	// send buffers: the area's buffer is held until the send is done).
+	BytesZcrxSent uint64
 }
 
 // RecvStats: every byte received, by the path it took, and what receiving waited for.

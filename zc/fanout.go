@@ -306,8 +306,9 @@ func (f *FanOut) Publish(b memreg.Buf, n int) error {
 // subscribers' queues stops receiving at its MaxRecvHeld. It releases d, except when it
 // returns ErrWouldBlock (FanOutPause; d is still the caller's: keep it, pause the
 // publisher's receiving if need be, and publish it again from OnReady). Data that cannot
-// be shared (mapped or zcrx: see Data.Retain) is refused with ErrNotSupported and left
-// with the caller, to copy into a buffer and Publish.
+// be shared with a fan-out's sends (mapped or zcrx Data: a fan-out sends memreg buffers
+// only) is refused with ErrNotSupported and left with the caller, to copy into a buffer
+// and Publish.
 func (f *FanOut) PublishData(d Data) error {
 	if _, ref := d.src.(*refData); d.src != nil && !ref {
 		return fmt.Errorf("zc: fan-out of mapped or zcrx Data (copy it into a buffer and Publish): %w", ErrNotSupported)

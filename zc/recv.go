@@ -12,8 +12,8 @@ type Data struct {
 }
 
 // A dataSource owns received bytes that are not a ring buffer of the Data's own: a run of
-// the mapped window (*mappedData, mapped.go), a buffer of a zcrx area (*zcrxData, zcrx.go),
-// or one more reference to a shared ring buffer (*refData, from Retain and Slice,
+// the mapped window (*mappedData, mapped.go), a buffer of a zcrx area (*zcrxData and its
+// further references *zcrxRef, zcrx.go), or one more reference to a shared ring buffer (*refData, from Retain and Slice,
 // shared.go). Ring Data, the common case, keeps its buffer inline (Data.buf, src nil) so
 // that a receive allocates nothing; every other difference between the receive paths is
 // behind this interface, so Data's methods never ask which path the bytes came from.

@@ -16,12 +16,13 @@ import (
 
 // shareCounters are the engine's shared-send counters (Stats).
 type shareCounters struct {
-	sends, bytes, dataCopied atomic.Uint64
+	sends, bytes, dataCopied, zcrxSent atomic.Uint64
 }
 
 func (c *shareCounters) fill(s *Stats) {
 	s.Send.SharedSends, s.Send.BytesShared = c.sends.Load(), c.bytes.Load()
 	s.Send.BytesDataCopied = c.dataCopied.Load()
+	s.Send.BytesZcrxSent = c.zcrxSent.Load()
 }
 
 // Retain returns a second reference to d's bytes, without copying them: d and the result are
@@ -33,8 +34,8 @@ func (c *shareCounters) fill(s *Stats) {
 // the plain and shim backends from the same memory), counted in Stats.Send.SharedSends.
 //
 // Data from the mapped window (RecvMapped) shares the window's pages as well: the window
-// reads again once every reference is released. Data in a zcrx area cannot be shared: its
-// Retain fails with an error matching ErrNotSupported (copy it with Bytes instead).
+// reads again once every reference is released. Data in a zcrx area shares the area's
+// buffer: it goes back to the kernel's refill ring with the last reference.
 // Retain of a released Data returns an error matching memreg.ErrStale.
 func (d Data) Retain() (Data, error) {
 	if d.src != nil {
@@ -102,7 +103,7 @@ func (c *Conn) sendRef(d Data, r *memreg.Ref) error {
 // Slice returns a reference to n bytes of d from off, without copying them: as Retain
 // (d stays valid, each is released or sent on its own, the receive credit goes back with the
 // last reference), but over part of the bytes. off and n must lie within d (ErrInvalid;
-// n == 0 is ErrEmpty). A slice of zcrx Data is ErrNotSupported, as its Retain.
+// n == 0 is ErrEmpty).
 func (d Data) Slice(off, n int) (Data, error) {
 	if off < 0 || n < 0 || off > d.n || n > d.n-off {
 		return Data{}, fmt.Errorf("zc: slice [%d, %d+%d) of %d bytes: %w", off, off, n, d.n, ErrInvalid)
@@ -222,16 +223,16 @@ func (s *Shared) Release() error {
 	return s.ref.Release()
 }
 
-// copyData queues a copy of p (the bytes of mapped or zcrx Data, which cannot be lent to a
-// send) charged to src's receive credit until sent, all or nothing: every send buffer it
+// copyData queues a copy of p (the bytes of Data whose memory a send cannot reference) charged to src's receive credit until sent, all or nothing: every send buffer it
 // needs is taken first, and when the pool refuses one (an error matching
 // memreg.ErrExhausted: the connection then hears OnWritable when a buffer is free for it)
 // the ones taken go back and nothing is queued. Bytes larger than the pool can ever hold
 // at once are refused with ErrTooLarge.
-// sendCopy is SendData of Data whose memory a send cannot reference (mapped or zcrx): the
-// bytes are copied into send buffers (all or nothing, copyData) and d is released. The
-// copies stay charged to the receiving connection's credit until sent (zcrx Data; mapped
-// Data holds none), as forwarded ring buffers are, so flow control works the same. A
+// sendCopy is SendData of Data whose memory a send cannot reference (mapped; zcrx on the
+// shim backend): the bytes are copied into send buffers (all or nothing, copyData) and d
+// is released. The copies stay charged to the receiving connection's credit until sent
+// (zcrx Data; mapped Data holds none), as forwarded ring buffers are, so flow control
+// works the same. A
 // refusal (the pool is exhausted: OnWritable follows; or too small: ErrTooLarge) leaves d
 // with the caller.
 func (c *Conn) sendCopy(d Data) error {

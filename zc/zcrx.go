@@ -191,7 +191,7 @@ func (zx *zcrxConn) finish() {}
 func (zx *zcrxConn) Data(s *zcrx.Stream, b []byte, buf zcrx.Buf) {
 	c := zx.c
 	c.q.zx.bytes.Add(uint64(len(b)))
-	c.deliver(Data{n: len(b), src: &zcrxData{buf}})
+	c.deliver(Data{n: len(b), src: newZcrxData(buf, len(b))})
 	if !c.ended() && !zx.inStop {
 		c.checkCredit()
 	}
@@ -230,29 +230,118 @@ func (zx *zcrxConn) End(s *zcrx.Stream, err error) {
 	}
 }
 
-// zcrxCredit is the receive credit a zcrx Data takes: the area pages it occupies (the
-// kernel puts each completion in buffers of a page).
 // zcrxData is a dataSource: a buffer of a zcrx area, which belongs to the kernel's zcrx
-// instance. It cannot be shared (the area's refill ring takes each buffer back once) nor lent
-// to a send (SendData copies it, sendCopy).
-type zcrxData struct{ b zcrx.Buf }
-
-func (z *zcrxData) bytes() []byte       { return z.b.Bytes() }
-func (z *zcrxData) credit(d Data) int64 { return zcrxCredit(d.n) }
-func (z *zcrxData) retain(Data) (dataSource, error) {
-	return nil, fmt.Errorf("zc: retain of zcrx Data (the area is the kernel's instance's; copy the bytes): %w", ErrNotSupported)
+// instance and goes back to it (through the refill ring) once, when the last reference
+// lets go: the delivered Data (this value's own reference), the Data Retain and Slice make
+// (*zcrxRef), and the sends of SendData (a seg's ext), which send from the area itself
+// without copying. The receiving connection's credit (MaxRecvHeld) stays charged until
+// then, so a relay over zcrx is flow-controlled as one over ring buffers.
+type zcrxData struct {
+	b    zcrx.Buf
+	n    int          // the completion's bytes (the credit is charged for them)
+	refs atomic.Int32 // references not yet released (this one included)
+	done atomic.Bool  // this reference (the delivered Data's) was released
 }
 
+func newZcrxData(b zcrx.Buf, n int) *zcrxData {
+	z := &zcrxData{b: b, n: n}
+	z.refs.Store(1)
+	return z
+}
+
+func (z *zcrxData) bytes() []byte {
+	if z.done.Load() {
+		return nil
+	}
+	return z.b.Bytes()
+}
+
+func (z *zcrxData) credit(Data) int64 { return zcrxCredit(z.n) }
+
+func (z *zcrxData) retain(Data) (dataSource, error) { return z.newRef(&z.done) }
+
 func (z *zcrxData) release(d Data) error {
-	if z.b.Release() != nil {
+	if !z.done.CompareAndSwap(false, true) {
 		return memreg.ErrStale
 	}
-	if d.c != nil {
-		d.c.releaseHeld(d.credit())
-	}
+	z.put(d.c)
 	return nil
 }
 
+// newRef is one more reference, made from a live one (from: its done flag; a misuse racing
+// that reference's Release is refused).
+func (z *zcrxData) newRef(from *atomic.Bool) (*zcrxRef, error) {
+	if from.Load() {
+		return nil, fmt.Errorf("zc: retain: %w", memreg.ErrStale)
+	}
+	z.refs.Add(1)
+	if from.Load() {
+		z.refs.Add(-1) // released meanwhile: never the last (that Release's put is to come)
+		return nil, fmt.Errorf("zc: retain: %w", memreg.ErrStale)
+	}
+	return &zcrxRef{z: z}, nil
+}
+
+// put drops one reference; the last gives the buffer back and, when c is the connection it
+// was charged to, its credit.
+func (z *zcrxData) put(c *Conn) {
+	if z.refs.Add(-1) != 0 {
+		return
+	}
+	z.b.Release()
+	if c != nil {
+		c.releaseHeld(zcrxCredit(z.n))
+	}
+}
+
+// zcrxRef is a further reference to a zcrx buffer: Data from Retain or Slice, or a send's
+// hold on it (seg.ext).
+type zcrxRef struct {
+	z    *zcrxData
+	c    *Conn // the connection charged for the buffer (a send's hold: Data's own is d.c)
+	done atomic.Bool
+}
+
+func (r *zcrxRef) bytes() []byte {
+	if r.done.Load() {
+		return nil
+	}
+	return r.z.b.Bytes()
+}
+
+func (r *zcrxRef) credit(Data) int64 { return zcrxCredit(r.z.n) }
+
+func (r *zcrxRef) retain(Data) (dataSource, error) { return r.z.newRef(&r.done) }
+
+func (r *zcrxRef) release(d Data) error {
+	if !r.done.CompareAndSwap(false, true) {
+		return memreg.ErrStale
+	}
+	r.z.put(d.c)
+	return nil
+}
+
+// sendZcrx is SendData of zcrx Data: the send references the area itself (a hold on the
+// buffer, seg.ext, which keeps it from the refill ring) and the buffer goes back, with the
+// receiving connection's credit, when the send (and its zero-copy notification) is done.
+func (c *Conn) sendZcrx(d Data) error {
+	src, err := d.src.retain(d)
+	if err != nil {
+		return c.opErr("send", err) // a released Data: memreg.ErrStale
+	}
+	hold := src.(*zcrxRef)
+	hold.c = d.c
+	d.Release() // the send's hold keeps the buffer
+	var sum uint64
+	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
+		sum = debugSum(hold.bytes()[:d.off+d.n]) // what checkSent reads back: from the start
+	}
+	c.e.shareCtr.zcrxSent.Add(uint64(d.n))
+	return c.enqueue(seg{ext: hold, off: int32(d.off), n: int32(d.off + d.n), src: d.c, sum: sum, shared: true})
+}
+
+// zcrxCredit is the receive credit a zcrx Data takes: the area pages it occupies (the
+// kernel puts each completion in buffers of a page).
 func zcrxCredit(n int) int64 {
 	page := os.Getpagesize()
 	return int64((n + page - 1) &^ (page - 1))

@@ -546,3 +546,115 @@ func TestZcrxNettest(t *testing.T) {
 	cfg.RecvPath, cfg.ZcrxAreaSize = RecvZcrx, 256<<10
 	nettest.TestConn(t, netPipe(t, cfg))
 }
+
+// TestZcrxForwardRetained: the server sends every Data back as two slices of it (Slice:
+// further references to the area's buffer) after releasing the original, checking on the
+// way that the released original is stale while its slices are not. Where zcrx is active
+// the slices go out from the area itself (Stats.Send.BytesZcrxSent, nothing copied) and
+// the buffers go back with the sends; the area (64 KiB, four times smaller than the
+// stream's chunks) and the receive credit would run dry after a few chunks if a hold
+// leaked. Every byte comes back in order.
+func TestZcrxForwardRetained(t *testing.T) {
+	want := zcrxExpected(t)
+	srv := newEngine(t, Config{Queues: 1, RecvPath: RecvZcrx, ZcrxAreaSize: 64 << 10, MaxRecvHeld: 48 << 10})
+	cli := newEngine(t, Config{Queues: 1})
+	const total = 8 << 20
+	misuse := make(chan error, 1)
+	report := func(err error) {
+		select {
+		case misuse <- err:
+		default:
+		}
+	}
+	l, err := srv.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		return HandlerFuncs{
+			Data: func(c *Conn, d Data) {
+				parts := []Data{d}
+				if k := d.Len() / 3; k > 0 {
+					a, err1 := d.Slice(0, k)
+					b, err2 := d.Slice(k, d.Len()-k)
+					if err1 != nil || err2 != nil {
+						report(fmt.Errorf("slices of %d bytes: %v, %v", d.Len(), err1, err2))
+					}
+					if err := d.Release(); err != nil {
+						report(fmt.Errorf("release of the sliced original: %v", err))
+					}
+					if d.Bytes() != nil {
+						report(errors.New("a released original still shows bytes"))
+					}
+					if _, err := d.Retain(); !errors.Is(err, memreg.ErrStale) {
+						report(fmt.Errorf("Retain of a released original = %v, want ErrStale", err))
+					}
+					if err := d.Release(); !errors.Is(err, memreg.ErrStale) {
+						report(fmt.Errorf("second Release = %v, want ErrStale", err))
+					}
+					parts = []Data{a, b}
+				}
+				for _, p := range parts {
+					if err := c.SendData(p); err != nil {
+						report(fmt.Errorf("SendData: %v", err))
+						p.Release()
+					}
+				}
+			},
+			EOF: func(c *Conn, err error) { c.CloseWrite() },
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	got := 0
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{
+		Data: func(c *Conn, d Data) {
+			if err := checkPattern(d.Bytes(), got); err != nil {
+				select {
+				case done <- err:
+				default:
+				}
+			}
+			got += d.Len()
+			d.Release()
+		},
+		EOF: func(c *Conn, err error) {
+			if got != total {
+				err = fmt.Errorf("got %d of %d bytes back (%v)", got, total, err)
+			} else {
+				err = nil
+			}
+			select {
+			case done <- err:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { writePattern(t, c, total); c.CloseWrite() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatalf("timeout after %d of %d bytes\n%s", got, total, engineDump(srv))
+	}
+	select {
+	case err := <-misuse:
+		t.Fatal(err)
+	default:
+	}
+	c.Close()
+	<-c.Done()
+	checkZcrxStats(t, srv, want, 1, total)
+	st := srv.Stats().Send
+	if want && (st.BytesZcrxSent != total || st.BytesDataCopied != 0) {
+		t.Fatalf("zcrx active: %d bytes sent from the area, %d copied; want %d and 0", st.BytesZcrxSent, st.BytesDataCopied, total)
+	}
+	if !want && st.BytesZcrxSent != 0 {
+		t.Fatalf("ring fallback: %d bytes counted as sent from a zcrx area", st.BytesZcrxSent)
+	}
+	t.Logf("server send %+v", st)
+}
