@@ -54,7 +54,7 @@ func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
 }
 
 func (b *epollCommon) update(c *Conn) {
-	if c.bk.recvUD != 0 && !c.fdClosed {
+	if c.bk.recvUD != 0 && c.sk != sockClosed {
 		b.ep.Mod(c.fd, evMask(c), c.bk.recvUD)
 	}
 }
@@ -263,7 +263,7 @@ func (b *plainBackend) closeSocket(c *Conn) {
 // it waits for EPOLLOUT).
 func (b *plainBackend) send(c *Conn) {
 	progress := false
-	for c.pendLen() > 0 && !c.fdClosed {
+	for c.pendLen() > 0 && c.sk != sockClosed {
 		n := 0
 		for n < c.pendLen() && n < maxIov {
 			s := &c.tx.pend[n]
@@ -288,7 +288,7 @@ func (b *plainBackend) send(c *Conn) {
 		c.advance(w)
 		progress = true
 	}
-	want := c.pendLen() > 0 && !c.fdClosed
+	want := c.pendLen() > 0 && c.sk != sockClosed
 	if want != c.bkWantOut {
 		c.bkWantOut = want
 		b.update(c)
@@ -363,7 +363,7 @@ func (b *plainBackend) onEvent(c *Conn, events uint32) {
 
 // read reads what the socket has (up to 16 buffers, then the loop serves others).
 func (b *plainBackend) read(c *Conn) {
-	for i := 0; i < 16 && c.recvArmed && !c.fdClosed; i++ {
+	for i := 0; i < 16 && c.recvArmed && c.sk != sockClosed; i++ {
 		buf, err := b.getBuf()
 		if err != nil {
 			// At the pool's cap: wait for a release.

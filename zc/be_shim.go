@@ -271,7 +271,7 @@ func (b *shimBackend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
 
 func (b *shimBackend) send(c *Conn) {
 	st := c.bk.shim
-	if st == nil || !st.attached || c.fdClosed {
+	if st == nil || !st.attached || c.sk == sockClosed {
 		return
 	}
 	for st.inflight < c.pendLen() && st.inflight < shimMaxInflight {
@@ -388,7 +388,7 @@ func (b *shimBackend) stopRecv(c *Conn) {
 
 func (b *shimBackend) postRecv(c *Conn) {
 	st := c.bk.shim
-	if st == nil || st.recvOut || !c.recvArmed || c.fdClosed || !st.attached {
+	if st == nil || st.recvOut || !c.recvArmed || c.sk == sockClosed || !st.attached {
 		return
 	}
 	if b.rx.SQSpace() == 0 {

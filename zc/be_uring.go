@@ -168,7 +168,7 @@ func (b *uringBackend) fixedIndex(s *seg, addr uintptr, n int) (uint16, bool) {
 }
 
 func (b *uringBackend) send(c *Conn) {
-	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.fdClosed {
+	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.sk == sockClosed {
 		return
 	}
 	head := &c.tx.pend[0]

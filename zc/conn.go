@@ -168,8 +168,7 @@ type Conn struct {
 	// Loop side, here to share a word with the fields above (idle memory per connection).
 	recvArmed bool
 	eof       bool
-	fdClosed  bool // the socket is closed (by the backend, or by a failed dial)
-	wrShut    bool
+	sk        sockState // open, write side shut (CloseWrite), or closed
 
 	scheduled atomic.Bool
 	closedAt  atomic.Bool  // finished: Done is (or returns) a closed channel

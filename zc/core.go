@@ -87,7 +87,7 @@ func (c *Conn) takeCut() int {
 
 // pump hands pending segments to the backend.
 func (c *Conn) pump() {
-	if c.fdClosed || !c.opened() || c.connect != nil {
+	if c.sk == sockClosed || !c.opened() || c.connect != nil {
 		return
 	}
 	c.takeWork()
@@ -536,7 +536,7 @@ func (c *Conn) unpause(reason int32) {
 
 // armRecv (re)starts receiving unless something says not to.
 func (c *Conn) armRecv() {
-	if c.recvArmed || c.eof || c.inClose() || c.ended() || c.fdClosed || c.paused != 0 || !c.opened() || c.connect != nil {
+	if c.recvArmed || c.eof || c.inClose() || c.ended() || c.sk == sockClosed || c.paused != 0 || !c.opened() || c.connect != nil {
 		return
 	}
 	c.q.be.armRecv(c)
@@ -568,14 +568,14 @@ func (c *Conn) gotEOF(err error) {
 // ---- half-close --------------------------------------------------------------------------
 
 func (c *Conn) maybeShutdownWrite() {
-	if c.wrShut || c.fdClosed {
+	if c.sk != sockOpen {
 		return
 	}
 	c.mu.Lock()
 	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
-		c.wrShut = true
+		c.sk = sockWriteShut
 		unix.Shutdown(c.fd, unix.SHUT_WR)
 	}
 }
@@ -647,7 +647,7 @@ func (c *Conn) abortSends() {
 		c.finishSeg(s)
 	}
 	c.dropProducer()
-	if !c.fdClosed {
+	if c.sk != sockClosed {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 }
@@ -683,7 +683,7 @@ func (c *Conn) advanceClose() {
 		return
 	}
 	now := time.Now()
-	if !c.fdClosed {
+	if c.sk != sockClosed {
 		c.mu.Lock()
 		producer := len(c.out) > 0 || c.staged()
 		c.mu.Unlock()
@@ -723,7 +723,7 @@ func (c *Conn) finish() {
 		c.cl.timer.Stop()
 		c.cl.timer = nil
 	}
-	if !c.fdClosed {
+	if c.sk != sockClosed {
 		c.q.be.closeSocket(c)
 		c.socketClosed()
 	}

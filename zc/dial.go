@@ -227,7 +227,7 @@ func (c *Conn) dialFailed(err error) {
 	}
 	c.connect = nil
 	c.setLife(lifeFinished)
-	c.fdClosed = true
+	c.sk = sockClosed
 	c.sock.Close()
 	c.fd = -1
 	c.q.removeConn(c)

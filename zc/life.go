@@ -7,11 +7,11 @@ package zc
 //	lifeOpen     started (accept function or DialAsync's done ran): receiving and sending
 //	lifeClosing  Close or an error began the close (beginClose): queued sends drain (a
 //	             graceful close, bounded by CloseTimeout) or were dropped (an error), then
-//	             the socket is closed (fdClosed) and in-flight operations and zero-copy
+//	             the socket is closed (sockClosed) and in-flight operations and zero-copy
 //	             notifications are waited for
 //	lifeFinished OnClose ran (finish), or the dial failed (dialFailed): Done is closed
 //
-// The socket itself is a resource, not a stage: fdClosed says it is gone (closing closes it
+// The socket itself is a resource, not a stage: sockState says where it is (closing closes it
 // before finishing; a failed dial closes it and finishes at once).
 type connLife uint8
 
@@ -74,8 +74,19 @@ func (c *Conn) recvEnded()   { c.recvArmed = false }
 func (c *Conn) opStarted() { c.ops++ }
 func (c *Conn) opEnded()   { c.ops-- }
 
+// sockState is where the connection's socket is; it only moves forward. The socket is a
+// resource, not a stage of the connection's life: a connection may be open with its write
+// side shut, or closing with its socket already closed.
+type sockState uint8
+
+const (
+	sockOpen      sockState = iota
+	sockWriteShut           // shutdown(SHUT_WR) sent the FIN (CloseWrite, once the queue drained)
+	sockClosed              // closed by the backend (closeSocket), or by a failed dial
+)
+
 // socketClosed records that the backend closed the socket (closeSocket).
 func (c *Conn) socketClosed() {
-	c.fdClosed = true
+	c.sk = sockClosed
 	c.fd = -1
 }

@@ -150,7 +150,7 @@ func (c *Conn) sendFileHead() {
 	}
 	moved := 0
 	for s.off < s.n {
-		if c.fdClosed {
+		if c.sk == sockClosed {
 			return
 		}
 		if moved >= sendFileTurn {
@@ -230,7 +230,7 @@ func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 	if fs.w.ringPoll() {
 		c.opEnded()
 	}
-	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.fdClosed {
+	if fs.w.fired(ev) && !fs.released && !c.ended() && c.sk != sockClosed {
 		c.sendFileHead()
 	}
 	if c.inClose() {
