@@ -34,7 +34,7 @@ func evMask(c *Conn) uint32 {
 	if c.recvArmed {
 		m |= unix.EPOLLIN | unix.EPOLLRDHUP
 	}
-	if c.bkWantOut {
+	if c.bk.wantOut {
 		m |= unix.EPOLLOUT
 	}
 	return m
@@ -229,7 +229,7 @@ func (b *plainBackend) name() Backend             { return BackendPlain }
 func (b *plainBackend) directOK() bool            { return true }
 func (b *plainBackend) zeroCopy() bool            { return false }
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *plainBackend) sending(c *Conn) bool      { return c.bkWantOut }
+func (b *plainBackend) sending(c *Conn) bool      { return c.bk.wantOut }
 func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }
 func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn)(c)) }
 func (b *plainBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
@@ -255,7 +255,7 @@ func (b *plainBackend) stopRecv(c *Conn) {
 
 func (b *plainBackend) closeSocket(c *Conn) {
 	b.unregister(c)
-	c.bkWantOut = false
+	c.bk.wantOut = false
 	c.sock.Close()
 }
 
@@ -289,11 +289,11 @@ func (b *plainBackend) send(c *Conn) {
 		progress = true
 	}
 	want := c.pendLen() > 0 && c.sk != sockClosed
-	if want != c.bkWantOut {
-		c.bkWantOut = want
+	if want != c.bk.wantOut {
+		c.bk.wantOut = want
 		b.update(c)
 	}
-	if progress && !c.bkWantOut {
+	if progress && !c.bk.wantOut {
 		// Completed synchronously: OnWritable runs from the loop, not from inside Send.
 		b.q.MarkDirty((*plainWritable)(c))
 	}
@@ -338,15 +338,15 @@ func (ec *econn) OnEvent(lq *loop.Queue, ev loop.Event) {
 }
 
 func (b *plainBackend) onEvent(c *Conn, events uint32) {
-	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.bkWantOut && c.bk.recvUD != 0 {
+	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.bk.wantOut && c.bk.recvUD != 0 {
 		// epoll reports these whatever the mask: while the connection neither receives nor
 		// waits to send, silence them until the next update (armRecv, a blocked send).
 		b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.bk.recvUD)
 		return
 	}
-	if events&unix.EPOLLOUT != 0 && c.bkWantOut {
+	if events&unix.EPOLLOUT != 0 && c.bk.wantOut {
 		b.send(c)
-		if !c.bkWantOut {
+		if !c.bk.wantOut {
 			c.sendProgress()
 		}
 	}
@@ -368,7 +368,7 @@ func (b *plainBackend) read(c *Conn) {
 		if err != nil {
 			// At the pool's cap: wait for a release.
 			b.stopRecv(c)
-			c.bkNeedArm = true
+			c.bk.needArm = true
 			b.starved = append(b.starved, c)
 			b.q.ctr.bufEmpty.Add(1)
 			return
@@ -432,8 +432,8 @@ func (b *plainBackend) retryStarved() {
 	st := b.starved
 	b.starved = nil
 	for _, c := range st {
-		if c.bkNeedArm {
-			c.bkNeedArm = false
+		if c.bk.needArm {
+			c.bk.needArm = false
 			c.armRecv()
 		}
 	}

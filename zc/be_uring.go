@@ -140,7 +140,7 @@ func (b *uringBackend) armRecv(c *Conn) {
 	}
 	sqe.UserData = c.bk.recvUD
 	c.recvStarted()
-	c.bkNeedArm = false
+	c.bk.needArm = false
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
@@ -349,7 +349,7 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.bkNeedArm = true
+			c.bk.needArm = true
 			b.rp.rr.WaitBuffers((*rearm)(c))
 		}
 		return
@@ -376,8 +376,8 @@ type rearm Conn
 
 func (r *rearm) Flush(*loop.Queue) {
 	c := (*Conn)(r)
-	if c.bkNeedArm {
-		c.bkNeedArm = false
+	if c.bk.needArm {
+		c.bk.needArm = false
 		c.armRecv()
 	}
 }

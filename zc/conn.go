@@ -188,16 +188,12 @@ type Conn struct {
 	destPauses int32         // destinations we wait for
 	qi         int32         // index in the queue's connection list (loop only; -1 when not in it)
 	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
-	// The backend's own state of the connection (never the core's): bk, and two flags kept
-	// out of it so that they share a word with life.
-	bkWantOut bool // plain backend: waiting for EPOLLOUT
-	bkNeedArm bool // waiting for receive buffers
-	bk        backendConn
-	parked    *parkedRecv // receives that landed while the user paused (deliver, unparkRecv)
-	closeErr  error
-	cl        *closeState // made by beginClose
-	rx        recvPath    // where received bytes land when not the queue's ring (nil): recv.go
-	connect   *connectState
+	bk         backendConn   // the backend's own state of the connection (never the core's)
+	parked     *parkedRecv   // receives that landed while the user paused (deliver, unparkRecv)
+	closeErr   error
+	cl         *closeState // made by beginClose
+	rx         recvPath    // where received bytes land when not the queue's ring (nil): recv.go
+	connect    *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow (raddr->laddr) on close
 

@@ -320,7 +320,7 @@ func (k *fakeKernel) start(c *Conn) error {
 
 func (k *fakeKernel) sending(c *Conn) bool {
 	if k.epoll {
-		return c.bkWantOut
+		return c.bk.wantOut
 	}
 	t := c.txp.Load()
 	return t != nil && t.u.ud != 0
@@ -356,7 +356,7 @@ func (k *fakeKernel) armRecv(c *Conn) {
 	c.bk.recvUD = k.newOp(c, fc, tagRecv)
 	fc.rud, fc.rmulti, fc.rcancel = c.bk.recvUD, k.rng.IntN(3) != 0, false
 	c.recvStarted()
-	c.bkNeedArm = false
+	c.bk.needArm = false
 }
 
 func (k *fakeKernel) stopRecv(c *Conn) {
@@ -418,7 +418,7 @@ func (k *fakeKernel) closeSocket(c *Conn) {
 			c.opEnded()
 			fc.rud = 0
 		}
-		c.bkWantOut = false
+		c.bk.wantOut = false
 	}
 	k.stopRecv(c)
 	c.sock.Close()
@@ -467,7 +467,7 @@ func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.bkNeedArm = true
+			c.bk.needArm = true
 			k.waitBuffers(c)
 		}
 		return
@@ -522,8 +522,8 @@ func (k *fakeKernel) retryStarved() {
 	st := k.starved
 	k.starved = nil
 	for _, c := range st {
-		if c.bkNeedArm {
-			c.bkNeedArm = false
+		if c.bk.needArm {
+			c.bk.needArm = false
 			c.armRecv()
 		}
 	}
@@ -572,7 +572,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
 				a = append(a, fakeAct{kind: actRecv, fc: fc})
 			}
-			if fc.rud != 0 && fc.c.bkWantOut && (fc.reset || fc.sndq < fc.sndCap) {
+			if fc.rud != 0 && fc.c.bk.wantOut && (fc.reset || fc.sndq < fc.sndCap) {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
 		} else {
@@ -1001,9 +1001,9 @@ func (k *fakeKernel) doNotif(fc *fconn, i int) {
 // onReady is plainBackend.onEvent.
 func (k *fakeKernel) onReady(fc *fconn, events uint32) {
 	c := fc.c
-	if events&unix.EPOLLOUT != 0 && c.bkWantOut {
+	if events&unix.EPOLLOUT != 0 && c.bk.wantOut {
 		k.sendSync(c)
-		if !c.bkWantOut {
+		if !c.bk.wantOut {
 			c.sendProgress()
 		}
 	}
@@ -1057,10 +1057,10 @@ func (k *fakeKernel) sendSync(c *Conn) {
 		progress = true
 	}
 	want := c.pendLen() > 0 && c.sk != sockClosed
-	if want != c.bkWantOut {
-		c.bkWantOut = want
+	if want != c.bk.wantOut {
+		c.bk.wantOut = want
 	}
-	if progress && !c.bkWantOut {
+	if progress && !c.bk.wantOut {
 		k.q.MarkDirty((*plainWritable)(c))
 	}
 }
@@ -1075,7 +1075,7 @@ func (k *fakeKernel) readSync(fc *fconn) {
 		}
 		if err != nil {
 			k.stopRecv(c)
-			c.bkNeedArm = true
+			c.bk.needArm = true
 			k.starved = append(k.starved, c)
 			k.sim.enobufs++
 			fc.tracef("read: no buffer")

@@ -60,9 +60,10 @@ func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
 // backend's work it learns from the backend's reports (recvStarted, recvEnded, opStarted,
 // opEnded, and the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
 type backendConn struct {
-	recvUD uint64         // multishot recv / epoll registration / poll
-	shim   *shimConnState // zcshim backend
-	// (Conn.bkWantOut and Conn.bkNeedArm are the backend's too.)
+	recvUD  uint64         // multishot recv / epoll registration / poll
+	shim    *shimConnState // zcshim backend
+	wantOut bool           // plain backend: waiting for EPOLLOUT
+	needArm bool           // waiting for receive buffers
 }
 
 // recvStarted / recvEnded: the backend reports that receiving is armed / no longer armed.

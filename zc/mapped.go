@@ -126,7 +126,7 @@ func (m *mappedRecv) arm(b *uringBackend) {
 	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
 	sqe.UserData = c.bk.recvUD
 	c.recvStarted()
-	c.bkNeedArm = false
+	c.bk.needArm = false
 }
 
 // stop cancels the poll (the backend's stopRecv); its last completion follows.

@@ -169,7 +169,7 @@ func (zx *zcrxConn) arm(*uringBackend) {
 	}
 	zx.s = s
 	c.recvStarted()
-	c.bkNeedArm = false
+	c.bk.needArm = false
 	c.opStarted()
 }
 
