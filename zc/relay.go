@@ -3,6 +3,7 @@ package zc
 import (
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 )
 
@@ -14,7 +15,10 @@ import (
 //   - a side's EOF half-closes the other side (CloseWrite, after what is queued for it), so
 //     a peer that half-closes first still gets everything the other side sends afterwards;
 //   - once both sides sent their EOF both connections close gracefully (queued bytes still
-//     go out); when either side fails or closes, the other is closed too.
+//     go out); when either side fails or closes, the other is closed too, after what the
+//     relay took from the closed side. A graceful Close of either side lets out what the
+//     relay took for it too; bytes a failed or reset side can no longer take are counted in
+//     RelayStats.Lost, and RelayStats.Err says why the relay ended.
 //
 // Relay replaces both connections' handlers and lifts a receive pause set with
 // SetReceivePaused. A connection that may receive before Relay runs must be paused until
@@ -164,10 +168,46 @@ type RelayStats struct {
 	// SplicedAtoB and SplicedBtoA are the part of AtoB and BtoA that moved by splice(2); the
 	// rest went by SendData (on the splice path, bytes received before the relay took over).
 	SplicedAtoB, SplicedBtoA atomic.Uint64
-	ended                    atomic.Int32 // directions that ended with EOF
-	closed                   atomic.Int32 // connections that finished
-	path                     RelayPath
-	fallback                 error
+	// Lost counts bytes the splice path took from one side and could not deliver to the
+	// other: they were in its pipe when the destination failed, was reset, or gave up
+	// sending them (a close that was not graceful, or CloseTimeout). A graceful Close of
+	// either side loses nothing: what the relay holds goes out first. (The SendData path
+	// holds nothing of its own: its bytes are queued sends of the destination.)
+	Lost     atomic.Uint64
+	ended    atomic.Int32 // directions that ended with EOF
+	closed   atomic.Int32 // connections that finished
+	path     RelayPath
+	fallback error
+	mu       sync.Mutex
+	err      error // the first failure (mu)
+}
+
+// Err reports why the relay ended other than by both sides' EOF and graceful closes: the
+// first failure (a reset: an error wrapping the system call's), or, when bytes were lost,
+// an error saying how many (and matching the failure, or ErrClosed). Nil while no failure
+// is known.
+func (r *RelayStats) Err() error {
+	r.mu.Lock()
+	err := r.err
+	r.mu.Unlock()
+	if n := r.Lost.Load(); n > 0 {
+		return fmt.Errorf("relay: %d bytes taken from one side were not delivered to the other: %w", n, err)
+	}
+	return err
+}
+
+func (r *RelayStats) setErr(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+}
+
+// lose counts n bytes that cannot be delivered, because of err (any goroutine).
+func (r *RelayStats) lose(n uint64, err error) {
+	r.setErr(err)
+	r.Lost.Add(n)
 }
 
 // Finished reports whether both connections of the relay closed (OnClose ran on both).
