@@ -145,7 +145,7 @@ type Conn struct {
 	// closeHolder to queue the bytes it holds for this connection (enqueueHeld) or to say
 	// it has none (releaseHold)
 	holdClose bool
-	network  netKind
+	network   netKind
 	// Loop side, here to share a word with the fields above (idle memory per connection).
 	recvArmed bool
 	eof       bool
