@@ -60,10 +60,10 @@ type heldEnv struct {
 	taken       int64 // bytes the relay took from the backend's socket before the test acted
 }
 
-func newHeldEnv(t *testing.T, be Backend, queues int, closeTimeout time.Duration) *heldEnv {
+func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 	h := &heldEnv{}
 	backConn := make(chan *net.TCPConn, 1)
-	h.s = newSpliceEnv(t, Config{Backend: be, Queues: queues, CloseTimeout: closeTimeout}, RelayOptions{Path: RelaySplice, PipeSize: 1 << 20},
+	h.s = newSpliceEnv(t, cfg, RelayOptions{Path: RelaySplice, PipeSize: 1 << 20},
 		func(c *net.TCPConn) {
 			backConn <- c
 			writeStream(c, 11, 1<<30) // until the relay closes (or resets) it
@@ -192,23 +192,27 @@ func TestRelaySpliceCloseHeld(t *testing.T) {
 		for _, side := range []string{"destination", "source"} {
 			for _, queues := range []int{1, 2} {
 				t.Run(fmt.Sprintf("%v/%s/%dq", be, side, queues), func(t *testing.T) {
-					h := newHeldEnv(t, be, queues, 0)
-					c := h.front // the pipe's destination
-					if side == "source" {
-						c = h.back
-					}
-					if err := c.Close(); err != nil {
-						t.Fatal(err)
-					}
-					h.finish(t)
-					if n := h.rs.Lost.Load(); n != 0 || h.rs.Err() != nil {
-						t.Errorf("lost %d bytes, Err %v", n, h.rs.Err())
-					}
-					waitPipes(t, h.s.e)
+					testRelaySpliceCloseHeld(t, Config{Backend: be, Queues: queues}, side)
 				})
 			}
 		}
 	}
+}
+
+func testRelaySpliceCloseHeld(t *testing.T, cfg Config, side string) {
+	h := newHeldEnv(t, cfg)
+	c := h.front // the pipe's destination
+	if side == "source" {
+		c = h.back
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.finish(t)
+	if n := h.rs.Lost.Load(); n != 0 || h.rs.Err() != nil {
+		t.Errorf("lost %d bytes, Err %v", n, h.rs.Err())
+	}
+	waitPipes(t, h.s.e)
 }
 
 // TestRelaySpliceResetOtherWay: the backend resets after the relay took its bytes; the
@@ -218,7 +222,7 @@ func TestRelaySpliceCloseHeld(t *testing.T) {
 func TestRelaySpliceResetOtherWay(t *testing.T) {
 	for _, be := range spliceBackends() {
 		t.Run(be.String(), func(t *testing.T) {
-			h := newHeldEnv(t, be, 2, 0)
+			h := newHeldEnv(t, Config{Backend: be, Queues: 2})
 			h.bc.SetLinger(0)
 			h.bc.Close() // RST
 			back := h.back
@@ -254,7 +258,7 @@ func TestRelaySpliceResetOtherWay(t *testing.T) {
 func TestRelaySpliceCloseTimeout(t *testing.T) {
 	for _, be := range spliceBackends() {
 		t.Run(be.String(), func(t *testing.T) {
-			h := newHeldEnv(t, be, 2, 100*time.Millisecond)
+			h := newHeldEnv(t, Config{Backend: be, Queues: 2, CloseTimeout: 100 * time.Millisecond})
 			if err := h.front.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -136,7 +136,7 @@ func (r *spliceRelay) checkQuiet(c *Conn, i int) {
 	// (SendData, before the splice starts), and receiving stays off under pauseSplice.
 	c.unpause(pauseUser)
 	c.unparkRecv() // now, before the splice can start: the parked bytes come first
-	if c.recvArmed {
+	if !recvQuiet(c) {
 		// A cancelled receive still completes (its data goes to OnData: SendData): look
 		// again shortly.
 		c.q.After(200*time.Microsecond, func() { r.checkQuiet(c, i) })
