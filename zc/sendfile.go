@@ -226,25 +226,23 @@ func (f *fileDone) Flush(*loop.Queue) {
 	}
 }
 
-// wait arms a one-shot wait for room in the socket (loop only).
+// wait arms a one-shot wait for room in the socket (loop only): an epoll registration of a
+// duplicate of the connection's descriptor in the queue's watch epoll (the plain and shim
+// backends' own; on io_uring the private one whose readiness the ring reports, shared with
+// the queue's splice relays, so that many waiting sends cost one ring operation per batch),
+// or, where that epoll could not be made, a POLL_ADD through the ring per wait. The
+// duplicate keeps the registration away from the connection's own descriptor (registered in
+// the backend's epoll already, and closed by the core while a wait may be out).
 func (fs *fileSeg) wait() error {
 	c := fs.c
 	if fs.w == nil {
-		fd := c.fd
-		// A POLL_ADD through the ring on the io_uring backend; an epoll registration of a
-		// duplicate on the others (the connection's descriptor is registered already).
-		fs.w = &fdWatch{q: c.q, owner: fs, tag: tagFileOut}
-		if _, ok := c.q.be.(*uringBackend); ok {
-			fs.w.ring = true
-		} else {
-			d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			fs.wfd, fd = d, d
-			c.opStarted() // the registration, until release
+		d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return err
 		}
-		fs.w.fd = fd
+		fs.wfd = d
+		c.opStarted() // the registration, until release
+		fs.w = &fdWatch{q: c.q, fd: d, owner: fs, tag: tagFileOut}
 	}
 	if err := fs.w.arm(unix.POLLOUT); err != nil {
 		return err
