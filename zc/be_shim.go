@@ -381,6 +381,10 @@ func (b *shimBackend) armRecv(c *Conn) {
 	}
 }
 
+// recvInFlight: stopRecv stops asking epoll, but a RECV already posted in the module still
+// completes (and takes bytes from the socket).
+func (b *shimBackend) recvInFlight(c *Conn) bool { return c.bk.shim != nil && c.bk.shim.recvOut }
+
 func (b *shimBackend) stopRecv(c *Conn) {
 	c.recvEnded()
 	b.update(c)

@@ -164,7 +164,11 @@ type Conn struct {
 	kicked   bool          // the loop knows about our work, or has a send in flight
 	closeReq bool
 	shutReq  bool
-	network  netKind
+	// holdClose: a graceful close waits (as for queued sends, up to CloseTimeout) for a
+	// closeHolder to queue the bytes it holds for this connection (enqueueHeld) or to say
+	// it has none (releaseHold)
+	holdClose bool
+	network   netKind
 	// Loop side, here to share a word with the fields above (idle memory per connection).
 	recvArmed bool
 	eof       bool
@@ -569,6 +573,43 @@ func (c *Conn) enqueue(s seg) error {
 		c.schedule()
 	}
 	return nil
+}
+
+// enqueueHeld queues s, the bytes a closeHolder held for this connection, even though a
+// graceful close began (which waits for them), and ends the hold. Once the close gave up
+// waiting (an abort, CloseTimeout) or never waited, s is dropped (finishSeg) and the
+// error is ErrClosed's.
+func (c *Conn) enqueueHeld(s seg) error {
+	c.mu.Lock()
+	if !c.holdClose {
+		c.mu.Unlock()
+		return c.enqueue(s)
+	}
+	c.holdClose = false
+	c.flushStageLocked()
+	c.txLocked()
+	c.out = append(c.out, s)
+	c.queued += int(s.n - s.off)
+	kick := c.kickLocked()
+	c.mu.Unlock()
+	if kick {
+		c.schedule()
+	}
+	return nil
+}
+
+// releaseHold ends a closeHolder's hold without bytes: the close goes on (any goroutine).
+func (c *Conn) releaseHold() {
+	c.mu.Lock()
+	held := c.holdClose
+	c.holdClose = false
+	c.mu.Unlock()
+	if held {
+		c.scheduled.Store(true)
+		if c.q.Schedule((*connSched)(c)) != nil {
+			c.scheduled.Store(false)
+		}
+	}
 }
 
 // Write copies p into send buffers and queues them; it blocks while the connection has

@@ -153,7 +153,7 @@ func (c *Conn) advance(res int) {
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
 	if s.file != nil {
-		s.file.release()
+		s.file.release(s.n - s.off)
 		return
 	}
 	if s.sum != 0 {
@@ -619,9 +619,22 @@ func (c *Conn) beginClose(err error) {
 	}
 	if err != nil {
 		c.abortSends()
+	} else if h, ok := c.h.(closeHolder); ok {
+		c.mu.Lock()
+		c.holdClose = true
+		c.mu.Unlock()
+		h.closing(c)
 	}
 	c.pump()
 	c.advanceClose()
+}
+
+// closeHolder is a handler that holds bytes for its connection outside the send queue (a
+// splice relay's pipe: splice_relay.go). A graceful close tells it (closing, on the
+// connection's queue) and waits, as for queued sends and bounded by CloseTimeout, until it
+// queued them (enqueueHeld) or said it has none (releaseHold).
+type closeHolder interface {
+	closing(c *Conn)
 }
 
 func (c *Conn) closeTimer() {
@@ -657,6 +670,7 @@ func (c *Conn) dropProducer() {
 	c.mu.Lock()
 	out := c.out
 	c.out = nil
+	c.holdClose = false // what a closeHolder queues from now on is dropped (enqueueHeld)
 	n := 0
 	if c.staged() {
 		c.tx.hasStage = false
@@ -685,7 +699,7 @@ func (c *Conn) advanceClose() {
 	now := time.Now()
 	if c.sk != sockClosed {
 		c.mu.Lock()
-		producer := len(c.out) > 0 || c.staged()
+		producer := len(c.out) > 0 || c.staged() || c.holdClose
 		c.mu.Unlock()
 		sending := c.pendLen() > 0 || c.q.be.sending(c) || producer
 		if sending && c.closeErr == nil && now.Before(c.cl.deadline) {

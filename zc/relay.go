@@ -3,6 +3,7 @@ package zc
 import (
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 )
 
@@ -14,7 +15,10 @@ import (
 //   - a side's EOF half-closes the other side (CloseWrite, after what is queued for it), so
 //     a peer that half-closes first still gets everything the other side sends afterwards;
 //   - once both sides sent their EOF both connections close gracefully (queued bytes still
-//     go out); when either side fails or closes, the other is closed too.
+//     go out); when either side fails or closes, the other is closed too, after what the
+//     relay took from the closed side. A graceful Close of either side lets out what the
+//     relay took for it too; bytes a failed or reset side can no longer take are counted in
+//     RelayStats.Lost, and RelayStats.Err says why the relay ended.
 //
 // Relay replaces both connections' handlers and lifts a receive pause set with
 // SetReceivePaused. A connection that may receive before Relay runs must be paused until
@@ -30,7 +34,7 @@ type RelayPath uint8
 
 const (
 	// RelayAuto picks the cheapest correct path: RelaySplice where both connections' queues
-	// can splice (the io_uring and plain backends) and no zero-copy receive (RecvZcrx)
+	// can splice (the io_uring, plain and zcshim backends) and no zero-copy receive (RecvZcrx)
 	// delivers into registered memory; RelaySendData otherwise. RelayStats.Path says which,
 	// and RelayStats.Fallback why not splice.
 	RelayAuto RelayPath = iota
@@ -39,8 +43,8 @@ const (
 	// each send. The engine's flow control (MaxRecvHeld, MaxQueuedBytes) bounds memory.
 	RelaySendData
 	// RelaySplice moves bytes socket → pipe → socket with splice(2), never through user
-	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain
-	// backend's, or on io_uring one whose readiness the ring reports) and splices without
+	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain and
+	// shim backends', or on io_uring one whose readiness the ring reports) and splices without
 	// blocking. The pipe (RelayOptions.PipeSize per direction)
 	// is the flow control: while it holds bytes the destination has not taken, the source is
 	// not read. Each relay holds two pipes and a duplicate of each connection's descriptor.
@@ -144,7 +148,7 @@ func spliceRefusal(a, b *Conn) error {
 	for _, c := range []*Conn{a, b} {
 		if !spliceCapable(c.q) {
 			return &NotSupportedError{What: "splice relay on the " + c.e.backend.String() + " backend",
-				Need: "the io_uring or plain backend"}
+				Need: "the io_uring, plain or shim backend"}
 		}
 		if c.e.cfg.RecvPath == RecvZcrx {
 			return &NotSupportedError{What: "splice relay with RecvZcrx",
@@ -164,10 +168,46 @@ type RelayStats struct {
 	// SplicedAtoB and SplicedBtoA are the part of AtoB and BtoA that moved by splice(2); the
 	// rest went by SendData (on the splice path, bytes received before the relay took over).
 	SplicedAtoB, SplicedBtoA atomic.Uint64
-	ended                    atomic.Int32 // directions that ended with EOF
-	closed                   atomic.Int32 // connections that finished
-	path                     RelayPath
-	fallback                 error
+	// Lost counts bytes the splice path took from one side and could not deliver to the
+	// other: they were in its pipe when the destination failed, was reset, or gave up
+	// sending them (a close that was not graceful, or CloseTimeout). A graceful Close of
+	// either side loses nothing: what the relay holds goes out first. (The SendData path
+	// holds nothing of its own: its bytes are queued sends of the destination.)
+	Lost     atomic.Uint64
+	ended    atomic.Int32 // directions that ended with EOF
+	closed   atomic.Int32 // connections that finished
+	path     RelayPath
+	fallback error
+	mu       sync.Mutex
+	err      error // the first failure (mu)
+}
+
+// Err reports why the relay ended other than by both sides' EOF and graceful closes: the
+// first failure (a reset: an error wrapping the system call's), or, when bytes were lost,
+// an error saying how many (and matching the failure, or ErrClosed). Nil while no failure
+// is known.
+func (r *RelayStats) Err() error {
+	r.mu.Lock()
+	err := r.err
+	r.mu.Unlock()
+	if n := r.Lost.Load(); n > 0 {
+		return fmt.Errorf("relay: %d bytes taken from one side were not delivered to the other: %w", n, err)
+	}
+	return err
+}
+
+func (r *RelayStats) setErr(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+}
+
+// lose counts n bytes that cannot be delivered, because of err (any goroutine).
+func (r *RelayStats) lose(n uint64, err error) {
+	r.setErr(err)
+	r.Lost.Add(n)
 }
 
 // Finished reports whether both connections of the relay closed (OnClose ran on both).

@@ -72,7 +72,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	for i, s := range segs {
 		if err := c.enqueue(s); err != nil {
 			for _, r := range segs[i+1:] {
-				r.file.release()
+				r.file.release(r.n)
 			}
 			return err
 		}
@@ -122,16 +122,30 @@ func (r *fileRef) put() {
 	}
 }
 
-// fileSeg is the file part of a seg: bytes base+seg.off .. base+seg.n of the file. The core
-// keeps a file segment alone at the head of the connection's pending sends (takeWork), so a
+// fileSeg is the descriptor part of a seg: bytes base+seg.off .. base+seg.n of a file, or
+// (pipe set) the seg.n bytes a splice relay's pipe holds for this connection. The core keeps
+// such a segment alone at the head of the connection's pending sends (takeWork), so a
 // backend's send never sees one; sendFileHead moves it.
 type fileSeg struct {
 	c        *Conn
-	ref      *fileRef
+	ref      *fileRef // a file (nil for a pipe)
+	pipe     *pipeSeg // a relay's pipe (nil for a file)
 	base     int64
 	w        *fdWatch // waiting for room in the socket
 	wfd      int      // epoll backends: the duplicate the watch waits on (-1: none)
 	released bool
+}
+
+// pipeSeg is a splice relay's pipe handed to its destination connection when the relay
+// stopped with bytes in it (splice_relay.go: handOver): the connection sends them with
+// splice(2) like a SendFile range, so a graceful close lets them out, and an abort (or
+// CloseTimeout) drops them: RelayStats.Lost counts those.
+type pipeSeg struct {
+	p       pipePair
+	home    *queue // the relay's queue, whose counters hold the pipe
+	total   *atomic.Uint64
+	spliced *atomic.Uint64
+	st      *RelayStats
 }
 
 // sendFileChunk bounds one sendfile(2) call, and sendFileTurn the bytes one turn of the
@@ -158,7 +172,13 @@ func (c *Conn) sendFileHead() {
 			return
 		}
 		off := fs.base + int64(s.off)
-		k, err := unix.Sendfile(c.fd, fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
+		var k int
+		var err error
+		if fs.pipe != nil {
+			k, err = spliceInt(unix.Splice(fs.pipe.p.r, nil, c.fd, nil, int(min(s.n-s.off, sendFileChunk)), spliceFlags))
+		} else {
+			k, err = unix.Sendfile(c.fd, fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
+		}
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -170,6 +190,10 @@ func (c *Conn) sendFileHead() {
 		case err != nil:
 			c.fail(c.opErr("sendfile", err))
 			return
+		case k == 0 && fs.pipe != nil:
+			// The pipe holds seg.n bytes and its write end is open: not reached.
+			c.fail(c.opErr("relay", fmt.Errorf("the relay's pipe ended %d bytes early: %w", s.n-s.off, io.ErrUnexpectedEOF)))
+			return
 		case k == 0:
 			c.fail(c.opErr("sendfile", fmt.Errorf("the file ended at byte %d, %d bytes before the range sent: %w",
 				off, s.n-s.off, io.ErrUnexpectedEOF)))
@@ -177,8 +201,15 @@ func (c *Conn) sendFileHead() {
 		}
 		s.off += int32(k)
 		moved += k
-		c.q.ctr.fileSent.Add(uint64(k))
-		c.q.ctr.fileSendOps.Add(1)
+		if ps := fs.pipe; ps != nil {
+			ps.total.Add(uint64(k))
+			ps.spliced.Add(uint64(k))
+			c.q.ctr.relaySpliced.Add(uint64(k))
+			c.q.ctr.relaySpliceCalls.Add(1)
+		} else {
+			c.q.ctr.fileSent.Add(uint64(k))
+			c.q.ctr.fileSendOps.Add(1)
+		}
 		c.sentBytes(k)
 	}
 	c.finishSeg(c.popPend())
@@ -195,25 +226,23 @@ func (f *fileDone) Flush(*loop.Queue) {
 	}
 }
 
-// wait arms a one-shot wait for room in the socket (loop only).
+// wait arms a one-shot wait for room in the socket (loop only): an epoll registration of a
+// duplicate of the connection's descriptor in the queue's watch epoll (the plain and shim
+// backends' own; on io_uring the private one whose readiness the ring reports, shared with
+// the queue's splice relays, so that many waiting sends cost one ring operation per batch),
+// or, where that epoll could not be made, a POLL_ADD through the ring per wait. The
+// duplicate keeps the registration away from the connection's own descriptor (registered in
+// the backend's epoll already, and closed by the core while a wait may be out).
 func (fs *fileSeg) wait() error {
 	c := fs.c
 	if fs.w == nil {
-		fd := c.fd
-		// A POLL_ADD through the ring on the io_uring backend; an epoll registration of a
-		// duplicate on the others (the connection's descriptor is registered already).
-		fs.w = &fdWatch{q: c.q, owner: fs, tag: tagFileOut}
-		if _, ok := c.q.be.(*uringBackend); ok {
-			fs.w.ring = true
-		} else {
-			d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			fs.wfd, fd = d, d
-			c.opStarted() // the registration, until release
+		d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return err
 		}
-		fs.w.fd = fd
+		fs.wfd = d
+		c.opStarted() // the registration, until release
+		fs.w = &fdWatch{q: c.q, fd: d, owner: fs, tag: tagFileOut}
 	}
 	if err := fs.w.arm(unix.POLLOUT); err != nil {
 		return err
@@ -238,9 +267,10 @@ func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 	}
 }
 
-// release ends the segment (sent, or dropped by a close): the wait is cancelled, the
-// duplicates closed (loop only, or before the loop saw the segment).
-func (fs *fileSeg) release() {
+// release ends the segment (sent, or dropped by a close with left bytes unsent): the wait
+// is cancelled, the duplicates closed (loop only, or before the loop saw the segment). A
+// relay's pipe is closed, and bytes it still held count as lost.
+func (fs *fileSeg) release(left int32) {
 	if fs.released {
 		return
 	}
@@ -253,5 +283,15 @@ func (fs *fileSeg) release() {
 		fs.wfd = -1
 		fs.c.opEnded()
 	}
+	if ps := fs.pipe; ps != nil {
+		if left > 0 {
+			ps.st.lose(uint64(left), fs.c.opErr("relay", fmt.Errorf("its connection closed before they were sent: %w", ErrClosed)))
+		}
+		closePipe(ps.home, ps.p)
+		return
+	}
 	fs.ref.put()
 }
+
+// spliceInt narrows splice(2)'s byte count.
+func spliceInt(n int64, err error) (int, error) { return int(n), err }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,9 +33,9 @@ func streamFile(t *testing.T, seed uint64, n int) (*os.File, []byte) {
 }
 
 // sendFileConn dials a Go net peer with h and returns the connection and the peer's side.
-func sendFileConn(t *testing.T, be Backend, h Handler) (*Engine, *Conn, net.Conn) {
+func sendFileConn(t *testing.T, cfg Config, h Handler) (*Engine, *Conn, net.Conn) {
 	t.Helper()
-	e := newEngine(t, Config{Backend: be, Queues: 1})
+	e := newEngine(t, cfg)
 	c, p := dialPeer(t, e, h)
 	return e, c, p
 }
@@ -56,53 +57,68 @@ func (w *writableCounter) OnClose(_ *Conn, err error) {
 // arrive in the order they were queued, on every backend that runs here.
 func TestSendFileOrder(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 1, 5<<20+123)
-			_, c, p := sendFileConn(t, be, HandlerFuncs{})
-			var want bytes.Buffer
-			write := func(s string) {
-				if _, err := c.Write([]byte(s)); err != nil {
-					t.Fatal(err)
-				}
-				want.WriteString(s)
-			}
-			sendFile := func(off, n int64) {
-				if err := c.SendFile(f, off, n); err != nil {
-					t.Fatal(err)
-				}
-				want.Write(data[off : off+n])
-			}
-			write("head ")
-			sendFile(10, 1000)
-			b, err := c.BufferWait(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := copy(b.Bytes(), "sent buffer ")
-			if err := c.Send(b, k); err != nil {
-				t.Fatal(err)
-			}
-			want.WriteString("sent buffer ")
-			sendFile(0, int64(len(data)))
-			write("middle ")
-			sendFile(4096, 1)
-			sendFile(int64(len(data))-7, 7)
-			write("tail")
-			if err := c.CloseWrite(); err != nil {
-				t.Fatal(err)
-			}
-			got, err := io.ReadAll(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, want.Bytes()) {
-				t.Fatalf("got %d bytes, want %d; first difference at %d", len(got), want.Len(), firstDiff(got, want.Bytes()))
-			}
-			if st := c.e.Stats(); st.Send.BytesFile != uint64(1000+len(data)+1+7) {
-				t.Errorf("Stats.Send.BytesFile %d", st.Send.BytesFile)
-			}
-		})
+		t.Run(be.String(), func(t *testing.T) { testSendFileOrder(t, Config{Backend: be, Queues: 1}, 1) })
 	}
+}
+
+func testSendFileOrder(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 1, 5<<20+123)
+	_, c, p := sendFileConn(t, cfg, HandlerFuncs{})
+	var want bytes.Buffer
+	write := func(s string) {
+		if _, err := c.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		want.WriteString(s)
+	}
+	sendFile := func(off, n int64) {
+		if err := c.SendFile(f, off, n); err != nil {
+			t.Fatal(err)
+		}
+		want.Write(data[off : off+n])
+	}
+	write("head ")
+	sendFile(10, 1000)
+	b, err := c.BufferWait(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := copy(b.Bytes(), "sent buffer ")
+	if err := c.Send(b, k); err != nil {
+		t.Fatal(err)
+	}
+	want.WriteString("sent buffer ")
+	sendFile(0, int64(len(data)))
+	write("middle ")
+	sendFile(4096, 1)
+	sendFile(int64(len(data))-7, 7)
+	write("tail")
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("got %d bytes, want %d; first difference at %d", len(got), want.Len(), firstDiff(got, want.Bytes()))
+	}
+	if st := c.e.Stats(); st.Send.BytesFile != uint64(1000+len(data)+1+7) {
+		t.Errorf("Stats.Send.BytesFile %d", st.Send.BytesFile)
+	}
+}
+
+// countSocketFDs counts the process's socket descriptors (a queue's watch epoll, made by the
+// first wait and kept with the queue, is not one).
+func countSocketFDs() int {
+	e, _ := os.ReadDir("/proc/self/fd")
+	n := 0
+	for _, f := range e {
+		if l, _ := os.Readlink("/proc/self/fd/" + f.Name()); strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
 }
 
 func firstDiff(a, b []byte) int {
@@ -119,32 +135,34 @@ func firstDiff(a, b []byte) int {
 // drain. The descriptor duplicated for the send is closed at the end.
 func TestSendFileSlowReader(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 2, 64<<20)
-			h := &writableCounter{}
-			_, c, p := sendFileConn(t, be, h)
-			fds := countFDs()
-			if err := c.SendFile(f, 0, int64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-			if q := c.Queued(); q == 0 || q > len(data) {
-				t.Errorf("Queued %d after SendFile of %d", q, len(data))
-			}
-			time.Sleep(100 * time.Millisecond)
-			if err := checkStream(io.LimitReader(&slowReader{r: p}, int64(len(data))), 2, int64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-			deadline := time.Now().Add(time.Minute)
-			for (h.n.Load() == 0 || countFDs() > fds) && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			if h.n.Load() == 0 {
-				t.Error("no OnWritable after the file drained")
-			}
-			if n := countFDs(); n > fds {
-				t.Errorf("%d descriptors while sending, %d after: the duplicate stays", fds, n)
-			}
-		})
+		t.Run(be.String(), func(t *testing.T) { testSendFileSlowReader(t, Config{Backend: be, Queues: 1}, 1) })
+	}
+}
+
+func testSendFileSlowReader(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 2, 64<<20/scale)
+	h := &writableCounter{}
+	_, c, p := sendFileConn(t, cfg, h)
+	fds := countSocketFDs()
+	if err := c.SendFile(f, 0, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if q := c.Queued(); q == 0 || q > len(data) {
+		t.Errorf("Queued %d after SendFile of %d", q, len(data))
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := checkStream(io.LimitReader(&slowReader{r: p}, int64(len(data))), 2, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for (h.n.Load() == 0 || countSocketFDs() > fds) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if h.n.Load() == 0 {
+		t.Error("no OnWritable after the file drained")
+	}
+	if n := countSocketFDs(); n > fds {
+		t.Errorf("%d sockets before sending, %d after: the duplicate stays", fds, n)
 	}
 }
 
@@ -152,18 +170,20 @@ func TestSendFileSlowReader(t *testing.T) {
 // still go out (SendFile holds its own descriptor).
 func TestSendFileClosedMidSend(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 3, 16<<20)
-			_, c, p := sendFileConn(t, be, HandlerFuncs{})
-			if err := c.SendFile(f, 0, int64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-			c.CloseWrite()
-			if err := checkStream(p, 3, int64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-		})
+		t.Run(be.String(), func(t *testing.T) { testSendFileClosedMidSend(t, Config{Backend: be, Queues: 1}, 1) })
+	}
+}
+
+func testSendFileClosedMidSend(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 3, 16<<20/scale)
+	_, c, p := sendFileConn(t, cfg, HandlerFuncs{})
+	if err := c.SendFile(f, 0, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	c.CloseWrite()
+	if err := checkStream(p, 3, int64(len(data))); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -173,36 +193,40 @@ func TestSendFileClosedMidSend(t *testing.T) {
 // the truncation (sendfile sends page-cache pages by reference, as Go's net does).
 func TestSendFileTruncated(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 4, 32<<20)
-			h := &writableCounter{closed: make(chan error, 1)}
-			_, c, p := sendFileConn(t, be, h)
-			if err := c.SendFile(f, 0, int64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Truncate(f.Name(), 1<<20); err != nil {
-				t.Fatal(err)
-			}
-			got, _ := io.ReadAll(p) // a reset may end it
-			keep := min(len(got), 1<<20)
-			if len(got) >= len(data) || !bytes.Equal(got[:keep], data[:keep]) {
-				t.Fatalf("peer got %d bytes (want a short stream, its first %d bytes the file's)", len(got), keep)
-			}
-			select {
-			case err := <-h.closed:
-				if !errors.Is(err, io.ErrUnexpectedEOF) {
-					t.Fatalf("OnClose(%v), want io.ErrUnexpectedEOF", err)
-				}
-			case <-time.After(time.Minute):
-				t.Fatal("connection not closed")
-			}
-		})
+		t.Run(be.String(), func(t *testing.T) { testSendFileTruncated(t, Config{Backend: be, Queues: 1}, 1) })
+	}
+}
+
+func testSendFileTruncated(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 4, 32<<20/scale)
+	h := &writableCounter{closed: make(chan error, 1)}
+	_, c, p := sendFileConn(t, cfg, h)
+	if err := c.SendFile(f, 0, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(f.Name(), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(p) // a reset may end it
+	keep := min(len(got), 1<<20)
+	if len(got) >= len(data) || !bytes.Equal(got[:keep], data[:keep]) {
+		t.Fatalf("peer got %d bytes (want a short stream, its first %d bytes the file's)", len(got), keep)
+	}
+	select {
+	case err := <-h.closed:
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("OnClose(%v), want io.ErrUnexpectedEOF", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("connection not closed")
 	}
 }
 
 // TestSendFileMisuse: bad arguments, closed files and closed connections are typed errors;
 // nothing is queued and no descriptor leaks.
-func TestSendFileMisuse(t *testing.T) {
+func TestSendFileMisuse(t *testing.T) { testSendFileMisuse(t, Config{Queues: 1}) }
+
+func testSendFileMisuse(t *testing.T, cfg Config) {
 	f, _ := streamFile(t, 5, 1000)
 	closed, _ := streamFile(t, 6, 10)
 	closed.Close()
@@ -211,7 +235,7 @@ func TestSendFileMisuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dir.Close()
-	_, c, _ := sendFileConn(t, BackendAuto, HandlerFuncs{})
+	_, c, _ := sendFileConn(t, cfg, HandlerFuncs{})
 	fds := countFDs()
 	for _, tc := range []struct {
 		name   string
@@ -256,41 +280,44 @@ func TestSendFileMisuse(t *testing.T) {
 // read: Close returns, and every duplicated descriptor is closed.
 func TestSendFileEngineClose(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 7, 8<<20)
-			e := newEngine(t, Config{Backend: be, Queues: 2, CloseTimeout: 200 * time.Millisecond})
-			var peers []net.Conn
-			var conns []*Conn
-			for range 4 {
-				c, p := dialPeer(t, e, HandlerFuncs{})
-				peers = append(peers, p)
-				conns = append(conns, c)
-			}
-			// After the close: the connections' and the peers' sockets gone as well.
-			fds := countFDs() - 2*len(conns)
-			for _, c := range conns {
-				for range 4 {
-					if err := c.SendFile(f, 0, int64(len(data))); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-			if err := e.Close(); err != nil {
+		t.Run(be.String(), func(t *testing.T) { testSendFileEngineClose(t, Config{Backend: be, Queues: 1}, 1) })
+	}
+}
+
+func testSendFileEngineClose(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 7, 8<<20/scale)
+	cfg.Queues, cfg.CloseTimeout = 2, 200*time.Millisecond
+	e := newEngine(t, cfg)
+	var peers []net.Conn
+	var conns []*Conn
+	for range 4 {
+		c, p := dialPeer(t, e, HandlerFuncs{})
+		peers = append(peers, p)
+		conns = append(conns, c)
+	}
+	// After the close: the connections' and the peers' sockets gone as well.
+	fds := countFDs() - 2*len(conns)
+	for _, c := range conns {
+		for range 4 {
+			if err := c.SendFile(f, 0, int64(len(data))); err != nil {
 				t.Fatal(err)
 			}
-			for _, p := range peers {
-				p.Close()
-			}
-			deadline := time.Now().Add(10 * time.Second)
-			for countFDs() > fds && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if n := countFDs(); n > fds {
-				t.Errorf("%d descriptors before, %d after Close", fds, n)
-				listFDs(t)
-			}
-		})
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range peers {
+		p.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for countFDs() > fds && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := countFDs(); n > fds {
+		t.Errorf("%d descriptors before, %d after Close", fds, n)
+		listFDs(t)
 	}
 }
 
@@ -306,30 +333,32 @@ func listFDs(t *testing.T) {
 // a handler would) queues and returns at once; the bytes follow a Write made there too.
 func TestSendFileOnLoop(t *testing.T) {
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			f, data := streamFile(t, 8, 3<<20)
-			_, c, p := sendFileConn(t, be, HandlerFuncs{})
-			errc := make(chan error, 1)
-			if err := c.Post(func() {
-				if _, err := c.Write([]byte("hdr")); err != nil {
-					errc <- err
-					return
-				}
-				errc <- c.SendFile(f, 0, int64(len(data)))
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-errc; err != nil {
-				t.Fatal(err)
-			}
-			c.CloseWrite()
-			got, err := io.ReadAll(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(got[:3]) != "hdr" || !bytes.Equal(got[3:], data) {
-				t.Fatalf("got %d bytes, want hdr + %d", len(got), len(data))
-			}
-		})
+		t.Run(be.String(), func(t *testing.T) { testSendFileOnLoop(t, Config{Backend: be, Queues: 1}, 1) })
+	}
+}
+
+func testSendFileOnLoop(t *testing.T, cfg Config, scale int) {
+	f, data := streamFile(t, 8, 3<<20)
+	_, c, p := sendFileConn(t, cfg, HandlerFuncs{})
+	errc := make(chan error, 1)
+	if err := c.Post(func() {
+		if _, err := c.Write([]byte("hdr")); err != nil {
+			errc <- err
+			return
+		}
+		errc <- c.SendFile(f, 0, int64(len(data)))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	c.CloseWrite()
+	got, err := io.ReadAll(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got[:3]) != "hdr" || !bytes.Equal(got[3:], data) {
+		t.Fatalf("got %d bytes, want hdr + %d", len(got), len(data))
 	}
 }

@@ -30,8 +30,7 @@ const (
 // io_uring a private one the ring reports on), or with ring set a POLL_ADD through the ring
 // per wait. In an epoll the descriptor must not be registered already: the relay watches
 // duplicates of the connections' descriptors. One wait at a time; the owner's OnEvent calls
-// fired first. The zcshim backend's epoll works too (SendFile), but its
-// connections keep the SendData relay.
+// fired first.
 type fdWatch struct {
 	q     *queue
 	fd    int
@@ -44,15 +43,35 @@ type fdWatch struct {
 	ring  bool // waits are POLL_ADDs through the ring
 }
 
-// spliceCapable reports whether the splice relay runs on the queue's backend: io_uring and
-// plain. The zcshim backend keeps SendData (fdWatch works on its epoll, but the module cannot
-// load where the tests run, so the splice relay there is untested), test backends too.
+// spliceCapable reports whether the splice relay runs on the queue's backend: io_uring,
+// plain, and zcshim (whose module sends and receives through the socket's own operations, so
+// a splice(2) of a duplicate sees the same stream; the watches use its epoll). Test backends
+// keep SendData.
 func spliceCapable(q *queue) bool {
 	switch q.be.(type) {
-	case *uringBackend, *plainBackend:
+	case *uringBackend, *plainBackend, *shimBackend:
 		return true
 	}
 	return false
+}
+
+// recvInFlighter is a backend whose stopRecv clears c.recvArmed while a receive it posted
+// may still complete (the zcshim backend: a RECV in the module): it reports whether one is
+// out.
+type recvInFlighter interface {
+	recvInFlight(c *Conn) bool
+}
+
+// recvQuiet reports whether no receive of c can still take bytes from its socket (loop only):
+// the splice relay starts reading the socket itself only then.
+func recvQuiet(c *Conn) bool {
+	if c.recvArmed {
+		return false
+	}
+	if b, ok := c.q.be.(recvInFlighter); ok && b.recvInFlight(c) {
+		return false
+	}
+	return true
 }
 
 // watchEpoll returns the epoll instance the queue's watches use: the backend's own (plain,

@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"fmt"
 	"io"
 	"sync/atomic"
 	"time"
@@ -24,9 +25,15 @@ import (
 //     for it to be writable, without reading the source (the pipe is the flow control);
 //     then source → pipe; when the source is empty, wait for it to be readable. The
 //     source's EOF, once the pipe is drained, half-closes the destination (CloseWrite).
-//  4. When both directions ended both connections close; when a system call fails (a reset)
-//     both close; when either connection closes (OnClose), the relay stops: waits cancelled,
-//     duplicates closed, pipes back to the queue's pool (empty ones) or closed.
+//  4. When both directions ended both connections close. When a connection begins a graceful
+//     close (closing), fails (a system call on it failed: a reset) or closed (OnClose), the
+//     relay stops (end): waits cancelled, duplicates closed, empty pipes back to the queue's
+//     pool. A pipe that still holds bytes is handed to its destination's send queue
+//     (handOver: the core splices them out like a SendFile range), so that a graceful close
+//     of either side lets out what the relay took from the other, as the SendData relay's
+//     queued bytes go out; the other connection is closed after that. Bytes whose
+//     destination failed, was reset or gave up (CloseTimeout) are counted in
+//     RelayStats.Lost, and Err says so.
 
 type spliceRelay struct {
 	st    *RelayStats
@@ -43,6 +50,7 @@ type spliceRelay struct {
 
 type spliceDir struct {
 	r        *spliceRelay
+	i        int // the source's index in r.conns (the destination's is 1-i)
 	src, dst *Conn
 	sfd, dfd int // duplicates, owned by the relay
 	in, out  fdWatch
@@ -67,8 +75,8 @@ func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
 	r := &spliceRelay{st: st, home: a.q, conns: [2]*Conn{a, b}, psize: psize}
 	r.sides = [2]*spliceSide{{r: r, i: 0}, {r: r, i: 1}}
 	r.dirs = [2]*spliceDir{
-		{r: r, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
-		{r: r, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
+		{r: r, i: 0, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
+		{r: r, i: 1, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
 	}
 	if err := a.SetHandler(r.sides[0]); err != nil {
 		b.Close()
@@ -88,13 +96,13 @@ func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
 }
 
 // onHome runs fn on the home queue (at once when already there). When the home queue has
-// stopped, its AtStop cleanup has done (or will do) what fn would.
-func (r *spliceRelay) onHome(fn func()) {
+// stopped, its AtStop cleanup has done (or will do) what fn would, and onHome reports false.
+func (r *spliceRelay) onHome(fn func()) bool {
 	if r.home.OnLoop() {
 		fn()
-		return
+		return true
 	}
-	r.home.Post(fn)
+	return r.home.Post(fn) == nil
 }
 
 // quiesce pauses c's receiving on its queue and reports to the home queue once no receive
@@ -128,7 +136,7 @@ func (r *spliceRelay) checkQuiet(c *Conn, i int) {
 	// (SendData, before the splice starts), and receiving stays off under pauseSplice.
 	c.unpause(pauseUser)
 	c.unparkRecv() // now, before the splice can start: the parked bytes come first
-	if c.recvArmed {
+	if !recvQuiet(c) {
 		// A cancelled receive still completes (its data goes to OnData: SendData): look
 		// again shortly.
 		c.q.After(200*time.Microsecond, func() { r.checkQuiet(c, i) })
@@ -157,7 +165,7 @@ func (r *spliceRelay) begin() {
 			d.p, err = r.home.getPipe(r.psize)
 		}
 		if err != nil {
-			r.fail(err)
+			r.fail(i, err)
 			return
 		}
 		d.in = fdWatch{q: r.home, fd: d.sfd, owner: d, tag: tagSpliceIn}
@@ -211,11 +219,11 @@ func (d *spliceDir) pump() {
 				// meanwhile: the pipe's bytes are all that is in flight.
 				r.home.ctr.relayWaits.Add(1)
 				if err := d.out.arm(unix.POLLOUT); err != nil {
-					r.fail(err)
+					r.fail(1-d.i, err)
 				}
 				return
 			case err != nil:
-				r.fail(err)
+				r.fail(1-d.i, err) // the destination failed (a reset)
 				return
 			}
 			d.inPipe -= int(n)
@@ -245,11 +253,11 @@ func (d *spliceDir) pump() {
 		case err == unix.EAGAIN:
 			r.home.ctr.relayWaits.Add(1)
 			if err := d.in.arm(unix.POLLIN | unix.POLLRDHUP); err != nil {
-				r.fail(err)
+				r.fail(d.i, err)
 			}
 			return
 		case err != nil:
-			r.fail(err)
+			r.fail(d.i, err) // the source failed (a reset)
 			return
 		case n == 0:
 			d.eof = true
@@ -285,15 +293,69 @@ func (r *spliceRelay) closeBoth() {
 	r.conns[1].Close()
 }
 
-// fail ends the relay because a system call failed (a reset, an error): both connections
-// close (home queue).
-func (r *spliceRelay) fail(err error) {
+// fail ends the relay because a system call on connection i failed (a reset, an error): what
+// the relay holds for the other connection goes to it, then both close (home queue).
+func (r *spliceRelay) fail(i int, err error) {
 	r.home.ctr.relayErrors.Add(1)
-	r.stop()
-	r.closeBoth()
+	r.st.setErr(r.conns[i].opErr("relay", err))
+	r.end(i, endFailed)
+	r.conns[i].Close()
 }
 
-// stop releases the relay's descriptors and pipes (home queue; idempotent).
+// How connection i ended the relay (end).
+const (
+	endClosing = iota // a graceful close began: it waits for what the relay holds for it
+	endFailed         // a system call on it failed
+	endGone           // it closed (OnClose)
+)
+
+// end stops the relay because connection i is closing, failed or closed (home queue): the
+// pipe towards i goes to i's send queue when i is closing gracefully (its close waits for
+// it) and is lost otherwise; the pipe from i goes to the other connection, which is then
+// closed (gracefully: it sends that first).
+func (r *spliceRelay) end(i int, how int) {
+	c, other := r.conns[i], r.conns[1-i]
+	if r.stopped || !r.started {
+		r.stop()
+		if how == endClosing {
+			c.releaseHold()
+		}
+		other.Close()
+		return
+	}
+	toI, fromI := r.dirs[1-i], r.dirs[i]
+	if how == endClosing {
+		if !toI.handOver(true) {
+			c.releaseHold()
+		}
+	}
+	fromI.handOver(false)
+	r.stop()
+	other.Close()
+}
+
+// handOver stops the direction and, when its pipe holds bytes, queues them on its
+// destination (held: the destination's graceful close waits for them, enqueueHeld). It
+// reports whether it queued a pipe (home queue).
+func (d *spliceDir) handOver(held bool) bool {
+	if d.done || d.inPipe == 0 {
+		d.done = true
+		return false
+	}
+	d.done = true
+	ps := &pipeSeg{p: d.p, home: d.r.home, total: d.total, spliced: d.spliced, st: d.r.st}
+	s := seg{file: &fileSeg{c: d.dst, pipe: ps, wfd: -1}, n: int32(d.inPipe)}
+	d.p, d.inPipe = pipePair{}, 0
+	if held {
+		d.dst.enqueueHeld(s) // dropped (and counted lost) when the close no longer waits
+	} else {
+		d.dst.enqueue(s)
+	}
+	return true
+}
+
+// stop releases the relay's descriptors and pipes (home queue; idempotent). Bytes still in a
+// pipe (not handed over) are lost.
 func (r *spliceRelay) stop() {
 	if r.stopped {
 		return
@@ -316,8 +378,12 @@ func (r *spliceRelay) stop() {
 			unix.Close(d.dfd)
 			d.dfd = -1
 		}
+		if d.inPipe > 0 {
+			r.st.lose(uint64(d.inPipe), d.dst.opErr("relay", fmt.Errorf("the connection ended before they were sent: %w", ErrClosed)))
+			d.inPipe = 0
+		}
 		if d.p.r > 0 {
-			r.home.putPipe(d.p, d.inPipe == 0)
+			r.home.putPipe(d.p, true)
 			d.p = pipePair{}
 		}
 	}
@@ -338,6 +404,7 @@ func (s *spliceSide) OnData(c *Conn, d Data) {
 func (s *spliceSide) OnEOF(c *Conn, err error) {
 	peer := s.r.conns[1-s.i]
 	if err != io.EOF {
+		s.r.st.setErr(err)
 		c.Close()
 		peer.Close()
 		return
@@ -352,8 +419,21 @@ func (s *spliceSide) OnEOF(c *Conn, err error) {
 // OnWritable: the connection drained what SendData queued before the splice took over.
 func (s *spliceSide) OnWritable(c *Conn) { s.r.onHome(s.r.kick) }
 
+// closing: c began a graceful close; it waits until the relay queued what its pipe holds
+// for c (closeHolder).
+func (s *spliceSide) closing(c *Conn) {
+	if !s.r.onHome(func() { s.r.end(s.i, endClosing) }) {
+		c.releaseHold()
+		s.r.conns[1-s.i].Close()
+	}
+}
+
 func (s *spliceSide) OnClose(c *Conn, err error) {
+	if err != nil {
+		s.r.st.setErr(err)
+	}
 	s.r.st.closed.Add(1)
-	s.r.conns[1-s.i].Close()
-	s.r.onHome(s.r.stop)
+	if !s.r.onHome(func() { s.r.end(s.i, endGone) }) {
+		s.r.conns[1-s.i].Close()
+	}
 }

@@ -280,34 +280,35 @@ func waitPipes(t *testing.T, e *Engine) {
 // TestRelaySpliceHalfCloseFirst: the backend answers, half-closes, then reads an 8 MiB
 // upload: every byte arrives.
 func TestRelaySpliceHalfCloseFirst(t *testing.T) {
-	const upload = 8 << 20
 	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			got := make(chan error, 1)
-			s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{}, func(c *net.TCPConn) {
-				c.Write([]byte("hello"))
-				c.CloseWrite()
-				got <- checkStream(c, 7, upload)
-			})
-			c, err := net.Dial("tcp", s.addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			answer, err := io.ReadAll(c)
-			if string(answer) != "hello" || err != nil {
-				t.Fatalf("answer %q, %v", answer, err)
-			}
-			if err := writeStream(c, 7, upload); err != nil {
-				t.Fatal(err)
-			}
-			c.(*net.TCPConn).CloseWrite()
-			if err := <-got; err != nil {
-				t.Fatal(err)
-			}
-			s.checkRelays(t, 1, upload, 5)
-		})
+		t.Run(be.String(), func(t *testing.T) { testRelaySpliceHalfCloseFirst(t, Config{Backend: be, Queues: 2}, 8<<20) })
 	}
+}
+
+func testRelaySpliceHalfCloseFirst(t *testing.T, cfg Config, upload int64) {
+	got := make(chan error, 1)
+	s := newSpliceEnv(t, cfg, RelayOptions{}, func(c *net.TCPConn) {
+		c.Write([]byte("hello"))
+		c.CloseWrite()
+		got <- checkStream(c, 7, upload)
+	})
+	c, err := net.Dial("tcp", s.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	answer, err := io.ReadAll(c)
+	if string(answer) != "hello" || err != nil {
+		t.Fatalf("answer %q, %v", answer, err)
+	}
+	if err := writeStream(c, 7, upload); err != nil {
+		t.Fatal(err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	s.checkRelays(t, 1, upload, 5)
 }
 
 // TestRelaySpliceSlowReader: one side stops reading for a while, then reads slowly, while
@@ -491,9 +492,13 @@ func TestRelaySpliceEngineClose(t *testing.T) {
 
 // TestRelaySendDataDemanded: RelaySendData is the old path, on a backend that could splice.
 func TestRelaySendDataDemanded(t *testing.T) {
-	s := newSpliceEnv(t, Config{Queues: 2}, RelayOptions{Path: RelaySendData}, streamServe(1<<20))
-	runSpliceClients(t, s.addr(), 8, 1<<20)
-	s.checkRelays(t, 8, 1<<20+8, 1<<20)
+	testRelaySendDataDemanded(t, Config{Queues: 2}, 8, 1<<20)
+}
+
+func testRelaySendDataDemanded(t *testing.T, cfg Config, conns int, perConn int64) {
+	s := newSpliceEnv(t, cfg, RelayOptions{Path: RelaySendData}, streamServe(perConn))
+	runSpliceClients(t, s.addr(), conns, perConn)
+	s.checkRelays(t, conns, perConn+8, perConn)
 	if st := s.e.Stats(); st.Forward.SpliceRelays != 0 || st.Forward.Fallbacks != 0 {
 		t.Errorf("Stats: %d splice relays, %d fallbacks", st.Forward.SpliceRelays, st.Forward.Fallbacks)
 	}
