@@ -27,7 +27,7 @@ type simFan struct {
 	f       *FanOut
 	policy  FanOutPolicy
 	key     int64
-	msgs    []simFanMsg      // published, in order: bytes off..off+n of the key's stream
+	msgs    []simFanMsg   // published, in order: bytes off..off+n of the key's stream
 	byBuf   map[*byte]int // a published buffer → its message (the buffer's current one)
 	pubOff  int64
 	pub     *simConn
