@@ -31,6 +31,8 @@ import (
 //     references, released later from outside the loop, sending the other),
 //   - sinks (keep some Data, released later from outside the loop; Close at EOF),
 //   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
+//   - in a third of the seeds a FanOut: a publisher and subscribers, with a random policy
+//     and bound (interleave_fanout_test.go, which says what it checks),
 //
 // senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
 // back unused; some seeds are crowds (a hundred small streams), some close the engine midway
