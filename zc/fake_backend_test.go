@@ -100,8 +100,15 @@ type fconn struct {
 	// outKey's bytes as it is taken), and the socket send buffer the peer drains.
 	outKey *int64 // nil: the connection sends nothing (a sink)
 	kAcc   int64
-	sndq   int64
-	sndCap int64
+	// A FanOut subscriber (interleave_fanout_test.go): its sends are published messages,
+	// checked by takeFan; fanIdx/fanPos: the next message and the bytes of it taken,
+	// fanSkipped: bytes of messages FanOutDrop skipped
+	fan        *simFan
+	fanIdx     int
+	fanPos     int64
+	fanSkipped int64
+	sndq       int64
+	sndCap     int64
 
 	resetOK bool // this connection may be reset by its peer
 	reset   bool
@@ -966,7 +973,11 @@ func (k *fakeKernel) take(fc *fconn, n int64) bool {
 		}
 		p := d[s.off:s.n]
 		p = p[:min(int64(len(p)), left)]
-		if !fakeMatches(p, *fc.outKey, fc.kAcc) {
+		if fc.fan != nil {
+			if !k.takeFan(fc, s, d, p) {
+				return false
+			}
+		} else if !fakeMatches(p, *fc.outKey, fc.kAcc) {
 			k.failf("%v: bytes %d..%d taken by the kernel are not the stream's (lost, repeated or reordered)", fc, fc.kAcc, fc.kAcc+int64(len(p)))
 			return false
 		}

@@ -31,6 +31,8 @@ import (
 //     references, released later from outside the loop, sending the other),
 //   - sinks (keep some Data, released later from outside the loop; Close at EOF),
 //   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
+//   - in a third of the seeds a FanOut: a publisher and subscribers, with a random policy
+//     and bound (interleave_fanout_test.go, which says what it checks),
 //
 // senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
 // back unused; some seeds are crowds (a hundred small streams), some close the engine midway
@@ -103,6 +105,8 @@ type simTotals struct {
 	poolWaits, creditPauses, zcCopied uint64
 	sendOps, zcOps                    uint64
 	bytes                             int64
+	fans                              int
+	fan                               FanOutStats // summed over the seeds' FanOuts
 }
 
 func (s *simTotals) add(o simTotals) {
@@ -122,6 +126,13 @@ func (s *simTotals) add(o simTotals) {
 	s.sendOps += o.sendOps
 	s.zcOps += o.zcOps
 	s.bytes += o.bytes
+	s.fans += o.fans
+	s.fan.Published += o.fan.Published
+	s.fan.Deliveries += o.fan.Deliveries
+	s.fan.Drops += o.fan.Drops
+	s.fan.Closes += o.fan.Closes
+	s.fan.Gone += o.fan.Gone
+	s.fan.Pauses += o.fan.Pauses
 }
 
 func (s *simTotals) String() string {
@@ -129,8 +140,9 @@ func (s *simTotals) String() string {
 	for i, n := range s.counts {
 		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
 	}
-	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d)",
-		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied)
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses",
+		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
+		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses)
 }
 
 // simConn is the test's view of one connection: its role, what its handler accepted for
@@ -161,6 +173,9 @@ type simConn struct {
 
 	closes   int
 	closeErr error
+
+	published int64 // fan-pub: bytes published
+	fanStart  int   // fan-sub: the first message published after it was added
 }
 
 func (r *simConn) state() string {
@@ -202,6 +217,8 @@ type simRun struct {
 
 	counts                       [nActKinds]int
 	resets, enobufs, growRefused int
+
+	fan *simFan // a FanOut with a publisher and subscribers (interleave_fanout_test.go)
 }
 
 func (s *simRun) done(failure string, steps int) {
@@ -281,6 +298,20 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		r.bufferWait = rng.IntN(3) == 0
 		s.plan = append(s.plan, r)
 	}
+	if !s.crowd && rng.IntN(3) == 0 {
+		// A FanOut: one publisher and subscribers, accepted among the others in any order.
+		if err := s.newSimFan(); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		fan := []*simConn{{s: s, kind: "fan-pub"}}
+		for range 1 + rng.IntN(5) {
+			fan = append(fan, &simConn{s: s, kind: "fan-sub"})
+		}
+		for _, r := range fan {
+			i := rng.IntN(len(s.plan) + 1)
+			s.plan = append(s.plan[:i], append([]*simConn{r}, s.plan[i:]...)...)
+		}
+	}
 
 	e, err := startFakeEngine(cfg, s)
 	if err != nil {
@@ -311,6 +342,9 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused}
 	if s.engineClosed {
 		st.engineCloses = 1
+	}
+	if s.fan != nil {
+		st.fans, st.fan = 1, s.fan.f.Stats()
 	}
 	es := e.Stats()
 	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps
@@ -394,6 +428,10 @@ func (s *simRun) accept(c *Conn) Handler {
 		r.pausable = s.rng.IntN(2) == 0
 	case "sink":
 		r.pausable = s.rng.IntN(2) == 0
+	case "fan-pub":
+		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
+	case "fan-sub":
+		r.outKey = &s.fan.key
 	case "relay-front":
 		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
 		r.partner = back
@@ -417,6 +455,8 @@ func (s *simRun) accept(c *Conn) Handler {
 		return &simEcho{simBase{r}}
 	case "sink":
 		return &simSink{simBase{r}}
+	case "fan-pub", "fan-sub":
+		return s.acceptFan(r, c)
 	}
 	// relay-front: hold the client until the backend is connected.
 	back := r.partner
@@ -481,9 +521,15 @@ func (s *simRun) check() string {
 		c := fc.c
 		closeErr := c.closeErr
 		switch r.kind {
-		case "streamer", "writer", "echo", "sink":
+		case "streamer", "writer", "echo", "sink", "fan-pub", "fan-sub":
 			if r.closes != 1 {
 				bad(r, "OnClose ran %d times", r.closes)
+			}
+			if r.kind == "fan-pub" || r.kind == "fan-sub" {
+				r.accepted = fc.kAcc // the FanOut queued its sends: checked by checkFan
+				for _, e := range s.checkFan(r) {
+					bad(r, "%s", e)
+				}
 			}
 		case "relay-front", "relay-back":
 			if r.relay != nil {
@@ -536,6 +582,7 @@ func (s *simRun) check() string {
 			bad(r, "operations left in the kernel after it finished")
 		}
 	}
+	errs = append(errs, s.checkFanTotals()...)
 	q := s.q
 	if f, n := q.send.Free(), q.send.Buffers(); f != n {
 		errs = append(errs, fmt.Sprintf("send pool: %d of %d buffers back", f, n))

@@ -63,9 +63,13 @@ type heldEnv struct {
 func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 	h := &heldEnv{}
 	backConn := make(chan *net.TCPConn, 1)
+	start := make(chan struct{})
 	h.s = newSpliceEnv(t, cfg, RelayOptions{Path: RelaySplice, PipeSize: 1 << 20},
 		func(c *net.TCPConn) {
 			backConn <- c
+			// Once the splice runs: bytes received before would go by SendData into the
+			// front's send queue (which a graceful close sends too), not into the pipe.
+			<-start
 			writeStream(c, 11, 1<<30) // until the relay closes (or resets) it
 		})
 	var front, back atomic.Pointer[Conn]
@@ -96,6 +100,8 @@ func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 	}
 	h.bc = <-backConn
 	h.front, h.back = front.Load(), back.Load()
+	waitFor(t, func() bool { return spliceRelays(h.s.e) == 1 }, "the splice to start")
+	close(start)
 	// The relay waits for room towards the client with bytes in its pipe; what it took
 	// from the backend's socket is what that socket received less what it still holds.
 	var inPipe int
@@ -135,6 +141,18 @@ func pipeBytes(e *Engine, dir int) int {
 					n += d.inPipe
 				}
 			}
+			return nil
+		})
+	}
+	return n
+}
+
+// spliceRelays counts the engine's splice relays that started splicing.
+func spliceRelays(e *Engine) int {
+	n := 0
+	for _, q := range e.queues {
+		q.Do(func() error {
+			n += len(q.spl.relays)
 			return nil
 		})
 	}
