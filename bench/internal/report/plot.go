@@ -333,6 +333,35 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			idleConns = r.Conns
 		}
 	}
+	// the services (issue 20): the goals' measures, server CPU per unit of work
+	var svcGB, svcUnit, svcRate []category
+	for _, n := range RelayConns {
+		svcGB = append(svcGB, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, SrvCPUPerGB})
+		svcRate = append(svcRate, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, Gbps})
+	}
+	svcGB = append(svcGB, category{"relay-hc ×8", harness.RelayHalfClose, ServiceFrame, 8, SrvCPUPerGB})
+	for _, n := range FileConns {
+		svcGB = append(svcGB, category{fmt.Sprintf("files ×%d", n), harness.FileStream, ServiceFrame, n, SrvCPUPerGB})
+		svcRate = append(svcRate, category{fmt.Sprintf("files ×%d", n), harness.FileStream, ServiceFrame, n, Gbps})
+	}
+	for _, size := range FanOutSizes {
+		for _, n := range FanOutConns {
+			svcUnit = append(svcUnit, category{fmt.Sprintf("fan-out %s ×%d", SizeString(size), n), harness.FanOut, size, n, SrvCPUPerMsg})
+		}
+	}
+	for _, size := range KVSizes {
+		name := "kv small"
+		if size != 64 {
+			name = "kv mix"
+		}
+		svcUnit = append(svcUnit, category{name, harness.KV, size, KVConns, SrvCPUPerMsg})
+	}
+	svcUnit = append(svcUnit, category{fmt.Sprintf("mq ×%d", MQConns), harness.MultiQueue, 64, MQConns, SrvCPUPerMsg})
+	for _, size := range WrkSizes {
+		for _, n := range WrkConns {
+			svcUnit = append(svcUnit, category{fmt.Sprintf("wrk %s ×%d", SizeString(size), n), harness.HTTPWrk, size, n, SrvCPUPerMsg})
+		}
+	}
 	steps := []func() error{
 		func() error {
 			return add(bulkPlot(rows, st, Gbps, "Bulk, one stream: throughput", "Gbit/s (median, bars min–max)"))
@@ -364,6 +393,18 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			return add(categoryPlot(rows, st, []category{
 				{fmt.Sprintf("%d idle conns", idleConns), harness.Idle, 64, idleConns, func(r harness.Rep) float64 { return r.IdleBytesPerConn / 1024 }},
 			}, "Server memory per idle connection", "KiB of RSS per connection", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcGB, "Services: server CPU per GB (goals 7 and 9)",
+				"server CPU s/GB (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcRate, "Services: throughput (goals 7 and 9)",
+				"Gbit/s (median, bars min–max)", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcUnit, "Services: server CPU per unit (goals 8, 10–12)",
+				"server CPU µs per delivery / op / request (median, bars min–max, log)", true))
 		},
 	}
 	for _, s := range steps {
