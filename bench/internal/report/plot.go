@@ -333,8 +333,8 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			idleConns = r.Conns
 		}
 	}
-	// the services (issue 20): the goals' measures, server CPU per unit of work
-	var svcGB, svcUnit, svcRate []category
+	// the services (issue 20): the goals' measures
+	var svcGB, svcRate, svcFan, svcKV, svcWrk []category
 	for _, n := range RelayConns {
 		svcGB = append(svcGB, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, SrvCPUPerGB})
 		svcRate = append(svcRate, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, Gbps})
@@ -346,20 +346,20 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 	}
 	for _, size := range FanOutSizes {
 		for _, n := range FanOutConns {
-			svcUnit = append(svcUnit, category{fmt.Sprintf("fan-out %s ×%d", SizeString(size), n), harness.FanOut, size, n, SrvCPUPerMsg})
+			svcFan = append(svcFan, category{fmt.Sprintf("%s ×%d", SizeString(size), n), harness.FanOut, size, n, SrvCPUPerMsg})
 		}
 	}
 	for _, size := range KVSizes {
-		name := "kv small"
+		name := "kv 16–64 B"
 		if size != 64 {
 			name = "kv mix"
 		}
-		svcUnit = append(svcUnit, category{name, harness.KV, size, KVConns, SrvCPUPerMsg})
+		svcKV = append(svcKV, category{name, harness.KV, size, KVConns, SrvCPUPerMsg})
 	}
-	svcUnit = append(svcUnit, category{fmt.Sprintf("mq ×%d", MQConns), harness.MultiQueue, 64, MQConns, SrvCPUPerMsg})
+	svcKV = append(svcKV, category{fmt.Sprintf("mq ×%d", MQConns), harness.MultiQueue, 64, MQConns, SrvCPUPerMsg})
 	for _, size := range WrkSizes {
 		for _, n := range WrkConns {
-			svcUnit = append(svcUnit, category{fmt.Sprintf("wrk %s ×%d", SizeString(size), n), harness.HTTPWrk, size, n, SrvCPUPerMsg})
+			svcWrk = append(svcWrk, category{fmt.Sprintf("%s ×%d", SizeString(size), n), harness.HTTPWrk, size, n, SrvCPUPerMsg})
 		}
 	}
 	steps := []func() error{
@@ -395,16 +395,24 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			}, "Server memory per idle connection", "KiB of RSS per connection", false))
 		},
 		func() error {
-			return add(categoryPlot(rows, st, svcGB, "Services: server CPU per GB (goals 7 and 9)",
-				"server CPU s/GB (median, bars min–max, log)", true))
+			return add(categoryPlot(rows, st, svcGB, "Services: server CPU per GB (goals 7, 9)",
+				"server CPU s/GB (median, bars min–max)", false))
 		},
 		func() error {
-			return add(categoryPlot(rows, st, svcRate, "Services: throughput (goals 7 and 9)",
+			return add(categoryPlot(rows, st, svcRate, "Services: relay and file throughput (goals 7, 9)",
 				"Gbit/s (median, bars min–max)", false))
 		},
 		func() error {
-			return add(categoryPlot(rows, st, svcUnit, "Services: server CPU per unit (goals 8, 10–12)",
-				"server CPU µs per delivery / op / request (median, bars min–max, log)", true))
+			return add(categoryPlot(rows, st, svcFan, "Services: fan-out 1 → N, server CPU per delivery (goal 8)",
+				"µs per delivery (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcKV, "Services: key-value and multi-queue, server CPU (goals 10, 11)",
+				"µs per op / request (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcWrk, "Services: HTTP under wrk, server CPU per request (goal 12)",
+				"µs per request (median, bars min–max)", false))
 		},
 	}
 	for _, s := range steps {
