@@ -252,8 +252,9 @@ type kvConn struct {
 	r       zc.Reader
 	out     []byte // responses waiting for a send buffer
 	buf     memreg.Buf
-	have    bool // buf is being filled
-	n       int  // bytes of buf filled
+	bb      []byte // buf's bytes
+	have    bool   // buf is being filled
+	n       int    // bytes of buf filled
 	blocked bool
 	eof     bool
 	fail    func(error)
@@ -270,68 +271,50 @@ func (h *kvConn) OnData(c *zc.Conn, d zc.Data) {
 // serve answers the whole requests the Reader holds; a partial one stays for the next
 // OnData.
 func (h *kvConn) serve(c *zc.Conn) {
-	var scratch [kvReqHdr + 255]byte // header and key of a request split between buffers
 	for !h.blocked {
+		// In place: the whole requests at the front of the first buffer, parsed there and
+		// skipped together.
 		span := h.r.Span()
-		hk := span // the request's header and key, in place when the span holds them
-		if len(span) < kvReqHdr {
-			if h.r.Peek(scratch[:kvReqHdr]) < kvReqHdr {
+		used := 0
+		for !h.blocked && len(span)-used >= kvReqHdr {
+			b := span[used:]
+			op, klen, vlen := b[0], int(b[1]), int(binary.LittleEndian.Uint32(b[2:]))
+			n := kvReqHdr + klen
+			if op == opSet {
+				n += vlen
+			}
+			if len(b) < n {
 				break
 			}
-			hk = scratch[:kvReqHdr]
+			v := b[kvReqHdr+klen : n]
+			if !h.answer(c, op, b[kvReqHdr:kvReqHdr+klen], len(v), func(p []byte) { v = v[copy(p, v):] }) {
+				return
+			}
+			used += n
+		}
+		if used > 0 {
+			h.r.Skip(used)
+			continue
+		}
+		// The next request goes on into the next buffer (or has not all arrived).
+		var hk [kvReqHdr + 255]byte // its header and key
+		if h.r.Peek(hk[:kvReqHdr]) < kvReqHdr {
+			break
 		}
 		op, klen, vlen := hk[0], int(hk[1]), int(binary.LittleEndian.Uint32(hk[2:]))
 		n := kvReqHdr + klen
 		if op == opSet {
 			n += vlen
+		} else {
+			vlen = 0
 		}
 		if h.r.Len() < n {
 			break // the rest comes in a later Data
 		}
-		if len(hk) < kvReqHdr+klen {
-			hk = scratch[:kvReqHdr+klen]
-			h.r.Peek(hk)
-		}
-		key := hk[kvReqHdr : kvReqHdr+klen]
-		var resp [kvRespHdr]byte
-		switch op {
-		case opSet:
-			if v := span; len(v) >= n {
-				// the value in place, in the receive buffer
-				v = v[kvReqHdr+klen : n]
-				h.store.set(c, key, vlen, func(p []byte) { v = v[copy(p, v):] })
-				h.r.Skip(n)
-			} else {
-				var kb [255]byte
-				key = kb[:copy(kb[:], key)] // the key's bytes go with the Skip
-				h.r.Skip(kvReqHdr + klen)
-				h.store.set(c, key, vlen, func(p []byte) { h.r.Peek(p); h.r.Skip(len(p)) })
-			}
-			resp[0] = stDone
-			h.write(c, resp[:])
-		case opGet:
-			e := h.store.m[string(key)]
-			h.r.Skip(n)
-			resp[0] = stValue
-			if e == nil {
-				resp[0] = stMissing
-				h.write(c, resp[:])
-				break
-			}
-			binary.LittleEndian.PutUint32(resp[1:], uint32(e.n))
-			h.write(c, resp[:])
-			if len(e.sh) == 0 {
-				h.write(c, e.v)
-				break
-			}
-			h.sendShared(c, e.sh)
-		default:
-			h.fail(fmt.Errorf("unknown op %q", op))
-			c.Close()
+		h.r.Peek(hk[:kvReqHdr+klen])
+		h.r.Skip(kvReqHdr + klen)
+		if !h.answer(c, op, hk[kvReqHdr:kvReqHdr+klen], vlen, func(p []byte) { h.r.Peek(p); h.r.Skip(len(p)) }) {
 			return
-		}
-		if len(h.out) > 0 {
-			h.blocked = true
 		}
 	}
 	h.flush(c)
@@ -340,6 +323,41 @@ func (h *kvConn) serve(c *zc.Conn) {
 	} else if h.eof && h.r.Len() == 0 {
 		c.Close()
 	}
+}
+
+// answer serves one request: key, and for a SET the value's vlen bytes read by fill. false:
+// the connection is closed (an unknown operation).
+func (h *kvConn) answer(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) bool {
+	var resp [kvRespHdr]byte
+	switch op {
+	case opSet:
+		h.store.set(c, key, vlen, fill)
+		resp[0] = stDone
+		h.write(c, resp[:])
+	case opGet:
+		e := h.store.m[string(key)]
+		if e == nil {
+			resp[0] = stMissing
+			h.write(c, resp[:])
+			break
+		}
+		resp[0] = stValue
+		binary.LittleEndian.PutUint32(resp[1:], uint32(e.n))
+		h.write(c, resp[:])
+		if len(e.sh) == 0 {
+			h.write(c, e.v)
+			break
+		}
+		h.sendShared(c, e.sh)
+	default:
+		h.fail(fmt.Errorf("unknown op %q", op))
+		c.Close()
+		return false
+	}
+	if len(h.out) > 0 {
+		h.blocked = true
+	}
+	return true
 }
 
 // sendShared sends a stored value by reference, after the responses built so far; when
@@ -379,12 +397,12 @@ func (h *kvConn) write(c *zc.Conn, p []byte) {
 				c.Close()
 				return
 			}
-			h.buf, h.have, h.n = b, true, 0
+			h.buf, h.bb, h.have, h.n = b, b.Bytes(), true, 0
 		}
-		k := copy(h.buf.Bytes()[h.n:], p)
+		k := copy(h.bb[h.n:], p)
 		h.n += k
 		p = p[k:]
-		if h.n == len(h.buf.Bytes()) {
+		if h.n == len(h.bb) {
 			h.flush(c)
 		}
 	}
