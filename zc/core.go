@@ -420,16 +420,21 @@ func (c *Conn) dropParked() {
 
 // credit is how many receive-buffer bytes this connection may hold now: MaxRecvHeld, but
 // never more than its share of half the queue's receive pool (RecvPoolMax / (2 × the
-// queue's connections)), at least one buffer. So however many connections hold their
-// credit — a relay whose data waits in other connections' send queues, handlers that keep
-// what they get — half the pool stays free for the others, and the connections that would
-// drain the held data can always receive: the pool cannot be held up entirely.
+// queue's connections)), at least two buffers (MaxRecvHeld permitting). So however many
+// connections hold their credit — a relay whose data waits in other connections' send
+// queues, handlers that keep what they get — half the pool stays free for the others, and
+// the connections that would drain the held data can always receive: the pool cannot be held
+// up entirely (with more connections than that share allows, the floor may take more than
+// half; the pool's cap still holds). The floor is two buffers, not one, because a connection
+// is paused once it holds its credit: at one buffer, an echo that sends each received Data
+// back (SendData holds the buffer until the send completes) paused and resumed receiving on
+// every request, a cancelled and a re-armed receive each time (TestEchoHoldsNoCreditPause).
 func (c *Conn) credit() int64 {
 	cfg := &c.e.cfg
 	cr := int64(cfg.MaxRecvHeld)
 	if n := c.q.nconns.Load(); n > 0 {
 		if share := int64(cfg.RecvPoolMax) / (2 * n); share < cr {
-			cr = max(share, int64(cfg.RecvBufSize))
+			cr = max(share, min(2*int64(cfg.RecvBufSize), cr))
 		}
 	}
 	return cr

@@ -13,8 +13,15 @@ import (
 // that quotes a request (or a cached value) is a vectored send of held Data. A Reader is
 // used by one goroutine at a time (the connection's handler). Example_reader is a whole
 // handler (README.md shows the same code).
+//
+// A server of many small requests per receive buffer (a key-value store) parses fastest in
+// place: Span is the first buffer's bytes, a request that lies whole in it is read there and
+// Skipped (no Data reference made, nothing copied), and only a request that goes on into the
+// next buffer takes the Peek/Next path. Bytes kept beyond the handler (a stored value) are
+// copied once, out of the receive buffer, so that receive credit is never held by a cache.
 type Reader struct {
-	q   []Data // pushed, not yet consumed; the first starts at off
+	q   []Data // pushed, not yet consumed: q[h:]; the first starts at off
+	h   int    // consumed Data at the front of q (emptied; q is reused once all are)
 	off int
 	n   int // bytes available
 }
@@ -29,6 +36,18 @@ func (r *Reader) Push(d Data) {
 	r.n += d.n
 }
 
+// Span returns the available bytes of the first received buffer without copying them (nil
+// when nothing is available): a parser reads a message in place when the whole message lies
+// in the span (the common case: a buffer holds many small requests), then Skips it, and
+// falls back to Peek and Next only for a message that goes on into the next buffer. The
+// slice is read only and valid until the next Skip, Next or Release.
+func (r *Reader) Span() []byte {
+	if r.h == len(r.q) {
+		return nil
+	}
+	return r.q[r.h].Bytes()[r.off:]
+}
+
 // Len returns the bytes available.
 func (r *Reader) Len() int { return r.n }
 
@@ -36,7 +55,7 @@ func (r *Reader) Len() int { return r.n }
 // them, and returns how many it copied: for headers, not payloads.
 func (r *Reader) Peek(p []byte) int {
 	k, off := 0, r.off
-	for _, d := range r.q {
+	for _, d := range r.q[r.h:] {
 		if k == len(p) {
 			break
 		}
@@ -54,7 +73,7 @@ func (r *Reader) Skip(n int) error {
 	}
 	r.n -= n
 	for n > 0 {
-		d := r.q[0]
+		d := r.q[r.h]
 		left := d.n - r.off
 		if n < left {
 			r.off += n
@@ -68,12 +87,18 @@ func (r *Reader) Skip(n int) error {
 
 // pop drops the first Data.
 func (r *Reader) pop() {
-	r.q[0].Release()
-	r.q[0] = Data{}
-	r.q = r.q[1:]
+	r.q[r.h].Release()
+	r.take()
+}
+
+// take drops the first Data from q (its owner is elsewhere now), reusing q's array once
+// every Data is consumed, so that a Reader does not allocate per Push.
+func (r *Reader) take() {
+	r.q[r.h] = Data{}
+	r.h++
 	r.off = 0
-	if len(r.q) == 0 {
-		r.q = nil
+	if r.h == len(r.q) {
+		r.q, r.h = r.q[:0], 0
 	}
 }
 
@@ -89,16 +114,12 @@ func (r *Reader) Next(n int) (Message, error) {
 	}
 	var m Message
 	for left := n; left > 0; {
-		d := r.q[0]
+		d := r.q[r.h]
 		avail := d.n - r.off
 		k := min(left, avail)
 		if r.off == 0 && k == avail {
 			// the whole Data: it moves into the message as is
-			r.q[0] = Data{}
-			r.q = r.q[1:]
-			if len(r.q) == 0 {
-				r.q = nil
-			}
+			r.take()
 			m.parts = append(m.parts, d)
 		} else {
 			p, err := d.Slice(r.off, k)
@@ -122,7 +143,7 @@ func (r *Reader) Next(n int) (Message, error) {
 
 // Release drops everything the Reader holds.
 func (r *Reader) Release() {
-	for len(r.q) > 0 {
+	for r.h < len(r.q) {
 		r.pop()
 	}
 	r.n = 0

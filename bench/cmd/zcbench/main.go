@@ -368,10 +368,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cfg.pngPath != "" {
-		// The services suite is not plotted (its tables and goals say it): its rows would
-		// only add modes to the legend.
-		plotted := slices.DeleteFunc(slices.Clone(rows), func(r report.Row) bool { return r.Scenario.Service() })
-		if err := report.WritePNG(cfg.pngPath, plotted, title); err != nil {
+		if err := report.WritePNG(cfg.pngPath, rows, title); err != nil {
 			fmt.Fprintln(stderr, "zcbench: -png:", err)
 			status = 1
 		} else {

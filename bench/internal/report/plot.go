@@ -333,6 +333,35 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			idleConns = r.Conns
 		}
 	}
+	// the services (issue 20): the goals' measures
+	var svcGB, svcRate, svcFan, svcKV, svcWrk []category
+	for _, n := range RelayConns {
+		svcGB = append(svcGB, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, SrvCPUPerGB})
+		svcRate = append(svcRate, category{fmt.Sprintf("relay ×%d", n), harness.Relay, ServiceFrame, n, Gbps})
+	}
+	svcGB = append(svcGB, category{"relay-hc ×8", harness.RelayHalfClose, ServiceFrame, 8, SrvCPUPerGB})
+	for _, n := range FileConns {
+		svcGB = append(svcGB, category{fmt.Sprintf("files ×%d", n), harness.FileStream, ServiceFrame, n, SrvCPUPerGB})
+		svcRate = append(svcRate, category{fmt.Sprintf("files ×%d", n), harness.FileStream, ServiceFrame, n, Gbps})
+	}
+	for _, size := range FanOutSizes {
+		for _, n := range FanOutConns {
+			svcFan = append(svcFan, category{fmt.Sprintf("%s ×%d", SizeString(size), n), harness.FanOut, size, n, SrvCPUPerMsg})
+		}
+	}
+	for _, size := range KVSizes {
+		name := "kv 16–64 B"
+		if size != 64 {
+			name = "kv mix"
+		}
+		svcKV = append(svcKV, category{name, harness.KV, size, KVConns, SrvCPUPerMsg})
+	}
+	svcKV = append(svcKV, category{fmt.Sprintf("mq ×%d", MQConns), harness.MultiQueue, 64, MQConns, SrvCPUPerMsg})
+	for _, size := range WrkSizes {
+		for _, n := range WrkConns {
+			svcWrk = append(svcWrk, category{fmt.Sprintf("%s ×%d", SizeString(size), n), harness.HTTPWrk, size, n, SrvCPUPerMsg})
+		}
+	}
 	steps := []func() error{
 		func() error {
 			return add(bulkPlot(rows, st, Gbps, "Bulk, one stream: throughput", "Gbit/s (median, bars min–max)"))
@@ -364,6 +393,26 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			return add(categoryPlot(rows, st, []category{
 				{fmt.Sprintf("%d idle conns", idleConns), harness.Idle, 64, idleConns, func(r harness.Rep) float64 { return r.IdleBytesPerConn / 1024 }},
 			}, "Server memory per idle connection", "KiB of RSS per connection", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcGB, "Services: server CPU per GB (goals 7, 9)",
+				"server CPU s/GB (median, bars min–max)", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcRate, "Services: relay and file throughput (goals 7, 9)",
+				"Gbit/s (median, bars min–max)", false))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcFan, "Services: fan-out 1 → N, server CPU per delivery (goal 8)",
+				"µs per delivery (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcKV, "Services: key-value and multi-queue, server CPU (goals 10, 11)",
+				"µs per op / request (median, bars min–max, log)", true))
+		},
+		func() error {
+			return add(categoryPlot(rows, st, svcWrk, "Services: HTTP under wrk, server CPU per request (goal 12)",
+				"µs per request (median, bars min–max)", false))
 		},
 	}
 	for _, s := range steps {

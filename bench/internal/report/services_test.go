@@ -83,3 +83,43 @@ func TestServiceGoalsJudged(t *testing.T) {
 		t.Errorf("relay: %s %+v", g.Status, g.Checks)
 	}
 }
+
+// The services get panels of their own in the PNG (the goals' measures: server CPU per GB,
+// throughput, server CPU per unit), each with the cases measured and no others.
+func TestServicePanels(t *testing.T) {
+	rows := []Row{
+		svc(harness.Relay, "net", ServiceFrame, 8, 2, 3), svc(harness.Relay, ZC, ServiceFrame, 8, 1, 2),
+		svc(harness.FileStream, "net", ServiceFrame, 32, 4), svc(harness.FileStream, ZC, ServiceFrame, 32, 3),
+		svc(harness.KV, "net", 64, KVConns, 0.5, 0.6), svc(harness.KV, ZC, kvMix, KVConns, 0.4),
+		svc(harness.MultiQueue, Netpoll, 64, MQConns, 3), svc(harness.HTTPWrk, ZCNet, 64<<10, 512, 20),
+	}
+	ps, err := panels(rows, newStyle(rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"Services: server CPU per GB (goals 7, 9)":                       {"relay ×8", "files ×32"},
+		"Services: relay and file throughput (goals 7, 9)":               {"relay ×8", "files ×32"},
+		"Services: key-value and multi-queue, server CPU (goals 10, 11)": {"kv 16–64 B", "kv mix", "mq ×512"},
+		"Services: HTTP under wrk, server CPU per request (goal 12)":     {"64 KiB ×512"},
+	}
+	for _, p := range ps {
+		names, ok := want[p.Title.Text]
+		if !ok {
+			continue
+		}
+		delete(want, p.Title.Text)
+		var got []string
+		for _, tk := range p.X.Tick.Marker.Ticks(p.X.Min, p.X.Max) {
+			if tk.Label != "" {
+				got = append(got, tk.Label)
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(names, ",") {
+			t.Errorf("%s: categories %q, want %q", p.Title.Text, got, names)
+		}
+	}
+	for title := range want {
+		t.Errorf("no panel %q", title)
+	}
+}

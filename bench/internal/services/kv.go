@@ -108,11 +108,17 @@ func kvNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(str
 	})
 }
 
-// kvZC is the key-value server in zc's event-loop style: requests parsed from the
-// received Data in OnData (a request split over two Data is copied together, as a user
-// does today), values copied into the store, the responses of one OnData copied into
-// registered send buffers (Conn.Buffer) and sent (Conn.Send); when no buffer is free,
-// the connection stops receiving until OnWritable.
+// kvZC is the key-value server in zc's event-loop style, the way zc's docs teach a
+// request/response protocol: requests framed with a zc.Reader over the received Data
+// (parsed in place from Reader.Span when a request lies in one receive buffer, the usual
+// case; Peek for the rare one split between buffers: nothing is carried or copied to
+// frame), the responses of one OnData built in registered send buffers (Conn.Buffer) and
+// sent once (Conn.Send). The store belongs to the queue (one queue: its handlers never run
+// at once, so no lock): a small value is copied once into the store, into the slice it
+// had (no allocation when it fits), and into the response; a value of kvSharedMin bytes
+// or more is copied once into registered memory (zc.Shared, from the send pool) and every
+// GET sends that memory by reference (Shared.Send): no copy per GET in user space. When no
+// send buffer is free, the connection stops receiving until OnWritable.
 func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	e, err := zc.New(zcConfig())
 	if err != nil {
@@ -122,7 +128,8 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	fail := newFirstErr()
 	var wg sync.WaitGroup
 	wg.Add(c.Conns)
-	store := map[string][]byte{} // one queue: its handlers never run at once
+	// the store keeps at most half the send pool, so responses always find buffers
+	store := &kvStore{m: map[string]*kvEntry{}, maxHeld: int64(e.Config().SendPoolMax / 2)}
 	var accepted atomic.Int32
 	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
 		if accepted.Add(1) > int32(c.Conns) {
@@ -138,16 +145,116 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	wg.Wait()
 	m.Stop()
 	l.Close()
+	store.release()
 	return fail.get()
 }
 
+// kvSharedMin is the value size from which the zc store keeps a value in registered
+// memory and sends it by reference: below it, copying the value into the response buffer
+// costs less than a send of its own.
+const kvSharedMin = 8 << 10
+
+// kvStore is the zc server's store (used by one queue's handlers only).
+type kvStore struct {
+	m       map[string]*kvEntry
+	held    int64 // bytes of send-pool buffers the entries hold
+	maxHeld int64
+}
+
+// kvEntry is a stored value: v (small values, rewritten in place) or sh (a value of
+// kvSharedMin bytes or more, in send-pool buffers sent by reference).
+type kvEntry struct {
+	v    []byte
+	sh   []*zc.Shared
+	n    int
+	held int64 // bytes of the buffers of sh
+}
+
+// dropShared gives the entry's registered buffers back (each returns to the pool once the
+// sends queued with it are done).
+func (s *kvStore) dropShared(e *kvEntry) {
+	for _, sh := range e.sh {
+		sh.Release()
+	}
+	e.sh = e.sh[:0]
+	s.held -= e.held
+	e.held = 0
+}
+
+func (s *kvStore) release() {
+	for _, e := range s.m {
+		s.dropShared(e)
+	}
+}
+
+// entry returns key's entry, made on the first SET (the only allocation of a key).
+func (s *kvStore) entry(key []byte) *kvEntry {
+	e := s.m[string(key)] // no allocation: Go looks the key up without a string
+	if e == nil {
+		e = &kvEntry{}
+		s.m[string(key)] = e
+	}
+	return e
+}
+
+// set stores a value of n bytes under key, read by fill (called with the slices to fill, in
+// order, n bytes in all).
+func (s *kvStore) set(c *zc.Conn, key []byte, n int, fill func(p []byte)) {
+	e := s.entry(key)
+	s.dropShared(e)
+	e.n = n
+	if n >= kvSharedMin && s.held+int64(n) <= s.maxHeld && s.setShared(c, e, n, fill) {
+		e.v = e.v[:0]
+		return
+	}
+	if cap(e.v) < n {
+		e.v = make([]byte, n)
+	}
+	e.v = e.v[:n]
+	fill(e.v)
+}
+
+// setShared copies the value into send-pool buffers, all taken first; false (nothing read)
+// when the pool has not enough to spare: the value is then kept on the heap.
+func (s *kvStore) setShared(c *zc.Conn, e *kvEntry, n int, fill func(p []byte)) bool {
+	var taken [4]memreg.Buf
+	bufs := taken[:0]
+	for room := 0; room < n; {
+		b, err := c.Buffer()
+		if err != nil {
+			for _, b := range bufs {
+				b.Release()
+			}
+			return false
+		}
+		bufs = append(bufs, b)
+		room += len(b.Bytes())
+	}
+	for _, b := range bufs {
+		p := b.Bytes()
+		p = p[:min(len(p), n)]
+		n -= len(p)
+		fill(p)
+		s.held += int64(len(b.Bytes()))
+		e.held += int64(len(b.Bytes()))
+		sh, err := zc.NewShared(b, len(p)) // a pool's buffer, 1..len bytes: no error expected
+		if err != nil {
+			c.Close() // the value is lost: the client hears the connection close
+			return true
+		}
+		e.sh = append(e.sh, sh)
+	}
+	return true
+}
+
 type kvConn struct {
-	store   map[string][]byte
-	carry   []byte // input not parsed yet (a partial request, or requests waiting for room)
+	store   *kvStore
+	r       zc.Reader
 	out     []byte // responses waiting for a send buffer
 	buf     memreg.Buf
-	have    bool // buf is being filled
-	n       int  // bytes of buf filled
+	bb      []byte // buf's bytes
+	have    bool   // buf is being filled
+	n       int    // bytes of buf filled
 	blocked bool
 	eof     bool
 	fail    func(error)
@@ -155,103 +262,150 @@ type kvConn struct {
 }
 
 func (h *kvConn) OnData(c *zc.Conn, d zc.Data) {
-	b := d.Bytes()
-	if len(h.carry) > 0 || h.blocked {
-		h.carry = append(h.carry, b...)
-		d.Release()
-		h.serve(c, nil)
-		return
+	h.r.Push(d) // the Reader owns d now
+	if !h.blocked {
+		h.serve(c)
 	}
-	h.serve(c, b)
-	d.Release()
 }
 
-// serve answers the whole requests of b (nil: of carry) and keeps the rest in carry.
-func (h *kvConn) serve(c *zc.Conn, b []byte) {
-	fromCarry := b == nil
-	if fromCarry {
-		b = h.carry
-	}
-	for !h.blocked && len(b) >= kvReqHdr {
-		klen, vlen := int(b[1]), int(binary.LittleEndian.Uint32(b[2:]))
-		n := kvReqHdr + klen
-		if b[0] == opSet {
-			n += vlen
+// serve answers the whole requests the Reader holds; a partial one stays for the next
+// OnData.
+func (h *kvConn) serve(c *zc.Conn) {
+	for !h.blocked {
+		// In place: the whole requests at the front of the first buffer, parsed there and
+		// skipped together.
+		span := h.r.Span()
+		used := 0
+		for !h.blocked && len(span)-used >= kvReqHdr {
+			b := span[used:]
+			op, klen, vlen := b[0], int(b[1]), int(binary.LittleEndian.Uint32(b[2:]))
+			n := kvReqHdr + klen
+			if op == opSet {
+				n += vlen
+			}
+			if len(b) < n {
+				break
+			}
+			v := b[kvReqHdr+klen : n]
+			if !h.answer(c, op, b[kvReqHdr:kvReqHdr+klen], len(v), func(p []byte) { v = v[copy(p, v):] }) {
+				return
+			}
+			used += n
 		}
-		if len(b) < n {
+		if used > 0 {
+			h.r.Skip(used)
+			continue
+		}
+		// The next request goes on into the next buffer (or has not all arrived).
+		var hk [kvReqHdr + 255]byte // its header and key
+		if h.r.Peek(hk[:kvReqHdr]) < kvReqHdr {
 			break
 		}
-		key := b[kvReqHdr : kvReqHdr+klen]
-		var resp [kvRespHdr]byte
-		var val []byte
-		switch b[0] {
-		case opSet:
-			h.store[string(key)] = bytes.Clone(b[kvReqHdr+klen : n])
-			resp[0] = stDone
-		case opGet:
-			v, ok := h.store[string(key)]
-			resp[0] = stValue
-			if !ok {
-				resp[0] = stMissing
-			}
-			binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
-			val = v
-		default:
-			h.fail(fmt.Errorf("unknown op %q", b[0]))
-			c.Close()
+		op, klen, vlen := hk[0], int(hk[1]), int(binary.LittleEndian.Uint32(hk[2:]))
+		n := kvReqHdr + klen
+		if op == opSet {
+			n += vlen
+		} else {
+			vlen = 0
+		}
+		if h.r.Len() < n {
+			break // the rest comes in a later Data
+		}
+		h.r.Peek(hk[:kvReqHdr+klen])
+		h.r.Skip(kvReqHdr + klen)
+		if !h.answer(c, op, hk[kvReqHdr:kvReqHdr+klen], vlen, func(p []byte) { h.r.Peek(p); h.r.Skip(len(p)) }) {
 			return
 		}
-		b = b[n:]
-		// Both parts, in order: once one waits in out, the other queues behind it.
-		okHdr := h.write(c, resp[:])
-		okVal := h.write(c, val)
-		if !okHdr || !okVal {
-			h.blocked = true
-		}
-	}
-	if fromCarry {
-		h.carry = append(h.carry[:0], b...)
-	} else {
-		h.carry = append(h.carry, b...)
 	}
 	h.flush(c)
 	if h.blocked {
 		c.SetReceivePaused(true)
-	} else if h.eof && len(h.carry) == 0 {
+	} else if h.eof && h.r.Len() == 0 {
 		c.Close()
+	}
+}
+
+// answer serves one request: key, and for a SET the value's vlen bytes read by fill. false:
+// the connection is closed (an unknown operation).
+func (h *kvConn) answer(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) bool {
+	var resp [kvRespHdr]byte
+	switch op {
+	case opSet:
+		h.store.set(c, key, vlen, fill)
+		resp[0] = stDone
+		h.write(c, resp[:])
+	case opGet:
+		e := h.store.m[string(key)]
+		if e == nil {
+			resp[0] = stMissing
+			h.write(c, resp[:])
+			break
+		}
+		resp[0] = stValue
+		binary.LittleEndian.PutUint32(resp[1:], uint32(e.n))
+		h.write(c, resp[:])
+		if len(e.sh) == 0 {
+			h.write(c, e.v)
+			break
+		}
+		h.sendShared(c, e.sh)
+	default:
+		h.fail(fmt.Errorf("unknown op %q", op))
+		c.Close()
+		return false
+	}
+	if len(h.out) > 0 {
+		h.blocked = true
+	}
+	return true
+}
+
+// sendShared sends a stored value by reference, after the responses built so far; when
+// responses wait for a send buffer already, the value's bytes wait behind them (a copy).
+func (h *kvConn) sendShared(c *zc.Conn, sh []*zc.Shared) {
+	if len(h.out) > 0 {
+		for _, s := range sh {
+			h.out = append(h.out, s.Bytes()...)
+		}
+		return
+	}
+	h.flush(c)
+	for _, s := range sh {
+		if err := s.Send(c); err != nil {
+			c.Close()
+			return
+		}
 	}
 }
 
 // write appends p to the response buffer being filled (a registered send buffer from
 // Conn.Buffer), sending each one as it fills; every response of one OnData leaves in as
-// few sends as fit. When no buffer is free, what is left waits in out for OnWritable
-// (false).
-func (h *kvConn) write(c *zc.Conn, p []byte) bool {
+// few sends as fit. When no buffer is free, what is left waits in out for OnWritable.
+func (h *kvConn) write(c *zc.Conn, p []byte) {
 	if len(h.out) > 0 {
 		h.out = append(h.out, p...)
-		return false
+		return
 	}
 	for len(p) > 0 {
 		if !h.have {
 			b, err := c.Buffer()
 			if errors.Is(err, memreg.ErrExhausted) {
 				h.out = append(h.out, p...)
-				return false
+				return
 			}
 			if err != nil {
 				c.Close()
-				return false
+				return
 			}
-			h.buf, h.have, h.n = b, true, 0
+			h.buf, h.bb, h.have, h.n = b, b.Bytes(), true, 0
 		}
-		k := copy(h.buf.Bytes()[h.n:], p)
+		k := copy(h.bb[h.n:], p)
 		h.n += k
 		p = p[k:]
-		if h.n == len(h.buf.Bytes()) {
+		if h.n == len(h.bb) {
 			h.flush(c)
 		}
 	}
-	return true
 }
 
 // flush sends the response buffer being filled.
@@ -273,15 +427,15 @@ func (h *kvConn) OnWritable(c *zc.Conn) {
 	if len(h.out) > 0 {
 		out := h.out
 		h.out = nil
-		if !h.write(c, out) {
-			h.flush(c)
+		h.write(c, out)
+		h.flush(c)
+		if len(h.out) > 0 {
 			return
 		}
-		h.flush(c)
 	}
 	if h.blocked {
 		h.blocked = false
-		h.serve(c, nil)
+		h.serve(c)
 		if !h.blocked {
 			c.SetReceivePaused(false)
 		}
@@ -294,14 +448,21 @@ func (h *kvConn) OnEOF(c *zc.Conn, err error) {
 		h.fail(err)
 	}
 	if !h.blocked && len(h.out) == 0 {
-		if len(h.carry) > 0 {
-			h.fail(fmt.Errorf("stream ended inside a request (%d bytes)", len(h.carry)))
+		if h.r.Len() > 0 {
+			h.fail(fmt.Errorf("stream ended inside a request (%d bytes)", h.r.Len()))
 		}
 		c.Close()
 	}
 }
 
-func (h *kvConn) OnClose(c *zc.Conn, err error) { h.done() }
+func (h *kvConn) OnClose(c *zc.Conn, err error) {
+	h.r.Release()
+	if h.have {
+		h.buf.Release()
+		h.have = false
+	}
+	h.done()
+}
 
 // kvClient runs c.Conns connections; each pipelines KVDepth GET/SET requests (half
 // each) on its own kvKeys keys through a bufio.Writer, reads the KVDepth responses and

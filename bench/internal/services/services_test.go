@@ -57,6 +57,27 @@ func TestKVZCWaitsForBuffers(t *testing.T) {
 	}
 }
 
+// With receive buffers of 1 KiB, requests (headers and keys included) are split between
+// buffers all the time: the zc key-value server's Reader path (Peek, Skip) serves them, and
+// the client checks every value; with the default send pool, values of kvSharedMin bytes
+// or more are sent by reference from the store's registered buffers.
+func TestKVZCSplitRequests(t *testing.T) {
+	old := zcConfig
+	t.Cleanup(func() { zcConfig = old })
+	for _, rb := range []int{1 << 10, 0} {
+		zcConfig = func() zc.Config {
+			cfg := old()
+			cfg.RecvBufSize = rb
+			return cfg
+		}
+		for _, size := range []int{64, KVMixMax} {
+			c := harness.Case{Scenario: harness.KV, Mode: "zc", Size: size, Conns: 4, RecvBuf: 64 << 10,
+				Duration: 200 * time.Millisecond, CorruptSeq: -1}
+			runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return kvZC(c, m, ready) })
+		}
+	}
+}
+
 // The zc fan-out server with a pool of a few buffers: the publisher's receive buffers are
 // shared by every subscriber (a slow one holds them; the publisher stops receiving at its
 // MaxRecvHeld), a message split between two Data finds no send buffer now and then and is
