@@ -38,16 +38,6 @@ func connQueues(c *Conn) (in, out int) {
 	return
 }
 
-func netQueues(c *net.TCPConn) (in, out int) {
-	in, out = -1, -1
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return
-	}
-	rc.Control(func(fd uintptr) { in, out, _ = sockQueues(int(fd)) })
-	return
-}
-
 // heldEnv is a splice relay whose backend writes towards a client that does not read, with
 // small socket buffers on the client's way: the relay stops with bytes it took from the
 // backend in its pipe, waiting for room towards the client.
