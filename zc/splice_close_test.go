@@ -38,16 +38,6 @@ func connQueues(c *Conn) (in, out int) {
 	return
 }
 
-func netQueues(c *net.TCPConn) (in, out int) {
-	in, out = -1, -1
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return
-	}
-	rc.Control(func(fd uintptr) { in, out, _ = sockQueues(int(fd)) })
-	return
-}
-
 // heldEnv is a splice relay whose backend writes towards a client that does not read, with
 // small socket buffers on the client's way: the relay stops with bytes it took from the
 // backend in its pipe, waiting for room towards the client.
@@ -147,6 +137,20 @@ func pipeBytes(e *Engine, dir int) int {
 	return n
 }
 
+// relayDirDone reports whether direction dir of the engine's splice relay passed its EOF on.
+func relayDirDone(e *Engine, dir int) bool {
+	done := false
+	for _, q := range e.queues {
+		q.Do(func() error {
+			for r := range q.spl.relays {
+				done = done || r.dirs[dir].done
+			}
+			return nil
+		})
+	}
+	return done
+}
+
 // spliceRelays counts the engine's splice relays that started splicing.
 func spliceRelays(e *Engine) int {
 	n := 0
@@ -207,7 +211,7 @@ func (h *heldEnv) finish(t *testing.T) {
 // pipe holds bytes for the client: the client gets every byte the relay took, then EOF.
 func TestRelaySpliceCloseHeld(t *testing.T) {
 	for _, be := range spliceBackends() {
-		for _, side := range []string{"destination", "source"} {
+		for _, side := range []string{"destination", "source", "destination-after-half-close"} {
 			for _, queues := range []int{1, 2} {
 				t.Run(fmt.Sprintf("%v/%s/%dq", be, side, queues), func(t *testing.T) {
 					testRelaySpliceCloseHeld(t, Config{Backend: be, Queues: queues}, side)
@@ -220,8 +224,17 @@ func TestRelaySpliceCloseHeld(t *testing.T) {
 func testRelaySpliceCloseHeld(t *testing.T, cfg Config, side string) {
 	h := newHeldEnv(t, cfg)
 	c := h.front // the pipe's destination
-	if side == "source" {
+	switch side {
+	case "source":
 		c = h.back
+	case "destination-after-half-close":
+		// The client half-closes first: the relay passes its EOF on (the backend's side is
+		// half-closed) while the other way still waits with bytes in the pipe.
+		h.client.CloseWrite()
+		waitFor(t, func() bool { return relayDirDone(h.s.e, 0) }, "the client's EOF to be passed on")
+		if pipeBytes(h.s.e, 1) == 0 {
+			t.Fatal("the pipe towards the client emptied meanwhile")
+		}
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
