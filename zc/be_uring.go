@@ -164,11 +164,19 @@ func (b *uringBackend) send(c *Conn) {
 	}
 	head := &c.tx.pend[0]
 	left := int(head.n - head.off)
-	if c.tx.zc.probing(left) && b.peerWindowSmall(c) {
-		c.tx.zc.smallWindow()
-		b.q.ctr.zcSmallWindow.Add(1)
+	reprobe := false
+	if c.tx.zc.probing(left) {
+		if b.peerWindowSmall(c) {
+			c.tx.zc.smallWindow()
+			b.q.ctr.zcSmallWindow.Add(1)
+		} else {
+			reprobe = c.tx.zc.state == zcOff
+		}
 	}
 	if c.tx.zc.use(left) {
+		if reprobe {
+			b.q.ctr.zcProbes.Add(1)
+		}
 		addr := head.loan.Addr() + uintptr(head.off)
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
