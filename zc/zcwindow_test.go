@@ -3,6 +3,7 @@ package zc
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -27,33 +28,42 @@ func TestZCSmallPeerWindow(t *testing.T) {
 		{"io_uring/copy", Config{Backend: BackendIOUring, SendPath: SendCopy}},
 		{"plain", Config{Backend: BackendPlain}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEngine(t, tc.cfg)
-			st := streamToPeer(t, e, 2048)
-			if tc.cfg.Backend == BackendIOUring && tc.cfg.SendPath == SendAdaptive {
-				if st.Send.ZCSmallWindow == 0 || st.Send.ZCOps != 0 {
-					t.Fatalf("to a 2 KiB window: %d zero-copy refusals, %d zero-copy sends (want some, and none)", st.Send.ZCSmallWindow, st.Send.ZCOps)
+		for _, accepted := range []bool{false, true} {
+			name := tc.name + "/dialed"
+			if accepted {
+				name = tc.name + "/accepted"
+			}
+			t.Run(name, func(t *testing.T) {
+				e := newEngine(t, tc.cfg)
+				st := streamToPeer(t, e, 2048, accepted)
+				if tc.cfg.Backend == BackendIOUring && tc.cfg.SendPath == SendAdaptive {
+					if st.Send.ZCSmallWindow == 0 || st.Send.ZCOps != 0 {
+						t.Fatalf("to a 2 KiB window: %d zero-copy refusals, %d zero-copy sends (want some, and none)", st.Send.ZCSmallWindow, st.Send.ZCOps)
+					}
+				} else if st.Send.ZCSmallWindow != 0 || st.Send.ZCOps != 0 {
+					t.Fatalf("%d zero-copy refusals, %d zero-copy sends (want none)", st.Send.ZCSmallWindow, st.Send.ZCOps)
 				}
-			} else if st.Send.ZCSmallWindow != 0 || st.Send.ZCOps != 0 {
-				t.Fatalf("%d zero-copy refusals, %d zero-copy sends (want none)", st.Send.ZCSmallWindow, st.Send.ZCOps)
+			})
+		}
+	}
+	for _, accepted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("io_uring/adaptive/normal-window/accepted=%v", accepted), func(t *testing.T) {
+			e := newEngine(t, Config{Backend: BackendIOUring})
+			st := streamToPeer(t, e, 0, accepted)
+			if st.Send.ZCSmallWindow != 0 || st.Send.ZCOps == 0 {
+				t.Fatalf("to a normal window: %d zero-copy refusals, %d zero-copy sends (want none, and a probe)", st.Send.ZCSmallWindow, st.Send.ZCOps)
 			}
 		})
 	}
-	t.Run("io_uring/adaptive/normal-window", func(t *testing.T) {
-		e := newEngine(t, Config{Backend: BackendIOUring})
-		st := streamToPeer(t, e, 0)
-		if st.Send.ZCSmallWindow != 0 || st.Send.ZCOps == 0 {
-			t.Fatalf("to a normal window: %d zero-copy refusals, %d zero-copy sends (want none, and a probe)", st.Send.ZCSmallWindow, st.Send.ZCOps)
-		}
-	})
 }
 
-// streamToPeer sends 1 MiB from a connection of e to a plain loopback peer whose listening
-// socket has SO_RCVBUF rcvbuf (0: the default), checks what the peer read, and returns e's
-// stats. It fails, instead of hanging, when the peer has not read everything in 60 s.
-func streamToPeer(t *testing.T, e *Engine, rcvbuf int) Stats {
+// streamToPeer sends 1 MiB from a connection of e to a plain loopback peer whose socket has
+// SO_RCVBUF rcvbuf (0: the default) from before the handshake: the peer listens and e dials,
+// or, accepted, e listens and the peer dials. It checks what the peer read and returns e's
+// stats; it fails, instead of hanging, when the peer has not read everything in 60 s.
+func streamToPeer(t *testing.T, e *Engine, rcvbuf int, accepted bool) Stats {
 	t.Helper()
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+	control := func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
 			if rcvbuf > 0 {
@@ -63,25 +73,16 @@ func streamToPeer(t *testing.T, e *Engine, rcvbuf int) Stats {
 			return err
 		}
 		return serr
-	}}
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
 	}
-	defer ln.Close()
 	const total, chunk = 1 << 20, 64 << 10
 	want := make([]byte, total)
 	for i := range want {
 		want[i] = byte(i*7 + i>>16)
 	}
 	got := make(chan []byte, 1)
-	go func() {
+	read := func(nc net.Conn) {
 		var b []byte
 		defer func() { got <- b }()
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
 		defer nc.Close()
 		buf := make([]byte, 64<<10)
 		for len(b) < total {
@@ -91,10 +92,35 @@ func streamToPeer(t *testing.T, e *Engine, rcvbuf int) Stats {
 				return
 			}
 		}
-	}()
-	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{})
-	if err != nil {
-		t.Fatal(err)
+	}
+	var c *Conn
+	if accepted {
+		l, ev := listenEvents(t, e)
+		d := net.Dialer{Control: control}
+		nc, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		go read(nc)
+		c = recvEvent(t, ev.conn, "accept")
+	} else {
+		lc := net.ListenConfig{Control: control}
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			nc, err := ln.Accept()
+			if err != nil {
+				got <- nil
+				return
+			}
+			read(nc)
+		}()
+		if c, err = e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	defer c.Close()
 	for off := 0; off < total; off += chunk {
@@ -116,7 +142,6 @@ func streamToPeer(t *testing.T, e *Engine, rcvbuf int) Stats {
 			t.Fatalf("peer read %d bytes, want %d (equal: %v)", len(b), total, bytes.Equal(b, want[:len(b)]))
 		}
 	case <-time.After(60 * time.Second):
-		ln.Close()
 		t.Fatalf("peer has not read 1 MiB in 60 s: %+v\n%s", c.Stats(), engineDump(e))
 	}
 	return e.Stats()
