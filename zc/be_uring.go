@@ -173,7 +173,19 @@ func (b *uringBackend) send(c *Conn) {
 	}
 	head := &c.tx.pend[0]
 	left := int(head.n - head.off)
+	reprobe := false
+	if c.tx.zc.probing(left) {
+		if b.peerWindowSmall(c) {
+			c.tx.zc.smallWindow()
+			b.q.ctr.zcSmallWindow.Add(1)
+		} else {
+			reprobe = c.tx.zc.state == zcOff
+		}
+	}
 	if c.tx.zc.use(left) {
+		if reprobe {
+			b.q.ctr.zcProbes.Add(1)
+		}
 		addr := head.addr(int(head.off))
 		ud := b.newOp(c, tagSendZC)
 		sqe := b.u.GetSQE()
@@ -230,6 +242,14 @@ func (b *uringBackend) send(c *Conn) {
 	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
 	c.tx.sendOps.Add(1)
 	b.q.ctr.sendOps.Add(1)
+}
+
+// peerWindowSmall reports whether the peer's receive window cuts c's segments too small for
+// zero-copy (zcSegmentsSmall), from one TCP_INFO read; asked before each zero-copy probe only.
+// When TCP_INFO fails the send goes on as before.
+func (b *uringBackend) peerWindowSmall(c *Conn) bool {
+	ti, err := c.sock.TCPInfo()
+	return err == nil && zcSegmentsSmall(ti.SndMSS, ti.PMTU)
 }
 
 func (b *uringBackend) getIov() *iovBuf {

@@ -15,11 +15,16 @@ type SendPath int
 const (
 	// SendAdaptive uses SEND_ZC for sends of at least ZCThreshold bytes until the kernel
 	// reports it copied them anyway, then copying sends, probing zero-copy again now and then.
+	// It does not try zero-copy while the peer's receive window cuts the connection's
+	// segments below a page (TCP_INFO's send MSS under 4 KiB where the path MTU allows more):
+	// over loopback such segments shrink the peer's window for good, down to one small
+	// segment per persist timer (Stats.Send.ZCSmallWindow counts these refusals).
 	SendAdaptive SendPath = iota
 	// SendCopy forces copying sends.
 	SendCopy
-	// SendZeroCopy forces SEND_ZC for every send, whatever its size and whatever the kernel
-	// reports.
+	// SendZeroCopy forces SEND_ZC for every send, whatever its size, whatever the kernel
+	// reports and whatever the peer's window (to a loopback peer with a receive buffer of a
+	// few KiB it crawls at a few KiB/s: see SendAdaptive).
 	SendZeroCopy
 )
 

@@ -409,6 +409,9 @@ type SendStats struct {
 	DirectWrites uint64
 	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
 	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
+	// ZCSmallWindow: times an adaptive connection sent by copy instead of trying zero-copy
+	// because the peer's receive window cuts its segments below a page (see SendAdaptive).
+	ZCSmallWindow uint64
 	// NotifsPending: zero-copy notifications outstanding (never negative; Close waits for
 	// them). NotifsUnexpected: notifications for no known send (0 expected).
 	NotifsPending    int64
@@ -570,6 +573,7 @@ func (s *Stats) addCounters(c *counters) {
 	s.Send.ZCOps += c.sendZCOps.Load()
 	s.Send.ZCSwitches += c.zcSwitches.Load()
 	s.Send.ZCProbes += c.zcProbes.Load()
+	s.Send.ZCSmallWindow += c.zcSmallWindow.Load()
 	s.Recv.BufRingEmpty += c.bufEmpty.Load()
 	s.Recv.CreditPauses += c.creditPauses.Load()
 	s.Faults.CloseTimeouts += c.closeTimeouts.Load()

@@ -52,7 +52,7 @@ type counters struct {
 	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
 	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
 	sentSpliced, directWrites, recvDirect          atomic.Uint64
-	poolWaits, memlockCaps                         atomic.Uint64
+	poolWaits, memlockCaps, zcSmallWindow          atomic.Uint64
 	// splice.go, sendfile.go
 	relaySpliced, relaysSplice, relayFallbacks, relayErrors atomic.Uint64
 	relaySpliceCalls, relayWaits                            atomic.Uint64

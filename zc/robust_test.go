@@ -390,7 +390,7 @@ func TestAdaptiveSwitchesToCopy(t *testing.T) {
 		t.Fatalf("%d bytes reported as truly zero-copy on loopback", st.BytesSentZC)
 	}
 	es := cli.Stats()
-	if es.Send.ZCSwitches == 0 || es.Send.BytesZCCopied == 0 {
+	if es.Send.ZCSwitches == 0 || es.Send.BytesZCCopied == 0 || es.Send.ZCProbes == 0 {
 		t.Fatalf("engine stats do not show the switch: %+v", es)
 	}
 	c.Close()
