@@ -99,6 +99,8 @@ type Queue struct {
 	freeOps []uint32
 	onBuf   func(arg int32) // buffer-return tasks (see PostBuffer)
 	yield   atomic.Bool     // YieldSoon was called
+	// lastYield is when the loop last called runtime.Gosched (nanos; loop only)
+	lastYield int64
 	// inCode: the loop may be running code other than its own (tasks, events, timers,
 	// flushes); false while it waits or polls in the kernel. OnLoop asks the thread id only
 	// when it is set: a goroutine that sees it clear cannot be the loop (the loop sets it
@@ -183,12 +185,13 @@ func (q *Queue) loop() {
 		}
 		q.flush()
 		timeout := q.nextTimeout()
-		if timeout != 0 && q.yield.Load() {
+		if timeout != 0 && (q.yield.Load() || q.schedDue()) {
 			// A goroutine we readied sits in this thread's run queue: the thread is locked to
 			// us and is about to block in the kernel (or to busy-poll, holding its P), where
 			// the runtime would leave it waiting until sysmon notices (20 µs to 10 ms). Hand
-			// it over now.
+			// it over now. Also every yieldEvery of a loop that never yields: see schedDue.
 			q.yield.Store(false)
+			q.lastYield = nanos()
 			runtime.Gosched()
 		}
 		if timeout != 0 && q.cfg.BusyPoll > 0 && q.inbox.empty() && len(q.dirty) == 0 {
@@ -219,6 +222,29 @@ func (q *Queue) loop() {
 		}
 	}
 }
+
+// yieldEvery is how often a loop that is about to wait in the kernel lets the runtime
+// reschedule its goroutine (runtime.Gosched) when nothing else made it yield: half of Go's
+// 10 ms preemption slice.
+//
+// Go's monitor thread (sysmon) treats a goroutine that has not been rescheduled for 10 ms
+// as a CPU hog: it signals the thread and, when the goroutine is in a system call, takes
+// its P away; having "found work", sysmon then polls every 20 µs for 50 rounds or more
+// before it backs off again. A queue's goroutine runs its loop on its locked thread and is
+// rescheduled only when something makes it (a YieldSoon, a P taken from a long wait), so
+// under steady traffic sysmon did all that every 10 ms, on the queue's CPU: CPU billed to
+// the process (rusage) that no pprof profile shows, since sysmon has no profiling timer
+// (doc/notes/issue-20-kv-gap.md). A Gosched on a locked thread costs a hand-over between
+// two threads; at most 200 a second here.
+const yieldEvery = 5 * time.Millisecond
+
+// schedDue reports whether the loop has gone yieldEvery without yielding (loop only).
+func (q *Queue) schedDue() bool { return nanos()-q.lastYield >= int64(yieldEvery) }
+
+// nanos is a monotonic clock in nanoseconds.
+func nanos() int64 { return int64(time.Since(clockBase)) }
+
+var clockBase = time.Now()
 
 // spin polls the driver without sleeping for up to BusyPoll (or the next timer); it reports
 // whether something happened.
@@ -437,6 +463,12 @@ func (q *Queue) OpLive(ud uint64) bool {
 func (q *Queue) Dispatch(ev Event) {
 	if !q.inCode.Load() {
 		q.inCode.Store(true)
+		// The loop is back from the kernel: work that handlers post from here on is taken by
+		// its next round (runTasks) before it can wait again, so no eventfd write is needed
+		// for it. Left set, every Post or Schedule of a handler run by this wait's
+		// completions would write the eventfd (a system call, a completion and one more
+		// io_uring_enter) to wake a loop that is not asleep.
+		q.sleeping.Store(0)
 	}
 	q.events.Add(1)
 	slot, gen := uint32(ev.UD), uint32(ev.UD>>32)

@@ -743,3 +743,82 @@ func TestOnLoop(t *testing.T) {
 		}
 	}
 }
+
+// A task that a handler posts while the loop dispatches the completions of a wait runs in the
+// loop's next round: it must not write the eventfd to wake the loop, which is not asleep
+// (a wasted system call, completion and io_uring_enter per wait under traffic).
+func TestPostFromHandlerNoWake(t *testing.T) {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
+		t.Run(k.String(), func(t *testing.T) {
+			var d Driver
+			q := startQueue(t, k, func(_ *Queue, dd Driver) error { d = dd; return nil })
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fds[0])
+			// io_uring reads into a page of its own (the kernel writes it asynchronously)
+			page, err := unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Munmap(page)
+			ran := make(chan struct{}, 1)
+			var ud uint64
+			arm := func() {
+				sqe := d.(*URing).GetSQE()
+				sqe.PrepRead(int32(fds[1]), uintptr(unsafe.Pointer(&page[0])), 64)
+				sqe.UserData = ud
+			}
+			o := &funcOwner{fn: func(q *Queue, ev Event) {
+				if k == kindEpoll {
+					unix.Read(fds[1], page[:64])
+				} else {
+					arm()
+				}
+				if err := q.Post(func() { ran <- struct{}{} }); err != nil {
+					t.Error(err)
+				}
+			}}
+			q.Do(func() error {
+				ud = q.NewOp(o, 1)
+				if k == kindEpoll {
+					return d.(*Epoll).Add(fds[1], unix.EPOLLIN, ud)
+				}
+				arm()
+				return nil
+			})
+			for i := range 20 {
+				// Wait until the loop sleeps in the kernel, so that the byte's completion
+				// wakes it and the handler posts while the loop dispatches.
+				deadline := time.Now().Add(10 * time.Second)
+				for q.sleeping.Load() != 1 {
+					if time.Now().After(deadline) {
+						t.Fatal("the loop never went to sleep")
+					}
+					time.Sleep(time.Millisecond)
+				}
+				before := q.Stats().Wakeups
+				unix.Write(fds[0], []byte{byte(i)})
+				select {
+				case <-ran:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the posted task never ran")
+				}
+				if w := q.Stats().Wakeups - before; w != 0 {
+					t.Fatalf("round %d: a task posted by a handler during dispatch wrote the eventfd %d times", i, w)
+				}
+			}
+			q.Do(func() error {
+				if k == kindEpoll {
+					d.(*Epoll).Del(fds[1])
+				} else {
+					d.(*URing).CancelOp(ud)
+				}
+				return nil
+			})
+			q.Close()
+			unix.Close(fds[1])
+		})
+	}
+}
