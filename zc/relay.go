@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -183,13 +184,14 @@ type RelayStats struct {
 	path     RelayPath
 	fallback error
 	mu       sync.Mutex
-	err      error // the first failure (mu)
+	err      error // the first failure that says why (mu)
 }
 
 // Err reports why the relay ended other than by both sides' EOF and graceful closes: the
-// first failure (a reset: an error wrapping the system call's), or, when bytes were lost,
-// an error saying how many (and matching the failure, or ErrClosed). Nil while no failure
-// is known.
+// first failure (a reset: an error wrapping the system call's; a close that gave up after
+// CloseTimeout: ErrCloseTimeout), or, when bytes were lost, an error saying how many (and
+// matching the failure, or ErrClosed when all that is known is that the destination was
+// closed). Nil while no failure is known.
 func (r *RelayStats) Err() error {
 	r.mu.Lock()
 	err := r.err
@@ -202,11 +204,16 @@ func (r *RelayStats) Err() error {
 
 func (r *RelayStats) setErr(err error) {
 	r.mu.Lock()
-	if r.err == nil {
+	if r.err == nil || (closedOnly(r.err) && !closedOnly(err)) {
 		r.err = err
 	}
 	r.mu.Unlock()
 }
+
+// closedOnly: err says only that a connection was closed (a send refused with ErrClosed,
+// bytes dropped at a close), not why; a later error that says why (a reset, CloseTimeout)
+// replaces it as the relay's.
+func closedOnly(err error) bool { return errors.Is(err, ErrClosed) && !errors.Is(err, ErrCloseTimeout) }
 
 // lose counts n bytes that cannot be delivered, because of err (any goroutine).
 func (r *RelayStats) lose(n uint64, err error) {
