@@ -37,6 +37,7 @@ func smallRecvBuf(t *testing.T, addr string) *tcpglue.Socket {
 
 func testCloseTimeoutReported(t *testing.T, cfg Config) {
 	cfg.CloseTimeout = 200 * time.Millisecond
+	cfg.MaxQueuedBytes = 4 << 20
 	e := newEngine(t, cfg)
 	l, ev := listenEvents(t, e)
 	s := smallRecvBuf(t, l.Addr().String())

@@ -535,7 +535,7 @@ func (c *Conn) SendData(d Data) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil {
-		dbg.untrackHeld(d.buf)
+		dbg.untrackHeld(d.buf) // SendData took it: no Release to come
 		if dbg.opt.Buffers {
 			sum = debugSum(d.Bytes())
 		}

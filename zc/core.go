@@ -361,7 +361,7 @@ func (c *Conn) deliver(d Data) {
 	d.c = c
 	c.held.Add(d.credit())
 	if c.e.dbg != nil {
-		c.trackHeld(d.buf)
+		c.trackHeld(d)
 	}
 	if c.paused&pauseUser != 0 || c.parked != nil {
 		// A receive already in flight when SetReceivePaused(true) took effect (its cancel

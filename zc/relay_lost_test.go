@@ -64,7 +64,7 @@ func testRelaySendDataLost(t *testing.T, be Backend, how string) {
 		f.Close() // graceful; the client does not read: CloseTimeout resets it
 	case "reset":
 		client.SetLinger(0)
-		client.Close() // a RST: the front's sends fail
+		client.Close()         // a RST: the front's sends fail
 		want = unix.ECONNRESET // or EPIPE: a send after the reset
 	}
 	waitFor(t, rs.Finished, "the relay's connections to close")

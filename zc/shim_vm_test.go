@@ -354,6 +354,13 @@ func TestShimCloseStuckPeer(t *testing.T) {
 	waitSendBuffersBack(t, e)
 }
 
+// TestShimCloseTimeoutReported: a close that gives up after CloseTimeout says so in OnClose
+// (ErrCloseTimeout, the bytes dropped), and the peer gets a reset, not the dropped bytes.
+func TestShimCloseTimeoutReported(t *testing.T) {
+	needShim(t)
+	testCloseTimeoutReported(t, shimCfg())
+}
+
 // TestShimWriteFromHandler: a handler's blocking call on its own queue goroutine gets
 // ErrWouldBlock instead of a deadlock.
 func TestShimWriteFromHandler(t *testing.T) {
