@@ -231,6 +231,7 @@ func (b *plainBackend) zeroCopy() bool            { return false }
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *plainBackend) sending(c *Conn) bool      { return c.bk.wantOut }
 func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }
+func (b *plainBackend) cancelSend(c *Conn)        {} // its sends are write(2) calls: none waits in the kernel
 func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn)(c)) }
 func (b *plainBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 func (b *plainBackend) dial(c *Conn)              { b.epollCommon.dial(c) }

@@ -145,6 +145,10 @@ func (b *shimBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
 func (b *shimBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 
+// cancelSend: the module's queued sends end with the socket's close (closeSocket detaches
+// the connection, and the module cancels what it holds).
+func (b *shimBackend) cancelSend(c *Conn) {}
+
 func (b *shimBackend) inFlightSegs(c *Conn) int {
 	if c.bk.shim == nil {
 		return 0

@@ -100,6 +100,12 @@ func (b *uringBackend) inFlightSegs(c *Conn) int {
 	return t.u.segs
 }
 
+func (b *uringBackend) cancelSend(c *Conn) {
+	if t := c.txp.Load(); t != nil && t.u.ud != 0 && b.q.OpLive(t.u.ud) {
+		b.u.CancelOp(t.u.ud)
+	}
+}
+
 func (b *uringBackend) close() {
 	b.q.send.CloseWhenReleased()
 }

@@ -193,7 +193,8 @@ type Config struct {
 	// the connections that would drain held data can always receive.
 	MaxRecvHeld int
 	// CloseTimeout bounds how long Close waits for queued sends (then the connection is
-	// reset) and, again, for zero-copy notifications (default 5 s).
+	// reset, the bytes still queued are dropped and OnClose gets an error matching
+	// ErrCloseTimeout) and, again, for zero-copy notifications (default 5 s).
 	CloseTimeout time.Duration
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).

@@ -37,6 +37,11 @@ type ConnStats struct {
 	Queued          int  // bytes queued or in flight, not yet sent
 	RecvHeld        int  // receive-buffer bytes held (not released, or forwarded and not sent)
 	RecvPaused      bool // receiving is paused (by SetReceivePaused, held data, a full destination, or a net.Conn face that reads the socket itself)
+	// BytesDropped counts bytes accepted for sending (Write, Send, SendData, SendFile) and
+	// dropped unsent: the connection was reset, failed, closed with an error, or gave up
+	// after CloseTimeout (Engine.Close's closes included). What a splice relay handed over
+	// from its pipe and could not send is its RelayStats.Lost instead.
+	BytesDropped uint64
 }
 
 // sender is a connection's send side: allocated (under mu) by its first send, so an idle
@@ -56,6 +61,7 @@ type sender struct {
 	destWaits []*Conn
 	// counters, read by Stats from any goroutine
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
+	dropped                                        atomic.Uint64 // ConnStats.BytesDropped
 }
 
 // uringTx is the io_uring backend's state of a connection's send side.
@@ -84,6 +90,8 @@ func (c *Conn) txLocked() *sender {
 type closeState struct {
 	deadline time.Time   // CloseTimeout after beginClose
 	timer    *loop.Timer // the close's watchdog
+	// droppedBefore: BytesDropped when CloseTimeout passed (what the reset drops is the rest)
+	droppedBefore uint64
 }
 
 // seg is one buffer (or part of one) on its way out.
@@ -347,6 +355,7 @@ func (c *Conn) Stats() ConnStats {
 		s.BytesSentZC, s.BytesZCCopied, s.BytesSentCopy = tx.sentZC.Load(), tx.zcCopied.Load(), tx.sentCopy.Load()
 		s.SendOps, s.SendZCOps = tx.sendOps.Load(), tx.sendZCOps.Load()
 		s.ZCSwitches, s.ZCProbes = tx.zc.switches.Load(), tx.zc.probes.Load()
+		s.BytesDropped = tx.dropped.Load()
 		s.ZeroCopyOn = c.q.be.zeroCopy() && tx.zc.on()
 	} else {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
@@ -526,7 +535,7 @@ func (c *Conn) SendData(d Data) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil {
-		dbg.untrackHeld(d.buf)
+		dbg.untrackHeld(d.buf) // SendData took it: no Release to come
 		if dbg.opt.Buffers {
 			sum = debugSum(d.Bytes())
 		}
@@ -876,8 +885,10 @@ func (c *Conn) schedule() {
 }
 
 // Close closes the connection: queued sends still go out (bounded by CloseTimeout, then the
-// connection is reset), then the socket is closed; OnClose runs when everything is released
-// (Done is closed then). It never blocks. A second Close returns an error wrapping ErrClosed.
+// connection is reset, the rest is dropped and OnClose gets an error matching
+// ErrCloseTimeout), then the socket is closed; OnClose runs when everything is released
+// (Done is closed then). It never blocks, so its own result cannot say whether the queued
+// bytes went out: OnClose's error does. A second Close returns an error wrapping ErrClosed.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closeReq {

@@ -253,6 +253,9 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		left := int(w.s.n - w.s.off)
 		short = res >= 0 && res < left
 		c.sentBytes(left)
+		if short {
+			c.dropped(left - res)
+		}
 	}
 	if res > 0 {
 		w.sent = res
@@ -358,7 +361,7 @@ func (c *Conn) deliver(d Data) {
 	d.c = c
 	c.held.Add(d.credit())
 	if c.e.dbg != nil {
-		c.trackHeld(d.buf)
+		c.trackHeld(d)
 	}
 	if c.paused&pauseUser != 0 || c.parked != nil {
 		// A receive already in flight when SetReceivePaused(true) took effect (its cancel
@@ -651,6 +654,53 @@ func (c *Conn) closeTimer() {
 	}
 }
 
+// closeTimedOut marks a graceful close that waited CloseTimeout in vain: it ends with a
+// *CloseTimeoutError (closeTimeoutErr, at finish) instead of a clean close. What the reset
+// drops is known only then (sends in flight may still complete in part), so the close error
+// is a marker until finish; it also keeps a later error (the reset's own, on a send in
+// flight) from replacing the cause.
+func (c *Conn) closeTimedOut() {
+	c.q.ctr.closeTimeouts.Add(1)
+	c.closeErr = errCloseTimedOut
+	c.cl.droppedBefore = c.droppedBytes()
+}
+
+// closeTimeoutErr makes the *CloseTimeoutError of a close that timed out (at finish, after
+// everything it dropped was counted): OnClose's error, and what later sends return.
+func (c *Conn) closeTimeoutErr() error {
+	te := &CloseTimeoutError{Timeout: c.e.cfg.CloseTimeout, Unsent: int(c.droppedBytes() - c.cl.droppedBefore)}
+	c.mu.Lock()
+	if c.werr == nil || c.werr == ErrClosed || c.werr == errWriteClosed {
+		c.werr = te
+	}
+	c.mu.Unlock()
+	return c.opErr("close", te)
+}
+
+// dropped counts n bytes accepted for sending and abandoned unsent (an abort, a reset,
+// CloseTimeout, Engine.Close): ConnStats.BytesDropped, and a relay's losses (relay.go).
+func (c *Conn) dropped(n int) {
+	if n > 0 {
+		c.tx.dropped.Add(uint64(n))
+	}
+}
+
+// droppedSeg counts what dropping s loses, except a splice relay's pipe: its relay counts
+// that itself (pipeSeg.release), and reads the rest from droppedBytes.
+func (c *Conn) droppedSeg(s seg) {
+	if s.file == nil || s.file.pipe == nil {
+		c.dropped(int(s.n - s.off))
+	}
+}
+
+// droppedBytes is ConnStats.BytesDropped (any goroutine).
+func (c *Conn) droppedBytes() uint64 {
+	if t := c.txp.Load(); t != nil {
+		return t.dropped.Load()
+	}
+	return 0
+}
+
 // abortSends drops every send not yet in the kernel and makes the close reset the
 // connection, so the stack frees its write queue (and the zero-copy pages) at once.
 func (c *Conn) abortSends() {
@@ -662,12 +712,14 @@ func (c *Conn) abortSends() {
 		c.tx.pend[i] = seg{}
 		c.tx.pend = c.tx.pend[:i]
 		c.sentBytes(int(s.n - s.off))
+		c.droppedSeg(s)
 		c.finishSeg(s)
 	}
 	c.dropProducer()
 	if c.sk != sockClosed {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
+	c.q.be.cancelSend(c) // a send waiting for room ends now: the socket can go, with its RST
 }
 
 // dropProducer abandons what Send/Write queued and the loop has not taken yet.
@@ -676,18 +728,23 @@ func (c *Conn) dropProducer() {
 	out := c.out
 	c.out = nil
 	c.holdClose = false // what a closeHolder queues from now on is dropped (enqueueHeld)
-	n := 0
+	n, staged := 0, 0
 	if c.staged() {
 		c.tx.hasStage = false
-		n += c.tx.stageN
+		staged = c.tx.stageN
 		c.tx.stage.Release()
 	}
+	n += staged
 	for _, s := range out {
 		n += int(s.n - s.off)
 	}
 	c.mu.Unlock()
 	c.sentBytes(n)
+	if staged > 0 {
+		c.dropped(staged) // Write's bytes not yet in a segment
+	}
 	for _, s := range out {
+		c.droppedSeg(s)
 		c.finishSeg(s)
 	}
 }
@@ -707,12 +764,15 @@ func (c *Conn) advanceClose() {
 		producer := len(c.out) > 0 || c.staged() || c.holdClose
 		c.mu.Unlock()
 		sending := c.pendLen() > 0 || c.q.be.sending(c) || producer
-		if sending && c.closeErr == nil && now.Before(c.cl.deadline) {
-			return // the sends' completions come back here
+		if sending && c.closeErr == nil {
+			if now.Before(c.cl.deadline) {
+				return // the sends' completions come back here
+			}
+			// CloseTimeout passed: the peer is not reading. Reset, and say so: what is still
+			// queued never reaches the peer.
+			c.closeTimedOut()
 		}
 		if sending {
-			// CloseTimeout passed: the peer is not reading. Reset.
-			c.q.ctr.closeTimeouts.Add(1)
 			c.abortSends()
 		}
 		if c.recvArmed {
@@ -749,6 +809,7 @@ func (c *Conn) finish() {
 	for c.pendLen() > 0 {
 		s := c.popPend()
 		c.sentBytes(int(s.n - s.off))
+		c.droppedSeg(s)
 		c.finishSeg(s)
 	}
 	c.dropProducer()
@@ -768,6 +829,9 @@ func (c *Conn) finish() {
 	c.mu.Unlock()
 	for _, s := range waiters {
 		s.resumeFromDest()
+	}
+	if c.closeErr == errCloseTimedOut {
+		c.closeErr = c.closeTimeoutErr()
 	}
 	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
 	c.q.stopTimers(c)

@@ -29,8 +29,9 @@ type DebugOptions struct {
 	// blocks stalls every connection of its queue. 0: not timed.
 	SlowHandler time.Duration
 	// HeldData counts received Data held unreleased for longer than this
-	// (Stats.Debug.DataHeldLong, each Data once): a forgotten Release stops its connection at
-	// MaxRecvHeld. 0: not tracked.
+	// (Stats.Debug.DataHeldLong, each Data once), whichever receive path delivered it (the
+	// ring, or a zcrx area): a forgotten Release stops its connection at MaxRecvHeld. 0: not
+	// tracked.
 	HeldData time.Duration
 	// OnMisuse, if set, is called with a *MisuseError for each finding, on a queue goroutine
 	// or the goroutine that found it: it must not block.
@@ -64,7 +65,7 @@ type debugState struct {
 	opt                     DebugOptions
 	misuses, slow, heldLong atomic.Uint64
 	heldMu                  sync.Mutex
-	held                    map[memreg.Buf]*heldEntry // HeldData: Data delivered, not released
+	held                    map[any]*heldEntry // HeldData: Data delivered, not released (heldKey)
 	stop                    chan struct{}
 }
 
@@ -80,7 +81,7 @@ func newDebug(e *Engine, opt DebugOptions) *debugState {
 	}
 	d := &debugState{e: e, opt: opt, stop: make(chan struct{})}
 	if opt.HeldData > 0 {
-		d.held = map[memreg.Buf]*heldEntry{}
+		d.held = map[any]*heldEntry{}
 	}
 	return d
 }
@@ -183,24 +184,35 @@ func (c *Conn) timed(method string, t0 time.Time) {
 // slowCheck says whether handler calls are timed.
 func (c *Conn) slowCheck() bool { return c.e.dbg != nil && c.e.dbg.opt.SlowHandler > 0 }
 
+// heldKey is what HeldData tracks a delivered Data by: the owner of its bytes, its ring
+// buffer or its dataSource (a zcrx buffer's, or a mapped run's), which its Release (or
+// SendData) gives back. Data made by Retain and Slice have owners of their own and are not
+// tracked: the delivered Data's Release is the one that counts.
+func heldKey(d Data) any {
+	if d.src != nil {
+		return d.src
+	}
+	return d.buf
+}
+
 // trackHeld records Data delivered to a handler (HeldData).
-func (c *Conn) trackHeld(b memreg.Buf) {
+func (c *Conn) trackHeld(dd Data) {
 	d := c.e.dbg
-	if d == nil || d.held == nil || !b.Valid() {
+	if d == nil || d.held == nil || (dd.src == nil && !dd.buf.Valid()) {
 		return
 	}
 	d.heldMu.Lock()
-	d.held[b] = &heldEntry{at: time.Now(), addr: tcpAddr(c.raddr)}
+	d.held[heldKey(dd)] = &heldEntry{at: time.Now(), addr: tcpAddr(c.raddr)}
 	d.heldMu.Unlock()
 }
 
-// untrackHeld forgets released Data.
-func (d *debugState) untrackHeld(b memreg.Buf) {
+// untrackHeld forgets released Data (a key never tracked is a no-op).
+func (d *debugState) untrackHeld(key any) {
 	if d == nil || d.held == nil {
 		return
 	}
 	d.heldMu.Lock()
-	delete(d.held, b)
+	delete(d.held, key)
 	d.heldMu.Unlock()
 }
 

@@ -168,6 +168,8 @@ func TestDebugSlowAndHeld(t *testing.T) {
 	peer.Write([]byte("data"))
 	testutil.Eventually(t, "the slow handler counted", func() bool { return e.Stats().Debug.SlowHandlerCalls > 0 })
 	testutil.Eventually(t, "the held Data counted", func() bool { return e.Stats().Debug.DataHeldLong > 0 })
+	// Each report follows its count (counted, then OnMisuse called).
+	testutil.Eventually(t, "both reported", func() bool { return m.has("slow handler") && m.has("Data held") })
 	if !m.has("slow handler") || !m.has("Data held") {
 		t.Fatalf("reports: %v", m.errs)
 	}

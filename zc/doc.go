@@ -133,8 +133,10 @@
 // CloseWrite never act on a descriptor number that was closed and reused. Close is
 // asynchronous and idempotent (OnClose and Done tell when it finished); after it every
 // operation returns an error matching ErrClosed. A graceful close lets queued sends go out
-// for up to CloseTimeout, then resets the connection; zero-copy notifications still
-// outstanding get another CloseTimeout (their buffers stay lent until they arrive).
+// for up to CloseTimeout, then resets the connection and reports it: OnClose gets an error
+// matching ErrCloseTimeout (a *CloseTimeoutError says how many bytes were dropped) instead
+// of nil. Zero-copy notifications still outstanding get another CloseTimeout (their buffers
+// stay lent until they arrive).
 // TCP keep-alive is on by default (15 s, as Go's net).
 //
 // # Errors

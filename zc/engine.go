@@ -304,7 +304,9 @@ func (e *Engine) checkOwn(r *memreg.Region) error {
 // return an error wrapping ErrClosed. Called from a handler (a queue goroutine) it cannot
 // wait for its own queue: it starts the close in the background and returns nil (Done
 // tells when it finished). Close waits at most about 2 × CloseTimeout; CloseContext bounds
-// the wait by a context instead.
+// the wait by a context instead. When a connection's peer did not take its queued bytes
+// within CloseTimeout, the connection is reset, its OnClose gets a *CloseTimeoutError, and
+// Close returns an error matching ErrCloseTimeout.
 func (e *Engine) Close() error { return e.CloseContext(context.Background()) }
 
 // CloseContext is Close bounded by ctx as well: when ctx ends before the connections
@@ -343,6 +345,13 @@ func (e *Engine) shutdown(ctx context.Context) {
 	for _, l := range ls {
 		l.Close()
 	}
+	timeouts := func() (n uint64) {
+		for _, q := range e.queues {
+			n += q.ctr.closeTimeouts.Load()
+		}
+		return n
+	}
+	before := timeouts()
 	for _, q := range e.queues {
 		q.Post(q.closeAll)
 	}
@@ -362,6 +371,10 @@ wait:
 	e.closeErr = e.stopQueues()
 	if cut != nil && e.closeErr == nil {
 		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
+	}
+	if n := timeouts() - before; n > 0 && e.closeErr == nil {
+		// Their OnClose said so too (a *CloseTimeoutError each).
+		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("%d connections reset after CloseTimeout with queued bytes unsent: %w", n, ErrCloseTimeout)}
 	}
 	if e.addedProcs > 0 {
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/internal/loop"
@@ -32,6 +33,11 @@ var (
 	// Handlers must not block: use the asynchronous forms (DialAsync, Buffer instead of
 	// BufferWait, OnWritable instead of a blocking Write).
 	ErrWouldBlock = loop.ErrWouldBlock
+	// ErrCloseTimeout: a graceful close (Close, or Engine.Close's) waited Config.CloseTimeout
+	// for the peer to take the queued bytes and gave up: the connection was reset and what
+	// was still queued was dropped. OnClose gets a *CloseTimeoutError that says how much. It
+	// matches ErrClosed too: the connection is closed.
+	ErrCloseTimeout = fmt.Errorf("close timed out, queued bytes dropped: %w", net.ErrClosed)
 )
 
 // NotSupportedError is a refusal with its reason (what was asked, what it needs, the cause),
@@ -121,10 +127,33 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
+// CloseTimeoutError is how a graceful close that gave up after Config.CloseTimeout ends (the
+// error OnClose gets, wrapped in an *OpError with Op "close"; Write, Send and SendData return
+// it afterwards). It unwraps to ErrCloseTimeout, so it matches ErrClosed as well.
+type CloseTimeoutError struct {
+	Timeout time.Duration // the Config.CloseTimeout that passed
+	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) and not yet handed to
+	// the kernel when the connection was reset: the peer gets none of them. It is a lower
+	// bound of the loss: bytes the kernel had taken and the peer had not acknowledged go
+	// with the reset too.
+	Unsent int
+}
+
+func (e *CloseTimeoutError) Error() string {
+	return fmt.Sprintf("close gave up after %v (the peer did not take the queued bytes): connection reset with %d bytes unsent", e.Timeout, e.Unsent)
+}
+
+// Unwrap makes a CloseTimeoutError match ErrCloseTimeout (and ErrClosed).
+func (e *CloseTimeoutError) Unwrap() error { return ErrCloseTimeout }
+
 // timeoutError is os.ErrDeadlineExceeded's behaviour for zc's own waits.
 var errTimeout error = os.ErrDeadlineExceeded
 
 var errWriteClosed = errors.New("write side closed")
+
+// errCloseTimedOut: a closing connection's closeErr between CloseTimeout passing and its
+// finish, where it becomes a *CloseTimeoutError (core.go closeTimedOut).
+var errCloseTimedOut = errors.New("close timed out")
 
 // errCanceled: a wait ended by its caller's context (WriteContext turns it into ctx.Err()).
 var errCanceled = errors.New("canceled")

@@ -344,6 +344,10 @@ func (k *fakeKernel) inFlightSegs(c *Conn) int {
 	return t.u.segs
 }
 
+// cancelSend: the simulated send in flight still completes when the scheduler picks it
+// (as a cancel that came too late would); cancellation itself is not simulated.
+func (k *fakeKernel) cancelSend(c *Conn) {}
+
 func (k *fakeKernel) freeOp(c *Conn, ud uint64) {
 	if k.q.OpLive(ud) {
 		k.q.FreeOp(ud)

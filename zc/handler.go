@@ -17,7 +17,11 @@ type Handler interface {
 	// the error. Sending may still work after io.EOF.
 	OnEOF(c *Conn, err error)
 	// OnClose reports that the connection is closed and its resources freed: err is nil
-	// after a local Close, otherwise the error that ended it.
+	// after a local Close (or Engine.Close) that sent everything queued, otherwise the error
+	// that ended it. A graceful close that gave up after Config.CloseTimeout (the peer did
+	// not take the queued bytes: they were dropped and the connection reset) reports an
+	// error matching ErrCloseTimeout (a *CloseTimeoutError). ConnStats.BytesDropped counts
+	// what was dropped.
 	OnClose(c *Conn, err error)
 }
 

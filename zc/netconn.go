@@ -263,6 +263,10 @@ func (n *netConn) Write(p []byte) (int, error) {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return written, n.opErr("write", os.ErrDeadlineExceeded)
 			}
+			if errors.Is(err, ErrCloseTimeout) {
+				// Engine.Close's graceful close gave up: say that queued bytes were dropped.
+				return written, n.opErr("write", err)
+			}
 			if errors.Is(err, ErrClosed) && !n.isClosed() {
 				return written, n.opErr("write", io.ErrClosedPipe)
 			}
@@ -272,6 +276,11 @@ func (n *netConn) Write(p []byte) (int, error) {
 	return written, nil
 }
 
+// Close closes the connection gracefully and returns at once, as net.TCPConn's Close does:
+// queued bytes still go out, bounded by Config.CloseTimeout. A close that then gives up
+// cannot be reported here; Zc().Stats().BytesDropped counts what it dropped. When
+// Engine.Close's close gives up instead, Read and Write return an error matching
+// ErrCloseTimeout (and net.ErrClosed).
 func (n *netConn) Close() error {
 	n.mu.Lock()
 	if n.closed {

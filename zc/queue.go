@@ -25,6 +25,10 @@ type backend interface {
 	send(c *Conn)
 	sending(c *Conn) bool     // a send is in the kernel
 	inFlightSegs(c *Conn) int // how many head segments of c.tx.pend it covers
+	// cancelSend ends the send in the kernel early (an abort): it completes with what it
+	// took. A send that waits for room would otherwise hold the socket open (no reset) and
+	// its buffers lent for as long as the peer does not read.
+	cancelSend(c *Conn)
 	// closeSocket detaches and closes the socket; operations in flight then complete.
 	closeSocket(c *Conn)
 	freeOp(c *Conn, ud uint64)

@@ -58,11 +58,11 @@ func (d Data) Mapped() bool {
 // the last buffer is released. Of a retained buffer (Retain) each reference is released on
 // its own; the buffer, and its receive credit, go back with the last.
 func (d Data) Release() error {
+	if d.c != nil && d.c.e.dbg != nil {
+		d.c.e.dbg.untrackHeld(heldKey(d))
+	}
 	if d.src != nil {
 		return d.src.release(d)
-	}
-	if d.c != nil && d.c.e.dbg != nil {
-		d.c.e.dbg.untrackHeld(d.buf)
 	}
 	shared := d.buf.Shared() // retained: the last reference returns the credit (Retain's onLast)
 	if err := d.buf.Release(); err != nil {

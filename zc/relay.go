@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -168,24 +169,29 @@ type RelayStats struct {
 	// SplicedAtoB and SplicedBtoA are the part of AtoB and BtoA that moved by splice(2); the
 	// rest went by SendData (on the splice path, bytes received before the relay took over).
 	SplicedAtoB, SplicedBtoA atomic.Uint64
-	// Lost counts bytes the splice path took from one side and could not deliver to the
-	// other: they were in its pipe when the destination failed, was reset, or gave up
-	// sending them (a close that was not graceful, or CloseTimeout). A graceful Close of
-	// either side loses nothing: what the relay holds goes out first. (The SendData path
-	// holds nothing of its own: its bytes are queued sends of the destination.)
+	// Lost counts bytes the relay took from one side and could not deliver to the other,
+	// on either path: on the splice path, bytes in its pipe; on the SendData path (and for
+	// what the splice path forwarded with SendData), bytes queued on the destination; in
+	// both, when the destination failed, was reset or gave up sending them (a close that
+	// was not graceful, CloseTimeout, Engine.Close's reset), and bytes received for a
+	// destination already closing. A graceful Close of a side loses nothing the relay had
+	// queued or held for it: that goes out first. (What the destination dropped is read from its
+	// ConnStats.BytesDropped when it closes, so bytes queued on it before the relay started
+	// count too.)
 	Lost     atomic.Uint64
 	ended    atomic.Int32 // directions that ended with EOF
 	closed   atomic.Int32 // connections that finished
 	path     RelayPath
 	fallback error
 	mu       sync.Mutex
-	err      error // the first failure (mu)
+	err      error // the first failure that says why (mu)
 }
 
 // Err reports why the relay ended other than by both sides' EOF and graceful closes: the
-// first failure (a reset: an error wrapping the system call's), or, when bytes were lost,
-// an error saying how many (and matching the failure, or ErrClosed). Nil while no failure
-// is known.
+// first failure (a reset: an error wrapping the system call's; a close that gave up after
+// CloseTimeout: ErrCloseTimeout), or, when bytes were lost, an error saying how many (and
+// matching the failure, or ErrClosed when all that is known is that the destination was
+// closed). Nil while no failure is known.
 func (r *RelayStats) Err() error {
 	r.mu.Lock()
 	err := r.err
@@ -198,11 +204,16 @@ func (r *RelayStats) Err() error {
 
 func (r *RelayStats) setErr(err error) {
 	r.mu.Lock()
-	if r.err == nil {
+	if r.err == nil || (closedOnly(r.err) && !closedOnly(err)) {
 		r.err = err
 	}
 	r.mu.Unlock()
 }
+
+// closedOnly: err says only that a connection was closed (a send refused with ErrClosed,
+// bytes dropped at a close), not why; a later error that says why (a reset, CloseTimeout)
+// replaces it as the relay's.
+func closedOnly(err error) bool { return errors.Is(err, ErrClosed) && !errors.Is(err, ErrCloseTimeout) }
 
 // lose counts n bytes that cannot be delivered, because of err (any goroutine).
 func (r *RelayStats) lose(n uint64, err error) {
@@ -230,8 +241,9 @@ type relaySide struct {
 func (s *relaySide) OnData(c *Conn, d Data) {
 	n := d.Len()
 	if err := s.peer.SendData(d); err != nil {
-		d.Release() // a refused copy (mapped Data) is still ours; otherwise ErrStale, harmless
-		c.Close()   // the other side is gone: nothing more can be forwarded
+		d.Release()              // a refused copy (mapped Data) is still ours; otherwise ErrStale, harmless
+		s.r.lose(uint64(n), err) // taken from c, never delivered
+		c.Close()                // the other side is gone: nothing more can be forwarded
 		return
 	}
 	s.bytes.Add(uint64(n))
@@ -239,6 +251,7 @@ func (s *relaySide) OnData(c *Conn, d Data) {
 
 func (s *relaySide) OnEOF(c *Conn, err error) {
 	if err != io.EOF {
+		s.r.setErr(err)
 		c.Close()
 		s.peer.Close()
 		return
@@ -251,6 +264,22 @@ func (s *relaySide) OnEOF(c *Conn, err error) {
 }
 
 func (s *relaySide) OnClose(c *Conn, err error) {
+	s.r.closeLost(c, err)
 	s.r.closed.Add(1)
 	s.peer.Close()
+}
+
+// closeLost records, at c's OnClose, why c ended (err) and the bytes the relay forwarded to
+// c that c dropped unsent (a reset, an abort, CloseTimeout, Engine.Close): the count is read
+// once here, so forwarding costs nothing more.
+func (r *RelayStats) closeLost(c *Conn, err error) {
+	if err != nil {
+		r.setErr(err)
+	}
+	if n := c.droppedBytes(); n > 0 {
+		if err == nil {
+			err = c.opErr("relay", fmt.Errorf("the connection ended before they were sent: %w", ErrClosed))
+		}
+		r.lose(n, err)
+	}
 }

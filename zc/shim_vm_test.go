@@ -227,8 +227,11 @@ func TestShimEngineCloseBusy(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
-	if err := cli.Close(); err != nil {
-		t.Fatal(err)
+	// The writers never stop and the echoes are not read: a close may give up after
+	// CloseTimeout (in a TCG guest it does), and then Close and that OnClose say so.
+	cerr := cli.Close()
+	if cerr != nil && !errors.Is(cerr, ErrCloseTimeout) {
+		t.Fatal(cerr)
 	}
 	for i, c := range conns {
 		select {
@@ -240,7 +243,16 @@ func TestShimEngineCloseBusy(t *testing.T) {
 	if len(closed) != len(conns) {
 		t.Fatalf("%d OnClose calls for %d conns", len(closed), len(conns))
 	}
-	t.Logf("Engine.Close took %v", time.Since(start))
+	timedOut := 0
+	for range conns {
+		if err := <-closed; errors.Is(err, ErrCloseTimeout) {
+			timedOut++
+		}
+	}
+	if (cerr != nil) != (timedOut > 0) {
+		t.Fatalf("Engine.Close = %v, but %d OnClose reported ErrCloseTimeout", cerr, timedOut)
+	}
+	t.Logf("Engine.Close took %v (%d closes gave up)", time.Since(start), timedOut)
 }
 
 // TestShimWritable: a Writable sender streams from OnWritable on the queue goroutine
@@ -352,6 +364,13 @@ func TestShimCloseStuckPeer(t *testing.T) {
 	}
 	t.Logf("closed in %v with the peer not reading", time.Since(start))
 	waitSendBuffersBack(t, e)
+}
+
+// TestShimCloseTimeoutReported: a close that gives up after CloseTimeout says so in OnClose
+// (ErrCloseTimeout, the bytes dropped), and the peer gets a reset, not the dropped bytes.
+func TestShimCloseTimeoutReported(t *testing.T) {
+	needShim(t)
+	testCloseTimeoutReported(t, shimCfg())
 }
 
 // TestShimWriteFromHandler: a handler's blocking call on its own queue goroutine gets

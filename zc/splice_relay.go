@@ -395,6 +395,8 @@ func (r *spliceRelay) stop() {
 func (s *spliceSide) OnData(c *Conn, d Data) {
 	n := d.Len()
 	if err := s.r.conns[1-s.i].SendData(d); err != nil {
+		d.Release()                 // a refused copy (mapped Data) is still ours; otherwise ErrStale, harmless
+		s.r.st.lose(uint64(n), err) // taken from c, never delivered
 		c.Close()
 		return
 	}
@@ -429,9 +431,7 @@ func (s *spliceSide) closing(c *Conn) {
 }
 
 func (s *spliceSide) OnClose(c *Conn, err error) {
-	if err != nil {
-		s.r.st.setErr(err)
-	}
+	s.r.st.closeLost(c, err) // what SendData forwarded before the splice took over (the pipe's own bytes are end's)
 	s.r.st.closed.Add(1)
 	if !s.r.onHome(func() { s.r.end(s.i, endGone) }) {
 		s.r.conns[1-s.i].Close()
