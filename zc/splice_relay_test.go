@@ -1,7 +1,6 @@
 package zc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -87,32 +86,14 @@ func (s *spliceEnv) addr() string { return s.l.Addr().String() }
 
 // checkStream reads r to EOF and compares it with n bytes of the stream seeded with seed.
 func checkStream(r io.Reader, seed uint64, n int64) error {
-	g := newStreamGen(seed)
-	buf := make([]byte, 256<<10)
-	want := make([]byte, len(buf))
-	var got int64
-	for {
-		k, err := r.Read(buf)
-		if k > 0 {
-			if got+int64(k) > n {
-				return fmt.Errorf("more than %d bytes", n)
-			}
-			g.fill(want[:k])
-			if !bytes.Equal(buf[:k], want[:k]) {
-				return fmt.Errorf("bytes %d..%d differ", got, got+int64(k))
-			}
-			got += int64(k)
-		}
-		if err == io.EOF {
-			if got != n {
-				return fmt.Errorf("EOF after %d of %d bytes", got, n)
-			}
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("after %d of %d bytes: %w", got, n, err)
-		}
+	got, err := checkPrefix(r, seed)
+	if err != nil {
+		return fmt.Errorf("%w (want %d bytes)", err, n)
 	}
+	if got != n {
+		return fmt.Errorf("EOF after %d of %d bytes", got, n)
+	}
+	return nil
 }
 
 // writeStream writes n bytes of the stream seeded with seed.
