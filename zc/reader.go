@@ -45,7 +45,11 @@ func (r *Reader) Span() []byte {
 	if r.h == len(r.q) {
 		return nil
 	}
-	return r.q[r.h].Bytes()[r.off:]
+	b := r.q[r.h].Bytes()
+	if b == nil {
+		return nil // a pushed Data released behind the Reader's back (a misuse)
+	}
+	return b[r.off:]
 }
 
 // Len returns the bytes available.

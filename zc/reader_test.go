@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/zcnet/zcnet/memreg"
 	"io"
 	"math/rand/v2"
 	"testing"
@@ -141,6 +142,26 @@ func TestReaderMisuse(t *testing.T) {
 	}
 	if _, err := (Data{}).Slice(1, 1); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Slice out of range = %v", err)
+	}
+	// A pushed Data released behind the Reader's back: Span says nothing is there
+	// instead of slicing a nil buffer.
+	reg, err := memreg.New(memreg.Options{BufSize: 4096, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	b, err := reg.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Data{buf: b, n: 100}
+	r.Push(d)
+	if err := r.Skip(10); err != nil {
+		t.Fatal(err)
+	}
+	d.Release()
+	if s := r.Span(); s != nil {
+		t.Errorf("Span over a released Data = %d bytes", len(s))
 	}
 	r.Release()
 }
