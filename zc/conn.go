@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,7 +146,7 @@ const (
 	pauseUser   = 1 << iota // SetReceivePaused
 	pauseCredit             // MaxRecvHeld reached
 	pauseDest               // a SendData destination is over MaxQueuedBytes (see destWaits)
-	// pauseSelfRead: the net.Conn face reads the socket itself (netconn_direct.go); never
+	// pauseSelfRead: the application reads the socket itself (ReadSelf, readself.go); never
 	// lifted, so the receive ring cannot race it for the socket's bytes
 	pauseSelfRead
 	// pauseSplice: a splice relay reads the socket (splice_relay.go); never lifted, so
@@ -203,8 +204,10 @@ type Conn struct {
 	bk         backendConn   // the backend's own state of the connection (never the core's)
 	parked     *parkedRecv   // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr   error
-	cl         *closeState // made by beginClose
-	rx         recvPath    // where received bytes land when not the queue's ring (nil): recv.go
+	cl         *closeState               // made by beginClose
+	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
+	self       *selfReader               // ReadSelf: the socket's duplicate that Read uses (readself.go)
+	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState
 
 	steer *bpf.Steering // the listener's steering, to forget the flow (raddr->laddr) on close
@@ -640,13 +643,15 @@ func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
 		return 0, c.opErr("write", err)
 	}
 	var dl func() time.Time
-	if d, ok := ctx.Deadline(); ok {
+	d, hasDL := ctx.Deadline()
+	if hasDL {
 		dl = func() time.Time { return d }
 	}
 	n, err := c.write(p, dl, ctx.Done())
 	switch {
-	case errors.Is(err, errTimeout):
-		// ctx's deadline (the only one here), seen by our timer before ctx's own
+	case errors.Is(err, errTimeout) && hasDL && !time.Now().Before(d):
+		// ctx's deadline, seen by our timer before ctx's own (otherwise it was the
+		// connection's write deadline: os.ErrDeadlineExceeded stays)
 		err = c.opErr("write", context.DeadlineExceeded)
 	case errors.Is(err, errCanceled):
 		err = c.opErr("write", ctx.Err())
@@ -654,9 +659,14 @@ func (c *Conn) WriteContext(ctx context.Context, p []byte) (int, error) {
 	return n, err
 }
 
-// write is Write bounded by the deadline dl returns (nil or zero: none); dl is re-read while
-// waiting so that a deadline set meanwhile applies.
+// write is Write bounded by the deadline dl returns (nil or zero: none) and the connection's
+// write deadline; both are re-read while waiting so that a deadline set meanwhile applies.
 func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int, error) {
+	if t := c.wdl.Load(); t != nil && !t.IsZero() {
+		if !time.Now().Before(*t) {
+			return 0, c.opErr("write", os.ErrDeadlineExceeded)
+		}
+	}
 	written := 0
 	c.mu.Lock()
 	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && !c.q.OnLoop() {
@@ -687,7 +697,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 			if kick {
 				c.schedule()
 			}
-			if err := c.waitSpace(ch, cancel, dl); err != nil {
+			if err := c.waitSpace(ch, cancel, c.withWriteDeadline(dl)); err != nil {
 				return written, c.opErr("write", err)
 			}
 			c.mu.Lock()
@@ -713,7 +723,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 				if onLoop {
 					return written, c.opErr("write", ErrWouldBlock)
 				}
-				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, dl); err != nil {
+				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, c.withWriteDeadline(dl)); err != nil {
 					return written, c.opErr("write", err)
 				}
 			}
@@ -744,6 +754,22 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 		c.schedule()
 	}
 	return written, nil
+}
+
+// withWriteDeadline returns a deadline function giving the earlier of dl's deadline and
+// the connection's write deadline.
+func (c *Conn) withWriteDeadline(dl func() time.Time) func() time.Time {
+	return func() time.Time {
+		w := c.writeDeadline()
+		if dl == nil {
+			return w
+		}
+		d := dl()
+		if w.IsZero() || (!d.IsZero() && d.Before(w)) {
+			return d
+		}
+		return w
+	}
 }
 
 // idleLocked reports whether nothing of ours is queued or in the kernel (mu held).
@@ -890,6 +916,9 @@ func (c *Conn) schedule() {
 // (Done is closed then). It never blocks, so its own result cannot say whether the queued
 // bytes went out: OnClose's error does. A second Close returns an error wrapping ErrClosed.
 func (c *Conn) Close() error {
+	if c.self != nil {
+		c.self.appClosed() // a Read waiting in the poller wakes with ErrClosed
+	}
 	c.mu.Lock()
 	if c.closeReq {
 		c.mu.Unlock()

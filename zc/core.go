@@ -833,6 +833,9 @@ func (c *Conn) finish() {
 	if c.closeErr == errCloseTimedOut {
 		c.closeErr = c.closeTimeoutErr()
 	}
+	if c.self != nil {
+		c.self.finished(c.closeErr)
+	}
 	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
 	c.q.stopTimers(c)
 	c.q.removeConn(c)

@@ -79,6 +79,11 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	if err := ctx.Err(); err != nil {
 		return fail(nil, err)
 	}
+	if opts.ReadSelf {
+		if err := e.readSelfSupported(); err != nil {
+			return fail(nil, err)
+		}
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -118,9 +123,13 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	q := e.pickQueue()
 	c := newConn(e, q, s, s.Fd(), network)
 	c.raddr = ap
-	if opts.selfRead {
-		c.paused = pauseSelfRead // before the loop sees the connection
-		c.pausedAt.Store(c.paused)
+	if opts.ReadSelf {
+		// Before the loop sees the connection. A descriptor that cannot be duplicated (out
+		// of descriptors) fails the dial.
+		if err := c.openSelf(); err != nil {
+			s.Close()
+			return fail(raddr, err)
+		}
 	}
 	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
 	c.connect = cs

@@ -412,8 +412,8 @@ type SendStats struct {
 	BytesZC       uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
 	BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
 	BytesCopy     uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
-	// BytesSpliced: sent by the net.Conn face's ReadFrom with sendfile(2) or splice(2),
-	// never through user memory.
+	// BytesSpliced: sent by ReadFrom (Conn's, which the net.Conn face's is) with
+	// sendfile(2) or splice(2), never through user memory.
 	BytesSpliced uint64
 	Ops          uint64 // copying send operations (one may carry many buffers)
 	ZCOps        uint64 // zero-copy send operations
@@ -453,8 +453,8 @@ type RecvStats struct {
 	BytesRing  uint64 // received through the provided-buffer ring
 	BytesPlain uint64 // received with read(2) (plain backend)
 	BytesShim  uint64 // received through the zcshim module
-	// BytesDirect: read by the net.Conn face's Read with read(2) on the reading goroutine
-	// (the default; Config.NetConnRing turns it off).
+	// BytesDirect: read by Conn.Read on ReadSelf connections, with read(2) on the reading
+	// goroutine (the net.Conn face's default; Config.NetConnRing turns it off).
 	BytesDirect uint64
 	// BytesMapped / BytesMappedCopied: received through the mapped window (RecvMapped), as
 	// mapped pages / copied because they could not be mapped.

@@ -350,7 +350,7 @@ func testNetConnReadAfterEngineClose(t *testing.T, cfg Config, partial bool) {
 	s, nc := netAccepted(t, e)
 	msg := make([]byte, 200<<10) // several receive buffers
 	direct := false
-	if e.directReads() {
+	if directReads(e) {
 		// Direct reads: "received" is what the socket holds, which is within its buffer.
 		msg = msg[:60<<10]
 		direct = true

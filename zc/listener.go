@@ -18,17 +18,18 @@ import (
 // Listener accepts connections on every queue: one listening socket per queue in one
 // SO_REUSEPORT group (or a single socket, see SteeringMode).
 type Listener struct {
-	e       *Engine
-	network string
-	addr    *net.TCPAddr
-	accept  func(*Conn) Handler
-	family  int
-	socks   []*tcpglue.Socket
-	parts   []*lpart
-	closed  atomic.Bool
-	wg      sync.WaitGroup
-	rr      atomic.Uint32
-	done    chan struct{}
+	e        *Engine
+	network  string
+	addr     *net.TCPAddr
+	accept   func(*Conn) Handler
+	family   int
+	readSelf bool // ListenOptions.ReadSelf
+	socks    []*tcpglue.Socket
+	parts    []*lpart
+	closed   atomic.Bool
+	wg       sync.WaitGroup
+	rr       atomic.Uint32
+	done     chan struct{}
 
 	acceptErrs atomic.Uint64
 	accepted   atomic.Uint64
@@ -87,6 +88,11 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	if err := e.checkSteerOptions(&opts); err != nil {
 		return fail(nil, err)
 	}
+	if opts.ReadSelf {
+		if err := e.readSelfSupported(); err != nil {
+			return fail(nil, err)
+		}
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -123,6 +129,7 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 		return fail(net.TCPAddrFromAddrPort(ap), err)
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
+	l.readSelf = opts.ReadSelf
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
@@ -350,6 +357,17 @@ func (l *Listener) create(q *queue, fd int) {
 		return
 	}
 	c.setLife(lifeOpen)
+	if l.readSelf {
+		if err := c.openSelf(); err != nil {
+			// Out of descriptors, most likely: as if the accept had failed.
+			l.acceptErrs.Add(1)
+			q.ctr.acceptErrs.Add(1)
+			c.h = HandlerFuncs{}
+			c.Close()
+			c.service()
+			return
+		}
+	}
 	h, err := l.callAccept(c)
 	if c.ended() {
 		return

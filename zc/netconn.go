@@ -9,20 +9,23 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
-// The net.Conn face, with deadlines and *net.OpError errors. By default Read calls read(2) on
-// the reading goroutine, waiting in Go's poller (netconn_direct.go): one copy, kernel to p,
-// as in Go's net. With Config.NetConnRing (and where direct reads are not possible: the
-// zcshim backend, RecvMapped, RecvZcrx) the Handler queues received buffers for Read, which
-// copies out of them; flow control is then the engine's: the queued buffers count toward
-// MaxRecvHeld, so a reader that falls behind stops the connection's receiving, not the
-// queue's. Write copies into send buffers, or writes directly when nothing is queued.
+// The net.Conn face, with deadlines and *net.OpError errors, built on the public API only
+// (TestNetConnFacePublicOnly holds it to that): anything it needs, an application writing
+// its own face could use too. By default its connections read the socket themselves
+// (ListenOptions.ReadSelf, Conn.Read: read(2) on the reading goroutine, waiting in Go's
+// poller, one copy kernel to p, as in Go's net). With Config.NetConnRing (and where reading
+// the socket yourself is not possible: the zcshim backend, RecvZcrx) the Handler queues
+// received Data for Read, which copies out of it; flow control is then the engine's: the
+// queued Data counts toward MaxRecvHeld, so a reader that falls behind stops the
+// connection's receiving, not the queue's. Write is Conn.Write (direct write(2) when
+// nothing is queued), ReadFrom is Conn.ReadFrom (sendfile, splice).
 
 type netConn struct {
-	c *Conn
+	c       *Conn
+	network string
 
 	wmu     sync.Mutex // serializes Write and ReadFrom (a write is never interleaved)
 	mu      sync.Mutex
@@ -32,20 +35,15 @@ type netConn struct {
 	closed  bool
 	readyCh chan struct{}
 
-	// Direct reads (netconn_direct.go): direct is fixed at creation; df/drc are the
-	// socket's duplicate in Go's poller, set once before the connection is handed out;
-	// dfShut: df was closed.
-	direct bool
-	df     *os.File
-	drc    syscall.RawConn
-	dfShut bool
+	direct bool // the connection reads the socket itself (Conn.Read); fixed at creation
 
 	addrs atomic.Pointer[[2]net.Addr] // local, remote: made on first use (errors, LocalAddr)
 
-	readers  atomic.Int32 // goroutines waiting in Read
-	rdl, wdl atomic.Pointer[time.Time]
-	dlMu     sync.Mutex
-	dlCh     chan struct{} // closed (and replaced) when a deadline changes: a broadcast
+	// The ring path's read waits (direct connections wait in Conn.Read).
+	readers atomic.Int32 // goroutines waiting in Read
+	rdl     atomic.Pointer[time.Time]
+	dlMu    sync.Mutex
+	dlCh    chan struct{} // closed (and replaced) when a deadline changes: a broadcast
 }
 
 func (n *netConn) deadlineChanged() {
@@ -63,8 +61,8 @@ func (n *netConn) deadlineWatch() <-chan struct{} {
 	return n.dlCh
 }
 
-func newNetConn(e *Engine, c *Conn) *netConn {
-	n := &netConn{c: c, direct: e.directReads()}
+func newNetConn(e *Engine, c *Conn, network string) *netConn {
+	n := &netConn{c: c, network: network, direct: directReads(e)}
 	if !n.direct {
 		// The ring path's wake-ups; a direct connection waits in the poller and carries
 		// neither (signal on a nil channel does nothing).
@@ -73,11 +71,22 @@ func newNetConn(e *Engine, c *Conn) *netConn {
 	return n
 }
 
+// errEngineClosedConn is what a ring connection's Read returns once the engine closed it
+// (after what had arrived), as Conn.Read does for a direct one: it matches net.ErrClosed.
+var errEngineClosedConn = fmt.Errorf("the engine closed the connection: %w", net.ErrClosed)
+
 func signal(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// directReads reports whether net.Conn faces of e read the socket themselves: RecvRing
+// engines on a backend that lets them (io_uring, plain), unless Config.NetConnRing.
+func directReads(e *Engine) bool {
+	cfg := e.Config()
+	return !cfg.NetConnRing && cfg.RecvPath == RecvRing && e.Backend() != BackendShim
 }
 
 // Handler side (loop goroutine).
@@ -91,9 +100,10 @@ func (n *netConn) OnData(c *Conn, d Data) {
 	}
 	n.rq = append(n.rq, d)
 	n.mu.Unlock()
-	signal(n.readyCh)
 	if n.readers.Load() > 0 {
-		c.q.YieldSoon() // let the reader run now, not when the runtime notices
+		c.Wake(n.readyCh) // let the reader run now, not when the runtime notices
+	} else {
+		signal(n.readyCh)
 	}
 }
 
@@ -110,20 +120,13 @@ func (n *netConn) OnClose(c *Conn, err error) {
 	n.mu.Lock()
 	if n.rerr == nil {
 		if err == nil {
-			err = errClosedByEngine // not by this face's Close (n.closed), nor by the peer (OnEOF)
+			err = errEngineClosedConn // not by this face's Close (n.closed), nor by the peer (OnEOF)
 		}
 		n.rerr = err
 	}
 	n.mu.Unlock()
-	if n.direct {
-		n.directClosedByEngine()
-	}
 	signal(n.readyCh)
 }
-
-// errClosedByEngine is what Read returns once Engine.Close closed the connection (after what
-// had arrived): it matches net.ErrClosed.
-var errClosedByEngine = fmt.Errorf("the engine closed the connection: %w", net.ErrClosed)
 
 func (n *netConn) opErr(op string, err error) error {
 	if err == io.EOF {
@@ -134,7 +137,7 @@ func (n *netConn) opErr(op string, err error) error {
 		err = zerr.Err
 	}
 	a := n.addrPair()
-	return &net.OpError{Op: op, Net: n.c.network.String(), Source: a[0], Addr: a[1], Err: err}
+	return &net.OpError{Op: op, Net: n.network, Source: a[0], Addr: a[1], Err: err}
 }
 
 // addrPair returns the connection's addresses as net.Addrs, made once: net/http ends a
@@ -159,7 +162,17 @@ func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
 // connection closes. On a queue goroutine it returns ErrWouldBlock instead of waiting.
 func (n *netConn) Read(p []byte) (int, error) {
 	if n.direct {
-		return n.readDirect(p)
+		if n.isClosed() {
+			return 0, n.opErr("read", net.ErrClosed)
+		}
+		k, err := n.c.Read(p)
+		if err != nil && err != io.EOF {
+			if n.isClosed() {
+				err = net.ErrClosed // closed under us
+			}
+			return k, n.opErr("read", err)
+		}
+		return k, err
 	}
 	for {
 		n.mu.Lock()
@@ -209,7 +222,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		if n.c.onLoop() {
+		if n.c.OnQueue() {
 			return 0, n.opErr("read", ErrWouldBlock)
 		}
 		if err := n.wait(n.readyCh, &n.rdl); err != nil {
@@ -239,7 +252,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 		return nil
 	case <-changed:
 		return nil
-	case <-n.c.doneChan():
+	case <-n.c.Done():
 		signal(ch)
 		return nil
 	case <-t:
@@ -247,33 +260,31 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	}
 }
 
-// Write queues p for sending. It blocks while the connection has too much queued.
+// Write queues p for sending (Conn.Write). It blocks while the connection has too much
+// queued, bounded by the write deadline.
 func (n *netConn) Write(p []byte) (int, error) {
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
-	if err := n.writable(); err != nil {
-		return 0, err
+	if n.isClosed() {
+		return 0, n.opErr("write", net.ErrClosed)
 	}
-	written := 0
-	for len(p) > 0 {
-		k, err := n.c.write(p, func() time.Time { return deadlineOf(&n.wdl) }, nil)
-		written += k
-		p = p[k:]
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return written, n.opErr("write", os.ErrDeadlineExceeded)
-			}
-			if errors.Is(err, ErrCloseTimeout) {
-				// Engine.Close's graceful close gave up: say that queued bytes were dropped.
-				return written, n.opErr("write", err)
-			}
-			if errors.Is(err, ErrClosed) && !n.isClosed() {
-				return written, n.opErr("write", io.ErrClosedPipe)
-			}
-			return written, n.opErr("write", err)
-		}
+	k, err := n.c.Write(p)
+	if err != nil {
+		return k, n.writeErr(err)
 	}
-	return written, nil
+	return k, nil
+}
+
+// writeErr is the face's error for a failed Write or ReadFrom.
+func (n *netConn) writeErr(err error) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, ErrCloseTimeout):
+		// ErrCloseTimeout: Engine.Close's graceful close gave up: say that queued bytes
+		// were dropped.
+	case errors.Is(err, ErrClosed) && !n.isClosed():
+		err = io.ErrClosedPipe
+	}
+	return n.opErr("write", err)
 }
 
 // Close closes the connection gracefully and returns at once, as net.TCPConn's Close does:
@@ -294,10 +305,7 @@ func (n *netConn) Close() error {
 	for _, d := range rq {
 		d.Release()
 	}
-	if n.direct {
-		n.closeDirect()
-	}
-	err := n.c.Close()
+	err := n.c.Close() // a direct Read waiting in the poller wakes
 	signal(n.readyCh)
 	n.deadlineChanged()
 	if err != nil && !errors.Is(err, ErrClosed) {
@@ -341,9 +349,7 @@ func (n *netConn) SetReadDeadline(t time.Time) error {
 		return err
 	}
 	if n.direct {
-		if f := n.pollerFile(); f != nil {
-			f.SetReadDeadline(t) // the poller wakes its waiting readers itself
-		}
+		n.c.SetReadDeadline(t) // Read waits in the poller, which wakes it itself
 		return nil
 	}
 	n.rdl.Store(&t)
@@ -364,26 +370,12 @@ func (n *netConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// setWriteDeadline sets the deadline of Write (waits for queue room) and of ReadFrom's
-// sendfile/splice (the poller's, on a direct connection).
-func (n *netConn) setWriteDeadline(t time.Time) {
-	n.wdl.Store(&t)
-	n.c.wakeWriters()
-	if f := n.pollerFile(); f != nil {
-		f.SetWriteDeadline(t)
-	}
-}
+// setWriteDeadline sets the deadline of Write and ReadFrom (the Conn's). After the engine
+// closed the connection there is nothing left to bound: its error is not the face's.
+func (n *netConn) setWriteDeadline(t time.Time) { n.c.SetWriteDeadline(t) }
 
 // Zc returns the underlying connection (counters, socket options).
 func (n *netConn) Zc() *Conn { return n.c }
-
-// wakeWriters wakes writers blocked in Write (a deadline changed).
-func (c *Conn) wakeWriters() {
-	c.mu.Lock()
-	ch := c.spaceLocked()
-	c.mu.Unlock()
-	signal(ch)
-}
 
 // NetConn is the net.Conn face of a connection; it also exposes the zc Conn (counters,
 // socket options, sends). Where the face reads directly (the default, see
@@ -399,8 +391,8 @@ type NetConn interface {
 // default, see Config.NetConnRing) and its socket cannot be duplicated for Go's poller, the
 // connection is closed and NetDial fails with the errno (EMFILE: out of descriptors).
 func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
-	nc := newNetConn(e, nil)
-	c, err := e.DialWith(ctx, DialOptions{selfRead: nc.direct}, network, address, nc)
+	nc := newNetConn(e, nil, network)
+	c, err := e.DialWith(ctx, DialOptions{ReadSelf: nc.direct}, network, address, nc)
 	if err != nil {
 		var zerr *OpError
 		if errors.As(err, &zerr) {
@@ -409,12 +401,6 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 		return nil, err
 	}
 	nc.c = c
-	if nc.direct {
-		if err := nc.openDirect(); err != nil {
-			c.Close()
-			return nil, &net.OpError{Op: "dial", Net: network, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-		}
-	}
 	return nc, nil
 }
 
@@ -422,15 +408,16 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 // when acceptBacklog of them wait, the listener stops accepting (the kernel's backlog holds
 // the rest) until Accept catches up: a slow Accept never makes zc refuse connections.
 type netListener struct {
-	l      *Listener
-	mu     sync.Mutex
-	q      []*netConn
-	paused bool
-	shut   bool // Close ran: refuse what is still accepted
-	ready  chan struct{}
-	closed chan struct{}
-	once   sync.Once
-	pauses atomic.Uint64
+	l       *Listener
+	network string
+	mu      sync.Mutex
+	q       []*netConn
+	paused  bool
+	shut    bool // Close ran: refuse what is still accepted
+	ready   chan struct{}
+	closed  chan struct{}
+	once    sync.Once
+	pauses  atomic.Uint64
 }
 
 const acceptBacklog = 1024
@@ -440,16 +427,10 @@ const acceptBacklog = 1024
 // cannot be duplicated for Go's poller (out of descriptors) is closed and counted in
 // Stats.Faults.AcceptErrors, as if its accept had failed.
 func (e *Engine) NetListen(network, address string) (net.Listener, error) {
-	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{})}
-	l, err := e.Listen(network, address, func(c *Conn) Handler {
-		nc := newNetConn(e, c)
-		if nc.direct {
-			c.pause(pauseSelfRead) // on the loop, before the receive is armed
-			if err := nc.openDirect(); err != nil {
-				c.q.ctr.acceptErrs.Add(1) // out of descriptors, most likely: as if accept failed
-				return nil
-			}
-		}
+	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{}), network: network}
+	direct := directReads(e)
+	l, err := e.ListenWith(ListenOptions{ReadSelf: direct}, network, address, func(c *Conn) Handler {
+		nc := newNetConn(e, c, network)
 		nl.mu.Lock()
 		if nl.shut {
 			nl.mu.Unlock()
@@ -504,15 +485,15 @@ func (nl *netListener) Accept() (net.Conn, error) {
 		select {
 		case <-nl.ready:
 		case <-nl.closed:
-			return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+			return nil, &net.OpError{Op: "accept", Net: nl.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
 		case <-nl.l.Done(): // Engine.Close closed the listener under us
-			return nil, &net.OpError{Op: "accept", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
+			return nil, &net.OpError{Op: "accept", Net: nl.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
 		}
 	}
 }
 
 func (nl *netListener) Close() error {
-	err := error(&net.OpError{Op: "close", Net: nl.l.network, Addr: nl.l.Addr(), Err: net.ErrClosed})
+	err := error(&net.OpError{Op: "close", Net: nl.network, Addr: nl.l.Addr(), Err: net.ErrClosed})
 	nl.once.Do(func() {
 		close(nl.closed)
 		err = nl.l.Close()

@@ -40,6 +40,15 @@ type ListenOptions struct {
 	// NIC or its driver cannot, they use the queues' own path, and Listener.ZcrxNICFallback
 	// says why; with Config.NoFallback Listen fails instead. Not from a handler.
 	ZcrxNIC string
+	// ReadSelf leaves receiving to the application: zc never reads the socket (no Data,
+	// OnData or OnEOF; MaxRecvHeld and SetReceivePaused do not apply) and the application
+	// reads it with Conn.Read, on its own goroutine, waiting in Go's poller as a
+	// *net.TCPConn's Read does: one copy, kernel to the caller's slice, and no hand-off to
+	// the queue's goroutine. The socket's receive buffer is then the flow control. The
+	// connection holds a second descriptor (the socket's duplicate in Go's poller). It needs
+	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
+	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	ReadSelf bool
 }
 
 // DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsync).
@@ -48,8 +57,15 @@ type DialOptions struct {
 	KeepAlive time.Duration
 	// LocalAddr, if valid, is bound before connecting.
 	LocalAddr netip.AddrPort
-
-	selfRead bool // the net.Conn face reads the socket itself: never arm the receive ring
+	// ReadSelf leaves receiving to the application: zc never reads the socket (no Data,
+	// OnData or OnEOF; MaxRecvHeld and SetReceivePaused do not apply) and the application
+	// reads it with Conn.Read, on its own goroutine, waiting in Go's poller as a
+	// *net.TCPConn's Read does: one copy, kernel to the caller's slice, and no hand-off to
+	// the queue's goroutine. The socket's receive buffer is then the flow control. The
+	// connection holds a second descriptor (the socket's duplicate in Go's poller). It needs
+	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
+	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	ReadSelf bool
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:

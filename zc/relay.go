@@ -156,8 +156,8 @@ func spliceRefusal(a, b *Conn) error {
 				Need: "RecvRing or RecvMapped (zcrx delivers into registered memory: SendData forwards it)"}
 		}
 		if c.pausedAt.Load()&pauseSelfRead != 0 {
-			return &NotSupportedError{What: "splice relay of a net.Conn face's connection",
-				Need: "event-loop connections (Listen, Dial)"}
+			return &NotSupportedError{What: "splice relay of a ReadSelf connection (the net.Conn face's)",
+				Need: "connections zc receives for (Listen, Dial without ReadSelf)"}
 		}
 	}
 	return nil

@@ -1,0 +1,385 @@
+package zc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// Conn.ReadFrom: io.ReaderFrom for the off-loop API and the net.Conn face, so io.Copy moves
+// bytes the way it does on a *net.TCPConn: sendfile(2) from a regular file, splice(2) from a
+// socket, and otherwise reads straight into registered send buffers (one copy, not two). A
+// sendfile or splice that finds the socket full waits in Go's poller on a ReadSelf
+// connection (readself.go), as net's does, so a thousand stalled senders are not a thousand
+// threads; on other connections it waits in poll(2).
+
+const spliceChunk = 1 << 20
+
+// ReadFrom reads r until io.EOF (or an error) and queues what it read for sending, the way
+// io.Copy moves bytes on a *net.TCPConn: sendfile(2) from a regular file (from the file's
+// offset on, which it moves), splice(2) from a socket (an *os.File, a *net.TCPConn or
+// anything with SyscallConn), and otherwise reads straight into send buffers (one copy).
+// A sendfile or splice starts once what is queued before it has left, so the stream stays
+// in order. It waits for room like Write, bounded by the write deadline (SetWriteDeadline);
+// on a ReadSelf connection in Go's poller, otherwise in poll(2) on the calling thread. It
+// blocks: on a queue goroutine it fails with ErrInvalid (use Send, SendFile or SendData
+// there). Bytes moved by sendfile or splice count in Stats.Send.BytesSpliced.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if c.onLoop() {
+		return 0, c.opErr("write", fmt.Errorf("ReadFrom waits, and a queue goroutine must not: %w", ErrInvalid))
+	}
+	if r == nil {
+		return 0, c.opErr("write", fmt.Errorf("nil reader: %w", ErrInvalid))
+	}
+	if err := c.writeCheck(); err != nil {
+		return 0, err
+	}
+	limit := int64(-1)
+	lr, _ := r.(*io.LimitedReader)
+	if lr != nil {
+		r, limit = lr.R, lr.N
+		if limit <= 0 {
+			return 0, nil
+		}
+	}
+	var (
+		total   int64
+		err     error
+		handled bool
+	)
+	// io.Copy reaches us with *os.File or *net.TCPConn wrapped (their WriteTo hides itself
+	// and calls io.Copy): look at what they can do, not at their type.
+	if f, ok := r.(fileLike); ok {
+		if fi, serr := f.Stat(); serr == nil && fi.Mode().IsRegular() {
+			total, err, handled = c.sendFile(f, limit)
+		}
+	} else if sc, ok := r.(syscall.Conn); ok {
+		total, err, handled = c.spliceFrom(sc, limit)
+	}
+	if !handled {
+		if lr != nil {
+			r = &io.LimitedReader{R: r, N: limit}
+		}
+		var k int64
+		k, err = c.readIntoBuffers(r)
+		total += k
+	}
+	if lr != nil {
+		lr.N -= total
+	}
+	return total, err
+}
+
+// writeCheck checks the connection before (and during) a bulk write: not closed, the write
+// deadline not passed.
+func (c *Conn) writeCheck() error {
+	if c.closeRequested() {
+		return c.opErr("write", ErrClosed)
+	}
+	if d := c.writeDeadline(); !d.IsZero() && !time.Now().Before(d) {
+		return c.opErr("write", os.ErrDeadlineExceeded)
+	}
+	return nil
+}
+
+// closeRequested reports whether Close ran.
+func (c *Conn) closeRequested() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeReq
+}
+
+// readIntoBuffers reads r into send buffers and sends them (one copy).
+func (c *Conn) readIntoBuffers(r io.Reader) (int64, error) {
+	var total int64
+	for {
+		if err := c.writeCheck(); err != nil {
+			return total, err
+		}
+		if err := c.waitQueue(c.e.cfg.MaxQueuedBytes); err != nil {
+			return total, c.opErr("write", err)
+		}
+		b, err := c.q.getSendBuf()
+		if err != nil {
+			if b, err = c.q.waitSendBuf(c.doneChan(), nil, c.writeDeadline); err != nil {
+				return total, c.opErr("write", err)
+			}
+		}
+		k, rerr := io.ReadFull(r, b.Bytes())
+		if k > 0 {
+			if err := c.Send(b, k); err != nil {
+				return total, c.opErr("write", err)
+			}
+			total += int64(k)
+		} else {
+			b.Release()
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// waitQueue waits until at most max bytes are queued on the connection (the write deadline
+// applies).
+func (c *Conn) waitQueue(max int) error {
+	for {
+		c.mu.Lock()
+		queued, werr := c.queued, c.werr
+		ch := c.spaceLocked()
+		c.mu.Unlock()
+		if werr != nil {
+			return werr
+		}
+		if queued <= max {
+			return nil
+		}
+		if err := c.waitSpace(ch, nil, c.writeDeadline); err != nil {
+			return err
+		}
+	}
+}
+
+// rawFD runs fn with the connection's socket descriptor held (it cannot be closed meanwhile).
+func (c *Conn) rawFD(fn func(fd int) error) error {
+	err := c.sock.Control(fn)
+	var oe *tcpglue.OpError
+	if errors.As(err, &oe) && oe.Op == "control" {
+		return ErrClosed
+	}
+	return err
+}
+
+// sendOut runs op (a sendfile or splice into the socket) until it does not find the socket
+// full, and returns what it returned. A direct connection waits for room in Go's poller, on
+// its duplicate of the socket (no thread blocked, the poller's write deadline); otherwise
+// the thread waits in poll(2) (pollOut).
+func (c *Conn) sendOut(fd int, op func(fd int) (int, error)) (int, error) {
+	if s := c.self; s != nil {
+		var k int
+		var err error
+		werr := s.rc.Write(func(sfd uintptr) bool {
+			for {
+				k, err = op(int(sfd))
+				if err != unix.EINTR {
+					break
+				}
+			}
+			return err != unix.EAGAIN
+		})
+		if werr != nil {
+			if errors.Is(werr, os.ErrDeadlineExceeded) {
+				return 0, werr
+			}
+			return 0, ErrClosed // the duplicate closed: Close, or the engine closed the connection
+		}
+		if err != nil {
+			k = 0
+		}
+		return k, err
+	}
+	for {
+		k, err := op(fd)
+		switch err {
+		case nil:
+			return k, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			if perr := c.pollOut(fd); perr != nil {
+				return 0, perr
+			}
+			continue
+		}
+		return 0, err
+	}
+}
+
+// pollOut waits until fd is writable or the write deadline passes.
+func (c *Conn) pollOut(fd int) error {
+	timeout := -1
+	if d := c.writeDeadline(); !d.IsZero() {
+		left := time.Until(d)
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		timeout = int(left/time.Millisecond) + 1
+	}
+	// Wake at least every 100 ms to notice a new deadline or a close.
+	if timeout < 0 || timeout > 100 {
+		timeout = 100
+	}
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	_, err := unix.Poll(pfd, timeout)
+	if err != nil && err != unix.EINTR {
+		return err
+	}
+	if pfd[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+		return unix.EPIPE
+	}
+	return nil
+}
+
+// fileLike is an *os.File, or a wrapper of one.
+type fileLike interface {
+	syscall.Conn
+	Stat() (os.FileInfo, error)
+}
+
+// sendFile sends a regular file with sendfile(2) straight from the page cache, after what is
+// queued has left (the byte stream stays in order). It reads from the file's offset on and
+// moves it, like read(2).
+func (c *Conn) sendFile(f fileLike, limit int64) (int64, error, bool) {
+	if err := c.waitQueue(0); err != nil {
+		return 0, c.opErr("write", err), true
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, nil, false
+	}
+	var total int64
+	var serr error
+	ctlErr := rc.Read(func(ffd uintptr) bool {
+		serr = c.rawFD(func(fd int) error {
+			for limit < 0 || total < limit {
+				if err := c.writeCheck(); err != nil {
+					return err
+				}
+				chunk := spliceChunk
+				if limit >= 0 {
+					chunk = int(min(int64(chunk), limit-total))
+				}
+				k, err := c.sendOut(fd, func(sfd int) (int, error) { return unix.Sendfile(sfd, int(ffd), nil, chunk) })
+				if k > 0 {
+					total += int64(k)
+					c.q.ctr.sentSpliced.Add(uint64(k))
+				}
+				switch {
+				case err != nil:
+					return err
+				case k == 0:
+					return nil // end of file
+				}
+			}
+			return nil
+		})
+		return true
+	})
+	if ctlErr != nil {
+		return total, ctlErr, true
+	}
+	if serr != nil {
+		return total, c.opErr("write", c.closedOr(wrapNetErr(serr))), true
+	}
+	return total, nil, true
+}
+
+// closedOr is err, or ErrClosed when Close ran meanwhile (the socket failing under a
+// sendfile or splice after Close is the close, not a broken pipe).
+func (c *Conn) closedOr(err error) error {
+	if c.closeRequested() {
+		return ErrClosed
+	}
+	return err
+}
+
+// spliceFrom moves bytes from another socket through a pipe with splice(2), never through
+// user memory.
+func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, nil, false
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return 0, nil, false
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, spliceChunk)
+	if err := c.waitQueue(0); err != nil {
+		return 0, c.opErr("write", err), true
+	}
+	var total int64
+	inPipe := 0
+	var rerr, werr error
+	eof := false
+	for !eof || inPipe > 0 {
+		// Fill the pipe from the source (the source's poller waits for it to be readable).
+		if !eof && inPipe == 0 {
+			chunk := spliceChunk
+			if limit >= 0 {
+				if total >= limit {
+					break
+				}
+				chunk = int(min(int64(chunk), limit-total))
+			}
+			cerr := rc.Read(func(sfd uintptr) bool {
+				k, err := unix.Splice(int(sfd), nil, p[1], nil, chunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				switch {
+				case err == unix.EAGAIN:
+					return false // wait for the source
+				case err != nil:
+					rerr = err
+				case k == 0:
+					eof = true
+				default:
+					inPipe += int(k)
+				}
+				return true
+			})
+			if cerr != nil {
+				rerr = cerr
+			}
+			if rerr != nil {
+				if errors.Is(rerr, unix.EINVAL) && total == 0 && inPipe == 0 {
+					return 0, nil, false // not spliceable: copy
+				}
+				return total, rerr, true
+			}
+		}
+		// Drain the pipe into our socket.
+		werr = c.rawFD(func(fd int) error {
+			for inPipe > 0 {
+				if err := c.writeCheck(); err != nil {
+					return err
+				}
+				k, err := c.sendOut(fd, func(sfd int) (int, error) {
+					k, err := unix.Splice(p[0], nil, sfd, nil, inPipe, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+					return int(k), err
+				})
+				if k > 0 {
+					inPipe -= k
+					total += int64(k)
+					c.q.ctr.sentSpliced.Add(uint64(k))
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if werr != nil {
+			return total, c.opErr("write", c.closedOr(wrapNetErr(werr))), true
+		}
+	}
+	return total, nil, true
+}
+
+func wrapNetErr(err error) error {
+	if errno, ok := err.(unix.Errno); ok {
+		return os.NewSyscallError("sendfile", errno)
+	}
+	return err
+}
+

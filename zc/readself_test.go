@@ -1,0 +1,368 @@
+package zc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"hash/crc32"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// ReadSelf (readself.go) through the event-loop API, as an application that reads its
+// sockets itself uses it: a request/response server whose goroutines call Conn.Read and
+// Conn.Write, no OnData ever, every byte checked, the counters saying which path carried it.
+
+func TestReadSelfEcho(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, smallCfg(b))
+			var onData atomic.Int64
+			h := HandlerFuncs{Data: func(c *Conn, d Data) { onData.Add(1); d.Release() }}
+			ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				go func() { // echo with Read and Write, as over a *net.TCPConn
+					buf := make([]byte, 32<<10)
+					for {
+						k, err := c.Read(buf)
+						if k > 0 {
+							if _, werr := c.Write(buf[:k]); werr != nil {
+								return
+							}
+						}
+						if err == io.EOF {
+							c.CloseWrite()
+							return
+						}
+						if err != nil {
+							return
+						}
+					}
+				}()
+				return h
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const total = 4 << 20
+			src := make([]byte, total)
+			for i := range src {
+				src[i] = byte(i*7 + i>>12)
+			}
+			go func() {
+				for off := 0; off < total; off += 100_000 {
+					if _, err := c.Write(src[off:min(off+100_000, total)]); err != nil {
+						return
+					}
+				}
+				c.CloseWrite()
+			}()
+			got := make([]byte, 0, total)
+			buf := make([]byte, 64<<10)
+			for {
+				k, err := c.Read(buf)
+				got = append(got, buf[:k]...)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("Read after %d bytes: %v", len(got), err)
+				}
+			}
+			if !bytes.Equal(got, src) {
+				t.Fatalf("echo: got %d bytes (crc %08x), want %d (crc %08x)", len(got), crc32.ChecksumIEEE(got), total, crc32.ChecksumIEEE(src))
+			}
+			if n := onData.Load(); n != 0 {
+				t.Fatalf("OnData ran %d times on ReadSelf connections", n)
+			}
+			if r := c.Stats().BytesRecv; r != total {
+				t.Fatalf("ConnStats.BytesRecv = %d, want %d", r, total)
+			}
+			if d := e.Stats().Recv.BytesDirect; d != 2*total {
+				t.Fatalf("Stats.Recv.BytesDirect = %d, want %d (both sides read themselves)", d, 2*total)
+			}
+			if r := e.Stats().Recv.BytesRing + e.Stats().Recv.BytesPlain; r != 0 {
+				t.Fatalf("the queue received %d bytes beside the connections' own reads", r)
+			}
+		})
+	}
+}
+
+// TestReadSelfMisuse: the new calls on the wrong connection, goroutine or moment get typed
+// errors, and every wait ends (deadline, Close, Engine.Close).
+func TestReadSelfMisuse(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, smallCfg(b))
+			accepted := make(chan *Conn, 4)
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				accepted <- c
+				return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release() }} // never replies
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			dial := func(self bool) *Conn {
+				c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), HandlerFuncs{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				<-accepted
+				return c
+			}
+
+			// Read and SetReadDeadline on a connection zc receives for.
+			ev := dial(false)
+			if _, err := ev.Read(make([]byte, 8)); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Read on an event-loop connection = %v, want ErrInvalid", err)
+			}
+			if err := ev.SetReadDeadline(time.Now()); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("SetReadDeadline on an event-loop connection = %v, want ErrInvalid", err)
+			}
+			ev.Close()
+
+			c := dial(true)
+			// OnQueue and Read on a queue goroutine: nothing there, no waiting.
+			if c.OnQueue() {
+				t.Fatal("OnQueue is true on the test's goroutine")
+			}
+			type res struct {
+				onQ bool
+				err error
+			}
+			rch := make(chan res, 1)
+			if err := c.Post(func() {
+				_, err := c.Read(make([]byte, 8))
+				rch <- res{c.OnQueue(), err}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			r := waitHang(t, rch, "Read on a queue goroutine", nil)
+			if !r.onQ || !errors.Is(r.err, ErrWouldBlock) {
+				t.Fatalf("on a queue goroutine: OnQueue %v, Read = %v; want true, ErrWouldBlock", r.onQ, r.err)
+			}
+			// ReadFrom there fails (it waits), as does a nil reader anywhere.
+			if err := c.Post(func() {
+				_, err := c.ReadFrom(bytes.NewReader([]byte("x")))
+				rch <- res{true, err}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if r := waitHang(t, rch, "ReadFrom on a queue goroutine", nil); !errors.Is(r.err, ErrInvalid) {
+				t.Fatalf("ReadFrom on a queue goroutine = %v, want ErrInvalid", r.err)
+			}
+			if _, err := c.ReadFrom(nil); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ReadFrom(nil) = %v, want ErrInvalid", err)
+			}
+
+			// A read deadline ends a waiting Read; a later one set meanwhile applies.
+			c.SetReadDeadline(time.Now().Add(time.Hour))
+			errc := make(chan error, 1)
+			go func() {
+				_, err := c.Read(make([]byte, 8))
+				errc <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+			err = waitHang(t, errc, "Read past a shortened deadline", nil)
+			var ne net.Error
+			if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
+				t.Fatalf("Read past its deadline = %v, want os.ErrDeadlineExceeded (Timeout)", err)
+			}
+			c.SetReadDeadline(time.Time{})
+
+			// A write deadline: a Write that fills the socket (the peer never reads) ends
+			// when a deadline set meanwhile passes, having queued what it reports.
+			big := make([]byte, 64<<20)
+			wres := make(chan error, 1)
+			var wrote atomic.Int64
+			go func() {
+				k, err := c.Write(big)
+				wrote.Store(int64(k))
+				wres <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			c.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+			err = waitHang(t, wres, "Write past a deadline set while it waited", nil)
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("Write past its deadline = %v (wrote %d), want os.ErrDeadlineExceeded", err, wrote.Load())
+			}
+			if k := wrote.Load(); k <= 0 || k >= int64(len(big)) {
+				t.Fatalf("Write past its deadline reported %d bytes written, want some, not all", k)
+			}
+			if _, err := c.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("Write after the deadline = %v, want os.ErrDeadlineExceeded at once", err)
+			}
+			if _, err := c.ReadFrom(bytes.NewReader([]byte("x"))); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("ReadFrom after the write deadline = %v, want os.ErrDeadlineExceeded", err)
+			}
+			// WriteContext: the connection's deadline is not the context's.
+			if _, err := c.WriteContext(context.Background(), []byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("WriteContext after the write deadline = %v, want os.ErrDeadlineExceeded, not the context's", err)
+			}
+			c.SetWriteDeadline(time.Time{})
+
+			// Close wakes a waiting Read with ErrClosed.
+			go func() {
+				_, err := c.Read(make([]byte, 8))
+				errc <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			c.Close()
+			if err := waitHang(t, errc, "Read at Close", nil); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Read at Close = %v, want ErrClosed", err)
+			}
+			if _, err := c.Read(make([]byte, 8)); !errors.Is(err, ErrClosed) {
+				t.Fatalf("Read after Close = %v, want ErrClosed", err)
+			}
+
+			// Engine.Close wakes a waiting Read with an error matching net.ErrClosed.
+			c2 := dial(true)
+			go func() {
+				_, err := c2.Read(make([]byte, 8))
+				errc <- err
+			}()
+			time.Sleep(20 * time.Millisecond)
+			e.Close()
+			if err := waitHang(t, errc, "Read at Engine.Close", nil); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("Read at Engine.Close = %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestReadSelfAfterEngineClose: what the kernel had received before the engine closed the
+// connection is still read, then the stream's end.
+func TestReadSelfAfterEngineClose(t *testing.T) {
+	e := newEngine(t, smallCfg(BackendIOUring))
+	peer, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	msg := bytes.Repeat([]byte("zcnet "), 10000)
+	go func() {
+		pc, err := peer.Accept()
+		if err != nil {
+			return
+		}
+		pc.Write(msg)
+		pc.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, pc)
+		pc.Close()
+	}()
+	c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", peer.Addr().String(), HandlerFuncs{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the whole message is in the socket, then close the engine under it.
+	for {
+		if info, err := c.TCPInfo(); err == nil && info.BytesReceived >= uint64(len(msg)) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	e.Close()
+	got, err := io.ReadAll(readerFunc(c.Read))
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("after Engine.Close read %d of %d bytes, err %v", len(got), len(msg), err)
+	}
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("Read after the end = %v, want io.EOF", err)
+	}
+	c.Close() // releases nothing twice
+}
+
+type importerFunc func(path string) (*types.Package, error)
+
+func (f importerFunc) Import(path string) (*types.Package, error) { return f(path) }
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestWakeFromHandler: a handler hands work to a goroutine through Wake.
+func TestWakeFromHandler(t *testing.T) {
+	e := newEngine(t, smallCfg(BackendIOUring))
+	ch := make(chan struct{}, 1)
+	ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release(); c.Wake(ch) }}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for i := 0; i < 3; i++ {
+		nc.Write([]byte("ping"))
+		waitHang(t, ch, "a goroutine woken by Wake", nil)
+	}
+}
+
+// TestNetConnFacePublicOnly holds the net.Conn face (netconn*.go) to zc's public API: it
+// uses no unexported name declared outside its own files, so an application could write the
+// same face, and the core carries nothing only the face can reach.
+func TestNetConnFacePublicOnly(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			files = append(files, f)
+		}
+	}
+	// The package's own names are all this needs: imports resolve to empty packages (fast;
+	// the type errors that makes are about other packages' names and are ignored).
+	conf := types.Config{
+		Importer: importerFunc(func(path string) (*types.Package, error) {
+			return types.NewPackage(path, filepath.Base(path)), nil
+		}),
+		Error: func(error) {},
+	}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
+	if n := len(info.Uses); n < 10000 {
+		t.Fatalf("the type check resolved only %d names: the check would see nothing", n)
+	}
+	face := func(pos token.Pos) bool {
+		return strings.HasPrefix(filepath.Base(fset.Position(pos).Filename), "netconn")
+	}
+	var bad []string
+	for id, obj := range info.Uses {
+		if !face(id.Pos()) || obj.Pkg() != pkg || obj.Exported() || face(obj.Pos()) {
+			continue
+		}
+		if v, ok := obj.(*types.Var); ok && !v.IsField() && obj.Parent() != pkg.Scope() {
+			continue // a local variable
+		}
+		bad = append(bad, fset.Position(id.Pos()).String()+": "+obj.Name())
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("the net.Conn face uses %d unexported names of the core:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
