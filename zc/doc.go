@@ -106,6 +106,11 @@
 // processes a GOMAXPROCS above Config.Queues (Config.AddProcs does it for the engine's
 // lifetime), or let the queues spin (Config.BusyPoll).
 //
+// A handler that hands work to a goroutine of its own wakes it with Conn.Wake, not a bare
+// channel send: the queue then lets that goroutine run before it next waits in the kernel,
+// instead of leaving it to sysmon (up to 10 ms later). Code that may run on a queue
+// goroutine asks Conn.OnQueue before it waits.
+//
 // # Backends and fallbacks
 //
 // Every backend has the same queues, handlers, flow control and close semantics; only the

@@ -382,4 +382,3 @@ func wrapNetErr(err error) error {
 	}
 	return err
 }
-

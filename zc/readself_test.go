@@ -109,9 +109,10 @@ func TestReadSelfEcho(t *testing.T) {
 func TestReadSelfMisuse(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
-			e := newEngine(t, smallCfg(b))
+			// The peers are another engine's: Engine.Close of e closes only our side.
+			e, srv := newEngine(t, smallCfg(b)), newEngine(t, smallCfg(b))
 			accepted := make(chan *Conn, 4)
-			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+			ln, err := srv.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 				accepted <- c
 				return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release() }} // never replies
 			})
