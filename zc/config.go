@@ -160,8 +160,8 @@ type Config struct {
 	// AddProcs makes New raise GOMAXPROCS by the number of queues, and Close lower it by as
 	// many again (each relative to the value then). A queue waiting in the kernel holds a P;
 	// where no other P is idle, Go's monitor takes it back from every wait, which costs CPU
-	// and latency (package doc, "Queues and Go's scheduler"; zcbench's zc-extra-p mode:
-	// ping-pong at 0.74–0.79× zc's CPU per message). Off by default: setting GOMAXPROCS is the
+	// and latency (package doc, "Queues and Go's scheduler"; zcbench's zc-extra-p mode
+	// measures it). Off by default: setting GOMAXPROCS is the
 	// program's call, and it stops Go's automatic adjustment of GOMAXPROCS to CPU limits
 	// (Go 1.25+).
 	AddProcs bool
@@ -175,8 +175,8 @@ type Config struct {
 	// RecvBufSize is the bytes per receive buffer (default 32 KiB, at most 16 MiB). Unlike a
 	// read size, bigger is rarely faster: a completion carries what had arrived, and the ring
 	// cycles through all its buffers, so 1 MiB buffers spread a stream over many MiB that the
-	// kernel's copy and the handler's reads take from memory rather than cache (zcbench, bulk
-	// at 1 MiB writes: 64 KiB buffers took 0.86–0.93× the receiver CPU per GB of 1 MiB ones).
+	// kernel's copy and the handler's reads take from memory rather than cache (zcbench's
+	// bulk scenario at 1 MiB writes compares buffer sizes).
 	RecvBufSize int
 	RecvBufs    int // receive buffers per queue at start (default 16)
 	RecvPoolMax int // cap of a queue's receive pool in bytes (default 32 MiB; at most 32768 buffers)

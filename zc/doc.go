@@ -100,9 +100,7 @@
 // than the number of waiting queues, as in a process confined to one CPU with one queue),
 // its monitor (sysmon) takes the P back from every wait that outlasts one of its 20 µs
 // ticks, and keeps waking at that rate while it finds such waits: CPU and latency at low
-// message rates. Measured on a 2-CPU VM, ping-pong of 64 B with each side confined to one
-// CPU and one queue: GOMAXPROCS=1 gave a 111 µs median round trip and 118–121 µs of CPU per
-// message, GOMAXPROCS=2 93–97 µs and 87–91 µs (Go's net: 83–93 µs and 91–100 µs). Give such
+// message rates (measured: doc/notes/issue-18-core-v3.md, "Session 9"). Give such
 // processes a GOMAXPROCS above Config.Queues (Config.AddProcs does it for the engine's
 // lifetime), or let the queues spin (Config.BusyPoll).
 //
