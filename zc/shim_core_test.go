@@ -1,6 +1,8 @@
 package zc
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -15,6 +17,28 @@ func shimCore() Config { return Config{Backend: BackendShim} }
 func TestShimRelay(t *testing.T) {
 	needShim(t)
 	testRelay(t, BackendShim, envInt(t, "ZC_RELAY_CONNS", 16), envInt(t, "ZC_RELAY_KIB", 256)<<10, 1, "1queue", "2queues", "2queues-tight")
+}
+
+// TestShimReadSelfRefused: the module owns its sockets' receive queues, so ReadSelf is a
+// *NotSupportedError there (and the net.Conn face receives through the queue instead).
+func TestShimReadSelfRefused(t *testing.T) {
+	needShim(t)
+	e := newEngine(t, shimCore())
+	var ns *NotSupportedError
+	if _, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }); !errors.As(err, &ns) {
+		t.Fatalf("ListenWith(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
+	}
+	ln, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{}); !errors.As(err, &ns) {
+		t.Fatalf("DialWith(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
+	}
+	if directReads(e) {
+		t.Fatal("the net.Conn face would read the shim's sockets itself")
+	}
 }
 
 func TestShimHandlerCannotHang(t *testing.T) {
