@@ -26,8 +26,9 @@ import (
 // then (data that arrives earlier goes to its old handler): the accept function pauses the
 // first side, and DialAsync's done function, which runs before the second side receives
 // anything, calls Relay. It may be called from any goroutine. It fails with ErrClosed (and
-// closes the other side) when either connection is already closing. RelayStats counts what
-// went each way, and by which path.
+// closes the other side) when either connection is already closing, and with ErrInvalid
+// (closing both) when either was opened with ReadSelf: zc never receives for those.
+// RelayStats counts what went each way, and by which path.
 func Relay(a, b *Conn) (*RelayStats, error) { return RelayWith(a, b, RelayOptions{}) }
 
 // RelayPath is how a relay moves bytes.
@@ -97,6 +98,11 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	case opts.PipeSize == 0:
 		opts.PipeSize = defaultPipeSize
 	}
+	if a.self != nil || b.self != nil {
+		// zc never receives for it: a relay would wait for bytes that never come.
+		closeBoth()
+		return nil, a.opErr("relay", fmt.Errorf("a ReadSelf connection (its reader is the application): %w", ErrInvalid))
+	}
 	r := &RelayStats{}
 	path := opts.Path
 	if path != RelaySendData {
@@ -154,10 +160,6 @@ func spliceRefusal(a, b *Conn) error {
 		if c.e.cfg.RecvPath == RecvZcrx {
 			return &NotSupportedError{What: "splice relay with RecvZcrx",
 				Need: "RecvRing or RecvMapped (zcrx delivers into registered memory: SendData forwards it)"}
-		}
-		if c.pausedAt.Load()&pauseSelfRead != 0 {
-			return &NotSupportedError{What: "splice relay of a ReadSelf connection (the net.Conn face's)",
-				Need: "connections zc receives for (Listen, Dial without ReadSelf)"}
 		}
 	}
 	return nil
