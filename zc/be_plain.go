@@ -94,22 +94,23 @@ func (b *epollCommon) dial(c *Conn) {
 		return
 	}
 	c.opStarted()
-	cs.ud = b.q.NewOp((*econn)(c), tagDial)
-	if err := b.ep.Add(c.fd, unix.EPOLLOUT, cs.ud); err != nil {
-		b.freeOp(c, cs.ud)
+	c.bk.dialUD = b.q.NewOp((*econn)(c), tagDial)
+	if err := b.ep.Add(c.fd, unix.EPOLLOUT, c.bk.dialUD); err != nil {
+		b.freeOp(c, c.bk.dialUD)
 		c.dialDone(-int32(unix.EINVAL))
 	}
 }
 
 func (b *epollCommon) cancelDial(c *Conn) {
-	if c.connect == nil || !b.q.OpLive(c.connect.ud) {
+	if c.connect == nil || !b.q.OpLive(c.bk.dialUD) {
 		return
 	}
 	b.ep.Del(c.fd)
-	b.freeOp(c, c.connect.ud)
-	c.connect.cancel = true
-	c.dialDone(-int32(unix.ECANCELED))
+	b.freeOp(c, c.bk.dialUD)
+	c.dialDone(-int32(unix.ECANCELED)) // dialDone reports the context's error, or ErrClosed
 }
+
+func (b *epollCommon) dropDial(c *Conn) { b.freeOp(c, c.bk.dialUD) }
 
 // dialReady: the connecting socket is writable: the connect finished.
 func (b *epollCommon) dialReady(c *Conn, ud uint64) {
@@ -236,6 +237,7 @@ func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn
 func (b *plainBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 func (b *plainBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
 func (b *plainBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
+func (b *plainBackend) dropDial(c *Conn)          { b.epollCommon.dropDial(c) }
 func (b *plainBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
 func (b *plainBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 

@@ -3,7 +3,6 @@ package zc
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -141,6 +140,7 @@ func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *shimBackend) sending(c *Conn) bool      { return c.bk.shim != nil && c.bk.shim.inflight > 0 }
 func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
 func (b *shimBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
+func (b *shimBackend) dropDial(c *Conn)          { b.epollCommon.dropDial(c) }
 func (b *shimBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
 func (b *shimBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
 func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
@@ -283,7 +283,7 @@ func (b *shimBackend) send(c *Conn) {
 			b.block(c)
 			return
 		}
-		s := &c.tx.pend[st.inflight]
+		s := c.pendAt(st.inflight)
 		key, ok := b.txKey(s.loan.Region())
 		if !ok {
 			// A buffer of another queue's pool: not registered here, copy it into ours.
@@ -299,16 +299,7 @@ func (b *shimBackend) send(c *Conn) {
 				b.block(c)
 				return
 			}
-			if int32(k) == s.n-s.off {
-				old := *s
-				*s = seg{loan: loan, n: int32(k)}
-				c.finishSeg(old)
-			} else {
-				// Our buffers are smaller: send this part first, the rest next.
-				s.off += int32(k)
-				c.tx.pend = slices.Insert(c.tx.pend, c.bk.shim.inflight, seg{loan: loan, n: int32(k)})
-				s = &c.tx.pend[c.bk.shim.inflight]
-			}
+			s = c.rehomePend(st.inflight, loan, int32(k))
 			key, _ = b.txKey(loan.Region())
 		}
 		off := uint64(s.loan.Addr()-s.loan.Region().Base()) + uint64(s.off)

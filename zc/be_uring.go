@@ -287,18 +287,20 @@ func (b *uringBackend) closeSocket(c *Conn) {
 
 func (b *uringBackend) dial(c *Conn) {
 	cs := c.connect
-	cs.ud = b.newOp(c, tagConnect)
+	c.bk.dialUD = b.newOp(c, tagConnect)
 	sqe := b.u.GetSQE()
 	sqe.PrepConnect(int32(c.fd), uintptr(cs.sa.Pointer()), cs.sa.Len())
-	sqe.UserData = cs.ud
+	sqe.UserData = c.bk.dialUD
 	b.u.Ring().Keep(cs.sa)
 }
 
 func (b *uringBackend) cancelDial(c *Conn) {
-	if c.connect != nil && b.q.OpLive(c.connect.ud) {
-		b.u.CancelOp(c.connect.ud)
+	if c.connect != nil && b.q.OpLive(c.bk.dialUD) {
+		b.u.CancelOp(c.bk.dialUD)
 	}
 }
+
+func (b *uringBackend) dropDial(c *Conn) { b.freeOp(c, c.bk.dialUD) }
 
 // OnEvent handles the connection's completions.
 func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {

@@ -3,12 +3,14 @@ package zc
 import (
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/memreg"
 )
 
 // The connection core: everything below runs on the connection's queue goroutine and is the
@@ -168,6 +170,26 @@ func (c *Conn) finishSeg(s seg) {
 	if s.src != nil && !s.shared {
 		s.src.releaseHeld(size)
 	}
+}
+
+// pendAt returns pending segment i, the backend's to send (loop only).
+func (c *Conn) pendAt(i int) *seg { return &c.tx.pend[i] }
+
+// rehomePend moves the first k bytes of pending segment i into loan, for a backend that
+// sends only from its own registered memory and copied them there (loop only): the whole
+// segment when k covers it (its old buffer is finished now), else a new segment inserted
+// before the rest (the backend's buffers are smaller). It returns the segment to send.
+func (c *Conn) rehomePend(i int, loan memreg.Loan, k int32) *seg {
+	s := &c.tx.pend[i]
+	if k == s.n-s.off {
+		old := *s
+		*s = seg{loan: loan, n: k}
+		c.finishSeg(old)
+		return s
+	}
+	s.off += k
+	c.tx.pend = slices.Insert(c.tx.pend, i, seg{loan: loan, n: k})
+	return &c.tx.pend[i]
 }
 
 // sentBytes accounts n bytes that left the queue (sent or dropped) and wakes whoever waits

@@ -19,7 +19,6 @@ type connectState struct {
 	stop    func() bool // stops the context watcher
 	h       Handler
 	done    func(*Conn, error)
-	ud      uint64
 	cancel  bool // the context ended: the result is the context's error
 	started bool // the connect is under way
 }
@@ -229,7 +228,7 @@ func (c *Conn) dialFailed(err error) {
 		cs.cancel = true
 		if c.e.closed.Load() {
 			// The queue is stopping: it will not wait for the completion.
-			c.q.be.freeOp(c, cs.ud)
+			c.q.be.dropDial(c)
 		} else {
 			return
 		}

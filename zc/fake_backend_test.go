@@ -446,12 +446,14 @@ func (k *fakeKernel) dial(c *Conn) {
 	k.dialRoles = k.dialRoles[1:]
 	fc := k.addConn(c, role)
 	k.sim.setupPeer(fc)
-	c.connect.ud = k.newOp(c, fc, tagConnect)
-	fc.cud = c.connect.ud
+	c.bk.dialUD = k.newOp(c, fc, tagConnect)
+	fc.cud = c.bk.dialUD
 }
 
+func (k *fakeKernel) dropDial(c *Conn) { k.freeOp(c, c.bk.dialUD) }
+
 func (k *fakeKernel) cancelDial(c *Conn) {
-	if c.connect != nil && k.q.OpLive(c.connect.ud) {
+	if c.connect != nil && k.q.OpLive(c.bk.dialUD) {
 		k.get(c).ccancel = true
 	}
 }

@@ -61,6 +61,7 @@ func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
 // opEnded, and the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
 type backendConn struct {
 	recvUD  uint64         // multishot recv / epoll registration / poll
+	dialUD  uint64         // the connect in flight (dial)
 	shim    *shimConnState // zcshim backend
 	wantOut bool           // plain backend: waiting for EPOLLOUT
 	needArm bool           // waiting for receive buffers

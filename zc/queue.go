@@ -37,6 +37,9 @@ type backend interface {
 	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
 	dial(c *Conn)
 	cancelDial(c *Conn)
+	// dropDial forgets the connect in flight without waiting for its completion (the queue
+	// is stopping).
+	dropDial(c *Conn)
 	// listen starts accepting on p's socket; stopListen stops it (p.stopped() when done).
 	listen(p *lpart)
 	stopListen(p *lpart)

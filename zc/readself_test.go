@@ -4,17 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"go/types"
 	"hash/crc32"
 	"io"
 	"net"
 	"os"
-	"path/filepath"
-	"sort"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -291,10 +284,6 @@ func TestReadSelfAfterEngineClose(t *testing.T) {
 	c.Close() // releases nothing twice
 }
 
-type importerFunc func(path string) (*types.Package, error)
-
-func (f importerFunc) Import(path string) (*types.Package, error) { return f(path) }
-
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
@@ -318,52 +307,5 @@ func TestWakeFromHandler(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		nc.Write([]byte("ping"))
 		waitHang(t, ch, "a goroutine woken by Wake", nil)
-	}
-}
-
-// TestNetConnFacePublicOnly holds the net.Conn face (netconn*.go) to zc's public API: it
-// uses no unexported name declared outside its own files, so an application could write the
-// same face, and the core carries nothing only the face can reach.
-func TestNetConnFacePublicOnly(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			files = append(files, f)
-		}
-	}
-	// The package's own names are all this needs: imports resolve to empty packages (fast;
-	// the type errors that makes are about other packages' names and are ignored).
-	conf := types.Config{
-		Importer: importerFunc(func(path string) (*types.Package, error) {
-			return types.NewPackage(path, filepath.Base(path)), nil
-		}),
-		Error: func(error) {},
-	}
-	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
-	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
-	if n := len(info.Uses); n < 10000 {
-		t.Fatalf("the type check resolved only %d names: the check would see nothing", n)
-	}
-	face := func(pos token.Pos) bool {
-		return strings.HasPrefix(filepath.Base(fset.Position(pos).Filename), "netconn")
-	}
-	var bad []string
-	for id, obj := range info.Uses {
-		if !face(id.Pos()) || obj.Pkg() != pkg || obj.Exported() || face(obj.Pos()) {
-			continue
-		}
-		if v, ok := obj.(*types.Var); ok && !v.IsField() && obj.Parent() != pkg.Scope() {
-			continue // a local variable
-		}
-		bad = append(bad, fset.Position(id.Pos()).String()+": "+obj.Name())
-	}
-	sort.Strings(bad)
-	if len(bad) > 0 {
-		t.Fatalf("the net.Conn face uses %d unexported names of the core:\n%s", len(bad), strings.Join(bad, "\n"))
 	}
 }

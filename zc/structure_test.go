@@ -1,0 +1,189 @@
+package zc
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The shape issue 18 asks of zc, checked on its source: the net.Conn face uses only the
+// public API, and the backends write only their own per-connection state.
+
+type importerFunc func(path string) (*types.Package, error)
+
+func (f importerFunc) Import(path string) (*types.Package, error) { return f(path) }
+
+// TestNetConnFacePublicOnly holds the net.Conn face (netconn*.go) to zc's public API: it
+// uses no unexported name declared outside its own files, so an application could write the
+// same face, and the core carries nothing only the face can reach.
+func TestNetConnFacePublicOnly(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			files = append(files, f)
+		}
+	}
+	// The package's own names are all this needs: imports resolve to empty packages (fast;
+	// the type errors that makes are about other packages' names and are ignored).
+	conf := types.Config{
+		Importer: importerFunc(func(path string) (*types.Package, error) {
+			return types.NewPackage(path, filepath.Base(path)), nil
+		}),
+		Error: func(error) {},
+	}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
+	if n := len(info.Uses); n < 10000 {
+		t.Fatalf("the type check resolved only %d names: the check would see nothing", n)
+	}
+	face := func(pos token.Pos) bool {
+		return strings.HasPrefix(filepath.Base(fset.Position(pos).Filename), "netconn")
+	}
+	var bad []string
+	for id, obj := range info.Uses {
+		if !face(id.Pos()) || obj.Pkg() != pkg || obj.Exported() || face(obj.Pos()) {
+			continue
+		}
+		if v, ok := obj.(*types.Var); ok && !v.IsField() && obj.Parent() != pkg.Scope() {
+			continue // a local variable
+		}
+		bad = append(bad, fset.Position(id.Pos()).String()+": "+obj.Name())
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("the net.Conn face uses %d unexported names of the core:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
+
+// TestBackendsWriteOnlyTheirState holds the backends (be_*.go) to "Conn carries no state a
+// backend writes": an assignment through a *Conn may reach only the backend's own
+// per-connection state (Conn.bk, the io_uring sender state tx.u); everything else a backend
+// changes goes through the core's reports (recvStarted, opEnded, socketClosed ...).
+func TestBackendsWriteOnlyTheirState(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			files = append(files, f)
+		}
+	}
+	conf := types.Config{
+		Importer: importerFunc(func(path string) (*types.Package, error) {
+			return types.NewPackage(path, filepath.Base(path)), nil
+		}),
+		Error: func(error) {},
+	}
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Uses: map[*ast.Ident]types.Object{}}
+	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
+	connT := pkg.Scope().Lookup("Conn").Type()
+	isConn := func(e ast.Expr) bool {
+		tv, ok := info.Types[e]
+		if !ok {
+			return false
+		}
+		ty := tv.Type
+		if p, ok := ty.(*types.Pointer); ok {
+			ty = p.Elem()
+		}
+		return types.Identical(ty, connT)
+	}
+	// coreOwned: the core's per-connection types a backend must not write (segments, the
+	// sender, the close and dial states).
+	coreOwned := func(ty types.Type) bool {
+		if p, ok := ty.(*types.Pointer); ok {
+			ty = p.Elem()
+		}
+		n, ok := ty.(*types.Named)
+		if !ok || n.Obj().Pkg() != pkg {
+			return false
+		}
+		switch n.Obj().Name() {
+		case "seg", "sender", "closeState", "connectState":
+			return true
+		}
+		return false
+	}
+	// allowed reports whether the written expression, through a Conn, reaches only bk or tx.u.
+	allowed := func(lhs ast.Expr) bool {
+		var chain []string
+		e := lhs
+		for {
+			switch x := e.(type) {
+			case *ast.SelectorExpr:
+				if isConn(x.X) {
+					chain = append([]string{x.Sel.Name}, chain...)
+					return chain[0] == "bk" || (len(chain) > 1 && chain[0] == "tx" && chain[1] == "u")
+				}
+				chain = append([]string{x.Sel.Name}, chain...)
+				e = x.X
+			case *ast.IndexExpr:
+				chain = nil // a slice element: only its own selector chain counts
+				e = x.X
+			case *ast.StarExpr:
+				e = x.X
+			case *ast.ParenExpr:
+				e = x.X
+			default:
+				return true // not through a Conn
+			}
+		}
+	}
+	var bad []string
+	checked := 0
+	for _, f := range files {
+		name := filepath.Base(fset.Position(f.Pos()).Filename)
+		if !strings.HasPrefix(name, "be_") {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var lhs []ast.Expr
+			switch s := n.(type) {
+			case *ast.AssignStmt:
+				if s.Tok == token.DEFINE {
+					return true
+				}
+				lhs = s.Lhs
+			case *ast.IncDecStmt:
+				lhs = []ast.Expr{s.X}
+			}
+			// A write through a pointer the core handed out (a *seg from pendAt) is a
+			// write of the core's state too: no field of the core's types may be
+			// assigned here except through bk or tx.u.
+			for _, l := range lhs {
+				if sel, ok := l.(*ast.SelectorExpr); ok && !isConn(sel.X) {
+					if tv, ok := info.Types[sel.X]; ok && coreOwned(tv.Type) {
+						bad = append(bad, fset.Position(l.Pos()).String()+" (a field of "+tv.Type.String()+")")
+					}
+				}
+			}
+			for _, l := range lhs {
+				checked++
+				if !allowed(l) {
+					bad = append(bad, fset.Position(l.Pos()).String())
+				}
+			}
+			return true
+		})
+	}
+	if checked < 50 {
+		t.Fatalf("only %d assignments in be_*.go: the check would see nothing", checked)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("backends write the core's state of a Conn:\n%s", strings.Join(bad, "\n"))
+	}
+}
