@@ -192,9 +192,13 @@ type Config struct {
 	// connections), at least one buffer): together they can never hold the whole pool, so
 	// the connections that would drain held data can always receive.
 	MaxRecvHeld int
-	// CloseTimeout bounds how long Close waits for queued sends (then the connection is
-	// reset, the bytes still queued are dropped and OnClose gets an error matching
-	// ErrCloseTimeout) and, again, for zero-copy notifications (default 5 s).
+	// CloseTimeout bounds how long a graceful Close waits for queued sends without progress:
+	// once no queued byte has left for CloseTimeout (the peer stopped reading), the
+	// connection is reset, the bytes still queued are dropped and OnClose gets an error
+	// matching ErrCloseTimeout. A peer that keeps reading, however slowly, gets everything,
+	// as from Go's net. Engine.Close bounds it absolutely: CloseTimeout from its start, not
+	// from the last progress. It bounds the wait for zero-copy notifications after the
+	// sends, again (default 5 s).
 	CloseTimeout time.Duration
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).

@@ -198,6 +198,11 @@ func (c *Conn) sentBytes(n int) {
 	if n <= 0 {
 		return
 	}
+	if cl := c.cl; cl != nil && c.closeErr == nil && !c.e.closed.Load() {
+		// A graceful close made progress: the peer reads, however slowly. CloseTimeout
+		// counts from here (Engine.Close keeps its bound: no progress moves it then).
+		cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+	}
 	c.mu.Lock()
 	c.queued -= n
 	var waiters []*Conn
@@ -671,8 +676,13 @@ func (c *Conn) closeTimer() {
 	c.cl.timer = nil
 	c.advanceClose()
 	if !c.ended() && c.cl.timer == nil {
-		// Still waiting (zero-copy notifications): look again until the second deadline.
-		c.cl.timer = c.q.After(min(c.e.cfg.CloseTimeout, 100*time.Millisecond), c.closeTimer)
+		// Still waiting: for queued sends until the deadline (progress may have moved it),
+		// then (operations, zero-copy notifications) look again until the second deadline.
+		d := time.Until(c.cl.deadline)
+		if d <= 0 {
+			d = min(c.e.cfg.CloseTimeout, 100*time.Millisecond)
+		}
+		c.cl.timer = c.q.After(d, c.closeTimer)
 	}
 }
 
@@ -790,8 +800,8 @@ func (c *Conn) advanceClose() {
 			if now.Before(c.cl.deadline) {
 				return // the sends' completions come back here
 			}
-			// CloseTimeout passed: the peer is not reading. Reset, and say so: what is still
-			// queued never reaches the peer.
+			// CloseTimeout passed with no byte leaving: the peer is not reading. Reset, and
+			// say so: what is still queued never reaches the peer.
 			c.closeTimedOut()
 		}
 		if sending {

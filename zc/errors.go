@@ -131,7 +131,9 @@ func (e *LimitError) Unwrap() error { return e.Err }
 // error OnClose gets, wrapped in an *OpError with Op "close"; Write, Send and SendData return
 // it afterwards). It unwraps to ErrCloseTimeout, so it matches ErrClosed as well.
 type CloseTimeoutError struct {
-	Timeout time.Duration // the Config.CloseTimeout that passed
+	// Timeout is the Config.CloseTimeout that passed with no queued byte leaving (or, in
+	// Engine.Close, since the engine's close began).
+	Timeout time.Duration
 	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) and not yet handed to
 	// the kernel when the connection was reset: the peer gets none of them. It is a lower
 	// bound of the loss: bytes the kernel had taken and the peer had not acknowledged go
@@ -140,7 +142,7 @@ type CloseTimeoutError struct {
 }
 
 func (e *CloseTimeoutError) Error() string {
-	return fmt.Sprintf("close gave up after %v (the peer did not take the queued bytes): connection reset with %d bytes unsent", e.Timeout, e.Unsent)
+	return fmt.Sprintf("close gave up after %v without progress (the peer did not take the queued bytes): connection reset with %d bytes unsent", e.Timeout, e.Unsent)
 }
 
 // Unwrap makes a CloseTimeoutError match ErrCloseTimeout (and ErrClosed).
