@@ -101,7 +101,7 @@ type simTotals struct {
 	seeds, steps, conns               int
 	counts                            [nActKinds]int
 	resets, enobufs, growRefused      int
-	engineCloses                      int
+	engineCloses, cancels, expires    int
 	poolWaits, creditPauses, zcCopied uint64
 	sendOps, zcOps                    uint64
 	bytes                             int64
@@ -120,6 +120,8 @@ func (s *simTotals) add(o simTotals) {
 	s.enobufs += o.enobufs
 	s.growRefused += o.growRefused
 	s.engineCloses += o.engineCloses
+	s.cancels += o.cancels
+	s.expires += o.expires
 	s.poolWaits += o.poolWaits
 	s.creditPauses += o.creditPauses
 	s.zcCopied += o.zcCopied
@@ -140,8 +142,8 @@ func (s *simTotals) String() string {
 	for i, n := range s.counts {
 		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
 	}
-	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses",
-		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses",
+		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
 		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses)
 }
 
@@ -211,12 +213,16 @@ type simRun struct {
 	// does: no more connections, every connection closed gracefully.
 	closeEngine, engineClosed bool
 	crowd                     bool // many small connections
+	// closeExpire: graceful closes may time out (actCloseExpire), and some peers stop
+	// reading when their connection closes (fconn.stall)
+	closeExpire bool
 	dialFail                  float64
 	resetFrac                 float64
 	maxSteps                  int
 
 	counts                       [nActKinds]int
 	resets, enobufs, growRefused int
+	cancels, expires             int // sends cancelled in flight, closes that gave up with work
 
 	fan *simFan // a FanOut with a publisher and subscribers (interleave_fanout_test.go)
 }
@@ -257,6 +263,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	s.maxSteps = 2_000_000
 	s.epoll = rng.IntN(3) == 0
 	s.closeEngine = rng.IntN(5) == 0
+	s.closeExpire = rng.IntN(3) == 0
 
 	sbs := []int{256, 512, 1024, 4096}[rng.IntN(4)]
 	rbs := []int{256, 512, 2048}[rng.IntN(3)]
@@ -339,7 +346,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		failure = fmt.Sprintf("Config.Debug reported %d misuses", misuses)
 	}
 
-	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused}
+	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused,
+		cancels: s.cancels, expires: s.expires}
 	if s.engineClosed {
 		st.engineCloses = 1
 	}
@@ -354,8 +362,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		}
 	}
 	if failure != "" {
-		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
-			cfgSummary(cfg), s.epoll, s.closeEngine, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, close timeouts %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
+			cfgSummary(cfg), s.epoll, s.closeEngine, s.closeExpire, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
 	}
 	return st, failure
 }
@@ -502,6 +510,7 @@ func (s *simRun) setupPeer(fc *fconn) {
 	fc.window = int64(cfg.RecvBufSize) * (1 + s.rng.Int64N(8))
 	fc.sndCap = 1 + s.rng.Int64N(int64(4*cfg.SendBufSize))
 	fc.resetOK = s.rng.Float64() < s.resetFrac
+	fc.stall = s.closeExpire && s.rng.IntN(2) == 0
 }
 
 // check runs once nothing can happen any more and every connection finished (loop only).
@@ -553,6 +562,9 @@ func (s *simRun) check() string {
 			bad(r, "the kernel took %d bytes, the handler had %d accepted", fc.kAcc, r.accepted)
 		case closeErr == nil && fc.kAcc != r.accepted:
 			bad(r, "closed without error, but only %d of %d accepted bytes reached the kernel", fc.kAcc, r.accepted)
+		}
+		for _, e := range s.checkDropped(r, closeErr) {
+			bad(r, "%s", e)
 		}
 		if closeErr == nil && !fc.reset && !s.engineClosed {
 			switch r.kind {
@@ -606,6 +618,34 @@ func (s *simRun) check() string {
 		errs = append(errs, fmt.Sprintf("%d unexpected notifications", n))
 	}
 	return strings.Join(errs, "\n")
+}
+
+// checkDropped checks that the losses are reported (simRun.check): what the handler had
+// accepted and the kernel never took is what the core counted as dropped
+// (ConnStats.BytesDropped), and a close that gave up with sends queued (actCloseExpire)
+// ends with a *CloseTimeoutError whose Unsent is that count. A FanOut subscriber's accepted
+// bytes are the FanOut's (only Unsent = BytesDropped is checked there).
+func (s *simRun) checkDropped(r *simConn, closeErr error) []string {
+	var errs []string
+	fc := r.fc
+	lost := r.accepted - fc.kAcc
+	dropped := int64(fc.c.droppedBytes())
+	if r.kind != "fan-sub" && lost != dropped {
+		errs = append(errs, fmt.Sprintf("accepted %d, the kernel took %d, yet BytesDropped is %d", r.accepted, fc.kAcc, dropped))
+	}
+	var te *CloseTimeoutError
+	timedOut := errors.As(closeErr, &te)
+	switch {
+	case fc.expired && !timedOut:
+		errs = append(errs, fmt.Sprintf("the close gave up with sends queued, yet OnClose got %v", closeErr))
+	case timedOut && !fc.expired:
+		errs = append(errs, fmt.Sprintf("OnClose got %v, yet no close gave up with work", closeErr))
+	case timedOut && int64(te.Unsent) != dropped:
+		errs = append(errs, fmt.Sprintf("the close gave up: Unsent %d, BytesDropped %d (accepted %d, taken %d)", te.Unsent, dropped, r.accepted, fc.kAcc))
+	case timedOut && !errors.Is(closeErr, ErrCloseTimeout):
+		errs = append(errs, fmt.Sprintf("OnClose's %v does not match ErrCloseTimeout", closeErr))
+	}
+	return errs
 }
 
 // ---- handlers ------------------------------------------------------------------------
