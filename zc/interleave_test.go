@@ -216,9 +216,9 @@ type simRun struct {
 	// closeExpire: graceful closes may time out (actCloseExpire), and some peers stop
 	// reading when their connection closes (fconn.stall)
 	closeExpire bool
-	dialFail                  float64
-	resetFrac                 float64
-	maxSteps                  int
+	dialFail    float64
+	resetFrac   float64
+	maxSteps    int
 
 	counts                       [nActKinds]int
 	resets, enobufs, growRefused int
