@@ -107,14 +107,13 @@ type fconn struct {
 	outKey *int64 // nil: the connection sends nothing (a sink)
 	kAcc   int64
 	// A FanOut subscriber (interleave_fanout_test.go): its sends are published messages,
-	// checked by takeFan; fanIdx/fanPos: the next message and the bytes of it taken,
-	// fanSkipped: bytes of messages FanOutDrop skipped
-	fan        *simFan
-	fanIdx     int
-	fanPos     int64
-	fanSkipped int64
-	sndq       int64
-	sndCap     int64
+	// checked by takeFan; fanSubs: its state in each fan it joined; fanCur, fanPos: the
+	// message partly taken (nil: none) and the bytes of it taken
+	fanSubs []*fanSubState
+	fanCur  *fanSubState
+	fanPos  int64
+	sndq    int64
+	sndCap  int64
 
 	resetOK bool // this connection may be reset by its peer
 	reset   bool
@@ -1091,7 +1090,7 @@ func (k *fakeKernel) take(fc *fconn, n int64) bool {
 		}
 		p := d[s.off:s.n]
 		p = p[:min(int64(len(p)), left)]
-		if fc.fan != nil {
+		if fc.fanSubs != nil {
 			if !k.takeFan(fc, s, d, p) {
 				return false
 			}

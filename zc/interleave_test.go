@@ -105,7 +105,7 @@ type simTotals struct {
 	poolWaits, creditPauses, zcCopied uint64
 	sendOps, zcOps                    uint64
 	bytes                             int64
-	fans                              int
+	fans, fanRemoves                  int
 	fan                               FanOutStats // summed over the seeds' FanOuts
 }
 
@@ -129,6 +129,7 @@ func (s *simTotals) add(o simTotals) {
 	s.zcOps += o.zcOps
 	s.bytes += o.bytes
 	s.fans += o.fans
+	s.fanRemoves += o.fanRemoves
 	s.fan.Published += o.fan.Published
 	s.fan.Deliveries += o.fan.Deliveries
 	s.fan.Drops += o.fan.Drops
@@ -142,9 +143,9 @@ func (s *simTotals) String() string {
 	for i, n := range s.counts {
 		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
 	}
-	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses",
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses, %d removes",
 		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
-		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses)
+		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses, s.fanRemoves)
 }
 
 // simConn is the test's view of one connection: its role, what its handler accepted for
@@ -176,8 +177,9 @@ type simConn struct {
 	closes   int
 	closeErr error
 
-	published int64 // fan-pub: bytes published
-	fanStart  int   // fan-sub: the first message published after it was added
+	published int64     // fan-pub: bytes published
+	pubFan    *simFan   // fan-pub: its fan
+	subFans   []*simFan // fan-sub: the fans it joins
 }
 
 func (r *simConn) state() string {
@@ -224,7 +226,11 @@ type simRun struct {
 	resets, enobufs, growRefused int
 	cancels, expires             int // sends cancelled in flight, closes that gave up with work
 
-	fan *simFan // a FanOut with a publisher and subscribers (interleave_fanout_test.go)
+	// FanOuts with their publishers and subscribers (interleave_fanout_test.go); fanBufs:
+	// where each published message starts; fanRemoves: subscribers removed mid-stream
+	fans       []*simFan
+	fanBufs    map[fanBufKey]fanRef
+	fanRemoves int
 }
 
 func (s *simRun) done(failure string, steps int) {
@@ -306,17 +312,9 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		s.plan = append(s.plan, r)
 	}
 	if !s.crowd && rng.IntN(3) == 0 {
-		// A FanOut: one publisher and subscribers, accepted among the others in any order.
-		if err := s.newSimFan(); err != nil {
+		// FanOuts: publishers and subscribers, accepted among the others in any order.
+		if err := s.planFans(); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
-		}
-		fan := []*simConn{{s: s, kind: "fan-pub"}}
-		for range 1 + rng.IntN(5) {
-			fan = append(fan, &simConn{s: s, kind: "fan-sub"})
-		}
-		for _, r := range fan {
-			i := rng.IntN(len(s.plan) + 1)
-			s.plan = append(s.plan[:i], append([]*simConn{r}, s.plan[i:]...)...)
 		}
 	}
 
@@ -351,8 +349,15 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	if s.engineClosed {
 		st.engineCloses = 1
 	}
-	if s.fan != nil {
-		st.fans, st.fan = 1, s.fan.f.Stats()
+	st.fans, st.fanRemoves = len(s.fans), s.fanRemoves
+	for _, sf := range s.fans {
+		fs := sf.f.Stats()
+		st.fan.Published += fs.Published
+		st.fan.Deliveries += fs.Deliveries
+		st.fan.Drops += fs.Drops
+		st.fan.Closes += fs.Closes
+		st.fan.Gone += fs.Gone
+		st.fan.Pauses += fs.Pauses
 	}
 	es := e.Stats()
 	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps
@@ -439,7 +444,7 @@ func (s *simRun) accept(c *Conn) Handler {
 	case "fan-pub":
 		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
 	case "fan-sub":
-		r.outKey = &s.fan.key
+		r.outKey = &r.ownKey // (its bytes are checked against the fans' messages: takeFan)
 	case "relay-front":
 		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
 		r.partner = back
