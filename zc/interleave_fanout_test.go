@@ -63,6 +63,11 @@ type simFan struct {
 	subs    []*fanSubState
 	ended   bool
 	skipped int // messages the subscribers' streams skipped (FanOutDrop)
+	// joined: subscribers accepted so far. A publisher accepted before the first one waits
+	// for it (held: buf and shared modes do not pump, data mode does not receive), so
+	// that most messages have someone to go to.
+	planned, joined int
+	held            bool
 }
 
 // simFanMsg: bytes off..off+n of stream key, at offset base of its buffer.
@@ -126,7 +131,7 @@ func (s *simRun) planFans() error {
 		}
 		roles = append(roles, &simConn{s: s, kind: "fan-pub", pubFan: s.fans[len(s.fans)-1]})
 	}
-	for range 1 + s.rng.IntN(5) {
+	for range 1 + s.rng.IntN(3+2*n) {
 		r := &simConn{s: s, kind: "fan-sub"}
 		for _, sf := range s.fans {
 			if s.rng.IntN(2) == 0 {
@@ -135,6 +140,9 @@ func (s *simRun) planFans() error {
 		}
 		if len(r.subFans) == 0 {
 			r.subFans = []*simFan{s.fans[s.rng.IntN(len(s.fans))]}
+		}
+		for _, sf := range r.subFans {
+			sf.planned++
 		}
 		roles = append(roles, r)
 	}
@@ -154,7 +162,12 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 		sf.pub, sf.pubH = r, h
 		if sf.mode == fanData {
 			r.total = r.fc.inTotal // it publishes what its peer sends
-		} else {
+		}
+		if sf.held = sf.joined == 0 && sf.planned > 0; sf.held {
+			if sf.mode == fanData {
+				c.SetReceivePaused(true)
+			}
+		} else if sf.mode != fanData {
 			c.Post(func() { h.pump(c) })
 		}
 		return h
@@ -169,6 +182,16 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 					r.failf("FanOut.Add: %v", err)
 				}
 				st.end = st.start // the fan ended already: nothing to receive from it
+			}
+			sf.joined++
+			if sf.held {
+				sf.held = false
+				pc, ph := sf.pub.c, sf.pubH
+				if sf.mode == fanData {
+					pc.Post(func() { pc.SetReceivePaused(false) })
+				} else {
+					pc.Post(func() { ph.pump(pc) })
+				}
 			}
 		}
 		s.subDone(r)
@@ -208,7 +231,7 @@ func (sf *simFan) end() {
 // maybeRemove: now and then the publisher removes one of the fan's subscribers mid-stream.
 func (sf *simFan) maybeRemove() {
 	s := sf.s
-	if s.rng.IntN(16) != 0 {
+	if s.rng.IntN(64) != 0 {
 		return
 	}
 	var in []*fanSubState
