@@ -31,15 +31,22 @@ import (
 //     references, released later from outside the loop, sending the other),
 //   - sinks (keep some Data, released later from outside the loop; Close at EOF),
 //   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
-//   - in a third of the seeds a FanOut: a publisher and subscribers, with a random policy
-//     and bound (interleave_fanout_test.go, which says what it checks),
+//   - in a third of the seeds one to three FanOuts, each with a publisher (Publish,
+//     PublishShared or PublishData), a random policy and bound, and subscribers that join
+//     some of them (interleave_fanout_test.go, which says what it checks),
 //
 // senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
 // back unused; some seeds are crowds (a hundred small streams), some close the engine midway
-// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode).
+// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode),
+// a third let graceful closes time out (actCloseExpire: CloseTimeout passes with sends
+// queued; half of their peers stop reading once their connection closes), so aborts cancel
+// sends in flight (the fake's cancelSend: -ECANCELED or the part taken, at a later step).
 //
 // Checked: every byte accepted by Send, Write or SendData is taken by the (fake) kernel
 // exactly once and in order — or the connection ended with an error (OnClose err != nil);
+// what was accepted and never taken is exactly ConnStats.BytesDropped, and a close that gave
+// up with sends queued ended with a *CloseTimeoutError whose Unsent is that count; a send's
+// buffers stay lent (and a cancelled send's bytes unchanged) until its completion;
 // every byte delivered to OnData is the peer's, in order; a connection that ended cleanly did
 // all its work; a zero-copy buffer is not reused before its notification; when nothing can
 // happen any more (no completion, no event, no task; the close timers are an hour away) every
