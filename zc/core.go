@@ -280,8 +280,11 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		left := int(w.s.n - w.s.off)
 		short = res >= 0 && res < left
 		c.sentBytes(left)
-		if short {
+		switch {
+		case short:
 			c.dropped(left - res)
+		case res < 0:
+			c.dropped(left) // failed or cancelled: none of it went out
 		}
 	}
 	if res > 0 {

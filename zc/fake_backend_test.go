@@ -80,6 +80,12 @@ type fakeNotif struct {
 	want []byte // what it held when the send completed
 }
 
+// fakeHeld is a segment of a cancelled send in flight: what it held.
+type fakeHeld struct {
+	mem  []byte
+	want []byte
+}
+
 // fconn is the fake kernel's side of one connection: its socket buffers and its peer.
 type fconn struct {
 	k    *fakeKernel
@@ -101,18 +107,21 @@ type fconn struct {
 	outKey *int64 // nil: the connection sends nothing (a sink)
 	kAcc   int64
 	// A FanOut subscriber (interleave_fanout_test.go): its sends are published messages,
-	// checked by takeFan; fanIdx/fanPos: the next message and the bytes of it taken,
-	// fanSkipped: bytes of messages FanOutDrop skipped
-	fan        *simFan
-	fanIdx     int
-	fanPos     int64
-	fanSkipped int64
-	sndq       int64
-	sndCap     int64
+	// checked by takeFan; fanSubs: its state in each fan it joined; fanCur, fanPos: the
+	// message partly taken (nil: none) and the bytes of it taken
+	fanSubs []*fanSubState
+	fanCur  *fanSubState
+	fanPos  int64
+	sndq    int64
+	sndCap  int64
 
 	resetOK bool // this connection may be reset by its peer
 	reset   bool
 	closed  bool // closeSocket ran
+	// stall: the peer stops reading once the connection closes (its close can only end by
+	// CloseTimeout: actCloseExpire); expired: CloseTimeout passed with sends still queued
+	stall   bool
+	expired bool
 
 	// Operations in the fake kernel.
 	rud     uint64 // the receive (0: none); epoll mode: the registration
@@ -124,6 +133,13 @@ type fconn struct {
 	ssegs   int
 	sbytes  int64
 	notifs  []fakeNotif
+	// sloans: the loans of the send's segments, which must stand until it completes.
+	// scancel: the core cancelled the send in flight (cancelSend, on an abort); it completes
+	// later with -ECANCELED or the part it took. sheld: its segments' bytes at the cancel,
+	// which must stay unchanged until that completion.
+	sloans  []memreg.Loan
+	scancel bool
+	sheld   []fakeHeld
 	cud     uint64 // the connect
 	ccancel bool
 
@@ -344,9 +360,30 @@ func (k *fakeKernel) inFlightSegs(c *Conn) int {
 	return t.u.segs
 }
 
-// cancelSend: the simulated send in flight still completes when the scheduler picks it
-// (as a cancel that came too late would); cancellation itself is not simulated.
-func (k *fakeKernel) cancelSend(c *Conn) {}
+// cancelSend is io_uring's ASYNC_CANCEL of the send in flight: the send completes when the
+// scheduler picks it (room or not), with -ECANCELED, with the part it had taken (the
+// kernel's done_io), or whole (the cancel came too late). Until then its buffers are the
+// kernel's: their loans and bytes are recorded here and checked at the completion. The plain
+// backend's sends are write(2) calls: nothing to cancel.
+func (k *fakeKernel) cancelSend(c *Conn) {
+	if k.epoll {
+		return
+	}
+	fc := k.get(c)
+	if fc.sud == 0 || fc.scancel {
+		return
+	}
+	fc.scancel = true
+	k.sim.cancels++
+	fc.tracef("cancel send (%d bytes in %d segments)", fc.sbytes, fc.ssegs)
+	for i := 0; i < fc.ssegs && i < c.pendLen(); i++ {
+		s := c.tx.pend[i]
+		if d := s.loan.Data(); d != nil {
+			mem := d[s.off:s.n]
+			fc.sheld = append(fc.sheld, fakeHeld{mem: mem, want: bytes.Clone(mem)})
+		}
+	}
+}
 
 func (k *fakeKernel) freeOp(c *Conn, ud uint64) {
 	if k.q.OpLive(ud) {
@@ -396,6 +433,7 @@ func (k *fakeKernel) send(c *Conn) {
 		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, 1, true
 		c.zcStart(ud)
 		fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, true, 1, int64(left)
+		fc.sloans = append(fc.sloans[:0], head.loan)
 		c.tx.sendZCOps.Add(1)
 		k.q.ctr.sendZCOps.Add(1)
 		return
@@ -416,6 +454,10 @@ func (k *fakeKernel) send(c *Conn) {
 	ud := k.newOp(c, fc, tagSend)
 	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
 	fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, false, n, int64(nb)
+	fc.sloans = fc.sloans[:0]
+	for i := range n {
+		fc.sloans = append(fc.sloans, c.tx.pend[i].loan)
+	}
 	c.tx.sendOps.Add(1)
 	k.q.ctr.sendOps.Add(1)
 }
@@ -559,10 +601,11 @@ const (
 	actUserPause
 	actAppRelease
 	actEngineClose
+	actCloseExpire
 	nActKinds
 )
 
-var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close"}
+var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close", "close-expire"}
 
 type fakeAct struct {
 	kind fakeActKind
@@ -592,9 +635,13 @@ func (k *fakeKernel) enabled() []fakeAct {
 			if fc.rud != 0 && (fc.rcancel || fc.reset || fc.rcvq > 0 || fc.finSent) {
 				a = append(a, fakeAct{kind: actRecv, fc: fc})
 			}
-			if fc.sud != 0 && (fc.reset || fc.sndq < fc.sndCap) {
+			if fc.sud != 0 && (fc.reset || fc.scancel || fc.sndq < fc.sndCap) {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
+		}
+		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.closeErr == nil && fc.c.sk != sockClosed {
+			// A graceful close waiting for its sends: CloseTimeout may pass now.
+			a = append(a, fakeAct{kind: actCloseExpire, fc: fc})
 		}
 		for i := range fc.notifs {
 			a = append(a, fakeAct{kind: actNotif, fc: fc, i: i})
@@ -611,7 +658,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 		if fc.reset {
 			continue
 		}
-		if fc.sndq > 0 {
+		if fc.sndq > 0 && !(fc.stall && (fc.c.inClose() || fc.c.ended())) {
 			a = append(a, fakeAct{kind: actPeerRead, fc: fc}) // after a close too: the socket lingers
 		}
 		if fc.closed || fc.c.ended() {
@@ -853,6 +900,22 @@ func (k *fakeKernel) do(a fakeAct) {
 		c := fc.c
 		on := c.paused&pauseUser == 0
 		c.Post(func() { c.SetReceivePaused(on) })
+	case actCloseExpire:
+		// CloseTimeout passes (its timer is an hour away: the deadline moves instead). With
+		// sends still queued the close gives up: the sends are aborted, the one in flight
+		// cancelled, and OnClose must get a *CloseTimeoutError.
+		c := fc.c
+		c.mu.Lock()
+		producer := len(c.out) > 0 || c.staged() || c.holdClose
+		c.mu.Unlock()
+		if c.pendLen() > 0 || k.sending(c) || producer {
+			fc.expired = true
+			k.sim.expires++
+		}
+		fc.tracef("close-expire (work %v, sending %v, pend %d)", fc.expired, k.sending(c), c.pendLen())
+		k.tracef("%v: close-expire (work %v)", fc, fc.expired)
+		c.cl.deadline = time.Now().Add(-time.Nanosecond)
+		c.advanceClose()
 	}
 }
 
@@ -903,6 +966,25 @@ func (k *fakeKernel) doSend(fc *fconn) {
 	ud := fc.sud
 	fc.sud = 0
 	ev := loop.Event{UD: ud, Res: int32(fc.sbytes)}
+	for i, l := range fc.sloans {
+		if l.Region() != nil && !l.Valid() {
+			k.failf("%v: segment %d of a send in flight (cancelled %v) went back to its pool before the send completed", fc, i, fc.scancel)
+			return
+		}
+	}
+	fc.sloans = fc.sloans[:0]
+	cancelled := fc.scancel
+	if cancelled {
+		fc.scancel = false
+		for i, h := range fc.sheld {
+			if !bytes.Equal(h.mem, h.want) {
+				k.failf("%v: segment %d of a cancelled send changed before the send completed (reused early)", fc, i)
+				return
+			}
+		}
+		fc.sheld = nil
+	}
+	room := fc.sndCap - fc.sndq
 	switch {
 	case fc.reset:
 		ev.Res = -int32(unix.ECONNRESET)
@@ -912,6 +994,37 @@ func (k *fakeKernel) doSend(fc *fconn) {
 			ev.Flags = uring.CQEFMore
 			fc.notifs = append(fc.notifs, fakeNotif{ud: ud})
 		}
+	case cancelled && (room <= 0 || k.rng.IntN(3) != 0):
+		// Cancelled: -ECANCELED, or the part taken before the cancel (io_uring reports
+		// done_io). A SEND_ZC's notification follows either way (F_MORE).
+		n := int64(0)
+		if fc.sbytes > 1 && k.rng.IntN(2) == 0 {
+			n = 1 + k.rng.Int64N(fc.sbytes-1)
+		}
+		if n == 0 {
+			ev.Res = -int32(unix.ECANCELED)
+			if fc.szc {
+				ev.Flags = uring.CQEFMore
+				fc.notifs = append(fc.notifs, fakeNotif{ud: ud})
+			}
+		} else {
+			if !k.take(fc, n) {
+				return
+			}
+			ev.Res = int32(n)
+			if fc.szc {
+				ev.Flags = uring.CQEFMore
+				head := c.tx.pend[0]
+				mem := head.loan.Data()[head.off : int64(head.off)+n]
+				fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
+			}
+		}
+		what := "send (cancelled)"
+		if fc.szc {
+			what = "send-zc (cancelled)"
+		}
+		k.dispatch(fc, what, ev)
+		return
 	case k.rng.IntN(20) == 0:
 		ev.Res = -int32(unix.EAGAIN)
 	case fc.szc:
@@ -979,7 +1092,7 @@ func (k *fakeKernel) take(fc *fconn, n int64) bool {
 		}
 		p := d[s.off:s.n]
 		p = p[:min(int64(len(p)), left)]
-		if fc.fan != nil {
+		if fc.fanSubs != nil {
 			if !k.takeFan(fc, s, d, p) {
 				return false
 			}

@@ -273,3 +273,82 @@ func TestFakeManyGrants(t *testing.T) {
 		}
 	})
 }
+
+// A zero-copy send that fails (or is cancelled) takes its segment off the queue with none of
+// it sent: ConnStats.BytesDropped must count it (it counted only a short send's tail, so a
+// relay's Lost and a close's Unsent missed whole segments). Both endings: -ECONNRESET with
+// no notification, and -ECANCELED (an abort's cancelSend) with one.
+func TestFakeZCSendFailedCountsDropped(t *testing.T) {
+	for _, res := range []unix.Errno{unix.ECONNRESET, unix.ECANCELED} {
+		t.Run(res.Error(), func(t *testing.T) {
+			f := newFakeScript(t, Config{SendPath: SendZeroCopy, SendBufSize: 4096}, false)
+			h := &closeRecorder{}
+			c, fc := f.closingWrite(h, 13, 1000)
+			f.do(func() {
+				ud := fc.sud
+				fc.sud = 0
+				ev := loop.Event{UD: ud, Res: -int32(res)}
+				if res == unix.ECANCELED {
+					ev.Flags = uring.CQEFMore
+				}
+				f.k.dispatch(fc, "send-zc", ev)
+				if res == unix.ECANCELED {
+					c.fail(c.opErr("write", unix.ECONNRESET)) // the cancel's abort: the connection failed
+					f.k.dispatch(fc, "notif", loop.Event{UD: ud, Flags: uring.CQEFNotif})
+				}
+			})
+			f.do(func() {
+				if !c.ended() || h.err == nil {
+					t.Errorf("finished %v, OnClose %v (want finished, with an error)", c.ended(), h.err)
+				}
+				if d := c.Stats().BytesDropped; d != 1000 || fc.kAcc != 0 {
+					t.Errorf("BytesDropped %d, the kernel took %d (want 1000 dropped, none taken)", d, fc.kAcc)
+				}
+			})
+		})
+	}
+}
+
+// A graceful close gives up (CloseTimeout) with a copying send waiting in the kernel for
+// room: the send is cancelled (cancelSend) and its buffers stay the kernel's until it
+// completes with the part it took; OnClose gets a *CloseTimeoutError whose Unsent is the
+// rest, and ConnStats.BytesDropped agrees.
+func TestFakeCloseTimeoutCancelsSend(t *testing.T) {
+	f := newFakeScript(t, Config{SendPath: SendCopy, SendBufSize: 4096}, false)
+	h := &closeRecorder{}
+	c, fc := f.accept(h, 15)
+	p := make([]byte, 3000)
+	fakeStream(p, 15, 0)
+	f.do(func() {
+		if w, err := c.Write(p); w != len(p) || err != nil {
+			t.Errorf("Write: %d, %v", w, err)
+		}
+		c.Close()
+	})
+	f.do(func() {
+		if fc.sud == 0 || fc.szc {
+			t.Errorf("want a copying send in flight: %s", f.k.describe(fc))
+			return
+		}
+		if fc.rud != 0 {
+			f.k.dispatch(fc, "recv", loop.Event{UD: fc.rud, Res: -int32(unix.ECANCELED)})
+		}
+		c.cl.deadline = time.Now().Add(-time.Nanosecond) // CloseTimeout passed
+		c.advanceClose()
+		if !fc.scancel || c.ended() {
+			t.Errorf("want the send cancelled and the close waiting for it: cancel %v, finished %v", fc.scancel, c.ended())
+		}
+	})
+	f.do(func() {
+		f.k.doSend(fc) // the kernel had taken part of it (a third of the time the whole)
+	})
+	f.do(func() {
+		var te *CloseTimeoutError
+		if !c.ended() || !errors.As(h.err, &te) {
+			t.Fatalf("finished %v, OnClose %v (want a *CloseTimeoutError)", c.ended(), h.err)
+		}
+		if d := c.Stats().BytesDropped; int64(te.Unsent) != 3000-fc.kAcc || d != uint64(te.Unsent) {
+			t.Errorf("the kernel took %d of 3000: Unsent %d, BytesDropped %d", fc.kAcc, te.Unsent, d)
+		}
+	})
+}

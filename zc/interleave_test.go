@@ -31,15 +31,22 @@ import (
 //     references, released later from outside the loop, sending the other),
 //   - sinks (keep some Data, released later from outside the loop; Close at EOF),
 //   - relays (an accepted connection held paused, DialAsync, zc.Relay in done),
-//   - in a third of the seeds a FanOut: a publisher and subscribers, with a random policy
-//     and bound (interleave_fanout_test.go, which says what it checks),
+//   - in a third of the seeds one to three FanOuts, each with a publisher (Publish,
+//     PublishShared or PublishData), a random policy and bound, and subscribers that join
+//     some of them (interleave_fanout_test.go, which says what it checks),
 //
 // senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
 // back unused; some seeds are crowds (a hundred small streams), some close the engine midway
-// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode).
+// (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode),
+// a third let graceful closes time out (actCloseExpire: CloseTimeout passes with sends
+// queued; half of their peers stop reading once their connection closes), so aborts cancel
+// sends in flight (the fake's cancelSend: -ECANCELED or the part taken, at a later step).
 //
 // Checked: every byte accepted by Send, Write or SendData is taken by the (fake) kernel
 // exactly once and in order — or the connection ended with an error (OnClose err != nil);
+// what was accepted and never taken is exactly ConnStats.BytesDropped, and a close that gave
+// up with sends queued ended with a *CloseTimeoutError whose Unsent is that count; a send's
+// buffers stay lent (and a cancelled send's bytes unchanged) until its completion;
 // every byte delivered to OnData is the peer's, in order; a connection that ended cleanly did
 // all its work; a zero-copy buffer is not reused before its notification; when nothing can
 // happen any more (no completion, no event, no task; the close timers are an hour away) every
@@ -101,11 +108,11 @@ type simTotals struct {
 	seeds, steps, conns               int
 	counts                            [nActKinds]int
 	resets, enobufs, growRefused      int
-	engineCloses                      int
+	engineCloses, cancels, expires    int
 	poolWaits, creditPauses, zcCopied uint64
 	sendOps, zcOps                    uint64
 	bytes                             int64
-	fans                              int
+	fans, fanRemoves                  int
 	fan                               FanOutStats // summed over the seeds' FanOuts
 }
 
@@ -120,6 +127,8 @@ func (s *simTotals) add(o simTotals) {
 	s.enobufs += o.enobufs
 	s.growRefused += o.growRefused
 	s.engineCloses += o.engineCloses
+	s.cancels += o.cancels
+	s.expires += o.expires
 	s.poolWaits += o.poolWaits
 	s.creditPauses += o.creditPauses
 	s.zcCopied += o.zcCopied
@@ -127,6 +136,7 @@ func (s *simTotals) add(o simTotals) {
 	s.zcOps += o.zcOps
 	s.bytes += o.bytes
 	s.fans += o.fans
+	s.fanRemoves += o.fanRemoves
 	s.fan.Published += o.fan.Published
 	s.fan.Deliveries += o.fan.Deliveries
 	s.fan.Drops += o.fan.Drops
@@ -140,9 +150,9 @@ func (s *simTotals) String() string {
 	for i, n := range s.counts {
 		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
 	}
-	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses",
-		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
-		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses)
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses, %d removes",
+		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
+		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses, s.fanRemoves)
 }
 
 // simConn is the test's view of one connection: its role, what its handler accepted for
@@ -174,8 +184,9 @@ type simConn struct {
 	closes   int
 	closeErr error
 
-	published int64 // fan-pub: bytes published
-	fanStart  int   // fan-sub: the first message published after it was added
+	published int64     // fan-pub: bytes published
+	pubFan    *simFan   // fan-pub: its fan
+	subFans   []*simFan // fan-sub: the fans it joins
 }
 
 func (r *simConn) state() string {
@@ -211,14 +222,22 @@ type simRun struct {
 	// does: no more connections, every connection closed gracefully.
 	closeEngine, engineClosed bool
 	crowd                     bool // many small connections
-	dialFail                  float64
-	resetFrac                 float64
-	maxSteps                  int
+	// closeExpire: graceful closes may time out (actCloseExpire), and some peers stop
+	// reading when their connection closes (fconn.stall)
+	closeExpire bool
+	dialFail    float64
+	resetFrac   float64
+	maxSteps    int
 
 	counts                       [nActKinds]int
 	resets, enobufs, growRefused int
+	cancels, expires             int // sends cancelled in flight, closes that gave up with work
 
-	fan *simFan // a FanOut with a publisher and subscribers (interleave_fanout_test.go)
+	// FanOuts with their publishers and subscribers (interleave_fanout_test.go); fanBufs:
+	// where each published message starts; fanRemoves: subscribers removed mid-stream
+	fans       []*simFan
+	fanBufs    map[fanBufKey]fanRef
+	fanRemoves int
 }
 
 func (s *simRun) done(failure string, steps int) {
@@ -257,6 +276,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	s.maxSteps = 2_000_000
 	s.epoll = rng.IntN(3) == 0
 	s.closeEngine = rng.IntN(5) == 0
+	s.closeExpire = rng.IntN(3) == 0
 
 	sbs := []int{256, 512, 1024, 4096}[rng.IntN(4)]
 	rbs := []int{256, 512, 2048}[rng.IntN(3)]
@@ -299,17 +319,9 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		s.plan = append(s.plan, r)
 	}
 	if !s.crowd && rng.IntN(3) == 0 {
-		// A FanOut: one publisher and subscribers, accepted among the others in any order.
-		if err := s.newSimFan(); err != nil {
+		// FanOuts: publishers and subscribers, accepted among the others in any order.
+		if err := s.planFans(); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
-		}
-		fan := []*simConn{{s: s, kind: "fan-pub"}}
-		for range 1 + rng.IntN(5) {
-			fan = append(fan, &simConn{s: s, kind: "fan-sub"})
-		}
-		for _, r := range fan {
-			i := rng.IntN(len(s.plan) + 1)
-			s.plan = append(s.plan[:i], append([]*simConn{r}, s.plan[i:]...)...)
 		}
 	}
 
@@ -339,12 +351,20 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		failure = fmt.Sprintf("Config.Debug reported %d misuses", misuses)
 	}
 
-	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused}
+	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused,
+		cancels: s.cancels, expires: s.expires}
 	if s.engineClosed {
 		st.engineCloses = 1
 	}
-	if s.fan != nil {
-		st.fans, st.fan = 1, s.fan.f.Stats()
+	st.fans, st.fanRemoves = len(s.fans), s.fanRemoves
+	for _, sf := range s.fans {
+		fs := sf.f.Stats()
+		st.fan.Published += fs.Published
+		st.fan.Deliveries += fs.Deliveries
+		st.fan.Drops += fs.Drops
+		st.fan.Closes += fs.Closes
+		st.fan.Gone += fs.Gone
+		st.fan.Pauses += fs.Pauses
 	}
 	es := e.Stats()
 	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps
@@ -354,8 +374,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		}
 	}
 	if failure != "" {
-		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
-			cfgSummary(cfg), s.epoll, s.closeEngine, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, close timeouts %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
+			cfgSummary(cfg), s.epoll, s.closeEngine, s.closeExpire, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
 	}
 	return st, failure
 }
@@ -431,7 +451,7 @@ func (s *simRun) accept(c *Conn) Handler {
 	case "fan-pub":
 		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
 	case "fan-sub":
-		r.outKey = &s.fan.key
+		r.outKey = &r.ownKey // (its bytes are checked against the fans' messages: takeFan)
 	case "relay-front":
 		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
 		r.partner = back
@@ -502,6 +522,7 @@ func (s *simRun) setupPeer(fc *fconn) {
 	fc.window = int64(cfg.RecvBufSize) * (1 + s.rng.Int64N(8))
 	fc.sndCap = 1 + s.rng.Int64N(int64(4*cfg.SendBufSize))
 	fc.resetOK = s.rng.Float64() < s.resetFrac
+	fc.stall = s.closeExpire && s.rng.IntN(2) == 0
 }
 
 // check runs once nothing can happen any more and every connection finished (loop only).
@@ -553,6 +574,9 @@ func (s *simRun) check() string {
 			bad(r, "the kernel took %d bytes, the handler had %d accepted", fc.kAcc, r.accepted)
 		case closeErr == nil && fc.kAcc != r.accepted:
 			bad(r, "closed without error, but only %d of %d accepted bytes reached the kernel", fc.kAcc, r.accepted)
+		}
+		for _, e := range s.checkDropped(r, closeErr) {
+			bad(r, "%s", e)
 		}
 		if closeErr == nil && !fc.reset && !s.engineClosed {
 			switch r.kind {
@@ -606,6 +630,34 @@ func (s *simRun) check() string {
 		errs = append(errs, fmt.Sprintf("%d unexpected notifications", n))
 	}
 	return strings.Join(errs, "\n")
+}
+
+// checkDropped checks that the losses are reported (simRun.check): what the handler had
+// accepted and the kernel never took is what the core counted as dropped
+// (ConnStats.BytesDropped), and a close that gave up with sends queued (actCloseExpire)
+// ends with a *CloseTimeoutError whose Unsent is that count. A FanOut subscriber's accepted
+// bytes are the FanOut's (only Unsent = BytesDropped is checked there).
+func (s *simRun) checkDropped(r *simConn, closeErr error) []string {
+	var errs []string
+	fc := r.fc
+	lost := r.accepted - fc.kAcc
+	dropped := int64(fc.c.droppedBytes())
+	if r.kind != "fan-sub" && lost != dropped {
+		errs = append(errs, fmt.Sprintf("accepted %d, the kernel took %d, yet BytesDropped is %d", r.accepted, fc.kAcc, dropped))
+	}
+	var te *CloseTimeoutError
+	timedOut := errors.As(closeErr, &te)
+	switch {
+	case fc.expired && !timedOut:
+		errs = append(errs, fmt.Sprintf("the close gave up with sends queued, yet OnClose got %v", closeErr))
+	case timedOut && !fc.expired:
+		errs = append(errs, fmt.Sprintf("OnClose got %v, yet no close gave up with work", closeErr))
+	case timedOut && int64(te.Unsent) != dropped:
+		errs = append(errs, fmt.Sprintf("the close gave up: Unsent %d, BytesDropped %d (accepted %d, taken %d)", te.Unsent, dropped, r.accepted, fc.kAcc))
+	case timedOut && !errors.Is(closeErr, ErrCloseTimeout):
+		errs = append(errs, fmt.Sprintf("OnClose's %v does not match ErrCloseTimeout", closeErr))
+	}
+	return errs
 }
 
 // ---- handlers ------------------------------------------------------------------------
