@@ -234,6 +234,9 @@ func (c *Conn) dialFailed(err error) {
 		}
 	}
 	c.connect = nil
+	if c.self != nil {
+		c.self.appClosed() // nobody got the connection: its duplicate goes now
+	}
 	c.setLife(lifeFinished)
 	c.sk = sockClosed
 	c.sock.Close()

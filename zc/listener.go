@@ -369,6 +369,9 @@ func (l *Listener) create(q *queue, fd int) {
 		}
 	}
 	h, err := l.callAccept(c)
+	if (err != nil || h == nil) && c.self != nil {
+		c.self.appClosed() // refused: nobody will read or close the duplicate
+	}
 	if c.ended() {
 		return
 	}

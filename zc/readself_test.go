@@ -309,3 +309,58 @@ func TestWakeFromHandler(t *testing.T) {
 		waitHang(t, ch, "a goroutine woken by Wake", nil)
 	}
 }
+
+// TestReadSelfNoLeakOnRefusal: a ReadSelf connection that nobody gets (a refused dial, an
+// accept function that refuses or panics) leaves no duplicate descriptor behind.
+func TestReadSelfNoLeakOnRefusal(t *testing.T) {
+	e := newEngine(t, smallCfg(BackendIOUring))
+	// A port nothing listens on (bound and closed just before).
+	tmp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := tmp.Addr().String()
+	tmp.Close()
+	var mode atomic.Int32
+	ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		if mode.Load() == 1 {
+			panic("refused by panicking")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	settle := func() int {
+		// Closes finish on the queue: count once the counts stop moving.
+		n := countFDs()
+		for i := 0; i < 100; i++ {
+			time.Sleep(10 * time.Millisecond)
+			m := countFDs()
+			if m == n {
+				return n
+			}
+			n = m
+		}
+		return n
+	}
+	before := settle()
+	for i := 0; i < 20; i++ {
+		if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", dead, HandlerFuncs{}); err == nil {
+			t.Fatal("dial to a closed port succeeded")
+		}
+		mode.Store(int32(i % 2))
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			continue // refused before the handshake finished (a reset): nothing was made
+		}
+		nc.Write([]byte("bytes the refused connection never reads"))
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.Copy(io.Discard, nc) // the refusal closes it
+		nc.Close()
+	}
+	if after := settle(); after > before {
+		t.Fatalf("%d descriptors before, %d after 20 refused dials and 20 refused accepts", before, after)
+	}
+}
