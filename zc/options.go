@@ -45,7 +45,8 @@ type ListenOptions struct {
 	// reads it with Conn.Read, on its own goroutine, waiting in Go's poller as a
 	// *net.TCPConn's Read does: one copy, kernel to the caller's slice, and no hand-off to
 	// the queue's goroutine. The socket's receive buffer is then the flow control. The
-	// connection holds a second descriptor (the socket's duplicate in Go's poller). It needs
+	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
+	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
 	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
 	ReadSelf bool
@@ -62,7 +63,8 @@ type DialOptions struct {
 	// reads it with Conn.Read, on its own goroutine, waiting in Go's poller as a
 	// *net.TCPConn's Read does: one copy, kernel to the caller's slice, and no hand-off to
 	// the queue's goroutine. The socket's receive buffer is then the flow control. The
-	// connection holds a second descriptor (the socket's duplicate in Go's poller). It needs
+	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
+	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
 	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
 	ReadSelf bool
