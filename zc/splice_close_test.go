@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -175,7 +176,7 @@ func checkPrefix(r io.Reader, seed uint64) (int64, error) {
 		if k > 0 {
 			g.fill(want[:k])
 			if !bytes.Equal(buf[:k], want[:k]) {
-				return got, fmt.Errorf("bytes %d..%d differ", got, got+int64(k))
+				return got, fmt.Errorf("bytes %d..%d differ: %s", got, got+int64(k), describeMismatch(r, seed, got, buf[:k]))
 			}
 			got += int64(k)
 		}
@@ -303,4 +304,71 @@ func TestRelaySpliceCloseTimeout(t *testing.T) {
 			waitPipes(t, h.s.e)
 		})
 	}
+}
+
+// describeMismatch says what a stream that differs from the one seeded with seed holds from
+// offset at (whose first received chunk is chunk; the rest is read from r to EOF, up to
+// 64 MiB): the first differing offset, then each run of received bytes as the offset range
+// of the expected stream it copies (a duplicate, a skip or a reordering shows as a jump),
+// or as the stream of another seed (another connection's bytes), or as unknown.
+func describeMismatch(r io.Reader, seed uint64, at int64, chunk []byte) string {
+	rest, _ := io.ReadAll(io.LimitReader(r, 64<<20))
+	got := append(append([]byte(nil), chunk...), rest...)
+	end := at + int64(len(got))
+	exp := make([]byte, end+4<<20) // a stream may lose bytes: look a little beyond
+	newStreamGen(seed).fill(exp)
+	first := at
+	for first < end && got[first-at] == exp[first] {
+		first++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "first differing byte at %d, %d bytes received from %d;", first, len(got), at)
+	const win = 32
+	others := map[uint64][]byte{}
+	for p, runs := first, 0; p < end && runs < 12; runs++ {
+		w := got[p-at : min(p-at+win, int64(len(got)))]
+		if q := bytes.Index(exp, w); q >= 0 && len(w) == win {
+			n := int64(0)
+			for p+n < end && int64(q)+n < int64(len(exp)) && got[p+n-at] == exp[int64(q)+n] {
+				n++
+			}
+			fmt.Fprintf(&b, " [%d,%d) = stream [%d,%d)", p, p+n, q, int64(q)+n)
+			p += n
+			continue
+		}
+		found := false
+		for s := uint64(0); s < 20 && len(w) == win; s++ {
+			if s == seed {
+				continue
+			}
+			o := others[s]
+			if o == nil {
+				o = make([]byte, end+1<<20)
+				newStreamGen(s).fill(o)
+				others[s] = o
+			}
+			if q := bytes.Index(o, w); q >= 0 {
+				n := int64(0)
+				for p+n < end && int64(q)+n < int64(len(o)) && got[p+n-at] == o[int64(q)+n] {
+					n++
+				}
+				fmt.Fprintf(&b, " [%d,%d) = stream of seed %d [%d,%d)", p, p+n, s, q, int64(q)+n)
+				p += n
+				found = true
+				break
+			}
+		}
+		if found {
+			continue
+		}
+		// Unknown bytes: skip to where the expected stream (at any offset) resumes.
+		n := int64(64)
+		for p+n+win <= end && n < 1<<16 && bytes.Index(exp, got[p+n-at:p+n-at+win]) < 0 {
+			n += 64
+		}
+		n = min(n, end-p)
+		fmt.Fprintf(&b, " [%d,%d) unknown (%x...)", p, p+n, got[p-at:min(p-at+16, int64(len(got)))])
+		p += n
+	}
+	return b.String()
 }
