@@ -37,6 +37,7 @@ func TestShimPausedHangup(t *testing.T) {
 	if err := c.SetReceivePaused(true); err != nil {
 		t.Fatal(err)
 	}
+	c.q.Do(func() error { return nil }) // the pause (posted) took effect before any byte arrives
 	const n = 64 << 10
 	want := make([]byte, n)
 	newStreamGen(3).fill(want)

@@ -94,22 +94,18 @@ func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 	waitFor(t, func() bool { return spliceRelays(h.s.e) == 1 }, "the splice to start")
 	close(start)
 	// The relay waits for room towards the client with bytes in its pipe; what it took
-	// from the backend's socket is what that socket received less what it still holds.
+	// from the backend's socket is what that socket received less what it still holds. A
+	// segment that arrives between the two readings would count as taken: the reading
+	// holds only when the received count is the same before and after the queue's.
 	var inPipe int
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		inPipe = pipeBytes(h.s.e, 1)
+		before := bytesReceived(h.back)
 		in, _ := connQueues(h.back)
-		var received uint64
-		h.back.sock.Control(func(fd int) error {
-			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-			if err == nil {
-				received = ti.Bytes_received
-			}
-			return err
-		})
+		received := bytesReceived(h.back)
 		h.taken = int64(received) - int64(in)
-		if inPipe > 0 && in > 0 {
+		if inPipe > 0 && in > 0 && received == before {
 			break // the backend's socket holds more: the relay does not read it now
 		}
 		if time.Now().After(deadline) {
@@ -118,6 +114,19 @@ func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 		time.Sleep(2 * time.Millisecond)
 	}
 	return h
+}
+
+// bytesReceived returns the bytes c's socket has received (TCP_INFO).
+func bytesReceived(c *Conn) uint64 {
+	var received uint64
+	c.sock.Control(func(fd int) error {
+		ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err == nil {
+			received = ti.Bytes_received
+		}
+		return err
+	})
+	return received
 }
 
 // pipeBytes returns the bytes direction dir (0: client → backend, 1: backend → client) of
