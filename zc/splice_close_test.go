@@ -372,7 +372,7 @@ func describeMismatch(r io.Reader, seed uint64, at int64, chunk []byte) string {
 		}
 		// Unknown bytes: skip to where the expected stream (at any offset) resumes.
 		n := int64(64)
-		for p+n+win <= end && n < 1<<16 && bytes.Index(exp, got[p+n-at:p+n-at+win]) < 0 {
+		for p+n+win <= end && n < 1<<16 && !bytes.Contains(exp, got[p+n-at:p+n-at+win]) {
 			n += 64
 		}
 		n = min(n, end-p)
