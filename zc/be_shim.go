@@ -353,11 +353,28 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 }
 
 // onReadable: epoll says the socket has data (or EOF, or an error): post a RECV.
+//
+// Only while the connection receives and no RECV is out: epoll reports EPOLLHUP and EPOLLERR
+// whatever the mask, so a connection that does not receive (paused: by the user, by its
+// receive credit, or for good by a splice relay, which reads the socket itself) still hears
+// of a socket whose peer half-closed after its own write side was shut. A RECV posted then
+// would take bytes the connection must not take: a spliced connection's went to the relay's
+// OnData while the splice read the bytes around them, so they reached the destination out
+// of order, or were refused there once the splice had passed the EOF on. Such an event
+// silences the registration until the next update (armRecv, or the RECV's completion), as
+// the plain backend does.
 func (b *shimBackend) onReadable(c *Conn, events uint32) {
-	if c.bk.shim == nil {
+	st := c.bk.shim
+	if st == nil {
 		return
 	}
-	c.bk.shim.ready = true
+	if !c.recvArmed || st.recvOut {
+		if c.bk.recvUD != 0 && c.sk != sockClosed {
+			b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.bk.recvUD)
+		}
+		return
+	}
+	st.ready = true
 	// Level-triggered: stop listening until the RECV completes.
 	c.recvEnded()
 	b.update(c)

@@ -36,7 +36,7 @@ type RelayPath uint8
 
 const (
 	// RelayAuto picks the cheapest correct path: RelaySplice where both connections' queues
-	// can splice (the io_uring and plain backends) and no zero-copy receive (RecvZcrx)
+	// can splice (the io_uring, plain and zcshim backends) and no zero-copy receive (RecvZcrx)
 	// delivers into registered memory; RelaySendData otherwise. RelayStats.Path says which,
 	// and RelayStats.Fallback why not splice.
 	RelayAuto RelayPath = iota
@@ -45,8 +45,8 @@ const (
 	// each send. The engine's flow control (MaxRecvHeld, MaxQueuedBytes) bounds memory.
 	RelaySendData
 	// RelaySplice moves bytes socket → pipe → socket with splice(2), never through user
-	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain
-	// backend's, or on io_uring one whose readiness the ring reports) and splices without
+	// memory: the relay's home queue (a's) waits for readiness (with epoll: the plain and
+	// shim backends', or on io_uring one whose readiness the ring reports) and splices without
 	// blocking. The pipe (RelayOptions.PipeSize per direction)
 	// is the flow control: while it holds bytes the destination has not taken, the source is
 	// not read. Each relay holds two pipes and a duplicate of each connection's descriptor.
@@ -155,7 +155,7 @@ func spliceRefusal(a, b *Conn) error {
 	for _, c := range []*Conn{a, b} {
 		if !spliceCapable(c.q) {
 			return &NotSupportedError{What: "splice relay on the " + c.e.backend.String() + " backend",
-				Need: "the io_uring or plain backend"}
+				Need: "the io_uring, plain or shim backend"}
 		}
 		if c.e.cfg.RecvPath == RecvZcrx {
 			return &NotSupportedError{What: "splice relay with RecvZcrx",

@@ -1,11 +1,8 @@
 package zc
 
-import (
-	"errors"
-	"testing"
-)
+import "testing"
 
-// Conn.SendFile and the relay's path over the shim backend: the io_uring and plain tests'
+// Conn.SendFile and the relay's paths over the shim backend: the io_uring and plain tests'
 // bodies with Config.Backend = BackendShim, at a scale the VM (qemu without KVM) runs
 // quickly. They need /dev/zcshim: make vmtest runs them (TestShim*); elsewhere needShim
 // skips them.
@@ -30,19 +27,34 @@ func TestShimSendFile(t *testing.T) {
 	t.Run("misuse", func(t *testing.T) { testSendFileMisuse(t, shimForwardCfg(1)) })
 }
 
-// TestShimRelaySendData: on the shim backend the relay forwards by SendData (splicing is
-// off there until the stream corruption seen with it in the guests is understood:
-// spliceCapable): RelaySendData demanded moves every byte by SendData, RelaySplice demanded
-// is refused with a *NotSupportedError, and RelayAuto falls back to SendData visibly.
+// TestShimRelaySplice: Relay over the shim backend takes the splice path (RelayAuto, and
+// RelaySplice demanded), every byte checked both ways across 2 queues, a backend that
+// half-closes first, and a graceful Close of either side while the relay's pipe holds
+// bytes (they all arrive).
+func TestShimRelaySplice(t *testing.T) {
+	needShim(t)
+	t.Run("bytes", func(t *testing.T) {
+		const conns, perConn = 4, 1 << 20
+		s := newSpliceEnv(t, shimForwardCfg(2), RelayOptions{Path: RelaySplice, PipeSize: 256 << 10}, streamServe(perConn))
+		runSpliceClients(t, s.addr(), conns, perConn)
+		s.checkRelays(t, conns, perConn+8, perConn)
+	})
+	t.Run("auto-half-close-first", func(t *testing.T) { testRelaySpliceHalfCloseFirst(t, shimForwardCfg(2), 2<<20) })
+	for _, side := range []string{"destination", "source"} {
+		t.Run("close-held-"+side, func(t *testing.T) { testRelaySpliceCloseHeld(t, shimForwardCfg(2), side) })
+	}
+}
+
+// TestShimRelaySendData: RelaySendData demanded on the shim backend moves every byte by
+// SendData (nothing spliced), and nothing refuses the splice path there (RelayAuto takes it).
 func TestShimRelaySendData(t *testing.T) {
 	needShim(t)
 	testRelaySendDataDemanded(t, shimForwardCfg(2), 4, 1<<20)
 	e := newEngine(t, shimForwardCfg(1))
 	a, _ := dialPeer(t, e, HandlerFuncs{})
 	b, _ := dialPeer(t, e, HandlerFuncs{})
-	var ns *NotSupportedError
-	if err := spliceRefusal(a, b); !errors.As(err, &ns) {
-		t.Errorf("splice refusal on the shim backend = %v, want a *NotSupportedError", err)
+	if err := spliceRefusal(a, b); err != nil {
+		t.Errorf("the shim backend refuses the splice relay: %v", err)
 	}
 	a.Close()
 	b.Close()

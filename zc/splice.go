@@ -43,16 +43,14 @@ type fdWatch struct {
 	ring  bool // waits are POLL_ADDs through the ring
 }
 
-// spliceCapable reports whether the splice relay runs on the queue's backend: io_uring and
-// plain. The zcshim backend keeps SendData: with splicing enabled there (session 8) its
-// relays corrupted streams in the qemu guests — TestShimRelaySplice failed 4 of 6 runs on
-// 6.12 with a wrong range at the offset where the splice takes over from the first
-// receives, a race not found yet (doc/notes/issue-20-forward-s8.md); until it is, a shim
-// relay forwards by SendData, which RelayStats.Fallback and Stats.Forward.Fallbacks report.
-// Test backends keep SendData too.
+// spliceCapable reports whether the splice relay runs on the queue's backend: io_uring,
+// plain, and zcshim (whose module sends and receives through the socket's own operations, so
+// a splice(2) of a duplicate sees the same stream; the watches use its epoll; a paused
+// connection posts no RECV there, not even on a hang-up: shimBackend.onReadable). Test
+// backends keep SendData.
 func spliceCapable(q *queue) bool {
 	switch q.be.(type) {
-	case *uringBackend, *plainBackend:
+	case *uringBackend, *plainBackend, *shimBackend:
 		return true
 	}
 	return false

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -93,22 +94,18 @@ func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 	waitFor(t, func() bool { return spliceRelays(h.s.e) == 1 }, "the splice to start")
 	close(start)
 	// The relay waits for room towards the client with bytes in its pipe; what it took
-	// from the backend's socket is what that socket received less what it still holds.
+	// from the backend's socket is what that socket received less what it still holds. A
+	// segment that arrives between the two readings would count as taken: the reading
+	// holds only when the received count is the same before and after the queue's.
 	var inPipe int
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		inPipe = pipeBytes(h.s.e, 1)
+		before := bytesReceived(h.back)
 		in, _ := connQueues(h.back)
-		var received uint64
-		h.back.sock.Control(func(fd int) error {
-			ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-			if err == nil {
-				received = ti.Bytes_received
-			}
-			return err
-		})
+		received := bytesReceived(h.back)
 		h.taken = int64(received) - int64(in)
-		if inPipe > 0 && in > 0 {
+		if inPipe > 0 && in > 0 && received == before {
 			break // the backend's socket holds more: the relay does not read it now
 		}
 		if time.Now().After(deadline) {
@@ -117,6 +114,19 @@ func newHeldEnv(t *testing.T, cfg Config) *heldEnv {
 		time.Sleep(2 * time.Millisecond)
 	}
 	return h
+}
+
+// bytesReceived returns the bytes c's socket has received (TCP_INFO).
+func bytesReceived(c *Conn) uint64 {
+	var received uint64
+	c.sock.Control(func(fd int) error {
+		ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err == nil {
+			received = ti.Bytes_received
+		}
+		return err
+	})
+	return received
 }
 
 // pipeBytes returns the bytes direction dir (0: client → backend, 1: backend → client) of
@@ -175,7 +185,7 @@ func checkPrefix(r io.Reader, seed uint64) (int64, error) {
 		if k > 0 {
 			g.fill(want[:k])
 			if !bytes.Equal(buf[:k], want[:k]) {
-				return got, fmt.Errorf("bytes %d..%d differ", got, got+int64(k))
+				return got, fmt.Errorf("bytes %d..%d differ: %s", got, got+int64(k), describeMismatch(r, seed, got, buf[:k]))
 			}
 			got += int64(k)
 		}
@@ -303,4 +313,71 @@ func TestRelaySpliceCloseTimeout(t *testing.T) {
 			waitPipes(t, h.s.e)
 		})
 	}
+}
+
+// describeMismatch says what a stream that differs from the one seeded with seed holds from
+// offset at (whose first received chunk is chunk; the rest is read from r to EOF, up to
+// 64 MiB): the first differing offset, then each run of received bytes as the offset range
+// of the expected stream it copies (a duplicate, a skip or a reordering shows as a jump),
+// or as the stream of another seed (another connection's bytes), or as unknown.
+func describeMismatch(r io.Reader, seed uint64, at int64, chunk []byte) string {
+	rest, _ := io.ReadAll(io.LimitReader(r, 64<<20))
+	got := append(append([]byte(nil), chunk...), rest...)
+	end := at + int64(len(got))
+	exp := make([]byte, end+4<<20) // a stream may lose bytes: look a little beyond
+	newStreamGen(seed).fill(exp)
+	first := at
+	for first < end && got[first-at] == exp[first] {
+		first++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "first differing byte at %d, %d bytes received from %d;", first, len(got), at)
+	const win = 32
+	others := map[uint64][]byte{}
+	for p, runs := first, 0; p < end && runs < 12; runs++ {
+		w := got[p-at : min(p-at+win, int64(len(got)))]
+		if q := bytes.Index(exp, w); q >= 0 && len(w) == win {
+			n := int64(0)
+			for p+n < end && int64(q)+n < int64(len(exp)) && got[p+n-at] == exp[int64(q)+n] {
+				n++
+			}
+			fmt.Fprintf(&b, " [%d,%d) = stream [%d,%d)", p, p+n, q, int64(q)+n)
+			p += n
+			continue
+		}
+		found := false
+		for s := uint64(0); s < 20 && len(w) == win; s++ {
+			if s == seed {
+				continue
+			}
+			o := others[s]
+			if o == nil {
+				o = make([]byte, end+1<<20)
+				newStreamGen(s).fill(o)
+				others[s] = o
+			}
+			if q := bytes.Index(o, w); q >= 0 {
+				n := int64(0)
+				for p+n < end && int64(q)+n < int64(len(o)) && got[p+n-at] == o[int64(q)+n] {
+					n++
+				}
+				fmt.Fprintf(&b, " [%d,%d) = stream of seed %d [%d,%d)", p, p+n, s, q, int64(q)+n)
+				p += n
+				found = true
+				break
+			}
+		}
+		if found {
+			continue
+		}
+		// Unknown bytes: skip to where the expected stream (at any offset) resumes.
+		n := int64(64)
+		for p+n+win <= end && n < 1<<16 && !bytes.Contains(exp, got[p+n-at:p+n-at+win]) {
+			n += 64
+		}
+		n = min(n, end-p)
+		fmt.Fprintf(&b, " [%d,%d) unknown (%x...)", p, p+n, got[p-at:min(p-at+16, int64(len(got)))])
+		p += n
+	}
+	return b.String()
 }
