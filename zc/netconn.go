@@ -32,7 +32,7 @@ type netConn struct {
 	rq      []Data
 	roff    int
 	rerr    error
-	closed  bool
+	closed  atomic.Bool // Close ran (set under mu, read anywhere)
 	readyCh chan struct{}
 
 	direct bool // the connection reads the socket itself (Conn.Read); fixed at creation
@@ -93,7 +93,7 @@ func directReads(e *Engine) bool {
 
 func (n *netConn) OnData(c *Conn, d Data) {
 	n.mu.Lock()
-	if n.closed {
+	if n.closed.Load() {
 		n.mu.Unlock()
 		d.Release()
 		return
@@ -176,7 +176,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 	}
 	for {
 		n.mu.Lock()
-		if n.closed {
+		if n.closed.Load() {
 			n.mu.Unlock()
 			return 0, n.opErr("read", net.ErrClosed)
 		}
@@ -294,11 +294,11 @@ func (n *netConn) writeErr(err error) error {
 // ErrCloseTimeout (and net.ErrClosed).
 func (n *netConn) Close() error {
 	n.mu.Lock()
-	if n.closed {
+	if n.closed.Load() {
 		n.mu.Unlock()
 		return n.opErr("close", net.ErrClosed)
 	}
-	n.closed = true
+	n.closed.Store(true)
 	rq := n.rq
 	n.rq = nil
 	n.mu.Unlock()
@@ -321,11 +321,7 @@ func (n *netConn) LocalAddr() net.Addr  { return n.addrPair()[0] }
 func (n *netConn) RemoteAddr() net.Addr { return n.addrPair()[1] }
 
 // isClosed reports whether Close ran.
-func (n *netConn) isClosed() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.closed
-}
+func (n *netConn) isClosed() bool { return n.closed.Load() }
 
 // closedSet is what the deadline setters return on a closed connection (as Go's net does).
 func (n *netConn) closedSet() error {

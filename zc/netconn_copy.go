@@ -34,7 +34,7 @@ func (n *netConn) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
 		n.mu.Lock()
-		if n.closed {
+		if n.closed.Load() {
 			n.mu.Unlock()
 			return total, n.opErr("read", ErrClosed)
 		}

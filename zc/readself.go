@@ -247,8 +247,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 // file returns the duplicate (nil once closed).
 func (s *selfReader) file() *os.File {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.f
+	f := s.f
+	s.mu.Unlock()
+	return f
 }
 
 // SetWriteDeadline sets the deadline of the waits of Write, WriteContext and ReadFrom (the
