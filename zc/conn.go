@@ -916,9 +916,6 @@ func (c *Conn) schedule() {
 // (Done is closed then). It never blocks, so its own result cannot say whether the queued
 // bytes went out: OnClose's error does. A second Close returns an error wrapping ErrClosed.
 func (c *Conn) Close() error {
-	if c.self != nil {
-		c.self.appClosed() // a Read waiting in the poller wakes with ErrClosed
-	}
 	c.mu.Lock()
 	if c.closeReq {
 		c.mu.Unlock()
@@ -932,6 +929,11 @@ func (c *Conn) Close() error {
 		c.flushStageLocked()
 	}
 	c.mu.Unlock()
+	if c.self != nil {
+		// A Read waiting in the poller wakes with ErrClosed; only now, so that whatever its
+		// goroutine calls next (Write, ReadFrom, Close) finds the connection closed.
+		c.self.appClosed()
+	}
 	c.scheduled.Store(true)
 	if err := c.q.Schedule((*connSched)(c)); err != nil {
 		return c.opErr("close", ErrClosed)
