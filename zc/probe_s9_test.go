@@ -700,12 +700,17 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 // returns both ends.
 func probePair(t *testing.T, e *zc.Engine, self bool) (*zc.Conn, net.Conn) {
 	t.Helper()
+	return probePairH(t, e, self, zc.HandlerFuncs{})
+}
+
+func probePairH(t *testing.T, e *zc.Engine, self bool, h zc.Handler) (*zc.Conn, net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), zc.HandlerFuncs{})
+	c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -782,6 +787,35 @@ func TestProbeS9Misuse(t *testing.T) {
 			}
 			if c.OnQueue() {
 				t.Error("OnQueue on the test goroutine")
+			}
+			// From an accept function, and from another connection's OnData.
+			ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+				func(a *zc.Conn) zc.Handler {
+					n, err := a.Read(buf)
+					_, rf := a.ReadFrom(bytes.NewReader([]byte("x")))
+					got <- res{n, err, rf}
+					a.Close()
+					return zc.HandlerFuncs{}
+				})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			_, ep := probePairH(t, e, false, zc.HandlerFuncs{Data: func(_ *zc.Conn, d zc.Data) {
+				d.Release()
+				onQueue()
+			}})
+			ep.Write([]byte("go"))
+			pc, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			for i := 0; i < 2; i++ {
+				var r res
+				within(t, "Read in a handler", func() { r = <-got })
+				probeIs(t, "Read in a handler", r.err, zc.ErrWouldBlock)
+				probeIs(t, "ReadFrom in a handler", r.rf, zc.ErrInvalid)
 			}
 		})
 
