@@ -558,7 +558,7 @@ func TestProbeS9ReadFrom(t *testing.T) {
 		rand.New(rand.NewSource(1)).Read(want)
 		for _, src := range probeSources {
 			for _, self := range []bool{false, true} {
-				for _, mode := range []string{"whole", "deadline", "moved"} {
+				for _, mode := range []string{"whole", "copyN", "deadline", "moved"} {
 					name := fmt.Sprintf("%s/readself=%v/%s", src.name, self, mode)
 					t.Run(name, func(t *testing.T) {
 						peer := newProbePeer(t)
@@ -573,9 +573,21 @@ func TestProbeS9ReadFrom(t *testing.T) {
 						switch mode {
 						case "whole":
 							peer.start()
+							spliced := e.Stats().Send.BytesSpliced
 							within(t, "copy", func() { n, err = io.Copy(c, r) })
 							if err != nil || n != int64(len(want)) {
 								t.Fatalf("io.Copy: %d, %v; want %d", n, err, len(want))
+							}
+							// A file and a socket go by sendfile or splice, even through
+							// the wrappers their WriteTo hands to io.Copy.
+							if d := e.Stats().Send.BytesSpliced - spliced; src.name != "bytes" && d != uint64(n) {
+								t.Errorf("%d of %d bytes spliced", d, n)
+							}
+						case "copyN": // an io.LimitedReader: exactly that many, the rest left in the source
+							peer.start()
+							within(t, "copy", func() { n, err = io.CopyN(c, r, int64(len(want)/3+1)) })
+							if err != nil || n != int64(len(want)/3+1) {
+								t.Fatalf("io.CopyN: %d, %v; want %d", n, err, len(want)/3+1)
 							}
 						case "deadline": // passes while the copy waits for a peer that does not read
 							c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
@@ -601,8 +613,8 @@ func TestProbeS9ReadFrom(t *testing.T) {
 						if err := c.Close(); err != nil {
 							t.Fatal(err)
 						}
-						if mode != "whole" {
-							peer.start()
+						if mode == "deadline" || mode == "moved" {
+							peer.start() // only now: the copy had to wait
 						}
 						got := peer.result(t)
 						if int64(len(got)) != n || !bytes.Equal(got, want[:n]) {
@@ -851,6 +863,28 @@ func TestProbeS9Misuse(t *testing.T) {
 			_, err = zc.Relay(c, c2)
 			probeIs(t, "Relay", err, zc.ErrInvalid)
 			within(t, "relay's closes", func() { <-c.Done(); <-c2.Done() })
+		})
+
+		t.Run("closewrite", func(t *testing.T) {
+			// Our side half-closed: the peer sees EOF, and what it sends is still read.
+			c, p := probePair(t, e, true)
+			probeIs(t, "CloseWrite", c.CloseWrite(), nil)
+			p.SetReadDeadline(time.Now().Add(probeBound))
+			if n, err := p.Read(buf); n != 0 || err != io.EOF {
+				t.Errorf("peer after CloseWrite: %d, %v", n, err)
+			}
+			p.Write([]byte("late"))
+			p.Close()
+			c.SetReadDeadline(time.Now().Add(probeBound))
+			got, err := io.ReadAll(c)
+			if err != nil || string(got) != "late" {
+				t.Errorf("Read after CloseWrite: %q, %v", got, err)
+			}
+			_, err = c.Write([]byte("x"))
+			if err == nil {
+				t.Error("Write after CloseWrite succeeded")
+			}
+			t.Logf("Write after CloseWrite: %v", err)
 		})
 
 		t.Run("nil and zero", func(t *testing.T) {
