@@ -919,6 +919,11 @@ func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closeReq {
 		c.mu.Unlock()
+		if c.self != nil {
+			// The engine closed it (Engine.Close, a reset): the application's Close still
+			// releases the duplicate that kept unread bytes readable.
+			c.self.appClosed()
+		}
 		return c.opErr("close", ErrClosed)
 	}
 	c.closeReq = true

@@ -70,7 +70,14 @@ func probeLeaks(t *testing.T) {
 			if time.Now().After(deadline) {
 				buf := make([]byte, 1<<20)
 				n := runtime.Stack(buf, true)
-				t.Errorf("leak: %d fds (before %d), %d goroutines (before %d)\n%s", f, fds, g, gs, buf[:n])
+				ents, _ := os.ReadDir("/proc/self/fd")
+				var names []string
+				for _, e := range ents {
+					l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+					names = append(names, e.Name()+"->"+l)
+				}
+				tcp, _ := os.ReadFile("/proc/self/net/tcp")
+				t.Errorf("leak: %d fds (before %d: now %v), %d goroutines (before %d)\n%s\n%s", f, fds, names, g, gs, tcp, buf[:n])
 				return
 			}
 			time.Sleep(10 * time.Millisecond)

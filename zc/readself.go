@@ -239,7 +239,10 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if s == nil {
 		return c.opErr("set", errNotReadSelf)
 	}
-	if c.closeRequested() {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return c.opErr("set", ErrClosed)
 	}
 	if f := s.file(); f != nil {
