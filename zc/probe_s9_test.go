@@ -140,10 +140,11 @@ func readFrame(r io.Reader) ([]byte, error) {
 // with bufio over Conn.Read and deadlines on both sides. served counts the goroutines
 // still running; errs gets every error other than the ends a server expects.
 type frameServer struct {
-	ln     *zc.Listener
-	served sync.WaitGroup
-	mu     sync.Mutex
-	ends   map[string]int // how connections ended, by kind
+	ln      *zc.Listener
+	served  sync.WaitGroup
+	mu      sync.Mutex
+	ends    map[string]int // how connections ended, by kind
+	waiting bool
 }
 
 func startFrameServer(t *testing.T, e *zc.Engine) *frameServer {
@@ -183,8 +184,9 @@ func startFrameServer(t *testing.T, e *zc.Engine) *frameServer {
 
 // wait waits for every server goroutine.
 func (s *frameServer) wait() {
-	s.mu.Lock()
-	s.mu.Unlock() //nolint:staticcheck // orders the accept functions' Add before Wait
+	s.mu.Lock() // orders the accept functions' Add before Wait
+	s.waiting = true
+	s.mu.Unlock()
 	s.served.Wait()
 }
 
