@@ -919,12 +919,14 @@ func (c *Conn) schedule() {
 // (Done is closed then). It never blocks, so its own result cannot say whether the queued
 // bytes went out: OnClose's error does. A second Close returns an error wrapping ErrClosed.
 func (c *Conn) Close() error {
-	if c.self != nil {
-		c.self.appClosed() // a Read waiting in the poller wakes with ErrClosed
-	}
 	c.mu.Lock()
 	if c.closeReq {
 		c.mu.Unlock()
+		if c.self != nil {
+			// The engine closed it (Engine.Close, a reset): the application's Close still
+			// releases the duplicate that kept unread bytes readable.
+			c.self.appClosed()
+		}
 		return c.opErr("close", ErrClosed)
 	}
 	c.closeReq = true
@@ -935,6 +937,11 @@ func (c *Conn) Close() error {
 		c.flushStageLocked()
 	}
 	c.mu.Unlock()
+	if c.self != nil {
+		// A Read waiting in the poller wakes with ErrClosed; only now, so that whatever its
+		// goroutine calls next (Write, ReadFrom, Close) finds the connection closed.
+		c.self.appClosed()
+	}
 	c.scheduled.Store(true)
 	if err := c.q.Schedule((*connSched)(c)); err != nil {
 		return c.opErr("close", ErrClosed)

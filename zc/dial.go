@@ -147,6 +147,9 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	if err := q.Post(func() { c.startDial() }); err != nil {
 		cs.stop()
 		s.Close()
+		if c.self != nil {
+			c.self.appClosed()
+		}
 		return fail(raddr, ErrClosed)
 	}
 	return nil
@@ -240,6 +243,9 @@ func (c *Conn) dialFailed(err error) {
 	c.setLife(lifeFinished)
 	c.sk = sockClosed
 	c.sock.Close()
+	if c.self != nil {
+		c.self.appClosed() // nobody got the connection to Read or Close it: its duplicate goes too
+	}
 	c.fd = -1
 	c.q.removeConn(c)
 	c.markDone()

@@ -28,7 +28,9 @@ const spliceChunk = 1 << 20
 // anything with SyscallConn), and otherwise reads straight into send buffers (one copy).
 // A sendfile or splice starts once what is queued before it has left, so the stream stays
 // in order. It waits for room like Write, bounded by the write deadline (SetWriteDeadline);
-// on a ReadSelf connection in Go's poller, otherwise in poll(2) on the calling thread. It
+// on a ReadSelf connection in Go's poller, otherwise in poll(2) on the calling thread. No
+// byte taken from r is lost to the deadline: what it returns is what it took and queued
+// (bytes a splice held in its pipe when the deadline passed are queued too). It
 // blocks: on a queue goroutine it fails with ErrInvalid (use Send, SendFile or SendData
 // there). Bytes moved by sendfile or splice count in Stats.Send.BytesSpliced.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
@@ -370,10 +372,50 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 			return nil
 		})
 		if werr != nil {
+			if inPipe > 0 && errors.Is(werr, os.ErrDeadlineExceeded) {
+				// The pipe's bytes were taken from the source: queue them (they are
+				// written, as the deadline's contract says) rather than lose them.
+				k, err := c.queuePipe(p[0], inPipe)
+				total += int64(k)
+				if err != nil {
+					werr = err
+				}
+			}
 			return total, c.opErr("write", c.closedOr(wrapNetErr(werr))), true
 		}
 	}
 	return total, nil, true
+}
+
+// queuePipe reads the n bytes left in the pipe pfd into send buffers and queues them (over
+// MaxQueuedBytes if need be, as Send does), waiting for buffers without the passed write
+// deadline (Close ends the wait); it returns how many it queued.
+func (c *Conn) queuePipe(pfd, n int) (int, error) {
+	queued := 0
+	for queued < n {
+		b, err := c.q.getSendBuf()
+		if err != nil {
+			if b, err = c.q.waitSendBuf(c.doneChan(), nil, nil); err != nil {
+				return queued, err
+			}
+		}
+		k, err := unix.Read(pfd, b.Bytes()[:min(len(b.Bytes()), n-queued)])
+		if k <= 0 {
+			b.Release()
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return queued, err
+		}
+		if err := c.Send(b, k); err != nil {
+			return queued, err
+		}
+		queued += k
+	}
+	return queued, nil
 }
 
 func wrapNetErr(err error) error {

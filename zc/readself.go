@@ -232,11 +232,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 // SetReadDeadline sets the deadline of Read's waits (the zero time: none), for a connection
 // opened with ReadSelf; on any other it fails with ErrInvalid (the event-loop API's receive
-// deadlines are timers: AfterFunc). A Read waiting meanwhile takes the new deadline.
+// deadlines are timers: AfterFunc). A Read waiting meanwhile takes the new deadline. After
+// Close it fails with ErrClosed.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	s := c.self
 	if s == nil {
 		return c.opErr("set", errNotReadSelf)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return c.opErr("set", ErrClosed)
 	}
 	if f := s.file(); f != nil {
 		f.SetReadDeadline(t) // the poller wakes its waiting readers itself
@@ -256,9 +263,10 @@ func (s *selfReader) file() *os.File {
 // zero time: none): once it passes they return what they queued with an error matching
 // os.ErrDeadlineExceeded, and a Write that starts after it fails at once, as a net.Conn's
 // does. A writer waiting meanwhile takes the new deadline. Bytes reported written are
-// queued and will be sent.
+// queued and will be sent. After Close (or once the connection closed) it fails with
+// ErrClosed.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if c.closedAt.Load() {
+	if c.closedAt.Load() || c.closeRequested() {
 		return c.opErr("set", ErrClosed)
 	}
 	c.wdl.Store(&t)
