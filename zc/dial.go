@@ -243,9 +243,6 @@ func (c *Conn) dialFailed(err error) {
 	c.setLife(lifeFinished)
 	c.sk = sockClosed
 	c.sock.Close()
-	if c.self != nil {
-		c.self.appClosed() // nobody got the connection to Read or Close it: its duplicate goes too
-	}
 	c.fd = -1
 	c.q.removeConn(c)
 	c.markDone()

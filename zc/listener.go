@@ -380,9 +380,6 @@ func (l *Listener) create(q *queue, fd int) {
 			c.h = HandlerFuncs{}
 		}
 		if err != nil {
-			if c.self != nil {
-				c.self.appClosed() // the accept function panicked: nobody reads or closes it
-			}
 			c.fail(c.opErr("accept", err))
 		} else {
 			c.Close()

@@ -5,7 +5,6 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,6 +14,28 @@ import (
 // The shape issue 18 asks of zc, checked on its source: the net.Conn face uses only the
 // public API, and the backends write only their own per-connection state.
 
+// parseZC parses package zc's non-test files.
+func parseZC(t *testing.T) (*token.FileSet, []*ast.File) {
+	t.Helper()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return fset, files
+}
+
 type importerFunc func(path string) (*types.Package, error)
 
 func (f importerFunc) Import(path string) (*types.Package, error) { return f(path) }
@@ -23,17 +44,7 @@ func (f importerFunc) Import(path string) (*types.Package, error) { return f(pat
 // uses no unexported name declared outside its own files, so an application could write the
 // same face, and the core carries nothing only the face can reach.
 func TestNetConnFacePublicOnly(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			files = append(files, f)
-		}
-	}
+	fset, files := parseZC(t)
 	// The package's own names are all this needs: imports resolve to empty packages (fast;
 	// the type errors that makes are about other packages' names and are ignored).
 	conf := types.Config{
@@ -71,17 +82,7 @@ func TestNetConnFacePublicOnly(t *testing.T) {
 // per-connection state (Conn.bk, the io_uring sender state tx.u); everything else a backend
 // changes goes through the core's reports (recvStarted, opEnded, socketClosed ...).
 func TestBackendsWriteOnlyTheirState(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			files = append(files, f)
-		}
-	}
+	fset, files := parseZC(t)
 	conf := types.Config{
 		Importer: importerFunc(func(path string) (*types.Package, error) {
 			return types.NewPackage(path, filepath.Base(path)), nil
