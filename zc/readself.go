@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,15 +28,41 @@ import (
 
 // selfReader is a ReadSelf connection's duplicate of its socket in Go's poller.
 type selfReader struct {
-	mu     sync.Mutex
-	f      *os.File // nil once closed
-	rc     syscall.RawConn
-	closed bool // Conn.Close ran: Read reports ErrClosed
+	f      atomic.Pointer[os.File] // nil once closed
+	rc     syscall.RawConn         // f's, fixed
+	closed atomic.Bool             // Conn.Close ran: Read reports ErrClosed
+	ended  atomic.Bool             // end is set
 	// end: the engine finished the connection (nil: it has not). What the kernel had
 	// received stays readable through the duplicate; after it, Read returns end (io.EOF
-	// when the stream's end was read).
+	// when the stream's end was read). Under mu.
+	mu  sync.Mutex
 	end error
+	// timeout is Read's deadline error, made once: net/http ends a background Read with a
+	// deadline on every request.
+	timeout atomic.Pointer[OpError]
+
+	// One Read at a time (the poller serializes them anyway) passes its slice and gets its
+	// result through these, so that the callbacks the poller runs are made once, not per
+	// Read (a closure handed to RawConn escapes: three allocations a Read).
+	rmu  sync.Mutex
+	rp   []byte
+	rk   int
+	rerr error
+	c    *Conn
+	rfn  func(fd uintptr) bool // readStep
+	cfn  func(fd uintptr)      // readNow
 }
+
+// readStep is the poller's Read callback: read once; wait (false) on EAGAIN unless this is
+// a queue goroutine, which must never wait (asked only then: reading what is there is safe
+// anywhere).
+func (s *selfReader) readStep(fd uintptr) bool {
+	s.rk, s.rerr = readOnce(fd, s.rp)
+	return s.rerr != unix.EAGAIN || s.c.onLoop()
+}
+
+// readNow reads once without waiting (after the engine closed the connection).
+func (s *selfReader) readNow(fd uintptr) { s.rk, s.rerr = readOnce(fd, s.rp) }
 
 // errClosedByEngine is what Read returns once the engine closed a connection the
 // application had not closed (after what had arrived): it matches net.ErrClosed.
@@ -79,7 +106,10 @@ func (c *Conn) openSelf() error {
 		f.Close()
 		return err
 	}
-	c.self = &selfReader{f: f, rc: rc}
+	s := &selfReader{rc: rc, c: c}
+	s.rfn, s.cfn = s.readStep, s.readNow
+	s.f.Store(f)
+	c.self = s
 	c.paused |= pauseSelfRead
 	c.pausedAt.Store(c.paused)
 	return nil
@@ -87,20 +117,14 @@ func (c *Conn) openSelf() error {
 
 // closeFile closes the duplicate once; a Read waiting in the poller wakes.
 func (s *selfReader) closeFile() {
-	s.mu.Lock()
-	f := s.f
-	s.f = nil
-	s.mu.Unlock()
-	if f != nil {
+	if f := s.f.Swap(nil); f != nil {
 		f.Close()
 	}
 }
 
 // appClosed runs at Conn.Close: Read reports ErrClosed from now on.
 func (s *selfReader) appClosed() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
+	s.closed.Store(true)
 	s.closeFile()
 }
 
@@ -117,8 +141,9 @@ func (s *selfReader) finished(err error) {
 	if s.end == nil {
 		s.end = err
 	}
-	f, rc := s.f, s.rc
 	s.mu.Unlock()
+	s.ended.Store(true)
+	f, rc := s.f.Load(), s.rc
 	if f == nil {
 		return
 	}
@@ -162,14 +187,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if s == nil {
 		return 0, c.opErr("read", errNotReadSelf)
 	}
+	rc := s.rc
 	for {
-		s.mu.Lock()
-		closed, end, f, rc := s.closed, s.end, s.f, s.rc
-		s.mu.Unlock()
-		if closed {
+		if s.closed.Load() {
 			return 0, c.opErr("read", ErrClosed)
 		}
-		if f == nil {
+		var end error
+		if s.ended.Load() {
+			s.mu.Lock()
+			end = s.end
+			s.mu.Unlock()
+		}
+		if s.f.Load() == nil {
 			if end == io.EOF {
 				return 0, io.EOF
 			}
@@ -178,28 +207,23 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		var k int
-		var err, perr error
+		var perr error
+		s.rmu.Lock()
+		s.rp, s.rk, s.rerr = p, 0, nil
 		if end != nil {
 			// The engine closed the connection: what is left to read is all there is.
-			perr = rc.Control(func(fd uintptr) { k, err = readOnce(fd, p) })
+			perr = rc.Control(s.cfn)
 		} else {
-			perr = rc.Read(func(fd uintptr) bool {
-				k, err = readOnce(fd, p)
-				// Nothing to read: wait in the poller, unless this is a queue goroutine,
-				// which must never wait (asked only now: reading what is there is safe
-				// anywhere).
-				return err != unix.EAGAIN || c.onLoop()
-			})
+			perr = rc.Read(s.rfn) // waits in the poller while there is nothing to read
 		}
+		k, err := s.rk, s.rerr
+		s.rp = nil
+		s.rmu.Unlock()
 		if perr != nil {
 			if errors.Is(perr, os.ErrDeadlineExceeded) {
-				return 0, c.opErr("read", os.ErrDeadlineExceeded)
+				return 0, s.timeoutErr(c)
 			}
-			s.mu.Lock()
-			gone := s.closed || s.end != nil || s.f == nil
-			s.mu.Unlock()
-			if gone {
+			if s.closed.Load() || s.ended.Load() || s.f.Load() == nil {
 				continue // closed under us: report why
 			}
 			return 0, c.opErr("read", perr)
@@ -239,24 +263,25 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if s == nil {
 		return c.opErr("set", errNotReadSelf)
 	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed.Load() {
 		return c.opErr("set", ErrClosed)
 	}
-	if f := s.file(); f != nil {
+	if f := s.f.Load(); f != nil {
 		f.SetReadDeadline(t) // the poller wakes its waiting readers itself
 	}
 	return nil
 }
 
-// file returns the duplicate (nil once closed).
-func (s *selfReader) file() *os.File {
-	s.mu.Lock()
-	f := s.f
-	s.mu.Unlock()
-	return f
+// timeoutErr is Read's error when its deadline passed, made on first use.
+func (s *selfReader) timeoutErr(c *Conn) error {
+	if e := s.timeout.Load(); e != nil {
+		return e
+	}
+	err := c.opErr("read", os.ErrDeadlineExceeded)
+	if e, ok := err.(*OpError); ok {
+		s.timeout.Store(e)
+	}
+	return err
 }
 
 // SetWriteDeadline sets the deadline of the waits of Write, WriteContext and ReadFrom (the
@@ -272,7 +297,7 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.wdl.Store(&t)
 	c.wakeWriters()
 	if s := c.self; s != nil {
-		if f := s.file(); f != nil {
+		if f := s.f.Load(); f != nil {
 			f.SetWriteDeadline(t)
 		}
 	}
