@@ -132,9 +132,13 @@ func (n *netConn) opErr(op string, err error) error {
 	if err == io.EOF {
 		return err
 	}
-	var zerr *OpError
-	if errors.As(err, &zerr) {
-		err = zerr.Err
+	if zerr, ok := err.(*OpError); ok {
+		err = zerr.Err // what the Conn returns (no reflection: net/http meets one a request)
+	} else {
+		var zerr *OpError
+		if errors.As(err, &zerr) {
+			err = zerr.Err
+		}
 	}
 	a := n.addrPair()
 	return &net.OpError{Op: op, Net: n.network, Source: a[0], Addr: a[1], Err: err}

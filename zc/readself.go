@@ -294,6 +294,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if c.closedAt.Load() || c.closeRequested() {
 		return c.opErr("set", ErrClosed)
 	}
+	if cur := c.wdl.Load(); (cur == nil && t.IsZero()) || (cur != nil && cur.Equal(t)) {
+		return nil // unchanged (net/http clears it on every request)
+	}
 	c.wdl.Store(&t)
 	c.wakeWriters()
 	if s := c.self; s != nil {
