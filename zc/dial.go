@@ -64,6 +64,15 @@ func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handl
 	return e.dialAsync(ctx, DialOptions{}, network, address, h, done)
 }
 
+// DialAsyncWith is DialAsync with per-dial options (ReadSelf, KeepAlive, LocalAddr): the
+// form of DialWith to use from a handler (a proxy's accept function dialing its backend).
+func (e *Engine) DialAsyncWith(ctx context.Context, opts DialOptions, network, address string, h Handler, done func(*Conn, error)) error {
+	if done == nil {
+		return &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil done func: %w", ErrInvalid)}
+	}
+	return e.dialAsync(ctx, opts, network, address, h, done)
+}
+
 func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, address string, h Handler, done func(*Conn, error)) error {
 	fail := func(a net.Addr, err error) error { return &OpError{Op: "dial", Net: network, Addr: a, Err: err} }
 	if e.closed.Load() {

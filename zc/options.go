@@ -52,8 +52,8 @@ type ListenOptions struct {
 	ReadSelf bool
 }
 
-// DialOptions are per-dial settings (Engine.DialWith; DialAsync dials with the zero
-// DialOptions).
+// DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsyncWith; DialAsync
+// dials with the zero DialOptions).
 type DialOptions struct {
 	// KeepAlive overrides Config.KeepAlive (0: the engine's; negative: off).
 	KeepAlive time.Duration

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -362,5 +363,68 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 	}
 	if after := settle(); after > before {
 		t.Fatalf("%d descriptors before, %d after 20 refused dials and 20 refused accepts", before, after)
+	}
+}
+
+// TestDialAsyncWithFromHandler: a handler dials with options (ReadSelf, LocalAddr) through
+// DialAsyncWith, as a proxy's accept function dials its backend; DialWith there would wait.
+func TestDialAsyncWithFromHandler(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, smallCfg(b))
+			backend, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer backend.Close()
+			go func() {
+				c, err := backend.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				c.Write([]byte("backend says hi"))
+				io.Copy(io.Discard, c)
+			}()
+			type res struct {
+				c   *Conn
+				err error
+			}
+			got := make(chan res, 1)
+			local := netip.MustParseAddrPort("127.0.0.1:0")
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				if err := e.DialAsyncWith(context.Background(), DialOptions{ReadSelf: true, LocalAddr: local}, "tcp", backend.Addr().String(), HandlerFuncs{},
+					func(bc *Conn, err error) { got <- res{bc, err} }); err != nil {
+					got <- res{nil, err}
+				}
+				return HandlerFuncs{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			r := waitHang(t, got, "DialAsyncWith's done", nil)
+			if r.err != nil {
+				t.Fatalf("DialAsyncWith from the accept function: %v", r.err)
+			}
+			defer r.c.Close()
+			if r.c.LocalAddrPort().Addr() != local.Addr() {
+				t.Errorf("local address %v, want %v", r.c.LocalAddrPort(), local.Addr())
+			}
+			buf := make([]byte, 64)
+			r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := io.ReadAtLeast(readerFunc(r.c.Read), buf, len("backend says hi"))
+			if err != nil || string(buf[:n]) != "backend says hi" {
+				t.Fatalf("Read of the ReadSelf backend connection = %q, %v", buf[:n], err)
+			}
+			if err := e.DialAsyncWith(context.Background(), DialOptions{}, "tcp", backend.Addr().String(), HandlerFuncs{}, nil); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("DialAsyncWith with a nil done = %v, want ErrInvalid", err)
+			}
+		})
 	}
 }
