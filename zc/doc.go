@@ -136,7 +136,9 @@
 // CloseWrite never act on a descriptor number that was closed and reused. Close is
 // asynchronous and idempotent (OnClose and Done tell when it finished); after it every
 // operation returns an error matching ErrClosed. A graceful close lets queued sends go out
-// for up to CloseTimeout, then resets the connection and reports it: OnClose gets an error
+// while the peer takes them; once none has left for CloseTimeout (the peer stopped
+// reading; Engine.Close: CloseTimeout from its start) it resets the connection and reports
+// it: OnClose gets an error
 // matching ErrCloseTimeout (a *CloseTimeoutError says how many bytes were dropped) instead
 // of nil. Zero-copy notifications still outstanding get another CloseTimeout (their buffers
 // stay lent until they arrive).
