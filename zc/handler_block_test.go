@@ -81,7 +81,11 @@ func waitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string)
 	case v := <-ch:
 		return v
 	case <-time.After(hangBound):
-		t.Fatalf("%s hung\n%s", what, dump())
+		state := "" // dump may be nil: the failure then names only what hung
+		if dump != nil {
+			state = dump()
+		}
+		t.Fatalf("%s hung\n%s", what, state)
 	}
 	var zero T
 	return zero

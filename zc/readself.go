@@ -208,7 +208,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, nil
 		}
 		var perr error
-		s.rmu.Lock()
+		if !s.rmu.TryLock() {
+			// Another goroutine reads (waiting in the poller, perhaps for long): a queue
+			// goroutine must not wait behind it.
+			if c.onLoop() {
+				return 0, c.opErr("read", ErrWouldBlock)
+			}
+			s.rmu.Lock()
+		}
 		s.rp, s.rk, s.rerr = p, 0, nil
 		if end != nil {
 			// The engine closed the connection: what is left to read is all there is.

@@ -428,3 +428,43 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestReadSelfQueueNotBehindReader: a Read on a queue goroutine while another goroutine's
+// Read waits in the poller returns ErrWouldBlock at once instead of stalling the queue
+// behind it.
+func TestReadSelfQueueNotBehindReader(t *testing.T) {
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e, srv := newEngine(t, smallCfg(b)), newEngine(t, smallCfg(b))
+			ln, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocked := make(chan error, 1)
+			go func() {
+				_, err := c.Read(make([]byte, 8)) // nothing comes: waits until Close
+				blocked <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			onQ := make(chan error, 1)
+			if err := c.Post(func() {
+				_, err := c.Read(make([]byte, 8))
+				onQ <- err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitHang(t, onQ, "a queue goroutine's Read beside a waiting reader", nil); !errors.Is(err, ErrWouldBlock) {
+				t.Fatalf("Read on a queue goroutine beside a waiting reader = %v, want ErrWouldBlock", err)
+			}
+			c.Close()
+			if err := waitHang(t, blocked, "the waiting Read at Close", nil); !errors.Is(err, ErrClosed) {
+				t.Fatalf("the waiting Read at Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
