@@ -14,6 +14,27 @@ import (
 // The shape issue 18 asks of zc, checked on its source: the net.Conn face uses only the
 // public API, and the backends write only their own per-connection state.
 
+// checkZC parses package zc's non-test files and type-checks them for the package's own
+// names: imports resolve to empty packages (fast; the type errors that makes are about other
+// packages' names and are ignored). It fails the test when the check resolved too little to
+// see anything.
+func checkZC(t *testing.T) (*token.FileSet, []*ast.File, *types.Package, *types.Info) {
+	t.Helper()
+	fset, files := parseZC(t)
+	conf := types.Config{
+		Importer: importerFunc(func(path string) (*types.Package, error) {
+			return types.NewPackage(path, filepath.Base(path)), nil
+		}),
+		Error: func(error) {},
+	}
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Uses: map[*ast.Ident]types.Object{}}
+	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
+	if n := len(info.Uses); n < 10000 {
+		t.Fatalf("the type check resolved only %d names: the check would see nothing", n)
+	}
+	return fset, files, pkg, info
+}
+
 // parseZC parses package zc's non-test files.
 func parseZC(t *testing.T) (*token.FileSet, []*ast.File) {
 	t.Helper()
@@ -44,20 +65,7 @@ func (f importerFunc) Import(path string) (*types.Package, error) { return f(pat
 // uses no unexported name declared outside its own files, so an application could write the
 // same face, and the core carries nothing only the face can reach.
 func TestNetConnFacePublicOnly(t *testing.T) {
-	fset, files := parseZC(t)
-	// The package's own names are all this needs: imports resolve to empty packages (fast;
-	// the type errors that makes are about other packages' names and are ignored).
-	conf := types.Config{
-		Importer: importerFunc(func(path string) (*types.Package, error) {
-			return types.NewPackage(path, filepath.Base(path)), nil
-		}),
-		Error: func(error) {},
-	}
-	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
-	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
-	if n := len(info.Uses); n < 10000 {
-		t.Fatalf("the type check resolved only %d names: the check would see nothing", n)
-	}
+	fset, _, pkg, info := checkZC(t)
 	face := func(pos token.Pos) bool {
 		return strings.HasPrefix(filepath.Base(fset.Position(pos).Filename), "netconn")
 	}
@@ -82,15 +90,7 @@ func TestNetConnFacePublicOnly(t *testing.T) {
 // per-connection state (Conn.bk, the io_uring sender state tx.u); everything else a backend
 // changes goes through the core's reports (recvStarted, opEnded, socketClosed ...).
 func TestBackendsWriteOnlyTheirState(t *testing.T) {
-	fset, files := parseZC(t)
-	conf := types.Config{
-		Importer: importerFunc(func(path string) (*types.Package, error) {
-			return types.NewPackage(path, filepath.Base(path)), nil
-		}),
-		Error: func(error) {},
-	}
-	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Uses: map[*ast.Ident]types.Object{}}
-	pkg, _ := conf.Check("github.com/zcnet/zcnet/zc", fset, files, info)
+	fset, files, pkg, info := checkZC(t)
 	connT := pkg.Scope().Lookup("Conn").Type()
 	isConn := func(e ast.Expr) bool {
 		tv, ok := info.Types[e]
