@@ -328,10 +328,7 @@ func (c *Conn) wakeWriters() {
 	ch := c.spaceCh
 	c.mu.Unlock()
 	if ch != nil {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+		c.Wake(ch)
 	}
 }
 
@@ -350,7 +347,9 @@ func (c *Conn) Wake(ch chan<- struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
-	if c.q.OnLoop() {
+	if c.q.MayBeOnLoop() {
+		// Running, so perhaps on it: ask for the yield without the system call that would
+		// tell (a yield asked from elsewhere costs that turn one Gosched, nothing more).
 		c.q.YieldSoon()
 	}
 }
