@@ -389,7 +389,8 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 
 // queuePipe reads the n bytes left in the pipe pfd into send buffers and queues them (over
 // MaxQueuedBytes if need be, as Send does), waiting for buffers without the passed write
-// deadline (Close ends the wait); it returns how many it queued.
+// deadline (the connection's end ends the wait: after Close, at the latest when its
+// CloseTimeout resets it); it returns how many it queued.
 func (c *Conn) queuePipe(pfd, n int) (int, error) {
 	queued := 0
 	for queued < n {
