@@ -107,19 +107,24 @@ func TestReadSelfMisuse(t *testing.T) {
 			e, srv := newEngine(t, smallCfg(b)), newEngine(t, smallCfg(b))
 			accepted := make(chan *Conn, 4)
 			ln, err := srv.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				// The peer never replies and never reads: a large Write below fills the
+				// socket and waits (a peer that read would take 64 MiB in ~50 ms here,
+				// before the deadline is set).
+				c.SetReceivePaused(true)
 				accepted <- c
-				return HandlerFuncs{Data: func(c *Conn, d Data) { d.Release() }} // never replies
+				return HandlerFuncs{}
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ln.Close()
+			var peer *Conn // the last dial's
 			dial := func(self bool) *Conn {
 				c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), HandlerFuncs{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				<-accepted
+				peer = <-accepted
 				return c
 			}
 
@@ -213,6 +218,7 @@ func TestReadSelfMisuse(t *testing.T) {
 				t.Fatalf("WriteContext after the write deadline = %v, want os.ErrDeadlineExceeded, not the context's", err)
 			}
 			c.SetWriteDeadline(time.Time{})
+			peer.SetReceivePaused(false) // what was queued drains: the Close below is quick
 
 			// Close wakes a waiting Read with ErrClosed.
 			go func() {
