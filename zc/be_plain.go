@@ -23,6 +23,22 @@ type epollCommon struct {
 // econn is Conn seen as the loop.Owner of its epoll registration.
 type econn Conn
 
+// epollConn is the plain and zcshim backends' own state of a connection (Conn.bk).
+type epollConn struct {
+	recvUD  uint64         // the socket's epoll registration
+	dialUD  uint64         // the connect's registration (dial)
+	shim    *shimConnState // the zcshim backend's module state
+	wantOut bool           // plain backend: waiting for EPOLLOUT
+	needArm bool           // plain backend: waiting for receive buffers
+}
+
+func (*epollConn) backendState() {}
+
+// es is the epoll backends' state of c.
+func es(c *Conn) *epollConn { return c.bk.(*epollConn) }
+
+func (b *epollCommon) newConnState() backendState { return &epollConn{} }
+
 // epart is lpart seen as the loop.Owner of its listening socket's registration.
 type epart lpart
 
@@ -34,7 +50,7 @@ func evMask(c *Conn) uint32 {
 	if c.recvArmed {
 		m |= unix.EPOLLIN | unix.EPOLLRDHUP
 	}
-	if c.bk.wantOut {
+	if es(c).wantOut {
 		m |= unix.EPOLLOUT
 	}
 	return m
@@ -43,10 +59,10 @@ func evMask(c *Conn) uint32 {
 // register adds the connection's socket to epoll (with nothing wanted yet).
 func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
 	c.opStarted()
-	c.bk.recvUD = b.q.NewOp(owner, tagRecv)
-	if err := b.ep.Add(c.fd, evMask(c), c.bk.recvUD); err != nil {
-		b.q.FreeOp(c.bk.recvUD)
-		c.bk.recvUD = 0
+	es(c).recvUD = b.q.NewOp(owner, tagRecv)
+	if err := b.ep.Add(c.fd, evMask(c), es(c).recvUD); err != nil {
+		b.q.FreeOp(es(c).recvUD)
+		es(c).recvUD = 0
 		c.opEnded()
 		return err
 	}
@@ -54,17 +70,17 @@ func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
 }
 
 func (b *epollCommon) update(c *Conn) {
-	if c.bk.recvUD != 0 && c.sk != sockClosed {
-		b.ep.Mod(c.fd, evMask(c), c.bk.recvUD)
+	if es(c).recvUD != 0 && c.sk != sockClosed {
+		b.ep.Mod(c.fd, evMask(c), es(c).recvUD)
 	}
 }
 
 // unregister removes the socket from epoll before it is closed.
 func (b *epollCommon) unregister(c *Conn) {
-	if c.bk.recvUD != 0 {
+	if es(c).recvUD != 0 {
 		b.ep.Del(c.fd)
-		b.q.FreeOp(c.bk.recvUD)
-		c.bk.recvUD = 0
+		b.q.FreeOp(es(c).recvUD)
+		es(c).recvUD = 0
 		c.opEnded()
 	}
 }
@@ -94,23 +110,23 @@ func (b *epollCommon) dial(c *Conn) {
 		return
 	}
 	c.opStarted()
-	c.bk.dialUD = b.q.NewOp((*econn)(c), tagDial)
-	if err := b.ep.Add(c.fd, unix.EPOLLOUT, c.bk.dialUD); err != nil {
-		b.freeOp(c, c.bk.dialUD)
+	es(c).dialUD = b.q.NewOp((*econn)(c), tagDial)
+	if err := b.ep.Add(c.fd, unix.EPOLLOUT, es(c).dialUD); err != nil {
+		b.freeOp(c, es(c).dialUD)
 		c.dialDone(-int32(unix.EINVAL))
 	}
 }
 
 func (b *epollCommon) cancelDial(c *Conn) {
-	if c.connect == nil || !b.q.OpLive(c.bk.dialUD) {
+	if c.connect == nil || !b.q.OpLive(es(c).dialUD) {
 		return
 	}
 	b.ep.Del(c.fd)
-	b.freeOp(c, c.bk.dialUD)
+	b.freeOp(c, es(c).dialUD)
 	c.dialDone(-int32(unix.ECANCELED)) // dialDone reports the context's error, or ErrClosed
 }
 
-func (b *epollCommon) dropDial(c *Conn) { b.freeOp(c, c.bk.dialUD) }
+func (b *epollCommon) dropDial(c *Conn) { b.freeOp(c, es(c).dialUD) }
 
 // dialReady: the connecting socket is writable: the connect finished.
 func (b *epollCommon) dialReady(c *Conn, ud uint64) {
@@ -230,7 +246,7 @@ func (b *plainBackend) name() Backend             { return BackendPlain }
 func (b *plainBackend) directOK() bool            { return true }
 func (b *plainBackend) zeroCopy() bool            { return false }
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *plainBackend) sending(c *Conn) bool      { return c.bk.wantOut }
+func (b *plainBackend) sending(c *Conn) bool      { return es(c).wantOut }
 func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }
 func (b *plainBackend) cancelSend(c *Conn)        {} // its sends are write(2) calls: none waits in the kernel
 func (b *plainBackend) start(c *Conn) error       { return b.register(c, (*econn)(c)) }
@@ -258,7 +274,7 @@ func (b *plainBackend) stopRecv(c *Conn) {
 
 func (b *plainBackend) closeSocket(c *Conn) {
 	b.unregister(c)
-	c.bk.wantOut = false
+	es(c).wantOut = false
 	c.sock.Close()
 }
 
@@ -292,11 +308,11 @@ func (b *plainBackend) send(c *Conn) {
 		progress = true
 	}
 	want := c.pendLen() > 0 && c.sk != sockClosed
-	if want != c.bk.wantOut {
-		c.bk.wantOut = want
+	if want != es(c).wantOut {
+		es(c).wantOut = want
 		b.update(c)
 	}
-	if progress && !c.bk.wantOut {
+	if progress && !es(c).wantOut {
 		// Completed synchronously: OnWritable runs from the loop, not from inside Send.
 		b.q.MarkDirty((*plainWritable)(c))
 	}
@@ -341,15 +357,15 @@ func (ec *econn) OnEvent(lq *loop.Queue, ev loop.Event) {
 }
 
 func (b *plainBackend) onEvent(c *Conn, events uint32) {
-	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !c.bk.wantOut && c.bk.recvUD != 0 {
+	if events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 && !c.recvArmed && !es(c).wantOut && es(c).recvUD != 0 {
 		// epoll reports these whatever the mask: while the connection neither receives nor
 		// waits to send, silence them until the next update (armRecv, a blocked send).
-		b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.bk.recvUD)
+		b.ep.Mod(c.fd, unix.EPOLLONESHOT, es(c).recvUD)
 		return
 	}
-	if events&unix.EPOLLOUT != 0 && c.bk.wantOut {
+	if events&unix.EPOLLOUT != 0 && es(c).wantOut {
 		b.send(c)
-		if !c.bk.wantOut {
+		if !es(c).wantOut {
 			c.sendProgress()
 		}
 	}
@@ -371,7 +387,7 @@ func (b *plainBackend) read(c *Conn) {
 		if err != nil {
 			// At the pool's cap: wait for a release.
 			b.stopRecv(c)
-			c.bk.needArm = true
+			es(c).needArm = true
 			b.starved = append(b.starved, c)
 			b.q.ctr.bufEmpty.Add(1)
 			return
@@ -435,8 +451,8 @@ func (b *plainBackend) retryStarved() {
 	st := b.starved
 	b.starved = nil
 	for _, c := range st {
-		if c.bk.needArm {
-			c.bk.needArm = false
+		if es(c).needArm {
+			es(c).needArm = false
 			c.armRecv()
 		}
 	}

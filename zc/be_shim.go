@@ -36,6 +36,9 @@ const (
 	shimCQSlack     = 16
 )
 
+// ss is the shim backend's module state of c (nil until start attached it).
+func ss(c *Conn) *shimConnState { return es(c).shim }
+
 // shimConnState is a connection's module state.
 type shimConnState struct {
 	txSock, rxSock shim.SockID
@@ -137,7 +140,7 @@ func (b *shimBackend) name() Backend             { return BackendShim }
 func (b *shimBackend) directOK() bool            { return false }
 func (b *shimBackend) zeroCopy() bool            { return true }
 func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *shimBackend) sending(c *Conn) bool      { return c.bk.shim != nil && c.bk.shim.inflight > 0 }
+func (b *shimBackend) sending(c *Conn) bool      { return ss(c) != nil && ss(c).inflight > 0 }
 func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
 func (b *shimBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
 func (b *shimBackend) dropDial(c *Conn)          { b.epollCommon.dropDial(c) }
@@ -150,10 +153,10 @@ func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
 func (b *shimBackend) cancelSend(c *Conn) {}
 
 func (b *shimBackend) inFlightSegs(c *Conn) int {
-	if c.bk.shim == nil {
+	if ss(c) == nil {
 		return 0
 	}
-	return c.bk.shim.inflight
+	return ss(c).inflight
 }
 
 // close closes the module contexts (the module cancels what they hold and keeps pages the
@@ -192,11 +195,11 @@ func (b *shimBackend) start(c *Conn) error {
 		return shimErr(err)
 	}
 	st.txSock, st.rxSock, st.attached = tx, rx, true
-	c.bk.shim = st
+	es(c).shim = st
 	if err := b.register(c, (*econn)(c)); err != nil {
 		b.tx.Detach(tx)
 		b.rx.Detach(rx)
-		c.bk.shim = nil
+		es(c).shim = nil
 		return err
 	}
 	return nil
@@ -233,12 +236,12 @@ func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
 		bl := b.blocked
 		b.blocked = nil
 		for _, c := range bl {
-			if c.bk.shim != nil {
-				c.bk.shim.blocked = false
+			if ss(c) != nil {
+				ss(c).blocked = false
 			}
 			if !c.ended() {
 				c.pump()
-				if c.paused == 0 && c.recvArmed && c.bk.shim != nil && c.bk.shim.ready {
+				if c.paused == 0 && c.recvArmed && ss(c) != nil && ss(c).ready {
 					b.postRecv(c)
 				}
 			}
@@ -261,8 +264,8 @@ func (b *shimBackend) reap() {
 }
 
 func (b *shimBackend) block(c *Conn) {
-	if !c.bk.shim.blocked {
-		c.bk.shim.blocked = true
+	if !ss(c).blocked {
+		ss(c).blocked = true
 		b.blocked = append(b.blocked, c)
 	}
 }
@@ -274,7 +277,7 @@ func (b *shimBackend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
 }
 
 func (b *shimBackend) send(c *Conn) {
-	st := c.bk.shim
+	st := ss(c)
 	if st == nil || !st.attached || c.sk == sockClosed {
 		return
 	}
@@ -334,7 +337,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 			return
 		}
 		b.sendRes--
-		c.bk.shim.inflight--
+		ss(c).inflight--
 		if !cqe.More() {
 			b.sendRes-- // no notification follows: its slot is free as well
 		}
@@ -364,13 +367,13 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 // silences the registration until the next update (armRecv, or the RECV's completion), as
 // the plain backend does.
 func (b *shimBackend) onReadable(c *Conn, events uint32) {
-	st := c.bk.shim
+	st := ss(c)
 	if st == nil {
 		return
 	}
 	if !c.recvArmed || st.recvOut {
-		if c.bk.recvUD != 0 && c.sk != sockClosed {
-			b.ep.Mod(c.fd, unix.EPOLLONESHOT, c.bk.recvUD)
+		if es(c).recvUD != 0 && c.sk != sockClosed {
+			b.ep.Mod(c.fd, unix.EPOLLONESHOT, es(c).recvUD)
 		}
 		return
 	}
@@ -384,18 +387,18 @@ func (b *shimBackend) onReadable(c *Conn, events uint32) {
 
 func (b *shimBackend) armRecv(c *Conn) {
 	c.recvStarted()
-	if c.bk.shim != nil && c.bk.shim.ready {
+	if ss(c) != nil && ss(c).ready {
 		b.postRecv(c)
 		return
 	}
-	if c.bk.shim == nil || !c.bk.shim.recvOut {
+	if ss(c) == nil || !ss(c).recvOut {
 		b.update(c)
 	}
 }
 
 // recvInFlight: stopRecv stops asking epoll, but a RECV already posted in the module still
 // completes (and takes bytes from the socket).
-func (b *shimBackend) recvInFlight(c *Conn) bool { return c.bk.shim != nil && c.bk.shim.recvOut }
+func (b *shimBackend) recvInFlight(c *Conn) bool { return ss(c) != nil && ss(c).recvOut }
 
 func (b *shimBackend) stopRecv(c *Conn) {
 	c.recvEnded()
@@ -403,7 +406,7 @@ func (b *shimBackend) stopRecv(c *Conn) {
 }
 
 func (b *shimBackend) postRecv(c *Conn) {
-	st := c.bk.shim
+	st := ss(c)
 	if st == nil || st.recvOut || !c.recvArmed || c.sk == sockClosed || !st.attached {
 		return
 	}
@@ -439,7 +442,7 @@ func (b *shimBackend) postRecv(c *Conn) {
 }
 
 func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
-	st := c.bk.shim
+	st := ss(c)
 	st.recvOut = false
 	buf := st.recvBuf
 	st.recvBuf = memreg.Buf{}
@@ -474,7 +477,7 @@ func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
 // closeSocket detaches the socket from both contexts (the posted RECV completes with
 // ECANCELED) and closes it.
 func (b *shimBackend) closeSocket(c *Conn) {
-	st := c.bk.shim
+	st := ss(c)
 	if st != nil && st.attached {
 		b.tx.Detach(st.txSock)
 		b.rx.Detach(st.rxSock)

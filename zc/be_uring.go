@@ -48,6 +48,32 @@ type uringBackend struct {
 // uconn is Conn seen as the loop.Owner of its io_uring operations.
 type uconn Conn
 
+// uringConn is the io_uring backend's own state of a connection (Conn.bk).
+type uringConn struct {
+	recvUD  uint64 // the multishot receive (or the mapped path's poll) in flight
+	dialUD  uint64 // the connect in flight
+	needArm bool   // waiting for receive-ring buffers
+	tx      uringTx
+}
+
+func (*uringConn) backendState() {}
+
+// uringTx is the io_uring backend's state of a connection's send side.
+type uringTx struct {
+	ud   uint64 // the send in flight
+	segs int    // segments in the send in flight
+	zcOp bool
+	// pollFirst: the last send gave up with EAGAIN; the next waits for room first
+	// (IORING_RECVSEND_POLL_FIRST).
+	pollFirst bool
+	iov       *iovBuf
+}
+
+// us is the io_uring backend's state of c.
+func us(c *Conn) *uringConn { return c.bk.(*uringConn) }
+
+func (b *uringBackend) newConnState() backendState { return &uringConn{} }
+
 func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 	cfg := &q.e.cfg
 	zcrxTry := q.zcrxWanted() // zcrx needs 32-byte completions
@@ -87,22 +113,18 @@ func (b *uringBackend) zeroCopy() bool         { return true }
 func (b *uringBackend) recvPool() *memreg.Pool { return b.rp.pool }
 func (b *uringBackend) ringStats() ringStats   { return b.rp.stats() }
 func (b *uringBackend) start(c *Conn) error    { return nil }
-func (b *uringBackend) sending(c *Conn) bool {
-	t := c.txp.Load()
-	return t != nil && t.u.ud != 0
-}
+func (b *uringBackend) sending(c *Conn) bool   { return us(c).tx.ud != 0 }
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
-	t := c.txp.Load()
-	if t == nil || t.u.ud == 0 {
-		return 0
+	if t := &us(c).tx; t.ud != 0 {
+		return t.segs
 	}
-	return t.u.segs
+	return 0
 }
 
 func (b *uringBackend) cancelSend(c *Conn) {
-	if t := c.txp.Load(); t != nil && t.u.ud != 0 && b.q.OpLive(t.u.ud) {
-		b.u.CancelOp(t.u.ud)
+	if t := &us(c).tx; t.ud != 0 && b.q.OpLive(t.ud) {
+		b.u.CancelOp(t.ud)
 	}
 }
 
@@ -127,7 +149,8 @@ func (b *uringBackend) armRecv(c *Conn) {
 		c.rx.arm(b)
 		return
 	}
-	c.bk.recvUD = b.newOp(c, tagRecv)
+	st := us(c)
+	st.recvUD = b.newOp(c, tagRecv)
 	sqe := b.u.GetSQE()
 	bs := int64(b.rp.rr.BufSize())
 	room := c.credit() - c.held.Load()
@@ -144,9 +167,9 @@ func (b *uringBackend) armRecv(c *Conn) {
 	default:
 		sqe.PrepRecvMultishot(int32(c.fd), b.rp.rr.Group(), 0, b.rp.rr.Bundles())
 	}
-	sqe.UserData = c.bk.recvUD
+	sqe.UserData = st.recvUD
 	c.recvStarted()
-	c.bk.needArm = false
+	st.needArm = false
 }
 
 func (b *uringBackend) stopRecv(c *Conn) {
@@ -159,8 +182,8 @@ func (b *uringBackend) stopRecv(c *Conn) {
 
 // cancelRecv cancels the connection's armed receive (or poll): its last completion follows.
 func (b *uringBackend) cancelRecv(c *Conn) {
-	if c.recvArmed && c.bk.recvUD != 0 {
-		b.u.CancelOp(c.bk.recvUD)
+	if st := us(c); c.recvArmed && st.recvUD != 0 {
+		b.u.CancelOp(st.recvUD)
 	}
 }
 
@@ -174,7 +197,8 @@ func (b *uringBackend) fixedIndex(s *seg, addr uintptr, n int) (uint16, bool) {
 }
 
 func (b *uringBackend) send(c *Conn) {
-	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.sk == sockClosed {
+	ut := &us(c).tx
+	if c.pendLen() == 0 || ut.ud != 0 || c.sk == sockClosed {
 		return
 	}
 	head := &c.tx.pend[0]
@@ -200,12 +224,12 @@ func (b *uringBackend) send(c *Conn) {
 		} else {
 			sqe.PrepSendZC(int32(c.fd), addr, uint32(left), sendFlags, uring.SendZCReportUsage)
 		}
-		if c.tx.u.pollFirst {
+		if ut.pollFirst {
 			sqe.IoPrio |= uring.RecvsendPollFirst
-			c.tx.u.pollFirst = false
+			ut.pollFirst = false
 		}
 		sqe.UserData = ud
-		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, 1, true
+		ut.ud, ut.segs, ut.zcOp = ud, 1, true
 		c.zcStart(ud)
 		c.tx.sendZCOps.Add(1)
 		b.q.ctr.sendZCOps.Add(1)
@@ -238,14 +262,14 @@ func (b *uringBackend) send(c *Conn) {
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
 		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
-		c.tx.u.iov = iv
+		ut.iov = iv
 	}
-	if c.tx.u.pollFirst {
+	if ut.pollFirst {
 		sqe.IoPrio |= uring.RecvsendPollFirst
-		c.tx.u.pollFirst = false
+		ut.pollFirst = false
 	}
 	sqe.UserData = ud
-	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
+	ut.ud, ut.segs, ut.zcOp = ud, n, false
 	c.tx.sendOps.Add(1)
 	b.q.ctr.sendOps.Add(1)
 }
@@ -268,10 +292,10 @@ func (b *uringBackend) getIov() *iovBuf {
 }
 
 func (b *uringBackend) putIov(c *Conn) {
-	if t := c.txp.Load(); t != nil && t.u.iov != nil {
-		clear(c.tx.u.iov.iov[:])
-		b.iovs = append(b.iovs, c.tx.u.iov)
-		c.tx.u.iov = nil
+	if t := &us(c).tx; t.iov != nil {
+		clear(t.iov.iov[:])
+		b.iovs = append(b.iovs, t.iov)
+		t.iov = nil
 	}
 }
 
@@ -286,33 +310,34 @@ func (b *uringBackend) closeSocket(c *Conn) {
 }
 
 func (b *uringBackend) dial(c *Conn) {
-	cs := c.connect
-	c.bk.dialUD = b.newOp(c, tagConnect)
+	cs, st := c.connect, us(c)
+	st.dialUD = b.newOp(c, tagConnect)
 	sqe := b.u.GetSQE()
 	sqe.PrepConnect(int32(c.fd), uintptr(cs.sa.Pointer()), cs.sa.Len())
-	sqe.UserData = c.bk.dialUD
+	sqe.UserData = st.dialUD
 	b.u.Ring().Keep(cs.sa)
 }
 
 func (b *uringBackend) cancelDial(c *Conn) {
-	if c.connect != nil && b.q.OpLive(c.bk.dialUD) {
-		b.u.CancelOp(c.bk.dialUD)
+	if st := us(c); c.connect != nil && b.q.OpLive(st.dialUD) {
+		b.u.CancelOp(st.dialUD)
 	}
 }
 
-func (b *uringBackend) dropDial(c *Conn) { b.freeOp(c, c.bk.dialUD) }
+func (b *uringBackend) dropDial(c *Conn) { b.freeOp(c, us(c).dialUD) }
 
 // OnEvent handles the connection's completions.
 func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	c := (*Conn)(uc)
 	b := c.q.be.(*uringBackend)
+	ut := &us(c).tx
 	more := ev.Flags&uring.CQEFMore != 0
 	switch ev.Tag {
 	case tagRecv:
 		b.onRecv(c, ev, more)
 	case tagSend:
 		b.freeOp(c, ev.UD)
-		c.tx.u.ud, c.tx.u.segs = 0, 0
+		ut.ud, ut.segs = 0, 0
 		b.putIov(c)
 		switch {
 		case ev.Res > 0:
@@ -320,7 +345,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		case ev.Res == -int32(unix.EAGAIN):
 			// A non-blocking socket can make io_uring give up with EAGAIN (send buffer full):
 			// send again, waiting for room first.
-			c.tx.u.pollFirst = true
+			ut.pollFirst = true
 		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
@@ -330,7 +355,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
-		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = 0, 0, false
+		ut.ud, ut.segs, ut.zcOp = 0, 0, false
 		// A notification follows when the kernel says so (F_MORE), and also for a send cancelled
 		// because an earlier linked request failed: that one completes with -ECANCELED without
 		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,
@@ -338,7 +363,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		notif := more || ev.Res == -int32(unix.ECANCELED)
 		again := ev.Res == -int32(unix.EAGAIN)
 		if again {
-			c.tx.u.pollFirst = true // as for SEND: the segment stays, it goes again
+			ut.pollFirst = true // as for SEND: the segment stays, it goes again
 		}
 		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
@@ -353,7 +378,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	case tagPoll:
 		if !more {
 			b.freeOp(c, ev.UD)
-			c.bk.recvUD = 0
+			us(c).recvUD = 0
 			c.recvEnded()
 		}
 		c.rx.(*mappedRecv).onPoll(ev) // only the mapped path polls
@@ -366,7 +391,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 	if !more {
 		b.freeOp(c, ev.UD)
-		c.bk.recvUD = 0
+		us(c).recvUD = 0
 		c.recvEnded()
 	}
 	switch res := ev.Res; {
@@ -377,7 +402,7 @@ func (b *uringBackend) onRecv(c *Conn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.bk.needArm = true
+			us(c).needArm = true
 			b.rp.rr.WaitBuffers((*rearm)(c))
 		}
 		return
@@ -404,8 +429,8 @@ type rearm Conn
 
 func (r *rearm) Flush(*loop.Queue) {
 	c := (*Conn)(r)
-	if c.bk.needArm {
-		c.bk.needArm = false
+	if st := us(c); st.needArm {
+		st.needArm = false
 		c.armRecv()
 	}
 }

@@ -51,7 +51,6 @@ type ConnStats struct {
 type sender struct {
 	pend  []seg // taken from the producer, not yet sent
 	zwait []zcWait
-	u     uringTx // the io_uring backend's own send state (the core never touches it)
 	zc    zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
 	stage    memreg.Buf
@@ -63,17 +62,6 @@ type sender struct {
 	// counters, read by Stats from any goroutine
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
 	dropped                                        atomic.Uint64 // ConnStats.BytesDropped
-}
-
-// uringTx is the io_uring backend's state of a connection's send side.
-type uringTx struct {
-	ud   uint64 // the send in flight
-	segs int    // segments in the send in flight
-	zcOp bool
-	// pollFirst: the last send gave up with EAGAIN; the next waits for room first
-	// (IORING_RECVSEND_POLL_FIRST).
-	pollFirst bool
-	iov       *iovBuf
 }
 
 // txLocked returns the send side, making it (mu held).
@@ -204,7 +192,7 @@ type Conn struct {
 	destPauses int32         // destinations we wait for
 	qi         int32         // index in the queue's connection list (loop only; -1 when not in it)
 	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
-	bk         backendConn   // the backend's own state of the connection (never the core's)
+	bk         backendState  // the backend's own state of the connection (opaque to the core)
 	parked     *parkedRecv   // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr   error
 	cl         *closeState               // made by beginClose
@@ -250,7 +238,9 @@ func (k netKind) String() string {
 }
 
 func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Conn {
-	return &Conn{e: e, q: q, sock: s, fd: fd, network: netKindOf(network), qi: -1}
+	c := &Conn{e: e, q: q, sock: s, fd: fd, network: netKindOf(network), qi: -1}
+	c.bk = q.be.newConnState()
+	return c
 }
 
 // LocalAddr returns the local address, a *net.TCPAddr, or nil if it is unknown (the

@@ -174,12 +174,12 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		k.onRecv(fc, ev, more)
 	case tagSend:
 		k.freeOp(c, ev.UD)
-		c.tx.u.ud, c.tx.u.segs = 0, 0
+		fk(c).tx.ud, fk(c).tx.segs = 0, 0
 		switch {
 		case ev.Res > 0:
 			c.advance(int(ev.Res))
 		case ev.Res == -int32(unix.EAGAIN):
-			c.tx.u.pollFirst = true
+			fk(c).tx.pollFirst = true
 		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
@@ -189,11 +189,11 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
-		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = 0, 0, false
+		fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = 0, 0, false
 		notif := more || ev.Res == -int32(unix.ECANCELED)
 		again := ev.Res == -int32(unix.EAGAIN)
 		if again {
-			c.tx.u.pollFirst = true
+			fk(c).tx.pollFirst = true
 		}
 		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
@@ -336,29 +336,38 @@ func (k *fakeKernel) start(c *Conn) error {
 	if fc == nil {
 		fc = k.addConn(c, &simConn{kind: "starting"})
 	}
-	c.bk.recvUD = k.newOp(c, fc, tagRecv)
-	fc.rud = c.bk.recvUD
+	fk(c).recvUD = k.newOp(c, fc, tagRecv)
+	fc.rud = fk(c).recvUD
 	return nil
 }
 
 func (k *fakeKernel) sending(c *Conn) bool {
 	if k.epoll {
-		return c.bk.wantOut
+		return fk(c).wantOut
 	}
-	t := c.txp.Load()
-	return t != nil && t.u.ud != 0
+	return fk(c).tx.ud != 0
 }
 
 func (k *fakeKernel) inFlightSegs(c *Conn) int {
-	if k.epoll {
-		return 0
+	if t := &fk(c).tx; !k.epoll && t.ud != 0 {
+		return t.segs
 	}
-	t := c.txp.Load()
-	if t == nil || t.u.ud == 0 {
-		return 0
-	}
-	return t.u.segs
+	return 0
 }
+
+// fakeBk is the fake backend's own state of a connection (Conn.bk): the io_uring and the
+// plain backend's fields, as each of them keeps it.
+type fakeBk struct {
+	recvUD, dialUD   uint64
+	wantOut, needArm bool
+	tx               uringTx
+}
+
+func (*fakeBk) backendState() {}
+
+func fk(c *Conn) *fakeBk { return c.bk.(*fakeBk) }
+
+func (k *fakeKernel) newConnState() backendState { return &fakeBk{} }
 
 // cancelSend is io_uring's ASYNC_CANCEL of the send in flight: the send completes when the
 // scheduler picks it (room or not), with -ECANCELED, with the part it had taken (the
@@ -401,10 +410,10 @@ func (k *fakeKernel) armRecv(c *Conn) {
 	if fc.rud != 0 {
 		k.failf("%v: receive armed twice (recvArmed %v)", fc, c.recvArmed)
 	}
-	c.bk.recvUD = k.newOp(c, fc, tagRecv)
-	fc.rud, fc.rmulti, fc.rcancel = c.bk.recvUD, k.rng.IntN(3) != 0, false
+	fk(c).recvUD = k.newOp(c, fc, tagRecv)
+	fc.rud, fc.rmulti, fc.rcancel = fk(c).recvUD, k.rng.IntN(3) != 0, false
 	c.recvStarted()
-	c.bk.needArm = false
+	fk(c).needArm = false
 }
 
 func (k *fakeKernel) stopRecv(c *Conn) {
@@ -412,7 +421,7 @@ func (k *fakeKernel) stopRecv(c *Conn) {
 		c.recvEnded()
 		return
 	}
-	if c.recvArmed && c.bk.recvUD != 0 {
+	if c.recvArmed && fk(c).recvUD != 0 {
 		k.get(c).rcancel = true
 	}
 }
@@ -422,7 +431,7 @@ func (k *fakeKernel) send(c *Conn) {
 		k.sendSync(c)
 		return
 	}
-	if c.pendLen() == 0 || c.tx.u.ud != 0 || c.sk == sockClosed {
+	if c.pendLen() == 0 || fk(c).tx.ud != 0 || c.sk == sockClosed {
 		return
 	}
 	fc := k.get(c)
@@ -430,7 +439,7 @@ func (k *fakeKernel) send(c *Conn) {
 	left := int(head.n - head.off)
 	if c.tx.zc.use(left) {
 		ud := k.newOp(c, fc, tagSendZC)
-		c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, 1, true
+		fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = ud, 1, true
 		c.zcStart(ud)
 		fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, true, 1, int64(left)
 		fc.sloans = append(fc.sloans[:0], head.loan)
@@ -452,7 +461,7 @@ func (k *fakeKernel) send(c *Conn) {
 		n++
 	}
 	ud := k.newOp(c, fc, tagSend)
-	c.tx.u.ud, c.tx.u.segs, c.tx.u.zcOp = ud, n, false
+	fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = ud, n, false
 	fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, false, n, int64(nb)
 	fc.sloans = fc.sloans[:0]
 	for i := range n {
@@ -465,13 +474,13 @@ func (k *fakeKernel) send(c *Conn) {
 func (k *fakeKernel) closeSocket(c *Conn) {
 	if k.epoll {
 		fc := k.get(c)
-		if c.bk.recvUD != 0 {
-			k.q.FreeOp(c.bk.recvUD)
-			c.bk.recvUD = 0
+		if fk(c).recvUD != 0 {
+			k.q.FreeOp(fk(c).recvUD)
+			fk(c).recvUD = 0
 			c.opEnded()
 			fc.rud = 0
 		}
-		c.bk.wantOut = false
+		fk(c).wantOut = false
 	}
 	k.stopRecv(c)
 	c.sock.Close()
@@ -488,14 +497,14 @@ func (k *fakeKernel) dial(c *Conn) {
 	k.dialRoles = k.dialRoles[1:]
 	fc := k.addConn(c, role)
 	k.sim.setupPeer(fc)
-	c.bk.dialUD = k.newOp(c, fc, tagConnect)
-	fc.cud = c.bk.dialUD
+	fk(c).dialUD = k.newOp(c, fc, tagConnect)
+	fc.cud = fk(c).dialUD
 }
 
-func (k *fakeKernel) dropDial(c *Conn) { k.freeOp(c, c.bk.dialUD) }
+func (k *fakeKernel) dropDial(c *Conn) { k.freeOp(c, fk(c).dialUD) }
 
 func (k *fakeKernel) cancelDial(c *Conn) {
-	if c.connect != nil && k.q.OpLive(c.bk.dialUD) {
+	if c.connect != nil && k.q.OpLive(fk(c).dialUD) {
 		k.get(c).ccancel = true
 	}
 }
@@ -509,7 +518,7 @@ func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
 	c := fc.c
 	if !more {
 		k.freeOp(c, ev.UD)
-		c.bk.recvUD = 0
+		fk(c).recvUD = 0
 		c.recvEnded()
 		fc.rud, fc.rcancel = 0, false
 	}
@@ -522,7 +531,7 @@ func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
 		c.gotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
 		if !c.recvArmed && !c.inClose() {
-			c.bk.needArm = true
+			fk(c).needArm = true
 			k.waitBuffers(c)
 		}
 		return
@@ -547,10 +556,22 @@ func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
 // has one free or can grow, as the receive ring's WaitBuffers does).
 func (k *fakeKernel) waitBuffers(c *Conn) {
 	if k.recv.Free() > 0 || k.growRecv() {
-		k.q.MarkDirty((*rearm)(c))
+		k.q.MarkDirty((*fakeRearm)(c))
 		return
 	}
 	k.starved = append(k.starved, c)
+}
+
+// fakeRearm is Conn as the loop.Flusher that re-arms its receive once buffers are back (the
+// io_uring backend's rearm, over the fake's own state).
+type fakeRearm Conn
+
+func (r *fakeRearm) Flush(*loop.Queue) {
+	c := (*Conn)(r)
+	if st := fk(c); st.needArm {
+		st.needArm = false
+		c.armRecv()
+	}
 }
 
 func (k *fakeKernel) growRecv() bool {
@@ -577,8 +598,8 @@ func (k *fakeKernel) retryStarved() {
 	st := k.starved
 	k.starved = nil
 	for _, c := range st {
-		if c.bk.needArm {
-			c.bk.needArm = false
+		if fk(c).needArm {
+			fk(c).needArm = false
 			c.armRecv()
 		}
 	}
@@ -628,7 +649,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
 				a = append(a, fakeAct{kind: actRecv, fc: fc})
 			}
-			if fc.rud != 0 && fc.c.bk.wantOut && (fc.reset || fc.sndq < fc.sndCap) {
+			if fc.rud != 0 && fk(fc.c).wantOut && (fc.reset || fc.sndq < fc.sndCap) {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
 		} else {
@@ -1131,9 +1152,9 @@ func (k *fakeKernel) doNotif(fc *fconn, i int) {
 // onReady is plainBackend.onEvent.
 func (k *fakeKernel) onReady(fc *fconn, events uint32) {
 	c := fc.c
-	if events&unix.EPOLLOUT != 0 && c.bk.wantOut {
+	if events&unix.EPOLLOUT != 0 && fk(c).wantOut {
 		k.sendSync(c)
-		if !c.bk.wantOut {
+		if !fk(c).wantOut {
 			c.sendProgress()
 		}
 	}
@@ -1187,10 +1208,10 @@ func (k *fakeKernel) sendSync(c *Conn) {
 		progress = true
 	}
 	want := c.pendLen() > 0 && c.sk != sockClosed
-	if want != c.bk.wantOut {
-		c.bk.wantOut = want
+	if want != fk(c).wantOut {
+		fk(c).wantOut = want
 	}
-	if progress && !c.bk.wantOut {
+	if progress && !fk(c).wantOut {
 		k.q.MarkDirty((*plainWritable)(c))
 	}
 }
@@ -1205,7 +1226,7 @@ func (k *fakeKernel) readSync(fc *fconn) {
 		}
 		if err != nil {
 			k.stopRecv(c)
-			c.bk.needArm = true
+			fk(c).needArm = true
 			k.starved = append(k.starved, c)
 			k.sim.enobufs++
 			fc.tracef("read: no buffer")

@@ -55,17 +55,14 @@ func (c *Conn) inClose() bool { return c.lifeNow() >= lifeClosing }
 // ended: the connection finished (OnClose ran, or the dial failed).
 func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
 
-// backendConn is a backend's own state of a connection: only the backend (and its receive
-// paths) reads or writes it, the core never does. What the core must know of the
-// backend's work it learns from the backend's reports (recvStarted, recvEnded, opStarted,
-// opEnded, and the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
-type backendConn struct {
-	recvUD  uint64         // multishot recv / epoll registration / poll
-	dialUD  uint64         // the connect in flight (dial)
-	shim    *shimConnState // zcshim backend
-	wantOut bool           // plain backend: waiting for EPOLLOUT
-	needArm bool           // waiting for receive buffers
-}
+// The backend's own state of a connection is not in Conn: each backend keeps it in a type of
+// its own (uringConn, epollConn, the fake backend's), made with the connection
+// (backend.newConnState) and held in Conn.bk only so the backend finds it again. The field is
+// an interface: the core cannot look inside, and no backend writes a field of Conn
+// (TestBackendsWriteOnlyTheirState). What the core must know of the backend's work it learns
+// from the backend's reports (recvStarted, recvEnded, opStarted, opEnded, socketClosed, and
+// the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
+type backendState interface{ backendState() }
 
 // recvStarted / recvEnded: the backend reports that receiving is armed / no longer armed.
 func (c *Conn) recvStarted() { c.recvArmed = true }

@@ -120,13 +120,13 @@ func (c *Conn) setupRecvPath() {
 // arm polls the socket for readability (the backend's armRecv): a multishot POLL_ADD; the
 // loop reads the window itself when it fires (onPoll).
 func (m *mappedRecv) arm(b *uringBackend) {
-	c := m.c
-	c.bk.recvUD = b.newOp(c, tagPoll)
+	c, st := m.c, us(m.c)
+	st.recvUD = b.newOp(c, tagPoll)
 	sqe := b.u.GetSQE()
 	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
-	sqe.UserData = c.bk.recvUD
+	sqe.UserData = st.recvUD
 	c.recvStarted()
-	c.bk.needArm = false
+	st.needArm = false
 }
 
 // stop cancels the poll (the backend's stopRecv); its last completion follows.

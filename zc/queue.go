@@ -17,6 +17,8 @@ import (
 // backend is how one queue moves bytes. Every method runs on the queue's goroutine.
 type backend interface {
 	name() Backend
+	// newConnState makes the backend's own state of a new connection (Conn.bk, life.go).
+	newConnState() backendState
 	// start attaches a connected socket to the queue (epoll registration, module attach).
 	start(c *Conn) error
 	armRecv(c *Conn)  // start receiving (sets c.recvArmed)

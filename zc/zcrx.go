@@ -169,7 +169,7 @@ func (zx *zcrxConn) arm(*uringBackend) {
 	}
 	zx.s = s
 	c.recvStarted()
-	c.bk.needArm = false
+	us(c).needArm = false
 	c.opStarted()
 }
 
