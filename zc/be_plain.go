@@ -70,7 +70,7 @@ func (b *epollCommon) register(c *Conn, owner loop.Owner) error {
 }
 
 func (b *epollCommon) update(c *Conn) {
-	if es(c).recvUD != 0 && c.sk != sockClosed {
+	if es(c).recvUD != 0 && !c.st.SockClosed() {
 		b.ep.Mod(c.fd, evMask(c), es(c).recvUD)
 	}
 }
@@ -282,7 +282,7 @@ func (b *plainBackend) closeSocket(c *Conn) {
 // it waits for EPOLLOUT).
 func (b *plainBackend) send(c *Conn) {
 	progress := false
-	for c.pendLen() > 0 && c.sk != sockClosed {
+	for c.pendLen() > 0 && !c.st.SockClosed() {
 		n := 0
 		for n < c.pendLen() && n < maxIov {
 			s := &c.tx.pend[n]
@@ -307,7 +307,7 @@ func (b *plainBackend) send(c *Conn) {
 		c.advance(w)
 		progress = true
 	}
-	want := c.pendLen() > 0 && c.sk != sockClosed
+	want := c.pendLen() > 0 && !c.st.SockClosed()
 	if want != es(c).wantOut {
 		es(c).wantOut = want
 		b.update(c)
@@ -382,7 +382,7 @@ func (b *plainBackend) onEvent(c *Conn, events uint32) {
 
 // read reads what the socket has (up to 16 buffers, then the loop serves others).
 func (b *plainBackend) read(c *Conn) {
-	for i := 0; i < 16 && c.recvArmed && c.sk != sockClosed; i++ {
+	for i := 0; i < 16 && c.recvArmed && !c.st.SockClosed(); i++ {
 		buf, err := b.getBuf()
 		if err != nil {
 			// At the pool's cap: wait for a release.

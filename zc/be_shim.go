@@ -278,7 +278,7 @@ func (b *shimBackend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
 
 func (b *shimBackend) send(c *Conn) {
 	st := ss(c)
-	if st == nil || !st.attached || c.sk == sockClosed {
+	if st == nil || !st.attached || c.st.SockClosed() {
 		return
 	}
 	for st.inflight < c.pendLen() && st.inflight < shimMaxInflight {
@@ -372,7 +372,7 @@ func (b *shimBackend) onReadable(c *Conn, events uint32) {
 		return
 	}
 	if !c.recvArmed || st.recvOut {
-		if es(c).recvUD != 0 && c.sk != sockClosed {
+		if es(c).recvUD != 0 && !c.st.SockClosed() {
 			b.ep.Mod(c.fd, unix.EPOLLONESHOT, es(c).recvUD)
 		}
 		return
@@ -407,7 +407,7 @@ func (b *shimBackend) stopRecv(c *Conn) {
 
 func (b *shimBackend) postRecv(c *Conn) {
 	st := ss(c)
-	if st == nil || st.recvOut || !c.recvArmed || c.sk == sockClosed || !st.attached {
+	if st == nil || st.recvOut || !c.recvArmed || c.st.SockClosed() || !st.attached {
 		return
 	}
 	if b.rx.SQSpace() == 0 {

@@ -198,7 +198,7 @@ func (b *uringBackend) fixedIndex(s *seg, addr uintptr, n int) (uint16, bool) {
 
 func (b *uringBackend) send(c *Conn) {
 	ut := &us(c).tx
-	if c.pendLen() == 0 || ut.ud != 0 || c.sk == sockClosed {
+	if c.pendLen() == 0 || ut.ud != 0 || c.st.SockClosed() {
 		return
 	}
 	head := &c.tx.pend[0]

@@ -19,6 +19,7 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // ConnStats are one connection's counters.
@@ -172,7 +173,6 @@ type Conn struct {
 	// Loop side, here to share a word with the fields above (idle memory per connection).
 	recvArmed bool
 	eof       bool
-	sk        sockState // open, write side shut (CloseWrite), or closed
 
 	scheduled atomic.Bool
 	closedAt  atomic.Bool  // finished: Done is (or returns) a closed channel
@@ -187,13 +187,13 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	ops        int32         // operations in the kernel (recv, send, connect, poll)
-	paused     int32         // pause reasons
-	destPauses int32         // destinations we wait for
-	qi         int32         // index in the queue's connection list (loop only; -1 when not in it)
-	life       atomic.Uint32 // a connLife: where the connection is in its life (setLife, life.go)
-	bk         backendState  // the backend's own state of the connection (opaque to the core)
-	parked     *parkedRecv   // receives that landed while the user paused (deliver, unparkRecv)
+	ops        int32           // operations in the kernel (recv, send, connect, poll)
+	paused     int32           // pause reasons
+	destPauses int32           // destinations we wait for
+	qi         int32           // index in the queue's connection list (loop only; -1 when not in it)
+	st         connstate.State // where the connection is in its life, and its socket (life.go)
+	bk         backendState    // the backend's own state of the connection (opaque to the core)
+	parked     *parkedRecv     // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go

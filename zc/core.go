@@ -11,6 +11,7 @@ import (
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // The connection core: everything below runs on the connection's queue goroutine and is the
@@ -89,7 +90,7 @@ func (c *Conn) takeCut() int {
 
 // pump hands pending segments to the backend.
 func (c *Conn) pump() {
-	if c.sk == sockClosed || !c.opened() || c.connect != nil {
+	if c.st.SockClosed() || !c.opened() || c.connect != nil {
 		return
 	}
 	c.takeWork()
@@ -574,7 +575,7 @@ func (c *Conn) unpause(reason int32) {
 
 // armRecv (re)starts receiving unless something says not to.
 func (c *Conn) armRecv() {
-	if c.recvArmed || c.eof || c.inClose() || c.ended() || c.sk == sockClosed || c.paused != 0 || !c.opened() || c.connect != nil {
+	if c.recvArmed || c.eof || c.inClose() || c.ended() || c.st.SockClosed() || c.paused != 0 || !c.opened() || c.connect != nil {
 		return
 	}
 	c.q.be.armRecv(c)
@@ -606,14 +607,14 @@ func (c *Conn) gotEOF(err error) {
 // ---- half-close --------------------------------------------------------------------------
 
 func (c *Conn) maybeShutdownWrite() {
-	if c.sk != sockOpen {
+	if c.st.Socket() != connstate.SockOpen {
 		return
 	}
 	c.mu.Lock()
 	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
-		c.sk = sockWriteShut
+		c.st.ShutWrite()
 		unix.Shutdown(c.fd, unix.SHUT_WR)
 	}
 }
@@ -638,7 +639,7 @@ func (c *Conn) beginClose(err error) {
 		}
 		return
 	}
-	c.setLife(lifeClosing)
+	c.st.BeginClose()
 	c.closeErr = err
 	c.cl = &closeState{}
 	c.mu.Lock()
@@ -751,7 +752,7 @@ func (c *Conn) abortSends() {
 		c.finishSeg(s)
 	}
 	c.dropProducer()
-	if c.sk != sockClosed {
+	if !c.st.SockClosed() {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 	c.q.be.cancelSend(c) // a send waiting for room ends now: the socket can go, with its RST
@@ -794,7 +795,7 @@ func (c *Conn) advanceClose() {
 		return
 	}
 	now := time.Now()
-	if c.sk != sockClosed {
+	if !c.st.SockClosed() {
 		c.mu.Lock()
 		producer := len(c.out) > 0 || c.staged() || c.holdClose
 		c.mu.Unlock()
@@ -832,12 +833,12 @@ func (c *Conn) finish() {
 	if c.ended() {
 		return
 	}
-	c.setLife(lifeFinished)
+	c.st.Finish()
 	if c.cl != nil && c.cl.timer != nil {
 		c.cl.timer.Stop()
 		c.cl.timer = nil
 	}
-	if c.sk != sockClosed {
+	if !c.st.SockClosed() {
 		c.q.be.closeSocket(c)
 		c.socketClosed()
 	}

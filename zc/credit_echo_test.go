@@ -11,7 +11,8 @@ import (
 // that one buffer until its send completes. With more connections than half the receive
 // pool has buffers for, a connection's credit is its floor; at one buffer that echo paused
 // and resumed receiving on every request (a cancelled receive and a re-armed one each
-// time). The floor is two buffers: the echo never pauses, and every byte still comes back.
+// time). The floor is two buffers: the echo (almost) never pauses, and every byte still
+// comes back.
 func TestEchoHoldsNoCreditPause(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
@@ -52,7 +53,11 @@ func TestEchoHoldsNoCreditPause(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if n := e.Stats().Recv.CreditPauses; n != 0 {
+			// Not always 0: the next request's receive can complete in the same batch as, and
+			// before, the previous echo's send, and then the echo holds two buffers for a
+			// moment (1 to 3 pauses in 6 of 40 runs here). The floor of one buffer paused on
+			// every request (3,200).
+			if n := e.Stats().Recv.CreditPauses; n > 32 {
 				t.Errorf("%d credit pauses for 3,200 requests of an echo holding one buffer at a time", n)
 			}
 		})

@@ -215,7 +215,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	c.h = cs.h
-	c.setLife(lifeOpen)
+	c.st.Open()
 	c.setupRecvPath()
 	c.armRecv()
 	c.callDone(cs.done, c, nil)
@@ -249,8 +249,8 @@ func (c *Conn) dialFailed(err error) {
 	if c.self != nil {
 		c.self.appClosed() // nobody got the connection: its duplicate goes now
 	}
-	c.setLife(lifeFinished)
-	c.sk = sockClosed
+	c.st.Finish()
+	c.st.CloseSock()
 	c.sock.Close()
 	c.fd = -1
 	c.q.removeConn(c)

@@ -431,7 +431,7 @@ func (k *fakeKernel) send(c *Conn) {
 		k.sendSync(c)
 		return
 	}
-	if c.pendLen() == 0 || fk(c).tx.ud != 0 || c.sk == sockClosed {
+	if c.pendLen() == 0 || fk(c).tx.ud != 0 || c.st.SockClosed() {
 		return
 	}
 	fc := k.get(c)
@@ -660,7 +660,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
 		}
-		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.closeErr == nil && fc.c.sk != sockClosed {
+		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.closeErr == nil && !fc.c.st.SockClosed() {
 			// A graceful close waiting for its sends: CloseTimeout may pass now.
 			a = append(a, fakeAct{kind: actCloseExpire, fc: fc})
 		}
@@ -805,7 +805,7 @@ func (k *fakeKernel) describe(fc *fconn) string {
 	c.mu.Unlock()
 	_, waiting := k.q.waiting[c]
 	return fmt.Sprintf("  %v: pend %d out %d staged %v queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v closing %v fdClosed %v werr %v poolWaiter %v | fake: rud %d cancel %v sud %d notifs %d rcvq %d in %d/%d/%d fin %v sndq %d/%d kAcc %d reset %v | test: %s",
-		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.sk == sockClosed, werr, waiting,
+		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.st.SockClosed(), werr, waiting,
 		fc.rud, fc.rcancel, fc.sud, len(fc.notifs), fc.rcvq, fc.inRecv, fc.inWrote, fc.inTotal, fc.finSent, fc.sndq, fc.sndCap, fc.kAcc, fc.reset, fc.role.state())
 }
 
@@ -1173,7 +1173,7 @@ func (k *fakeKernel) onReady(fc *fconn, events uint32) {
 func (k *fakeKernel) sendSync(c *Conn) {
 	fc := k.get(c)
 	progress := false
-	for c.pendLen() > 0 && c.sk != sockClosed {
+	for c.pendLen() > 0 && !c.st.SockClosed() {
 		if fc.reset {
 			fc.tracef("writev: EPIPE")
 			c.fail(c.opErr("write", unix.EPIPE))
@@ -1207,7 +1207,7 @@ func (k *fakeKernel) sendSync(c *Conn) {
 		c.advance(int(w))
 		progress = true
 	}
-	want := c.pendLen() > 0 && c.sk != sockClosed
+	want := c.pendLen() > 0 && !c.st.SockClosed()
 	if want != fk(c).wantOut {
 		fk(c).wantOut = want
 	}
@@ -1219,7 +1219,7 @@ func (k *fakeKernel) sendSync(c *Conn) {
 // readSync is plainBackend.read.
 func (k *fakeKernel) readSync(fc *fconn) {
 	c := fc.c
-	for i := 0; i < 16 && c.recvArmed && c.sk != sockClosed; i++ {
+	for i := 0; i < 16 && c.recvArmed && !c.st.SockClosed(); i++ {
 		buf, err := k.recv.Get()
 		if err != nil && k.growRecv() {
 			buf, err = k.recv.Get()

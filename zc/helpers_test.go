@@ -41,7 +41,7 @@ func engineDump(e *Engine) string {
 				out, queued, kicked := len(c.out), c.queued, c.kicked
 				c.mu.Unlock()
 				s += fmt.Sprintf("  conn %v: pend %d out %d queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v life %v fdClosed %v\n",
-					c.raddr, c.pendLen(), out, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.lifeNow(), c.sk == sockClosed)
+					c.raddr, c.pendLen(), out, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.st.Life(), c.st.SockClosed())
 			}
 			ch <- s
 		})

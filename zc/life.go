@@ -1,59 +1,25 @@
 package zc
 
-// connLife is where a connection is in its life. It only moves forward, and only the core
-// moves it (setLife): backends read it, never write it.
+// A connection's state (Conn.st) is a connstate.State: where it is in its life (new, open,
+// closing, finished) and where its socket is (open, write side shut, closed). Both only move
+// forward, through connstate's transitions, and only the core moves them, on the queue:
 //
-//	lifeNew      made: accepted and not yet handed its handler, or dialing (c.connect)
-//	lifeOpen     started (accept function or DialAsync's done ran): receiving and sending
-//	lifeClosing  Close or an error began the close (beginClose): queued sends drain (a
-//	             graceful close, bounded by CloseTimeout) or were dropped (an error), then
-//	             the socket is closed (sockClosed) and in-flight operations and zero-copy
-//	             notifications are waited for
-//	lifeFinished OnClose ran (finish), or the dial failed (dialFailed): Done is closed
+//	Open        accept (listener.go) or dialDone, once the backend started the connection
+//	BeginClose  beginClose: Close, CloseWrite's end, an error, a handler's panic
+//	Finish      finish (OnClose, Done), or dialFailed
+//	ShutWrite   maybeShutdownWrite, once CloseWrite's queue drained
+//	CloseSock   socketClosed, after the backend closed the socket; or dialFailed
 //
-// The socket itself is a resource, not a stage: sockState says where it is (closing closes it
-// before finishing; a failed dial closes it and finishes at once).
-type connLife uint8
-
-const (
-	lifeNew connLife = iota
-	lifeOpen
-	lifeClosing
-	lifeFinished
-)
-
-func (l connLife) String() string {
-	switch l {
-	case lifeNew:
-		return "new"
-	case lifeOpen:
-		return "open"
-	case lifeClosing:
-		return "closing"
-	case lifeFinished:
-		return "finished"
-	}
-	return "connLife(?)"
-}
-
-// setLife moves the connection forward to l (loop only); a move backwards is ignored. The
-// field is atomic because a writer's fast path (idleLocked) reads it off the loop.
-func (c *Conn) setLife(l connLife) {
-	if l > c.lifeNow() {
-		c.life.Store(uint32(l))
-	}
-}
-
-func (c *Conn) lifeNow() connLife { return connLife(c.life.Load()) }
+// Backends read it (opened, inClose, ended, st.SockClosed), never move it.
 
 // opened: the connection was started (its handler may have run; also once it finished).
-func (c *Conn) opened() bool { return c.lifeNow() >= lifeOpen }
+func (c *Conn) opened() bool { return c.st.Opened() }
 
 // inClose: closing began (or the connection finished).
-func (c *Conn) inClose() bool { return c.lifeNow() >= lifeClosing }
+func (c *Conn) inClose() bool { return c.st.InClose() }
 
 // ended: the connection finished (OnClose ran, or the dial failed).
-func (c *Conn) ended() bool { return c.lifeNow() == lifeFinished }
+func (c *Conn) ended() bool { return c.st.Ended() }
 
 // The backend's own state of a connection is not in Conn: each backend keeps it in a type of
 // its own (uringConn, epollConn, the fake backend's), made with the connection
@@ -73,19 +39,8 @@ func (c *Conn) recvEnded()   { c.recvArmed = false }
 func (c *Conn) opStarted() { c.ops++ }
 func (c *Conn) opEnded()   { c.ops-- }
 
-// sockState is where the connection's socket is; it only moves forward. The socket is a
-// resource, not a stage of the connection's life: a connection may be open with its write
-// side shut, or closing with its socket already closed.
-type sockState uint8
-
-const (
-	sockOpen      sockState = iota
-	sockWriteShut           // shutdown(SHUT_WR) sent the FIN (CloseWrite, once the queue drained)
-	sockClosed              // closed by the backend (closeSocket), or by a failed dial
-)
-
 // socketClosed records that the backend closed the socket (closeSocket).
 func (c *Conn) socketClosed() {
-	c.sk = sockClosed
+	c.st.CloseSock()
 	c.fd = -1
 }

@@ -352,11 +352,11 @@ func (l *Listener) create(q *queue, fd int) {
 	q.addConn(c)
 	if err := q.be.start(c); err != nil {
 		c.h = HandlerFuncs{}
-		c.setLife(lifeOpen)
+		c.st.Open()
 		c.fail(c.opErr("accept", err))
 		return
 	}
-	c.setLife(lifeOpen)
+	c.st.Open()
 	if l.readSelf {
 		if err := c.openSelf(); err != nil {
 			// Out of descriptors, most likely: as if the accept had failed.

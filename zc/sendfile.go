@@ -164,7 +164,7 @@ func (c *Conn) sendFileHead() {
 	}
 	moved := 0
 	for s.off < s.n {
-		if c.sk == sockClosed {
+		if c.st.SockClosed() {
 			return
 		}
 		if moved >= sendFileTurn {
@@ -259,7 +259,7 @@ func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 	if fs.w.ringPoll() {
 		c.opEnded()
 	}
-	if fs.w.fired(ev) && !fs.released && !c.ended() && c.sk != sockClosed {
+	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.st.SockClosed() {
 		c.sendFileHead()
 	}
 	if c.inClose() {

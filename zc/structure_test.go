@@ -89,8 +89,9 @@ func TestNetConnFacePublicOnly(t *testing.T) {
 // backend writes": no assignment in a backend goes through a *Conn. A backend's own
 // per-connection state is an object of its own (uringConn, epollConn), which Conn.bk holds
 // as an opaque interface; everything else a backend changes goes through the core's reports
-// (recvStarted, opEnded, socketClosed ...). And the core never opens Conn.bk: outside the
-// backends it is only assigned, once, where a Conn is made.
+// (recvStarted, opEnded, socketClosed ...); no backend calls a transition of the connection's
+// state machine (Conn.st). And the core never opens Conn.bk: outside the backends it is only
+// assigned, once, where a Conn is made.
 func TestBackendsWriteOnlyTheirState(t *testing.T) {
 	fset, files, pkg, info := checkZC(t)
 	connT := pkg.Scope().Lookup("Conn").Type()
@@ -184,6 +185,17 @@ func TestBackendsWriteOnlyTheirState(t *testing.T) {
 				lhs = s.Lhs
 			case *ast.IncDecStmt:
 				lhs = []ast.Expr{s.X}
+			case *ast.CallExpr:
+				// The state machine moves only by the core: a backend calling one of
+				// connstate.State's transitions on a Conn's state moves it.
+				if sel, ok := s.Fun.(*ast.SelectorExpr); ok {
+					if st, ok := sel.X.(*ast.SelectorExpr); ok && st.Sel.Name == "st" && isConn(st.X) {
+						switch sel.Sel.Name {
+						case "Open", "BeginClose", "Finish", "ShutWrite", "CloseSock":
+							bad = append(bad, fset.Position(s.Pos()).String()+" (moves the connection's state)")
+						}
+					}
+				}
 			}
 			// A write through a pointer the core handed out (a *seg from pendAt) is a
 			// write of the core's state too: no field of the core's types may be

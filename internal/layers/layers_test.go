@@ -28,6 +28,8 @@ var forbidden = []struct {
 	{"bpf", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "memreg", "zc"}},
 	{"hwq", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "zc"}},
 	{"internal/zcrx", []string{"zc"}},
+	// the connection state machine is a leaf: it imports nothing of the module
+	{"zc/internal/connstate", []string{"internal", "memreg", "hwq", "tcpglue", "bpf", "kmod", "zc"}},
 }
 
 // under reports whether path (relative to the module) is prefix or a package below it.
