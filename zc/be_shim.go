@@ -345,9 +345,7 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
 			c.fail(c.opErr("write", cqe.Err()))
 		}
-		if !c.ended() {
-			c.sendProgress()
-		}
+		c.sendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
 	case tagRecv:
 		b.freeOp(c, ev.UD)
 		delete(b.recvBufs, ev.UD)

@@ -369,9 +369,7 @@ func (uc *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
-		if !c.ended() {
-			c.sendProgress()
-		}
+		c.sendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
 	case tagConnect:
 		b.freeOp(c, ev.UD)
 		c.dialDone(ev.Res)

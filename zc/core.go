@@ -227,12 +227,37 @@ func (c *Conn) sentBytes(n int) {
 
 // sendProgress runs after sends completed: more work, the half-close, OnWritable.
 func (c *Conn) sendProgress() {
+	if c.ended() {
+		c.lateSendDone()
+		return
+	}
 	c.pump()
 	if c.inClose() {
 		c.advanceClose()
 		return
 	}
 	c.writable()
+}
+
+// lateSendDone: a send that was still in the kernel when its connection finished completed
+// (sendProgress of a finished connection). Once the backend has no send of it left, what
+// they did not take is dropped and the buffers go back.
+func (c *Conn) lateSendDone() {
+	if _, ok := c.q.lateSends[c]; !ok || c.q.be.sending(c) {
+		return
+	}
+	delete(c.q.lateSends, c)
+	c.dropPend()
+}
+
+// dropPend drops every pending segment (counted as dropped) and returns its buffer.
+func (c *Conn) dropPend() {
+	for c.pendLen() > 0 {
+		s := c.popPend()
+		c.sentBytes(int(s.n - s.off))
+		c.droppedSeg(s)
+		c.finishSeg(s)
+	}
 }
 
 // writable calls OnWritable when the handler has it and less than half of MaxQueuedBytes is
@@ -842,11 +867,27 @@ func (c *Conn) finish() {
 		c.q.be.closeSocket(c)
 		c.socketClosed()
 	}
-	for c.pendLen() > 0 {
-		s := c.popPend()
+	// A send still in the kernel (finishing at the second close deadline: its cancel did not
+	// end it) may still read its segments: they stay until its completion (lateSendDone),
+	// whose part not taken is dropped then. The rest is dropped now.
+	keep := 0
+	if !c.q.stopping {
+		keep = min(c.q.be.inFlightSegs(c), c.pendLen())
+	}
+	for c.pendLen() > keep {
+		i := c.pendLen() - 1
+		s := c.tx.pend[i]
+		c.tx.pend[i] = seg{}
+		c.tx.pend = c.tx.pend[:i]
 		c.sentBytes(int(s.n - s.off))
 		c.droppedSeg(s)
 		c.finishSeg(s)
+	}
+	if keep > 0 {
+		if c.q.lateSends == nil {
+			c.q.lateSends = make(map[*Conn]struct{})
+		}
+		c.q.lateSends[c] = struct{}{}
 	}
 	c.dropProducer()
 	c.dropParked()

@@ -137,7 +137,10 @@ type CloseTimeoutError struct {
 	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) and not yet handed to
 	// the kernel when the connection was reset: the peer gets none of them. It is a lower
 	// bound of the loss: bytes the kernel had taken and the peer had not acknowledged go
-	// with the reset too.
+	// with the reset too. A send the kernel still held at OnClose (twice CloseTimeout
+	// passed and its cancel had not ended it) is not in it: what that send does not take
+	// is counted in ConnStats.BytesDropped when it completes, and its buffers go back only
+	// then.
 	Unsent int
 }
 

@@ -122,6 +122,9 @@ type fconn struct {
 	// CloseTimeout: actCloseExpire); expired: CloseTimeout passed with sends still queued
 	stall   bool
 	expired bool
+	// late: the connection finished with a send in the kernel (actCloseExpire2); what that
+	// send does not take is dropped after OnClose, so Unsent may be below BytesDropped
+	late bool
 
 	// Operations in the fake kernel.
 	rud     uint64 // the receive (0: none); epoll mode: the registration
@@ -199,9 +202,7 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
 			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
 		}
-		if !c.ended() {
-			c.sendProgress()
-		}
+		c.sendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
 	case tagConnect:
 		k.freeOp(c, ev.UD)
 		fc.cud = 0
@@ -623,10 +624,11 @@ const (
 	actAppRelease
 	actEngineClose
 	actCloseExpire
+	actCloseExpire2
 	nActKinds
 )
 
-var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close", "close-expire"}
+var actNames = [...]string{"accept", "recv", "send", "notif", "connect", "peer-write", "peer-read", "peer-fin", "reset", "user-pause", "app-release", "engine-close", "close-expire", "close-expire-2"}
 
 type fakeAct struct {
 	kind fakeActKind
@@ -663,6 +665,12 @@ func (k *fakeKernel) enabled() []fakeAct {
 		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.closeErr == nil && !fc.c.st.SockClosed() {
 			// A graceful close waiting for its sends: CloseTimeout may pass now.
 			a = append(a, fakeAct{kind: actCloseExpire, fc: fc})
+		}
+		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.st.SockClosed() && fc.sud != 0 {
+			// The socket is closed and a send is still in the kernel (its cancel has not
+			// ended it yet): the second deadline may pass now, and the connection finish
+			// with it in flight.
+			a = append(a, fakeAct{kind: actCloseExpire2, fc: fc})
 		}
 		for i := range fc.notifs {
 			a = append(a, fakeAct{kind: actNotif, fc: fc, i: i})
@@ -937,6 +945,18 @@ func (k *fakeKernel) do(a fakeAct) {
 		k.tracef("%v: close-expire (work %v)", fc, fc.expired)
 		c.cl.deadline = time.Now().Add(-time.Nanosecond)
 		c.advanceClose()
+	case actCloseExpire2:
+		// Twice CloseTimeout passed: the connection finishes with its send in flight. Its
+		// buffers must stay lent until that send completes (doSend checks them).
+		c := fc.c
+		fc.tracef("close-expire-2 (ops %d, pend %d)", c.ops, c.pendLen())
+		k.tracef("%v: close-expire-2", fc)
+		c.cl.deadline = time.Now().Add(-2*c.e.cfg.CloseTimeout - time.Nanosecond)
+		c.advanceClose()
+		if c.ended() && fc.sud != 0 {
+			fc.late = true
+			k.sim.lateSends++
+		}
 	}
 }
 

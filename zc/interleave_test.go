@@ -109,6 +109,7 @@ type simTotals struct {
 	counts                            [nActKinds]int
 	resets, enobufs, growRefused      int
 	engineCloses, cancels, expires    int
+	lateSends                         int
 	poolWaits, creditPauses, zcCopied uint64
 	sendOps, zcOps                    uint64
 	bytes                             int64
@@ -129,6 +130,7 @@ func (s *simTotals) add(o simTotals) {
 	s.engineCloses += o.engineCloses
 	s.cancels += o.cancels
 	s.expires += o.expires
+	s.lateSends += o.lateSends
 	s.poolWaits += o.poolWaits
 	s.creditPauses += o.creditPauses
 	s.zcCopied += o.zcCopied
@@ -150,8 +152,8 @@ func (s *simTotals) String() string {
 	for i, n := range s.counts {
 		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
 	}
-	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses, %d removes",
-		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
+	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, finished with a send in the kernel %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses, %d removes",
+		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.lateSends, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
 		s.fans, s.fan.Published, s.fan.Deliveries, s.fan.Drops, s.fan.Closes, s.fan.Gone, s.fan.Pauses, s.fanRemoves)
 }
 
@@ -232,6 +234,7 @@ type simRun struct {
 	counts                       [nActKinds]int
 	resets, enobufs, growRefused int
 	cancels, expires             int // sends cancelled in flight, closes that gave up with work
+	lateSends                    int // connections finished with a send in the kernel (actCloseExpire2)
 
 	// FanOuts with their publishers and subscribers (interleave_fanout_test.go); fanBufs:
 	// where each published message starts; fanRemoves: subscribers removed mid-stream
@@ -352,7 +355,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	}
 
 	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused,
-		cancels: s.cancels, expires: s.expires}
+		cancels: s.cancels, expires: s.expires, lateSends: s.lateSends}
 	if s.engineClosed {
 		st.engineCloses = 1
 	}
@@ -652,7 +655,7 @@ func (s *simRun) checkDropped(r *simConn, closeErr error) []string {
 		errs = append(errs, fmt.Sprintf("the close gave up with sends queued, yet OnClose got %v", closeErr))
 	case timedOut && !fc.expired:
 		errs = append(errs, fmt.Sprintf("OnClose got %v, yet no close gave up with work", closeErr))
-	case timedOut && int64(te.Unsent) != dropped:
+	case timedOut && (int64(te.Unsent) != dropped && !fc.late || int64(te.Unsent) > dropped):
 		errs = append(errs, fmt.Sprintf("the close gave up: Unsent %d, BytesDropped %d (accepted %d, taken %d)", te.Unsent, dropped, r.accepted, fc.kAcc))
 	case timedOut && !errors.Is(closeErr, ErrCloseTimeout):
 		errs = append(errs, fmt.Sprintf("OnClose's %v does not match ErrCloseTimeout", closeErr))

@@ -103,6 +103,11 @@ type queue struct {
 
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64
+	// lateSends: finished connections with a send still in the kernel (finish at the second
+	// close deadline): its buffers go back with its completion (lateSendDone), or when the
+	// queue stops (abortAll). Loop only.
+	lateSends map[*Conn]struct{}
+	stopping  bool // abortAll runs: finish keeps nothing for a completion that will not come
 
 	notifsPending atomic.Int64
 	growErr       atomic.Pointer[error]
@@ -558,6 +563,13 @@ func (q *queue) closeAll() {
 // abortAll finishes whatever is left when the queue stops (AtStop): the kernel objects go
 // away with the driver right after.
 func (q *queue) abortAll() {
+	q.stopping = true
+	defer func() {
+		for c := range q.lateSends {
+			c.dropPend() // the ring goes: the kernel is done with them
+		}
+		q.lateSends = nil
+	}()
 	for _, c := range slices.Clone(q.conns) { // finishing removes connections
 		if c.ended() {
 			continue
