@@ -85,6 +85,8 @@ type closeState struct {
 	timer    *loop.Timer // the close's watchdog
 	// droppedBefore: BytesDropped when CloseTimeout passed (what the reset drops is the rest)
 	droppedBefore uint64
+	// acked: the peer's acknowledged bytes (TCP_INFO) at the last look (peerAcked)
+	acked uint64
 }
 
 // seg is one buffer (or part of one) on its way out.
@@ -939,7 +941,8 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// CloseWrite half-closes the sending side once queued sends are out (SHUT_WR).
+// CloseWrite half-closes the sending side once queued sends are out (SHUT_WR). Sends after
+// it (Write, Send, SendData, SendFile) fail with an error matching ErrClosed.
 func (c *Conn) CloseWrite() error {
 	c.mu.Lock()
 	if c.werr != nil {
@@ -963,8 +966,12 @@ func (c *Conn) CloseWrite() error {
 }
 
 // Post runs fn on the connection's queue goroutine, serialized with its handler methods (for
-// example to start a Writable sender). It fails with ErrClosed once the connection is closing.
+// example to start a Writable sender). It fails with ErrClosed once the connection is closing,
+// and with ErrInvalid for a nil fn.
 func (c *Conn) Post(fn func()) error {
+	if fn == nil {
+		return c.opErr("post", ErrInvalid)
+	}
 	c.mu.Lock()
 	closing := c.closeReq
 	c.mu.Unlock()

@@ -669,6 +669,7 @@ func (c *Conn) beginClose(err error) {
 	c.cl = &closeState{}
 	c.mu.Lock()
 	c.closeReq = true
+	work := c.queued > 0
 	if c.werr == nil || c.werr == errWriteClosed || (err != nil && c.werr == ErrClosed) {
 		c.werr = ErrClosed
 		if err != nil {
@@ -678,6 +679,13 @@ func (c *Conn) beginClose(err error) {
 	c.mu.Unlock()
 	c.cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
 	c.cl.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
+	if err == nil && (work || c.q.be.sending(c)) {
+		// What the peer acknowledged so far: progress from here on may keep the close
+		// waiting while a send stays in the kernel (peerAcked).
+		if ti, err := c.sock.TCPInfo(); err == nil {
+			c.cl.acked = ti.BytesAcked
+		}
+	}
 	if c.recvArmed {
 		c.q.be.stopRecv(c)
 	}
@@ -713,6 +721,24 @@ func (c *Conn) closeTimer() {
 		}
 		c.cl.timer = c.q.After(d, c.closeTimer)
 	}
+}
+
+// peerAcked reports whether the peer acknowledged bytes since beginClose or the last look
+// (TCP_INFO's bytes_acked), for a graceful close whose deadline passed with no send
+// completing: an io_uring send of many buffers completes only once the kernel took all of
+// them, which into a small socket buffer drained by a slow reader can take longer than
+// CloseTimeout. Never once the engine closes (its bound is absolute), and false when the
+// socket cannot say.
+func (c *Conn) peerAcked() bool {
+	if c.e.closed.Load() {
+		return false
+	}
+	ti, err := c.sock.TCPInfo()
+	if err != nil || ti.BytesAcked <= c.cl.acked {
+		return false
+	}
+	c.cl.acked = ti.BytesAcked
+	return true
 }
 
 // closeTimedOut marks a graceful close that waited CloseTimeout in vain: it ends with a
@@ -828,6 +854,12 @@ func (c *Conn) advanceClose() {
 		if sending && c.closeErr == nil {
 			if now.Before(c.cl.deadline) {
 				return // the sends' completions come back here
+			}
+			if c.peerAcked() {
+				// No send completed, yet the peer acknowledged bytes: it reads, and a send
+				// in the kernel (a large batch into a small socket buffer) is taking them.
+				c.cl.deadline = now.Add(c.e.cfg.CloseTimeout)
+				return
 			}
 			// CloseTimeout passed with no byte leaving: the peer is not reading. Reset, and
 			// say so: what is still queued never reaches the peer.

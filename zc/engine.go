@@ -311,8 +311,9 @@ func (e *Engine) Close() error { return e.CloseContext(context.Background()) }
 
 // CloseContext is Close bounded by ctx as well: when ctx ends before the connections
 // finished closing gracefully, the rest are reset (queued sends dropped) and the queues
-// stop at once; it then returns an error wrapping ctx's error. Buffers the application holds
-// stay valid, as with Close.
+// stop at once (a queue waits at most 50 ms more for the sends it cancelled to say what the
+// kernel took of them, so those bytes are not counted as dropped); it then returns an error
+// wrapping ctx's error. Buffers the application holds stay valid, as with Close.
 func (e *Engine) CloseContext(ctx context.Context) error {
 	if ctx == nil {
 		return &OpError{Op: "close", Err: fmt.Errorf("nil context: %w", ErrInvalid)}

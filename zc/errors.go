@@ -132,7 +132,9 @@ func (e *LimitError) Unwrap() error { return e.Err }
 // it afterwards). It unwraps to ErrCloseTimeout, so it matches ErrClosed as well.
 type CloseTimeoutError struct {
 	// Timeout is the Config.CloseTimeout that passed with no queued byte leaving (or, in
-	// Engine.Close, since the engine's close began).
+	// Engine.Close, since the engine's close began). When CloseContext's context ended
+	// first, that cut the close short instead (CloseContext's error says so) and Timeout is
+	// still the configured CloseTimeout.
 	Timeout time.Duration
 	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) and not yet handed to
 	// the kernel when the connection was reset: the peer gets none of them. It is a lower
@@ -154,7 +156,9 @@ func (e *CloseTimeoutError) Unwrap() error { return ErrCloseTimeout }
 // timeoutError is os.ErrDeadlineExceeded's behaviour for zc's own waits.
 var errTimeout error = os.ErrDeadlineExceeded
 
-var errWriteClosed = errors.New("write side closed")
+// errWriteClosed: sends after CloseWrite (a closed family error: errors.Is(err, ErrClosed),
+// as SendFile's).
+var errWriteClosed = fmt.Errorf("write side closed (CloseWrite): %w", ErrClosed)
 
 // errCloseTimedOut: a closing connection's closeErr between CloseTimeout passing and its
 // finish, where it becomes a *CloseTimeoutError (core.go closeTimedOut).

@@ -186,6 +186,38 @@ func testMisuse(t *testing.T, cfg Config) {
 		if _, err := e.ListenWith(ListenOptions{Backlog: -1}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Listen with a negative backlog = %v", err)
 		}
+		// Post(nil) was accepted and then closed the connection with a *PanicError (the
+		// session-10 probe).
+		if err := c.Post(nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Post(nil) = %v, want ErrInvalid", err)
+		}
+		s.Write([]byte("post"))
+		if got := recvEvent(t, ev.data, "data after Post(nil)"); string(got) != "post" {
+			t.Fatalf("got %q after Post(nil)", got)
+		}
+	})
+	t.Run("SendAfterCloseWrite", func(t *testing.T) {
+		// Write, Send and SendData after CloseWrite fail with an error matching ErrClosed, as
+		// SendFile's does (they returned a bare "write side closed" no sentinel matched).
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("x")); !errors.Is(err, ErrClosed) {
+			t.Errorf("Write after CloseWrite = %v, want ErrClosed", err)
+		}
+		b, err := c.Buffer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Send(b, 1); !errors.Is(err, ErrClosed) {
+			t.Errorf("Send after CloseWrite = %v, want ErrClosed", err)
+		}
+		if b.Valid() {
+			t.Errorf("Send after CloseWrite kept the buffer")
+		}
+		if err := c.CloseWrite(); !errors.Is(err, ErrClosed) {
+			t.Errorf("a second CloseWrite = %v, want ErrClosed", err)
+		}
 	})
 }
 

@@ -560,6 +560,10 @@ func (q *queue) closeAll() {
 	}
 }
 
+// abortDrain bounds how long a stopping queue waits for the completions of the sends it
+// cancelled (abortAll).
+const abortDrain = 50 * time.Millisecond
+
 // abortAll finishes whatever is left when the queue stops (AtStop): the kernel objects go
 // away with the driver right after.
 func (q *queue) abortAll() {
@@ -570,6 +574,33 @@ func (q *queue) abortAll() {
 		}
 		q.lateSends = nil
 	}()
+	// First every connection gives up its close (a graceful one with work ends with a
+	// *CloseTimeoutError) or is aborted: its sends still in the kernel are cancelled, and
+	// their completions, which say how much each took, are waited for a moment (they come
+	// at once unless the kernel misbehaves): what the peer got is not counted as dropped.
+	for _, c := range slices.Clone(q.conns) {
+		if c.ended() || c.connect != nil {
+			continue
+		}
+		if !c.inClose() {
+			c.beginClose(ErrClosed)
+		}
+		c.cl.deadline = time.Now().Add(-time.Nanosecond) // the first deadline, not the second
+		c.advanceClose()
+	}
+	q.Drain(abortDrain, func() bool {
+		for _, c := range q.conns {
+			if !c.ended() && q.be.inFlightSegs(c) > 0 {
+				return false
+			}
+		}
+		for c := range q.lateSends {
+			if q.be.inFlightSegs(c) > 0 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, c := range slices.Clone(q.conns) { // finishing removes connections
 		if c.ended() {
 			continue

@@ -335,6 +335,27 @@ func (q *Queue) YieldSoon() {
 // AtStop registers f to run on the loop when it stops, before the driver closes (loop only).
 func (q *Queue) AtStop(f func()) { q.atStop = append(q.atStop, f) }
 
+// Drain lets an AtStop function wait for operations it ended (cancels): it submits prepared
+// work and dispatches events until done reports true or timeout passed (AtStop only; posted
+// work and timers no longer run then). It returns whether done reported true.
+func (q *Queue) Drain(timeout time.Duration, done func() bool) bool {
+	end := time.Now().Add(timeout)
+	for !done() {
+		left := time.Until(end)
+		if left <= 0 || q.runErr != nil {
+			return false
+		}
+		q.flush()
+		q.inCode.Store(false)
+		err := q.drv.Wait(min(left, time.Millisecond))
+		q.inCode.Store(true)
+		if err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // Post runs fn on the queue's goroutine. It never blocks and wakes the queue only if it
 // sleeps. After the queue stopped it returns ErrClosed; a Post that returned nil always runs.
 func (q *Queue) Post(fn func()) error {
