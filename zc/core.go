@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
@@ -328,7 +330,7 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		// after taking part of it (io_uring reports the part, not the error): the rest of the
 		// segment is lost, and so is the connection. Nothing else may follow to say so (a
 		// closing connection whose last send this was would report a clean close).
-		c.fail(c.opErr("write", fmt.Errorf("zero-copy send cut short (%d of %d bytes): %w", res, int(w.s.n-w.s.off), io.ErrShortWrite)))
+		c.fail(c.opErr("write", fmt.Errorf("zero-copy send cut short (%d of %d bytes): %w", res, int(w.s.n-w.s.off), c.shortCause(io.ErrShortWrite))))
 	}
 	switch {
 	case w.early:
@@ -342,6 +344,23 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		c.tx.zc.abandoned()
 		c.zcFinish(i, false)
 	}
+}
+
+// shortCause says why a send came back short without an error (io_uring reports the part a
+// MSG_WAITALL send took and swallows the error that stopped it, having consumed the
+// socket's pending error): a socket the kernel already closed (TCP_CLOSE, and we did not
+// close it) was reset by its peer; otherwise def.
+func (c *Conn) shortCause(def error) error {
+	if c.st.SockClosed() {
+		return def
+	}
+	if e, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil && e != 0 {
+		return errors.Join(def, unix.Errno(e))
+	}
+	if ti, err := c.sock.TCPInfo(); err == nil && ti.State == tcpglue.StateClose {
+		return errors.Join(def, unix.ECONNRESET)
+	}
+	return def
 }
 
 // zcNotified: the notification of zero-copy send ud arrived (copied: the kernel copied the
