@@ -410,8 +410,9 @@ func (c *Conn) Buffer() (memreg.Buf, error) {
 }
 
 // BufferWait is Buffer that waits (up to timeout, 0 = forever) for a buffer to come back;
-// waiters are served in arrival order. On a queue goroutine it returns ErrWouldBlock instead
-// of waiting.
+// waiters are served in arrival order. When the timeout passes it returns an error matching
+// os.ErrDeadlineExceeded (at once for a negative timeout and no free buffer). On a queue
+// goroutine it returns ErrWouldBlock instead of waiting.
 func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 	if c.isClosing() {
 		return memreg.Buf{}, c.opErr("buffer", ErrClosed)
@@ -430,6 +431,9 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 	}
 	if onLoop {
 		return b, c.opErr("buffer", ErrWouldBlock)
+	}
+	if timeout < 0 {
+		return b, c.opErr("buffer", errTimeout) // already past, as a deadline in the past
 	}
 	var dl func() time.Time
 	if timeout > 0 {

@@ -3,8 +3,10 @@ package zc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -121,6 +123,43 @@ func TestV3Sentinels(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Close()
+}
+
+// TestBufferWaitTimeouts: with the send pool empty, BufferWait with a timeout returns an
+// error matching os.ErrDeadlineExceeded when it passes, and a negative timeout at once (it
+// waited forever, as 0 does).
+func TestBufferWaitTimeouts(t *testing.T) {
+	e := newEngine(t, Config{Queues: 1, SendBufs: 2, SendBufSize: 4096, SendPoolMax: 8192})
+	c, _ := dialPeer(t, e, HandlerFuncs{})
+	var held []memreg.Buf
+	for {
+		b, err := c.Buffer()
+		if err != nil {
+			break
+		}
+		held = append(held, b)
+	}
+	if len(held) == 0 {
+		t.Fatal("no buffer at all")
+	}
+	for _, d := range []time.Duration{-1, 20 * time.Millisecond} {
+		res := make(chan error, 1)
+		go func() {
+			_, err := c.BufferWait(d)
+			res <- err
+		}()
+		if err := waitHang(t, res, fmt.Sprintf("BufferWait(%v) on an empty pool", d), nil); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("BufferWait(%v) on an empty pool = %v, want os.ErrDeadlineExceeded", d, err)
+		}
+	}
+	for _, b := range held {
+		b.Release()
+	}
+	if b, err := c.BufferWait(-1); err != nil {
+		t.Fatalf("BufferWait(-1) with free buffers = %v", err)
+	} else {
+		b.Release()
+	}
 }
 
 // TestReleaseAfterEngineClose: Data held across Engine.Close is still readable, its first
