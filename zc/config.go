@@ -193,10 +193,14 @@ type Config struct {
 	// the connections that would drain held data can always receive.
 	MaxRecvHeld int
 	// CloseTimeout bounds how long a graceful Close waits for queued sends without progress:
-	// once no queued byte has left for CloseTimeout (the peer stopped reading), the
-	// connection is reset, the bytes still queued are dropped and OnClose gets an error
-	// matching ErrCloseTimeout. A peer that keeps reading, however slowly, gets everything,
-	// as from Go's net. Engine.Close bounds it absolutely: CloseTimeout from its start, not
+	// once for CloseTimeout no queued byte has left and the peer acknowledged nothing (it
+	// stopped reading), the connection is reset, the bytes still queued are dropped and
+	// OnClose gets an error matching ErrCloseTimeout. A peer that keeps reading gets
+	// everything, as from Go's net, as long as its reads reopen its receive window within
+	// CloseTimeout: a receiver advertises room again only once a good part of a segment's
+	// worth is free (on loopback about 64 KiB), so a peer reading less than that per
+	// CloseTimeout looks stopped (a reader of 8 KiB every 20 ms did at 100 ms; the default
+	// allows 13 KB/s). Engine.Close bounds it absolutely: CloseTimeout from its start, not
 	// from the last progress. It bounds the wait for zero-copy notifications after the
 	// sends, again (default 5 s).
 	CloseTimeout time.Duration

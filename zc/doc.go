@@ -147,7 +147,9 @@
 // # Errors
 //
 // Errors are *OpError values (Op, Net, Addr, Err) that unwrap to the cause: ErrClosed after
-// Close, ErrNotSupported for what this kernel cannot do (the one sentinel every zcnet package
+// Close (and for sends after CloseWrite); after a connection failed, its failure (a peer's
+// reset: sends return an error matching syscall.ECONNRESET or EPIPE, as net's do);
+// ErrNotSupported for what this kernel cannot do (the one sentinel every zcnet package
 // shares), ErrInvalid and *ConfigError for bad arguments, ErrWouldBlock, ErrEmpty,
 // ErrTooLarge, ErrForeignBuffer, memreg errors for buffer misuse (memreg.ErrStale,
 // memreg.ErrExhausted, *memreg.MemlockError), syscall errnos. io.EOF stays bare.
