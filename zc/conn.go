@@ -78,9 +78,9 @@ func (c *Conn) txLocked() *sender {
 
 // closeState is what a closing connection needs.
 type closeState struct {
-	// deadline: CloseTimeout after beginClose or after the last byte a graceful close saw
-	// leave (progress moves it: a peer that reads is never reset for being slow), fixed
-	// once the engine closes
+	// deadline: CloseTimeout after beginClose or after the last progress a graceful close
+	// saw (a byte leaving, sentBytes, or the peer acknowledging more, peerAcked: a peer that
+	// reads is not reset for being slow), fixed once the engine closes
 	deadline time.Time
 	timer    *loop.Timer // the close's watchdog
 	// droppedBefore: BytesDropped when CloseTimeout passed (what the reset drops is the rest)
