@@ -74,7 +74,7 @@ func TestCloseSlowReaderGetsEverything(t *testing.T) {
 func TestCloseSlowBatchIsProgress(t *testing.T) {
 	for _, be := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(be.String(), func(t *testing.T) {
-			cfg := Config{Backend: be, CloseTimeout: 100 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+			cfg := Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
 			e := newEngine(t, cfg)
 			l, ev := listenEvents(t, e)
 			s := smallRecvBuf(t, l.Addr().String())
@@ -93,7 +93,9 @@ func TestCloseSlowBatchIsProgress(t *testing.T) {
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
 			}
-			// 8 KiB every 2 ms: about 4 MB/s, so a 1 MiB send takes ~250 ms, 2.5 × CloseTimeout.
+			// 8 KiB every 4 ms: about 2 MB/s, so a 1 MiB send takes ~500 ms, longer than
+			// CloseTimeout; the window reopens every ~32 ms, far within it (a reader starved
+			// for 300 ms by a loaded machine would look stopped).
 			got := make([]byte, 0, total)
 			buf := make([]byte, 8<<10)
 			for {
@@ -105,7 +107,7 @@ func TestCloseSlowBatchIsProgress(t *testing.T) {
 				if err != nil {
 					t.Fatalf("the reader's Read after %d of %d bytes: %v", len(got), total, err)
 				}
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(4 * time.Millisecond)
 			}
 			if !bytes.Equal(got, src) {
 				t.Fatalf("the reader got %d of %d bytes, or different ones", len(got), total)
