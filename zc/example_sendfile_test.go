@@ -11,8 +11,8 @@ import (
 	"github.com/zcnet/zcnet/zc"
 )
 
-// A file streamed to a client from the event loop: a header with Write, the file's bytes
-// with SendFile (sendfile(2) from the page cache, in order with the Write), then the FIN.
+// A file streamed to a client: a header with Write, the file's bytes with SendFile
+// (sendfile(2) from the page cache, in order with the Write), then the FIN.
 func ExampleConn_SendFile() {
 	e, err := zc.New(zc.Config{Queues: 1})
 	if err != nil {
@@ -52,7 +52,13 @@ func ExampleConn_SendFile() {
 	}
 	// sendfile:begin
 	st, _ := f.Stat()
-	c.Write([]byte("200 OK\n")) // a header, then the file, in order
+	// A header, then the file, in order. Here (not on a queue goroutine) a Write waits for
+	// send buffers; in a handler it returns ErrWouldBlock instead: keep the request and
+	// send from OnWritable (see ExampleWritable).
+	if _, err := c.Write([]byte("200 OK\n")); err != nil {
+		fmt.Println(err)
+		return
+	}
 	if err := c.SendFile(f, 0, st.Size()); err != nil {
 		fmt.Println(err)
 		return

@@ -41,7 +41,11 @@ type FanOutOptions struct {
 	// MaxQueued bounds the bytes one subscriber may have queued (Conn.Queued: its sends
 	// not yet sent, whoever queued them) before the policy applies (default: the
 	// subscriber's Config.MaxQueuedBytes). A published message may take a subscriber past
-	// it by one message: the bound is checked before each message.
+	// it by one message: the bound is checked before each message. What the queue has not
+	// yet handed to the kernel counts too, so under FanOutDrop and FanOutClose the bound
+	// must also hold a burst of publishing for the queue's own latency, or subscribers that
+	// keep up are dropped or closed with the slow ones (a tester's 1 KiB messages, 8 per
+	// millisecond: 32 KiB dropped fast readers' messages, 256 KiB none).
 	MaxQueued int
 	// OnReady (FanOutPause) runs once after a Publish returned ErrWouldBlock, when every
 	// subscriber is under half its bound again (or was removed, or closed), or the FanOut
