@@ -625,8 +625,10 @@ func (c *Conn) releaseHold() {
 
 // Write copies p into send buffers and queues them; it blocks while the connection has
 // MaxQueuedBytes queued or no buffer is free (on a queue goroutine it returns ErrWouldBlock
-// instead). Small writes are coalesced while a send is in flight. It returns once p is
-// queued, not once it is sent.
+// instead, with the count of what it took; OnWritable follows). A connection with nothing
+// queued writes what the socket takes at once (write(2)) when no buffer is free, so a
+// handler's small reply goes out even with the pool empty. Small writes are coalesced while
+// a send is in flight. It returns once p is queued, not once it is sent.
 func (c *Conn) Write(p []byte) (int, error) { return c.write(p, nil, nil) }
 
 // WriteContext is Write bounded by ctx: it returns when p is queued, or with what was queued
@@ -720,6 +722,23 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 					return written, c.opErr("write", err)
 				}
 				if onLoop {
+					// No buffer to stage in, but nothing of this connection is queued or in
+					// flight: write(2) what the socket takes now, as a writer off the queue
+					// would (a small header a handler writes goes out with the pool empty).
+					// The rest waits for the OnWritable the refusal promised.
+					c.mu.Lock()
+					if c.idleLocked() && c.mayCopy(len(p)) {
+						k, err := c.directWrite(p)
+						c.mu.Unlock()
+						if err != nil {
+							return written, c.opErr("write", err)
+						}
+						if written += k; k == len(p) {
+							return written, nil
+						}
+					} else {
+						c.mu.Unlock()
+					}
 					return written, c.opErr("write", ErrWouldBlock)
 				}
 				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, c.withWriteDeadline(dl)); err != nil {

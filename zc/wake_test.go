@@ -395,3 +395,88 @@ func TestFanOutWakes(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerWriteWithPoolEmpty: a handler's Write on a connection with nothing queued goes
+// out through write(2) when the send pool has no buffer to stage it in (a file server's
+// header in OnData under a burst of requests: the services probe's server lost 10–91 of
+// 128 headers to ErrWouldBlock with a capped pool). What the socket does not take is
+// refused with ErrWouldBlock and the count written, and OnWritable follows.
+func TestHandlerWriteWithPoolEmpty(t *testing.T) {
+	for _, b := range wakeBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 2, SendBufSize: 64 << 10,
+				SendPoolMax: 128 << 10, SendPath: zc.SendCopy, SocketOptions: smallBufs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			// A holds every buffer of the pool.
+			a, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ln.Accept(); err != nil {
+				t.Fatal(err)
+			}
+			var held []memreg.Buf
+			for {
+				buf, err := a.Buffer()
+				if err != nil {
+					break
+				}
+				held = append(held, buf)
+			}
+			type res struct {
+				n   int
+				err error
+			}
+			results := make(chan res, 2)
+			writable := make(chan struct{}, 16)
+			big := make([]byte, 4<<20)
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{
+				Writable: func(*zc.Conn) { writable <- struct{}{} },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			c.Post(func() {
+				n, err := c.Write([]byte("200 OK\n")) // the header: the socket takes it
+				results <- res{n, err}
+				n, err = c.Write(big) // more than the socket takes: the rest is refused
+				results <- res{n, err}
+			})
+			if r := <-results; r.n != 7 || r.err != nil {
+				t.Fatalf("a handler's small Write with the pool empty = %d, %v; want 7, nil", r.n, r.err)
+			}
+			r := <-results
+			if !errors.Is(r.err, zc.ErrWouldBlock) || r.n <= 0 || r.n >= len(big) {
+				t.Fatalf("a handler's large Write with the pool empty = %d, %v; want part of it and ErrWouldBlock", r.n, r.err)
+			}
+			got := make([]byte, 7+r.n)
+			if _, err := io.ReadFull(peer, got); err != nil || string(got[:7]) != "200 OK\n" {
+				t.Fatalf("the peer read %q, %v", got[:min(7, len(got))], err)
+			}
+			for _, buf := range held {
+				buf.Release()
+			}
+			select {
+			case <-writable:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no OnWritable after the refused Write, with the pool's buffers back")
+			}
+			if d := e.Stats().Send.DirectWrites; d == 0 {
+				t.Errorf("Stats.Send.DirectWrites = 0")
+			}
+		})
+	}
+}
