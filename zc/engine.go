@@ -419,7 +419,8 @@ type SendStats struct {
 	Ops          uint64 // copying send operations (one may carry many buffers)
 	ZCOps        uint64 // zero-copy send operations
 	// DirectWrites: Writes made with write(2) by the writing goroutine itself because nothing
-	// was queued (no hand-off to the queue; the bytes count in BytesCopy).
+	// was queued (no hand-off to the queue; or, on a queue goroutine, no free buffer to stage
+	// in); the bytes count in BytesCopy.
 	DirectWrites uint64
 	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
 	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
