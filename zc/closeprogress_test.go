@@ -11,6 +11,70 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
+// slowPeer is an accepted connection of an engine made with cfg, its send buffer set to
+// sndbuf, whose peer has a 4 KiB receive window (it paces the sender), and total bytes of a
+// pattern written to it (queued).
+type slowPeer struct {
+	e   *Engine
+	c   *Conn
+	ev  *peerEvents
+	s   *tcpglue.Socket
+	src []byte
+}
+
+func newSlowPeer(t *testing.T, cfg Config, sndbuf, total int) *slowPeer {
+	t.Helper()
+	e := newEngine(t, cfg)
+	l, ev := listenEvents(t, e)
+	s := smallRecvBuf(t, l.Addr().String())
+	c := recvEvent(t, ev.conn, "accept")
+	if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(sndbuf); return err }); err != nil {
+		t.Fatal(err)
+	}
+	src := make([]byte, total)
+	for i := range src {
+		src[i] = byte(i*13 + i>>11)
+	}
+	if n, err := c.Write(src); n != total || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	return &slowPeer{e, c, ev, s, src}
+}
+
+// read reads chunk bytes at a time, pausing every between reads, until the stream ends or
+// fails; it returns what arrived and the error that ended it (io.EOF at a clean end).
+func (p *slowPeer) read(chunk int, every time.Duration) ([]byte, error) {
+	var got []byte
+	buf := make([]byte, chunk)
+	for {
+		n, err := p.s.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+		time.Sleep(every)
+	}
+}
+
+// closeAllRead: the connection closes gracefully while the peer reads at chunk per every;
+// the peer must get everything and OnClose nil.
+func (p *slowPeer) closeAllRead(t *testing.T, chunk int, every time.Duration) {
+	t.Helper()
+	if err := p.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.read(chunk, every)
+	if err != io.EOF {
+		t.Fatalf("the slow reader's Read after %d of %d bytes: %v", len(got), len(p.src), err)
+	}
+	if !bytes.Equal(got, p.src) {
+		t.Fatalf("the slow reader got %d of %d bytes, or different ones", len(got), len(p.src))
+	}
+	if err := recvEvent(t, p.ev.closed, "close"); err != nil {
+		t.Fatalf("OnClose of a close whose peer read everything = %v, want nil", err)
+	}
+}
+
 // TestCloseSlowReaderGetsEverything: a graceful Close whose peer keeps reading, slowly, for
 // longer in all than CloseTimeout is not reset: CloseTimeout counts from the last byte that
 // left, so a peer that reads gets everything, as from Go's net. (It counted from Close: a
@@ -18,47 +82,11 @@ import (
 func TestCloseSlowReaderGetsEverything(t *testing.T) {
 	for _, be := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(be.String(), func(t *testing.T) {
-			cfg := Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20}
-			e := newEngine(t, cfg)
-			l, ev := listenEvents(t, e)
-			s := smallRecvBuf(t, l.Addr().String()) // its 4 KiB window paces the sender
-			c := recvEvent(t, ev.conn, "accept")
-			if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(4096); return err }); err != nil {
-				t.Fatal(err)
-			}
-			const total = 4 << 20
-			src := make([]byte, total)
-			for i := range src {
-				src[i] = byte(i*13 + i>>11)
-			}
-			if n, err := c.Write(src); n != total || err != nil {
-				t.Fatalf("Write = %d, %v", n, err)
-			}
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			// The peer reads a few KiB a millisecond: about a second in all, longer than
-			// CloseTimeout, with bytes leaving the whole time.
-			got := make([]byte, 0, total)
-			buf := make([]byte, 16<<10)
-			for {
-				n, err := s.Read(buf)
-				got = append(got, buf[:n]...)
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatalf("the slow reader's Read after %d of %d bytes: %v", len(got), total, err)
-				}
-				time.Sleep(time.Millisecond)
-			}
-			if !bytes.Equal(got, src) {
-				t.Fatalf("the slow reader got %d of %d bytes, or different ones", len(got), total)
-			}
-			if err := recvEvent(t, ev.closed, "close"); err != nil {
-				t.Fatalf("OnClose of a close whose peer read everything = %v, want nil", err)
-			}
-			if st := e.Stats(); st.Faults.CloseTimeouts != 0 {
+			p := newSlowPeer(t, Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20}, 4096, 4<<20)
+			// A few KiB a millisecond: about a second in all, longer than CloseTimeout, with
+			// bytes leaving the whole time.
+			p.closeAllRead(t, 16<<10, time.Millisecond)
+			if st := p.e.Stats(); st.Faults.CloseTimeouts != 0 {
 				t.Errorf("Faults.CloseTimeouts = %d, want 0", st.Faults.CloseTimeouts)
 			}
 		})
@@ -75,46 +103,11 @@ func TestCloseSlowBatchIsProgress(t *testing.T) {
 	for _, be := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(be.String(), func(t *testing.T) {
 			cfg := Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
-			e := newEngine(t, cfg)
-			l, ev := listenEvents(t, e)
-			s := smallRecvBuf(t, l.Addr().String())
-			c := recvEvent(t, ev.conn, "accept")
-			if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(16 << 10); return err }); err != nil {
-				t.Fatal(err)
-			}
-			const total = 2 << 20
-			src := make([]byte, total)
-			for i := range src {
-				src[i] = byte(i*7 + i>>9)
-			}
-			if n, err := c.Write(src); n != total || err != nil {
-				t.Fatalf("Write = %d, %v", n, err)
-			}
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
+			p := newSlowPeer(t, cfg, 16<<10, 2<<20)
 			// 8 KiB every 4 ms: about 2 MB/s, so a 1 MiB send takes ~500 ms, longer than
 			// CloseTimeout; the window reopens every ~32 ms, far within it (a reader starved
 			// for 300 ms by a loaded machine would look stopped).
-			got := make([]byte, 0, total)
-			buf := make([]byte, 8<<10)
-			for {
-				n, err := s.Read(buf)
-				got = append(got, buf[:n]...)
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatalf("the reader's Read after %d of %d bytes: %v", len(got), total, err)
-				}
-				time.Sleep(4 * time.Millisecond)
-			}
-			if !bytes.Equal(got, src) {
-				t.Fatalf("the reader got %d of %d bytes, or different ones", len(got), total)
-			}
-			if err := recvEvent(t, ev.closed, "close"); err != nil {
-				t.Fatalf("OnClose of a close whose peer read everything = %v, want nil", err)
-			}
+			p.closeAllRead(t, 8<<10, 4*time.Millisecond)
 		})
 	}
 }
@@ -128,47 +121,25 @@ func TestCloseSlowBatchIsProgress(t *testing.T) {
 func TestCloseContextCountsWhatTheKernelTook(t *testing.T) {
 	for _, be := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(be.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: be, MaxQueuedBytes: 8 << 20, SendPath: SendCopy})
-			l, ev := listenEvents(t, e)
-			s := smallRecvBuf(t, l.Addr().String())
-			c := recvEvent(t, ev.conn, "accept")
-			if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(16 << 10); return err }); err != nil {
-				t.Fatal(err)
-			}
 			const total = 1 << 20
-			src := make([]byte, total)
-			for i := range src {
-				src[i] = byte(i*11 + i>>10)
-			}
-			if n, err := c.Write(src); n != total || err != nil {
-				t.Fatalf("Write = %d, %v", n, err)
-			}
+			p := newSlowPeer(t, Config{Backend: be, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}, 16<<10, total)
 			got := make(chan []byte, 1)
 			go func() { // 8 KiB every 2 ms until the reset
-				var b []byte
-				buf := make([]byte, 8<<10)
-				for {
-					n, err := s.Read(buf)
-					b = append(b, buf[:n]...)
-					if err != nil {
-						got <- b
-						return
-					}
-					time.Sleep(2 * time.Millisecond)
-				}
+				b, _ := p.read(8<<10, 2*time.Millisecond)
+				got <- b
 			}()
 			time.Sleep(60 * time.Millisecond)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 			defer cancel()
-			if err := e.CloseContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			if err := p.e.CloseContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("CloseContext = %v, want an error wrapping context.DeadlineExceeded", err)
 			}
-			recvEvent(t, ev.closed, "close")
+			recvEvent(t, p.ev.closed, "close")
 			peer := waitHang(t, got, "the peer's reads after the reset", nil)
-			if !bytes.Equal(peer, src[:len(peer)]) {
+			if !bytes.Equal(peer, p.src[:len(peer)]) {
 				t.Fatalf("the peer's %d bytes differ from what was written", len(peer))
 			}
-			dropped := int(c.Stats().BytesDropped)
+			dropped := int(p.c.Stats().BytesDropped)
 			t.Logf("peer received %d, BytesDropped %d, written %d", len(peer), dropped, total)
 			if dropped == 0 || len(peer) == total {
 				t.Fatalf("nothing was cut (peer %d, dropped %d): the test did not reset a send in flight", len(peer), dropped)

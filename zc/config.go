@@ -199,8 +199,8 @@ type Config struct {
 	// everything, as from Go's net, as long as its reads reopen its receive window within
 	// CloseTimeout: a receiver advertises room again only once a good part of a segment's
 	// worth is free (on loopback about 64 KiB), so a peer reading less than that per
-	// CloseTimeout looks stopped (a reader of 8 KiB every 20 ms did at 100 ms; the default
-	// allows 13 KB/s). Engine.Close bounds it absolutely: CloseTimeout from its start, not
+	// CloseTimeout looks stopped (a reader of 8 KiB every 20 ms did at 100 ms; at the
+	// default, 64 KiB per 5 s is about 13 KB/s). Engine.Close bounds it absolutely: CloseTimeout from its start, not
 	// from the last progress. It bounds the wait for zero-copy notifications after the
 	// sends, again (default 5 s).
 	CloseTimeout time.Duration

@@ -670,13 +670,10 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 	}
 	written := 0
 	c.mu.Lock()
-	if c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && !c.q.OnLoop() {
-		// Nothing queued or in flight, and not on the connection's queue goroutine: write(2)
-		// right here, as Go's net does, instead of waking the queue (a cross-thread hand-off
-		// per write). On the queue goroutine the loop batches every Write of this round into
-		// one send instead. The socket is non-blocking; what does not fit goes through the
-		// queue. mu keeps the loop from starting a send meanwhile, so the stream stays in
-		// order.
+	if c.mayWriteDirectLocked(p) && !c.q.OnLoop() {
+		// Not on the connection's queue goroutine: write(2) right here, as Go's net does,
+		// instead of waking the queue (a cross-thread hand-off per write). On the queue
+		// goroutine the loop batches every Write of this round into one send instead.
 		k, err := c.directWrite(p)
 		if err != nil {
 			c.mu.Unlock()
@@ -722,24 +719,23 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 					return written, c.opErr("write", err)
 				}
 				if onLoop {
-					// No buffer to stage in, but nothing of this connection is queued or in
-					// flight: write(2) what the socket takes now, as a writer off the queue
-					// would (a small header a handler writes goes out with the pool empty).
-					// The rest waits for the OnWritable the refusal promised.
+					// No buffer to stage in: write(2) what the socket takes now if it may,
+					// as a writer off the queue would (a small header a handler writes
+					// goes out with the pool empty). The rest waits for the OnWritable the
+					// refusal promised (which comes, harmless, also when nothing is left).
+					k, err := 0, error(nil)
 					c.mu.Lock()
-					if c.idleLocked() && c.mayCopy(len(p)) {
-						k, err := c.directWrite(p)
-						c.mu.Unlock()
-						if err != nil {
-							return written, c.opErr("write", err)
-						}
-						if written += k; k == len(p) {
-							return written, nil
-						}
-					} else {
-						c.mu.Unlock()
+					if c.mayWriteDirectLocked(p) {
+						k, err = c.directWrite(p)
 					}
-					return written, c.opErr("write", ErrWouldBlock)
+					c.mu.Unlock()
+					if written += k; err == nil && k == len(p) {
+						return written, nil
+					}
+					if err == nil {
+						err = ErrWouldBlock
+					}
+					return written, c.opErr("write", err)
 				}
 				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, c.withWriteDeadline(dl)); err != nil {
 					return written, c.opErr("write", err)
@@ -798,6 +794,14 @@ func (c *Conn) idleLocked() bool {
 // mayCopy reports whether a write of n bytes may go out by copy: not on the shim backend
 // (its sends are the module's zero-copy sends), not under SendZeroCopy, not when the adaptive
 // policy would send it zero-copy now.
+// mayWriteDirectLocked: p may go out with write(2) on the caller's thread (mu held): nothing
+// of the connection is queued or in flight, so the stream stays in order (mu keeps the loop
+// from starting a send meanwhile), and the send policy copies a write of this size. The
+// socket is non-blocking: what it does not take goes through the queue.
+func (c *Conn) mayWriteDirectLocked(p []byte) bool {
+	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p))
+}
+
 func (c *Conn) mayCopy(n int) bool {
 	if !c.q.be.directOK() {
 		return false

@@ -139,12 +139,17 @@ func (s *simTotals) add(o simTotals) {
 	s.bytes += o.bytes
 	s.fans += o.fans
 	s.fanRemoves += o.fanRemoves
-	s.fan.Published += o.fan.Published
-	s.fan.Deliveries += o.fan.Deliveries
-	s.fan.Drops += o.fan.Drops
-	s.fan.Closes += o.fan.Closes
-	s.fan.Gone += o.fan.Gone
-	s.fan.Pauses += o.fan.Pauses
+	addFanStats(&s.fan, o.fan)
+}
+
+// addFanStats adds o's message counters to s.
+func addFanStats(s *FanOutStats, o FanOutStats) {
+	s.Published += o.Published
+	s.Deliveries += o.Deliveries
+	s.Drops += o.Drops
+	s.Closes += o.Closes
+	s.Gone += o.Gone
+	s.Pauses += o.Pauses
 }
 
 func (s *simTotals) String() string {
@@ -361,13 +366,7 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	}
 	st.fans, st.fanRemoves = len(s.fans), s.fanRemoves
 	for _, sf := range s.fans {
-		fs := sf.f.Stats()
-		st.fan.Published += fs.Published
-		st.fan.Deliveries += fs.Deliveries
-		st.fan.Drops += fs.Drops
-		st.fan.Closes += fs.Closes
-		st.fan.Gone += fs.Gone
-		st.fan.Pauses += fs.Pauses
+		addFanStats(&st.fan, sf.f.Stats())
 	}
 	es := e.Stats()
 	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps

@@ -54,6 +54,40 @@ func dialSmall(t testing.TB, addr string) net.Conn {
 // wakeBackends are the backends the host runs (zcshim only in the VM tests).
 var wakeBackends = []zc.Backend{zc.BackendIOUring, zc.BackendPlain}
 
+// wakeEngine is a one-queue engine made with cfg (no fallback, the backend b) and a Go
+// listener for its dials, both closed at the end of the test.
+func wakeEngine(t *testing.T, b zc.Backend, cfg zc.Config) (*zc.Engine, net.Listener) {
+	t.Helper()
+	cfg.Backend, cfg.NoFallback, cfg.Queues = b, true, 1
+	e, err := zc.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return e, ln
+}
+
+// dialAccepted dials ln from e with h and accepts the peer's side (closed at the end of the
+// test).
+func dialAccepted(t *testing.T, e *zc.Engine, ln net.Listener, h zc.Handler) (*zc.Conn, net.Conn) {
+	t.Helper()
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	return c, peer
+}
+
 // readPattern reads the streamer's byte pattern to EOF and says what was wrong.
 func readPattern(c net.Conn, want int, slow bool) error {
 	defer c.Close()
@@ -139,17 +173,8 @@ func TestWritableManyStreams(t *testing.T) {
 func TestPoolWakeMinimal(t *testing.T) {
 	for _, b := range wakeBackends {
 		t.Run(b.String(), func(t *testing.T) {
-			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 8,
-				SendPoolMax: 512 << 10, MaxQueuedBytes: 4 << 20, SocketOptions: smallBufs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			e, ln := wakeEngine(t, b, zc.Config{SendBufs: 8, SendPoolMax: 512 << 10, MaxQueuedBytes: 4 << 20,
+				SocketOptions: smallBufs})
 
 			// A: takes buffers until the pool is dry (ignoring MaxQueuedBytes on purpose).
 			aDry := make(chan struct{})
@@ -175,14 +200,7 @@ func TestPoolWakeMinimal(t *testing.T) {
 				}
 				c.Close()
 			}
-			a, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{Writable: aPump})
-			if err != nil {
-				t.Fatal(err)
-			}
-			aPeer, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, aPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: aPump})
 			a.Post(func() { aPump(a) })
 			<-aDry
 
@@ -215,14 +233,7 @@ func TestPoolWakeMinimal(t *testing.T) {
 				}
 				c.CloseWrite()
 			}
-			bc, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{Writable: bWrite})
-			if err != nil {
-				t.Fatal(err)
-			}
-			bPeer, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
+			bc, bPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: bWrite})
 			bc.Post(func() {
 				bMu.Lock()
 				n, err := bc.Write(rest)
@@ -404,25 +415,9 @@ func TestFanOutWakes(t *testing.T) {
 func TestHandlerWriteWithPoolEmpty(t *testing.T) {
 	for _, b := range wakeBackends {
 		t.Run(b.String(), func(t *testing.T) {
-			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 2, SendBufSize: 64 << 10,
-				SendPoolMax: 128 << 10, SendPath: zc.SendCopy, SocketOptions: smallBufs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			// A holds every buffer of the pool.
-			a, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := ln.Accept(); err != nil {
-				t.Fatal(err)
-			}
+			e, ln := wakeEngine(t, b, zc.Config{SendBufs: 2, SendBufSize: 64 << 10, SendPoolMax: 128 << 10,
+				SendPath: zc.SendCopy, SocketOptions: smallBufs})
+			a, _ := dialAccepted(t, e, ln, zc.HandlerFuncs{}) // A holds every buffer of the pool
 			var held []memreg.Buf
 			for {
 				buf, err := a.Buffer()
@@ -438,17 +433,7 @@ func TestHandlerWriteWithPoolEmpty(t *testing.T) {
 			results := make(chan res, 2)
 			writable := make(chan struct{}, 16)
 			big := make([]byte, 4<<20)
-			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), zc.HandlerFuncs{
-				Writable: func(*zc.Conn) { writable <- struct{}{} },
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			peer, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
+			c, peer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: func(*zc.Conn) { writable <- struct{}{} }})
 			c.Post(func() {
 				n, err := c.Write([]byte("200 OK\n")) // the header: the socket takes it
 				results <- res{n, err}
