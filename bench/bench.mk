@@ -19,17 +19,15 @@ zcbench:
 # iperf3 is the outside reference, wrk the services suite's HTTP load generator; without
 # them (no root for apt-get) zcbench says so and goes on without those runs.
 bench: zcbench
-	-$(call apt_need,iperf3,iperf3)
-	-$(call apt_need,wrk,wrk)
+	@bash .ci/need.sh -optional iperf3 wrk
 	$(BUILD)/zcbench $(BENCH_ARGS)
 
 bench-quick: zcbench
-	-$(call apt_need,iperf3,iperf3)
-	-$(call apt_need,wrk,wrk)
+	@bash .ci/need.sh -optional iperf3 wrk
 	$(BUILD)/zcbench -quick $(BENCH_ARGS)
 
 bench-netns: zcbench
-	-$(call apt_need,iperf3,iperf3)
+	@bash .ci/need.sh -optional iperf3
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
 
 # A static zcbench (no Go, no C library needed there), iperf3 and wrk with their libraries from this
