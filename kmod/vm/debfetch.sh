@@ -47,7 +47,7 @@ fi
 PIN=$1
 [ -f "$PIN" ] || die "no pin file $PIN"
 NAME=$(basename "$PIN" .pin)
-SUMS=${PIN%.pin}.sha256
+SUMS=$(realpath -m "${PIN%.pin}.sha256")
 
 pinval() { awk -F= -v k="$1" '$1 == k { sub(/^[^=]*=/, ""); print; exit }' "$PIN"; }
 KEYRING=$(pinval KEYRING)
@@ -143,7 +143,7 @@ download() {
 		ls "$dir/${p}_"*.deb >/dev/null 2>&1 && continue
 		apt_setup
 		log "[$NAME] downloading $p=$v"
-		(cd "$dir" && apt-get download -q "$p=$v" 2>&1 | grep -v 'unsandboxed' >&2 || true)
+		(cd "$dir" && apt-get download -qq "$p=$v" 2>&1 | grep -v 'unsandboxed' >&2 || true)
 		ls "$dir/${p}_"*.deb >/dev/null 2>&1 || die "[$NAME] download of $p=$v failed"
 	done
 }
@@ -208,7 +208,7 @@ for pv in $files; do
 	# shellcheck disable=SC2086
 	ls $f >/dev/null 2>&1 || { ok=0; break; }
 done
-if [ $ok = 1 ] && (cd "$dir" && sha256sum --quiet -c "$ROOT/$SUMS" >&2 2>/dev/null); then
+if [ $ok = 1 ] && (cd "$dir" && sha256sum --quiet -c "$SUMS" >&2 2>/dev/null); then
 	write_env "$dir" "$ABI" "$(pinval VERSION)" ""
 	echo "$dir"
 	exit 0
@@ -221,7 +221,7 @@ if [ -z "$gone" ]; then
 	rm -f "$dir"/*.deb.partial
 	# shellcheck disable=SC2086
 	download "$dir" $files
-	(cd "$dir" && sha256sum --quiet -c "$ROOT/$SUMS" >&2) ||
+	(cd "$dir" && sha256sum --quiet -c "$SUMS" >&2) ||
 		die "[$NAME] the .debs in $dir do not match $SUMS (delete them to download again)"
 	write_env "$dir" "$ABI" "$(pinval VERSION)" ""
 	echo "$dir"

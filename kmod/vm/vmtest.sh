@@ -135,7 +135,7 @@ run_kernel() {
 	[ -f "$vmlinuz" ] || vmlinuz=$root/boot/vmlinuz-$ABI
 	[ -f "$config" ] || config=$root/boot/config-$ABI
 	[ -f "$vmlinuz" ] || { log "[$meta] no kernel image for $ABI in $debs"; return 1; }
-	log "[$meta] kernel $ABI ($(basename "$debs")); $(grep -cE '^CONFIG_(IO_URING_ZCRX|UDMABUF)=y' "$config" 2>/dev/null || echo 0)/2 of CONFIG_IO_URING_ZCRX, CONFIG_UDMABUF built in"
+	log "[$meta] kernel $ABI ($(basename "$debs")); built in: $(grep -oE '^CONFIG_(IO_URING_ZCRX|UDMABUF|TLS|VIRTIO_NET)=[ym]' "$config" 2>/dev/null | tr '\n' ' ')"
 
 	local ir=$dir/initramfs
 	rm -rf "$ir" && mkdir -p "$ir/bin" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/tmp"
