@@ -746,9 +746,10 @@ func aaPairs(rows []Row) [][2]*Row {
 	return ps
 }
 
-// applyNoise reads every check of a measured goal against this run's A/A noise in its
-// unit (AANoise): a ratio closer to its target than that noise (relative to the target),
-// or one whose unit no A/A pair measured, is InNoise. The goal is then MISSED if a check
+// applyNoise reads every check of a measured goal against its own rounds and this run's A/A
+// noise in its unit (AANoise): a check whose rounds straddle its target, a ratio closer to
+// its target than that noise (relative to the target), or one whose unit no A/A pair
+// measured, is InNoise. The goal is then MISSED if a check
 // missed outside the noise (goal 4, met by either configuration: if none met outside it),
 // UNDECIDED if a check lies within it, MET otherwise. A check of zc against itself (goal 1
 // where zc is the best mode) and a check of a fact (goal 3's steering) are exact.
@@ -765,6 +766,14 @@ func applyNoise(gs []Goal, rows []Row) {
 			if c.Ratio != nil && c.goal > 0 {
 				dev, ok := AANoise(rows, c.Unit)
 				switch {
+				case c.RoundMin != nil && c.RoundMax != nil && *c.RoundMin < c.goal && c.goal < *c.RoundMax:
+					// The check's own rounds fall on both sides of its target: whatever the
+					// median says, this run cannot tell met from missed.
+					c.InNoise = true
+					if ok {
+						c.Noise = ptr(dev)
+					}
+					undecided = append(undecided, fmt.Sprintf("%s: its rounds %.2f–%.2f straddle the target", c.What, *c.RoundMin, *c.RoundMax))
 				case !ok:
 					c.InNoise = true
 					undecided = append(undecided, c.What+": no A/A measure of "+c.Unit)
