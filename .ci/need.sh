@@ -24,8 +24,14 @@ echo "need: installing ${pkgs[*]} (for ${missing[*]})" >&2
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 	# tshark's debconf question (setuid dumpcap for non-root users) is answered "no" first.
 	echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null
-	apt-get update -qq >&2 || true
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2 && exit 0
+	out=$(mktemp)
+	apt-get update -qq > "$out" 2>&1 || true
+	if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >> "$out" 2>&1; then
+		rm -f "$out"
+		exit 0
+	fi
+	cat "$out" >&2
+	rm -f "$out"
 fi
 msg="need: cannot install ${pkgs[*]} (for ${missing[*]}); run as root: apt-get update && apt-get install -y --no-install-recommends ${pkgs[*]}"
 if [ $optional = 1 ]; then echo "$msg (going on without)" >&2; exit 0; fi
