@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -67,8 +68,17 @@ type sink struct {
 }
 
 type sinkResult struct {
-	n   uint64
-	err error // a read error, or the first mismatch
+	n   uint64 // bytes read before the end (EOF or a read error)
+	err error  // the read error (nil at EOF)
+	bad error  // the first byte that differs from the stream
+}
+
+// ok fails the test unless the connection read exactly want bytes, all as sent, to EOF.
+func (r sinkResult) ok(t testing.TB, want int) {
+	t.Helper()
+	if r.err != nil || r.bad != nil || r.n != uint64(want) {
+		t.Fatalf("receiver: %d of %d bytes, read error %v, content %v", r.n, want, r.err, r.bad)
+	}
 }
 
 // newSink listens on ap (port 0: any) in the caller's namespace, or in the pair's peer
@@ -104,12 +114,21 @@ func newSink(t testing.TB, pair *testutil.NICPair, ap netip.AddrPort, seed uint6
 				defer s.Close()
 				c := &checker{seed: seed}
 				_, err := io.Copy(c, s)
-				if err == nil {
-					err = c.bad
-				}
-				k.done <- sinkResult{n: c.off, err: err}
+				k.done <- sinkResult{n: c.off, err: err, bad: c.bad}
 			}()
 		}
 	}()
 	return k
+}
+
+// result waits for the sink's next connection to end.
+func (k *sink) result(t testing.TB) sinkResult {
+	t.Helper()
+	select {
+	case r := <-k.done:
+		return r
+	case <-time.After(2 * time.Minute):
+		t.Fatal("receiver never reached the end of its stream")
+		return sinkResult{}
+	}
 }

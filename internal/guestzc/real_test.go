@@ -59,17 +59,7 @@ func finish(t *testing.T, s *tcpglue.Socket, r route, want int) {
 	if err := s.Shutdown(unix.SHUT_WR); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case res := <-r.sink.done:
-		if res.err != nil {
-			t.Fatalf("receiver: %v (after %d bytes)", res.err, res.n)
-		}
-		if res.n != uint64(want) {
-			t.Fatalf("receiver got %d bytes, want %d", res.n, want)
-		}
-	case <-time.After(2 * time.Minute):
-		t.Fatal("receiver never reached the end of the stream")
-	}
+	r.sink.result(t).ok(t, want)
 }
 
 // measure prints the harness's MEASURE line and logs it.
@@ -225,7 +215,7 @@ func TestProbeZeroCopyTX(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The probe sends bytes i%256 (its own pattern): the sink only counts them.
-			if res := <-k.done; res.n != n {
+			if res := k.result(t); res.n != n || res.err != nil {
 				t.Fatalf("sink got %d bytes, want %d (%v)", res.n, n, res.err)
 			}
 			fmt.Printf("MEASURE %s: %s\n", tc.measured, rep)
