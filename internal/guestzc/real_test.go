@@ -152,7 +152,11 @@ func TestMsgZerocopyNotCopied(t *testing.T) {
 
 // TestSendZCNotCopied is TestMsgZerocopyNotCopied with io_uring SEND_ZC and
 // IORING_SEND_ZC_REPORT_USAGE: it fails when every notification carries
-// IORING_NOTIF_USAGE_ZC_COPIED.
+// IORING_NOTIF_USAGE_ZC_COPIED. Some do even here: a send whose pages join an skb that
+// already carries an earlier send's notification is linked to that notification
+// (io_uring/notif.c, io_link_skb, Linux 6.10+), only the first sees the skb's completion,
+// and the kernel reports the linked one as copied ("not used") although its pages went
+// out by reference.
 func TestSendZCNotCopied(t *testing.T) {
 	r := pairRoute(t, 2)
 	s := dialRoute(t, r)

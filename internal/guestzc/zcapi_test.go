@@ -377,13 +377,25 @@ func TestCloseWithZeroCopyInFlight(t *testing.T) {
 // NIC, so both legs cross the pair: the client's 8 MiB to the backend, the backend's 4 MiB
 // reply after the client's end (the relay passes each side's end on), every byte checked
 // at both ends, on the splice path and on the SendData path (received buffers sent as they
-// are: with SendZeroCopy their pages go to the device uncopied).
+// are: with SendZeroCopy their pages go to the device uncopied), and on the SendData path
+// with the adaptive policy (its MEASURE line records what the policy made of it).
 func TestRelayAcrossPair(t *testing.T) {
 	pair := testutil.NewNICPair(t)
 	const up, down = 8 << 20, 4 << 20
-	for _, path := range []zc.RelayPath{zc.RelaySplice, zc.RelaySendData} {
-		t.Run(path.String(), func(t *testing.T) {
-			e := newEngine(t, zc.Config{SendPath: zc.SendZeroCopy})
+	for _, tc := range []struct {
+		name string
+		path zc.RelayPath
+		send zc.SendPath
+	}{
+		{"splice", zc.RelaySplice, zc.SendZeroCopy},
+		{"senddata", zc.RelaySendData, zc.SendZeroCopy},
+		// For the record: what the adaptive policy makes of forwarded receive buffers
+		// (MEASURE line); only the bytes are asserted.
+		{"senddata-adaptive", zc.RelaySendData, zc.SendAdaptive},
+	} {
+		path := tc.path
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, zc.Config{SendPath: tc.send})
 			// The backend: reads the client's stream to its end, then answers and closes.
 			var bl *tcpglue.Socket
 			if err := pair.In(func() (err error) {
@@ -462,12 +474,13 @@ func TestRelayAcrossPair(t *testing.T) {
 			}
 			testutil.Eventually(t, "both sides of the relay closed", rs.Finished)
 			st := e.Stats()
-			fmt.Printf("MEASURE zc-relay-%s: %d + %d bytes relayed, %d spliced; engine: zero-copy %d, zero-copy but copied %d, copied %d bytes\n",
-				path, rs.AtoB.Load(), rs.BtoA.Load(), rs.SplicedAtoB.Load()+rs.SplicedBtoA.Load(), st.Send.BytesZC, st.Send.BytesZCCopied, st.Send.BytesCopy)
+			fmt.Printf("MEASURE zc-relay-%s: %d + %d bytes relayed, %d spliced; engine: zero-copy %d, zero-copy but copied %d, copied %d bytes; %d SEND_ZC ops, %d copying ops, %d switches, %d probes\n",
+				tc.name, rs.AtoB.Load(), rs.BtoA.Load(), rs.SplicedAtoB.Load()+rs.SplicedBtoA.Load(), st.Send.BytesZC, st.Send.BytesZCCopied, st.Send.BytesCopy,
+				st.Send.ZCOps, st.Send.Ops, st.Send.ZCSwitches, st.Send.ZCProbes)
 			if rs.Path() != path || rs.AtoB.Load() != up || rs.BtoA.Load() != down || rs.Lost.Load() != 0 || rs.Err() != nil {
 				t.Fatalf("relay: path %v, %d and %d bytes, %d lost, %v", rs.Path(), rs.AtoB.Load(), rs.BtoA.Load(), rs.Lost.Load(), rs.Err())
 			}
-			if path == zc.RelaySendData && st.Send.BytesZC == 0 {
+			if path == zc.RelaySendData && tc.send == zc.SendZeroCopy && st.Send.BytesZC == 0 {
 				t.Fatalf("the SendData relay's zero-copy sends of received buffers were all copied: %+v", st.Send)
 			}
 		})
