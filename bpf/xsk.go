@@ -206,15 +206,19 @@ func (m RawAttachMode) String() string {
 
 // RawSteeringOptions says how NewRawSteering attaches.
 type RawSteeringOptions struct {
-	// Mode: XDPAuto tries native (driver) mode and falls back to generic mode, visibly
-	// (RawSteering.Fallback, RawFallbacks); XDPDriver refuses the fallback with an error
-	// matching ErrNotSupported; XDPGeneric asks for generic mode.
+	// Mode: XDPAuto picks the mode that keeps the kernel's own traffic at speed: native
+	// (driver) mode, except on a device where a native program costs the kernel's traffic
+	// (veth: it turns off the peer's TSO/GSO, see NativeXDPCostError), and generic mode
+	// where native mode fails; either choice is visible (RawSteering.Fallback; a failed
+	// native attach also counts in RawFallbacks). XDPDriver demands native mode (the
+	// fallback becomes an error matching ErrNotSupported; on veth the cost is accepted);
+	// XDPGeneric asks for generic mode.
 	Mode XDPMode
 	// Metadata loads the device-bound variant of the program, which reads the device's RX
 	// timestamp and RX hash (XDP RX metadata kfuncs, Linux 6.3+) and puts them before each
-	// redirected frame. It needs native mode. Where the device-bound program cannot be
-	// loaded or attached, the plain program is used and MetadataErr says why (an error
-	// matching ErrNotSupported).
+	// redirected frame. It needs native mode, so it asks for native mode on veth too. Where
+	// the device-bound program cannot be loaded or attached, the plain program is used and
+	// RawSteering.Metadata says why (an error matching ErrNotSupported).
 	Metadata bool
 }
 
@@ -230,6 +234,7 @@ type RawSteering struct {
 	maps    xskMaps
 	prog    *ebpf.Program
 	link    link.Link
+	netns   uint64 // inode of the interface's network namespace
 	mode    RawAttachMode
 	// fallback: why native mode was not used (nil when it was, or was not asked for).
 	fallback error
@@ -272,8 +277,21 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 	if o.Metadata && o.Mode == XDPGeneric {
 		return nil, invalid(op, "RX metadata needs native XDP; generic mode was asked for")
 	}
-	if _, err := ifName(ifindex); err != nil {
+	name, err := ifName(ifindex)
+	if err != nil {
 		return nil, opErr(op, err)
+	}
+	nsIno, err := threadNetNS()
+	if err != nil {
+		return nil, opErr(op, err)
+	}
+	// veth: a native program costs the kernel's traffic through the pair; XDPAuto runs
+	// generic mode there unless RX metadata (native only) was asked for.
+	var cost error
+	if o.Mode == XDPAuto && !o.Metadata {
+		if drv := driverName(name); drv == "veth" {
+			cost = &NativeXDPCostError{Driver: drv}
+		}
 	}
 	spec, err := loadXsk()
 	if err != nil {
@@ -283,7 +301,7 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 	if err != nil {
 		return nil, opErr(op+": load maps", err)
 	}
-	s.ifindex = ifindex
+	s.ifindex, s.netns = ifindex, nsIno
 	ok := false
 	defer func() {
 		if !ok {
@@ -323,10 +341,13 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 			return nil, opErr(op+": load", err)
 		}
 		s.prog = p
-		switch o.Mode {
-		case XDPGeneric:
+		switch {
+		case o.Mode == XDPGeneric:
 			s.link, err = attach(p, link.XDPGenericMode)
 			s.mode = RawXDPGeneric
+		case cost != nil:
+			s.link, err = attach(p, link.XDPGenericMode)
+			s.mode, s.fallback = RawXDPGeneric, cost
 		default:
 			s.link, err = attach(p, link.XDPDriverMode)
 			s.mode = RawXDPNative
@@ -452,9 +473,58 @@ func (s *RawSteering) lock(op string) error {
 // Ifindex is the interface the program is attached to.
 func (s *RawSteering) Ifindex() int { return s.ifindex }
 
-// Mode says how the program is attached; Fallback why native mode was not used (an error
-// matching ErrNotSupported), nil when it was or when generic mode was asked for.
-func (s *RawSteering) Mode() (RawAttachMode, error) { return s.mode, s.fallback }
+// Mode says how the program is attached.
+func (s *RawSteering) Mode() RawAttachMode { return s.mode }
+
+// Fallback says why XDPAuto did not attach in native mode: an error matching
+// ErrNotSupported when the native attach failed, a *NativeXDPCostError when native mode
+// would have slowed the kernel's own traffic on the device (veth). It is nil when native
+// mode is used or generic mode was asked for: it describes a choice made, not a failure of
+// NewRawSteering.
+func (s *RawSteering) Fallback() error { return s.fallback }
+
+// NetNS is the inode number of the network namespace of the interface the program is
+// attached to (the number in "net:[N]" of /proc/PID/ns/net): an ifindex names an interface
+// only within its namespace.
+func (s *RawSteering) NetNS() uint64 { return s.netns }
+
+// NativeXDPCostError is why XDPAuto attached the raw-queue program in generic (skb) mode on
+// a device where a native program costs the kernel's own traffic. On veth, attaching a
+// native XDP program turns off TSO/GSO on the peer (the kernel must hand XDP single-page
+// frames), so kernel TCP sent into the interface is segmented in software: on the
+// machine this was measured on it ran at 0.24–0.30× its speed with a native program and
+// at 0.85–0.9× with a generic one. Ask for native mode with XDPDriver to accept the cost.
+type NativeXDPCostError struct {
+	Driver string
+}
+
+func (e *NativeXDPCostError) Error() string {
+	return e.Driver + ": native XDP would turn off the peer's TSO/GSO and slow the kernel's own TCP through the pair (to about 0.25-0.3x); generic mode chosen (XDPDriver asks for native)"
+}
+
+// threadNetNS is the inode of the calling thread's network namespace.
+func threadNetNS() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return 0, fmt.Errorf("network namespace of this thread: %w", err)
+	}
+	return st.Ino, nil
+}
+
+// driverName is the driver of interface name in the calling thread's namespace
+// (ETHTOOL_GDRVINFO), "" when it cannot be read.
+func driverName(name string) string {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlGetEthtoolDrvinfo(fd, name)
+	if err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(info.Driver[:])
+}
 
 // Metadata reports whether the device-bound program runs (RX timestamp and hash are asked
 // of the device for every redirected frame); when it was asked for and does not, the error
@@ -462,7 +532,10 @@ func (s *RawSteering) Mode() (RawAttachMode, error) { return s.mode, s.fallback 
 func (s *RawSteering) Metadata() (bool, error) { return s.meta, s.metaErr }
 
 // SetSocket puts an AF_XDP socket bound to RX queue `queue` of the interface into the
-// XSKMAP: frames matching a rule that arrive on that queue go to it.
+// XSKMAP: frames matching a rule that arrive on that queue go to it. A descriptor that is
+// not an open AF_XDP socket gives an error matching ErrInvalid. The kernel does not check
+// that the socket is bound to this interface's queue `queue` (hwq.OpenRawQueue binds it
+// first): frames redirected to a socket bound elsewhere are dropped.
 func (s *RawSteering) SetSocket(queue, fd int) error {
 	op := fmt.Sprintf("set raw queue %d", queue)
 	if err := s.lock(op); err != nil {
@@ -472,7 +545,15 @@ func (s *RawSteering) SetSocket(queue, fd int) error {
 	if queue < 0 || queue >= MaxRawQueues {
 		return invalid(op, "queue %d out of range 0..%d", queue, MaxRawQueues-1)
 	}
+	if fd < 0 {
+		return invalid(op, "descriptor %d", fd)
+	}
 	if err := s.maps.XskSockets.Update(uint32(queue), uint32(fd), ebpf.UpdateAny); err != nil {
+		// xsk_map_update_elem: EBADF (no such descriptor), ENOTSOCK, EOPNOTSUPP (not an
+		// AF_XDP socket).
+		if errors.Is(err, unix.EBADF) || errors.Is(err, unix.ENOTSOCK) || errors.Is(err, unix.EOPNOTSUPP) {
+			return invalid(op, "descriptor %d is not an AF_XDP socket (%v)", fd, err)
+		}
 		return opErr(op, err)
 	}
 	s.sockets[queue] = true

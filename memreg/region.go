@@ -529,6 +529,27 @@ func (r *Region) Provide(n int, fn func(l Loan)) int {
 	return len(loans)
 }
 
+// ProvideTo is Provide without a callback and without allocating: it lends up to
+// len(loans) free buffers to the kernel, leaving at least keep buffers on the free list, and
+// writes their loans to loans. It returns how many it lent (0 on a closed region).
+func (r *Region) ProvideTo(loans []Loan, keep int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for n < len(loans) && len(r.free) > keep && !r.closed {
+		k := len(r.free) - 1
+		idx := r.free[k]
+		r.free = r.free[:k]
+		r.gen[idx]++
+		r.state[idx] = Kernel
+		r.pub(idx)
+		r.lent++
+		loans[n] = Loan{r: r, idx: idx, gen: r.gen[idx]}
+		n++
+	}
+	return n
+}
+
 // Received turns a buffer the kernel filled (provided-buffer ring id idx) into a handle the
 // application borrows; its Release goes to the recycler set with SetRecycler.
 func (r *Region) Received(idx int) (Buf, error) {
