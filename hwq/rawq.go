@@ -615,9 +615,16 @@ func (q *RawQueue) live() error {
 // call returns it. It returns err.
 func (q *RawQueue) noDevice(err error) error {
 	if err != nil && errors.Is(err, ErrNoDevice) {
-		q.gone.CompareAndSwap(nil, &err)
+		q.setGone(err)
 	}
 	return err
+}
+
+// setGone stores err as the queue's ErrNoDevice (a function of its own: the error escapes
+// to the heap here, not on every call of noDevice).
+func (q *RawQueue) setGone(err error) {
+	e := err
+	q.gone.CompareAndSwap(nil, &e)
 }
 
 func (q *RawQueue) lockRx(op string) error {
