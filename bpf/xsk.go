@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/netns"
 )
 
 // Limits of the raw-queue steering program (XSK_MAX_RULES, XSK_MAX_QUEUES in c/xsk.h).
@@ -39,6 +41,13 @@ const VXLANPort = 4789
 //   - VNI (with MatchVNI): the VXLAN network identifier of a UDP frame to port 4789 with the
 //     I flag set, 24 bits.
 //   - IPv4, IPv6: demand the family without naming an address.
+//   - Join (with Dst a multicast group): AddRule also joins the group on the interface
+//     through a kernel socket (IP_ADD_MEMBERSHIP, IPV6_JOIN_GROUP), so the host sends
+//     IGMP/MLD reports and a switch that snoops them forwards the group to this port; the
+//     kernel socket receives nothing (the rule takes the group's frames before the stack
+//     and the socket has no port). DeleteRule and Close leave the group. A rule alone
+//     does not join: on a switched network with IGMP/MLD snooping the group's traffic
+//     then never reaches the interface.
 type RawRule struct {
 	DstMAC           net.HardwareAddr
 	Src, Dst         netip.Addr
@@ -51,6 +60,7 @@ type RawRule struct {
 	VNI              uint32
 	MatchVNI         bool
 	IPv4, IPv6       bool
+	Join             bool
 }
 
 // RuleConflictError is the refusal of a rule that matches exactly the frames of a rule
@@ -153,6 +163,9 @@ func (r RawRule) encode() (xskXskRule, error) {
 	if k.Match == 0 {
 		return k, errors.New("the rule matches nothing in particular: set at least one field")
 	}
+	if r.Join && (!r.Dst.IsValid() || !r.Dst.IsMulticast()) {
+		return k, fmt.Errorf("Join with destination %v: a multicast group is needed", r.Dst)
+	}
 	return k, nil
 }
 
@@ -235,7 +248,10 @@ type RawSteering struct {
 	prog    *ebpf.Program
 	link    link.Link
 	netns   uint64 // inode of the interface's network namespace
-	mode    RawAttachMode
+	nsFd    int    // the namespace, for the kernel sockets of Join (-1: none)
+	// joins: per rule slot, the kernel socket holding the group membership (-1: none).
+	joins [MaxRawRules]int
+	mode  RawAttachMode
 	// fallback: why native mode was not used (nil when it was, or was not asked for).
 	fallback error
 	metaErr  error
@@ -303,6 +319,10 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 	}
 	s.ifindex, s.netns = ifindex, nsIno
 	ok := false
+	if s.nsFd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		s.release()
+		return nil, opErr(op, fmt.Errorf("network namespace of this thread: %w", err))
+	}
 	defer func() {
 		if !ok {
 			s.release()
@@ -381,7 +401,10 @@ func NewRawSteering(ifindex int, opts *RawSteeringOptions) (*RawSteering, error)
 
 // newRawMaps creates the program's maps (no program, nothing attached).
 func newRawMaps(spec *ebpf.CollectionSpec) (*RawSteering, error) {
-	s := &RawSteering{sockets: map[int]bool{}}
+	s := &RawSteering{sockets: map[int]bool{}, nsFd: -1}
+	for i := range s.joins {
+		s.joins[i] = -1
+	}
 	mapSpecs := &ebpf.CollectionSpec{Maps: spec.Maps, Programs: map[string]*ebpf.ProgramSpec{}, Types: spec.Types}
 	if err := mapSpecs.LoadAndAssign(&s.maps, nil); err != nil {
 		return nil, err
@@ -422,6 +445,16 @@ func (s *RawSteering) writeConfig() error {
 
 func (s *RawSteering) release() error {
 	var errl []error
+	for i, fd := range s.joins {
+		if fd >= 0 {
+			unix.Close(fd) // leaves the group
+			s.joins[i] = -1
+		}
+	}
+	if s.nsFd >= 0 {
+		unix.Close(s.nsFd)
+		s.nsFd = -1
+	}
 	if s.link != nil {
 		if err := s.link.Close(); err != nil {
 			errl = append(errl, fmt.Errorf("detach xdp: %w", err))
@@ -606,6 +639,19 @@ func (s *RawSteering) AddRule(r RawRule) (int, error) {
 	if slot < 0 {
 		return -1, invalid(op, "all %d rules are in force", MaxRawRules)
 	}
+	if r.Join {
+		fd, err := s.join(r.Dst)
+		if err != nil {
+			return -1, opErr(op, err)
+		}
+		s.joins[slot] = fd
+		defer func() {
+			if s.active&(1<<slot) == 0 { // the rule did not go into force
+				unix.Close(s.joins[slot])
+				s.joins[slot] = -1
+			}
+		}()
+	}
 	if err := s.maps.XskRules.Update(uint32(slot), &k, ebpf.UpdateAny); err != nil {
 		return -1, opErr(op, err)
 	}
@@ -647,7 +693,49 @@ func (s *RawSteering) DeleteRule(id int) error {
 		return opErr(op, err)
 	}
 	s.rules[id] = xskXskRule{}
+	if fd := s.joins[id]; fd >= 0 {
+		unix.Close(fd) // leaves the group
+		s.joins[id] = -1
+	}
 	return nil
+}
+
+// join opens a datagram socket in the interface's namespace that is a member of group on
+// the interface. The socket is bound to no port: it receives nothing.
+func (s *RawSteering) join(group netip.Addr) (int, error) {
+	fd := -1
+	err := netns.Do(s.nsFd, func() error {
+		fam := unix.AF_INET6
+		if group.Is4() {
+			fam = unix.AF_INET
+		}
+		var err error
+		if fd, err = unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return os.NewSyscallError("socket", err)
+		}
+		if group.Is4() {
+			err = unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(s.ifindex)})
+			return os.NewSyscallError("setsockopt IP_ADD_MEMBERSHIP", err)
+		}
+		err = unix.SetsockoptIPv6Mreq(fd, unix.IPPROTO_IPV6, unix.IPV6_JOIN_GROUP, &unix.IPv6Mreq{Multiaddr: group.As16(), Interface: uint32(s.ifindex)})
+		return os.NewSyscallError("setsockopt IPV6_JOIN_GROUP", err)
+	})
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("join %v: %w", group, err)
+	}
+	return fd, nil
+}
+
+// Joined reports whether rule id holds a group membership (RawRule.Join).
+func (s *RawSteering) Joined(id int) bool {
+	if s.lock("raw rule joined") != nil {
+		return false
+	}
+	defer s.mu.Unlock()
+	return id >= 0 && id < MaxRawRules && s.active&(1<<id) != 0 && s.joins[id] >= 0
 }
 
 // RawRuleStats are one rule's counters since it was added.

@@ -2,7 +2,9 @@ package hwq
 
 import (
 	"errors"
+	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -302,5 +304,81 @@ func TestRawVethMode(t *testing.T) {
 	qn.Close()
 	if !peerTSO() {
 		t.Fatal("the peer's TSO did not come back after the native program went")
+	}
+}
+
+// TestRawJoin: a rule with Join makes the interface a member of its group (IGMP for IPv4,
+// MLD for IPv6: /proc/net/igmp, igmp6 of the namespace), the group's frames still go to
+// the raw queue, and DeleteRule and Close leave the group. A Join without a multicast
+// destination is ErrInvalid.
+func TestRawJoin(t *testing.T) {
+	e := newRawEnv(t, 1)
+	member := func(proc, group string) bool {
+		t.Helper()
+		var b []byte
+		e.In(t, e.Srv, func() error {
+			var err error
+			b, err = os.ReadFile("/proc/thread-self/net/" + proc)
+			return err
+		})
+		// igmp: "<idx>\t<dev>: ..." then "\t\t\t\t<GROUP> ..." lines for that device.
+		dev := false
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 {
+				continue
+			}
+			if proc == "igmp6" {
+				if len(f) > 2 && f[1] == e.SrvIf && f[2] == group {
+					return true
+				}
+				continue
+			}
+			if !strings.HasPrefix(l, "\t") {
+				dev = len(f) > 1 && strings.TrimSuffix(f[1], ":") == e.SrvIf
+			} else if dev && f[0] == group {
+				return true
+			}
+		}
+		return false
+	}
+	const g4, g6 = "030201EF", "ff150000000000000000000000310001" // 239.1.2.3, ff15::31:1
+	s := e.sharedSteering(t, nil)
+	q := e.openRaw(t, 0, newRegion(t, 256), &RawQueueOptions{Steering: s})
+	if _, err := s.AddRule(bpf.RawRule{DstPort: 1, Join: true}); !errors.Is(err, bpf.ErrInvalid) {
+		t.Fatalf("Join without a group: %v, want ErrInvalid", err)
+	}
+	if member("igmp", g4) || member("igmp6", g6) {
+		t.Fatal("a member before any rule")
+	}
+	id4, err := s.AddRule(bpf.RawRule{Dst: netip.MustParseAddr("239.1.2.3"), Join: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id6, err := s.AddRule(bpf.RawRule{Dst: netip.MustParseAddr("ff15::31:1"), Join: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !member("igmp", g4) || !member("igmp6", g6) || !s.Joined(id4) || !s.Joined(id6) {
+		t.Fatal("the rules did not join their groups")
+	}
+	snd := newUDPSender(t, e.Cli, e.CliIf, false)
+	for i := range 10 {
+		snd.send(t, netip.MustParseAddrPort("239.1.2.3:7000"), payload("join", i, 64))
+	}
+	if got := collect(t, []*RawQueue{q}, 10, func(int, []byte) {}); got != 10 {
+		t.Fatalf("%d of 10 frames of the joined group at the raw queue", got)
+	}
+	if err := s.DeleteRule(id4); err != nil {
+		t.Fatal(err)
+	}
+	if member("igmp", g4) || !member("igmp6", g6) {
+		t.Fatal("DeleteRule did not leave its group alone")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if member("igmp6", g6) {
+		t.Fatal("Close did not leave the group")
 	}
 }
