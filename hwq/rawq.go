@@ -46,6 +46,13 @@ type RawQueueOptions struct {
 	// zero-copy mode, OpenRawQueue fails with an error matching ErrNotSupported instead of
 	// falling back.
 	RequireZeroCopy bool
+	// RxCoalesce: a Receive that had to wait sleeps this long after it is woken before it
+	// takes the frames, so a batch builds up and the kernel finds no waiter to wake for
+	// the frames in between (each wake-up costs the sending side's kernel path as well as
+	// the receiver; TPACKET_V3's block retire timeout does the same). It adds up to
+	// RxCoalesce to a frame's latency; 0, the default, takes frames as soon as one is
+	// there. TryReceive is not affected.
+	RxCoalesce time.Duration
 	// NoNeedWakeup binds without XDP_USE_NEED_WAKEUP: the queue then kicks the kernel on
 	// every send instead of only when the kernel asks.
 	NoNeedWakeup bool
@@ -145,6 +152,8 @@ type RawQueue struct {
 	region  *memreg.Region
 	bufSize uint64
 	reserve int // region buffers the fill ring leaves free (TxReserve)
+	// coalesce: RxCoalesce as a timespec (zero: none).
+	coalesce unix.Timespec
 	// fd is the socket. It is not in Go's netpoller: in copy mode the kernel's xsk_poll
 	// transmits whatever is on the TX ring, so a poller thread would fight the sending
 	// goroutine over the socket. The hot paths use it under rxMu or txMu, Stats and the
@@ -254,6 +263,9 @@ func OpenRawQueue(ifname string, queue int, region *memreg.Region, opts *RawQueu
 		return nil, opErr(op, ifname, err)
 	}
 	q := &RawQueue{ifname: ifname, queue: queue, region: region, bufSize: uint64(region.BufSize()), fd: -1, closeFd: -1, kickFd: -1}
+	if o.RxCoalesce > 0 {
+		q.coalesce = unix.NsecToTimespec(int64(o.RxCoalesce))
+	}
 	switch {
 	case o.TxReserve < 0:
 	case o.TxReserve == 0:
@@ -301,6 +313,9 @@ func checkRawArgs(queue int, region *memreg.Region, o *RawQueueOptions) error {
 		if rs <= 0 || rs > 1<<20 || bits.OnesCount(uint(rs)) != 1 {
 			return &ValueError{"ring size", rs, "a power of two up to 1<<20"}
 		}
+	}
+	if o.RxCoalesce < 0 || o.RxCoalesce > time.Second {
+		return &ValueError{"RxCoalesce", o.RxCoalesce, "want 0 to 1s"}
 	}
 	if o.TxReserve >= region.Count() {
 		return &ValueError{"TxReserve", o.TxReserve, fmt.Sprintf("the region has %d buffers: the fill ring needs at least one", region.Count())}
@@ -709,6 +724,12 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		}
 		if q.closed.Load() {
 			return 0, opErr(op, q.ifname, os.ErrClosed)
+		}
+		if q.pfds[0].Revents&unix.POLLIN != 0 && q.coalesce != (unix.Timespec{}) {
+			// Let a batch build up; nobody waits on the socket meanwhile, so the kernel
+			// wakes no one for the frames that follow. Close and deadlines are seen after.
+			ts := q.coalesce
+			unix.Nanosleep(&ts, nil)
 		}
 	}
 }

@@ -1,7 +1,10 @@
 package hwq
 
 import (
+	"errors"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/zcnet/zcnet/bpf"
 )
@@ -87,5 +90,46 @@ func TestRawNoAllocs(t *testing.T) {
 	}
 	if st.TxCompleted == 0 {
 		t.Fatalf("nothing sent: %+v", st)
+	}
+}
+
+// TestRawRxCoalesce: a queue with RxCoalesce receives what is sent (the batch taken after
+// the pause), Close still ends a waiting Receive, and a coalescing period out of range is
+// refused. Nothing here is timed.
+func TestRawRxCoalesce(t *testing.T) {
+	e := newRawEnv(t, 1)
+	q := e.openRaw(t, 0, newRegion(t, 256), &RawQueueOptions{RxCoalesce: 2 * time.Millisecond})
+	if _, err := q.Steering().AddRule(bpf.RawRule{DstPort: 6700}); err != nil {
+		t.Fatal(err)
+	}
+	pk := newPacketSock(t, e.Cli, e.CliIf)
+	f := frameSpec{dstMAC: e.srvMAC, srcMAC: e.cliMAC, src: e.CliAddr, dst: e.SrvAddr, sport: 1, dport: 6700, payload: make([]byte, 22)}.build()
+	go func() {
+		for range 20 {
+			pk.send(t, f)
+		}
+	}()
+	frames := make([]Frame, 32)
+	q.SetReadDeadline(time.Now().Add(10 * time.Second)) // a safety net
+	for got := 0; got < 20; {
+		n, err := q.Receive(frames)
+		if err != nil {
+			t.Fatalf("after %d frames: %v", got, err)
+		}
+		for _, fr := range frames[:n] {
+			fr.Buf.Release()
+		}
+		got += n
+	}
+	q.SetReadDeadline(time.Time{})
+	errc := make(chan error, 1)
+	go func() { _, err := q.Receive(frames); errc <- err }()
+	q.Close()
+	if err := <-errc; !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Receive ended by Close: %v", err)
+	}
+	_, err := OpenRawQueue(e.SrvIf, 0, newRegion(t, 64), &RawQueueOptions{NetNS: e.Srv.Fd(), RxCoalesce: -1})
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("RxCoalesce -1: %v, want ErrInvalid", err)
 	}
 }

@@ -68,6 +68,7 @@ var (
 	cSize   = flag.Int("size", 64, "internal: frame size")
 	cRate   = flag.Int("crate", 0, "internal: frames/s, 0 flat out")
 	cMAC    = flag.String("src", "", "internal: source MAC")
+	coal    = flag.Duration("coalesce", time.Millisecond, "RxCoalesce of the raw queue's fixed-rate receiver (TPACKET_V3's block retire timeout here is 1 ms)")
 )
 
 // sink is the MAC the frames go to: nobody's, so the peer stack drops them as
@@ -245,7 +246,11 @@ func rawRX(w *window, ifname string, mode bpf.XDPMode, wait bool) error {
 		return err
 	}
 	defer r.CloseWhenReleased()
-	q, err := hwq.OpenRawQueue(ifname, 0, r, &hwq.RawQueueOptions{RingSize: 8192, XDP: mode, TxReserve: -1})
+	o := &hwq.RawQueueOptions{RingSize: 8192, XDP: mode, TxReserve: -1}
+	if wait {
+		o.RxCoalesce = *coal
+	}
+	q, err := hwq.OpenRawQueue(ifname, 0, r, o)
 	if err != nil {
 		return err
 	}
@@ -587,7 +592,7 @@ type result struct {
 }
 
 func runOne(t *topo, dir, variant string, size, rt int) (result, error) {
-	common := []string{"-d", dur.String(), "-size", strconv.Itoa(size), "-crate", strconv.Itoa(rt)}
+	common := []string{"-d", dur.String(), "-size", strconv.Itoa(size), "-crate", strconv.Itoa(rt), "-coalesce", coal.String()}
 	sendNS, sendIf, sendMAC, sendVar := t.b, t.bIf, t.bMAC, "packet"
 	recvNS, recvIf, recvVar := t.a, t.aIf, variant
 	if dir == "tx" {
