@@ -171,6 +171,7 @@ type RawQueue struct {
 	rxMu       sync.Mutex
 	fill, rx   ring
 	emptyPolls uint32         // TryReceives that found nothing since the last device check (rxMu)
+	rxHot      bool           // the last Receive took frames and RxCoalesce is set (rxMu)
 	provide    []memreg.Loan  // refill's scratch (rxMu)
 	pfds       [3]unix.PollFd // Receive's wait (rxMu)
 	txMu       sync.Mutex
@@ -684,9 +685,10 @@ func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 // deadline (os.ErrDeadlineExceeded) and when the interface goes away (ErrNoDevice, then
 // returned by every later call). When frames are there it neither waits nor reads the
 // clock; otherwise it waits in ppoll(2) on the socket and two eventfds (Close's and
-// SetReadDeadline's), not in Go's netpoller. The kernel does not report an unbound socket
-// through poll (xsk_poll has no EPOLLERR), so the wait also wakes every DeviceCheck to
-// read the socket's error.
+// SetReadDeadline's), not in Go's netpoller; with RxCoalesce, while frames keep coming it
+// waits on a timer instead (one system call per batch). The kernel does not report an
+// unbound socket through poll (xsk_poll has no EPOLLERR), so a wait that brings nothing
+// (at most DeviceCheck long) reads the socket's error.
 func (q *RawQueue) Receive(frames []Frame) (int, error) {
 	const op = "raw receive"
 	if len(frames) == 0 {
@@ -696,14 +698,25 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		return 0, err
 	}
 	defer q.rxMu.Unlock()
+	coalesce := q.coalesce != (unix.Timespec{})
 	for {
 		q.refill()
 		n, err := q.take(frames)
 		if n > 0 || err != nil {
+			q.rxHot = coalesce
 			return n, opErr(op, q.ifname, err)
 		}
-		if err := q.noDevice(sockErr(q.fd)); err != nil {
-			return 0, opErr(op, q.ifname, err)
+		if q.rxHot {
+			// Frames came in the last period: wait one more period on a timer instead of
+			// on the socket (one system call per batch while traffic flows; back to a
+			// wait on the socket once a period brings nothing).
+			q.rxHot = false
+			ts := q.coalesce
+			unix.Nanosleep(&ts, nil)
+			if q.closed.Load() {
+				return 0, opErr(op, q.ifname, os.ErrClosed)
+			}
+			continue
 		}
 		wait := DeviceCheck
 		if d := q.deadline.Load(); d != nil {
@@ -714,9 +727,16 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 			wait = min(wait, left)
 		}
 		ts := unix.NsecToTimespec(int64(wait))
-		_, perr := unix.Ppoll(q.pfds[:], &ts, nil)
+		ready, perr := unix.Ppoll(q.pfds[:], &ts, nil)
 		if perr != nil && perr != unix.EINTR {
 			return 0, opErr(op, q.ifname, os.NewSyscallError("ppoll", perr))
+		}
+		if ready == 0 && perr == nil {
+			// A period without a frame: is the interface still there? (Not read while
+			// frames flow: a system call per wait otherwise.)
+			if err := q.noDevice(sockErr(q.fd)); err != nil {
+				return 0, opErr(op, q.ifname, err)
+			}
 		}
 		if q.pfds[2].Revents != 0 {
 			var b [8]byte
@@ -725,7 +745,7 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		if q.closed.Load() {
 			return 0, opErr(op, q.ifname, os.ErrClosed)
 		}
-		if q.pfds[0].Revents&unix.POLLIN != 0 && q.coalesce != (unix.Timespec{}) {
+		if q.pfds[0].Revents&unix.POLLIN != 0 && coalesce {
 			// Let a batch build up; nobody waits on the socket meanwhile, so the kernel
 			// wakes no one for the frames that follow. Close and deadlines are seen after.
 			ts := q.coalesce
