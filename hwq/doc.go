@@ -82,7 +82,10 @@
 // (Close and SetReadDeadline wake it). Each receive refills the fill ring from the region's
 // free buffers first. Send queues frames on the TX ring and kicks the kernel with sendto(2)
 // from the calling goroutine (in copy mode each call moves a batch of up to 32 frames);
-// Flush kicks again and returns completed buffers to the region. In steady state
+// Flush kicks again and returns completed buffers to the region. RawQueueOptions.RxCoalesce
+// trades latency for CPU at moderate rates: while frames keep coming, Receive waits that
+// long on a timer and takes a batch, instead of being woken by the kernel for each frame
+// (each wake-up also costs the sending side's kernel path). In steady state
 // TryReceive, Receive with frames waiting, Send and Flush allocate nothing and read no
 // clock. The socket is deliberately not in Go's netpoller: in copy mode the kernel's
 // xsk_poll transmits the TX ring, so a poller thread woken by each completion would kick
