@@ -50,8 +50,9 @@ type RawQueueOptions struct {
 	// takes the frames, so a batch builds up and the kernel finds no waiter to wake for
 	// the frames in between (each wake-up costs the sending side's kernel path as well as
 	// the receiver; TPACKET_V3's block retire timeout does the same). It adds up to
-	// RxCoalesce to a frame's latency; 0, the default, takes frames as soon as one is
-	// there. TryReceive is not affected.
+	// RxCoalesce to a frame's latency (and Close or a deadline may find a Receive asleep
+	// for up to as long); 0, the default, takes frames as soon as one is there, up to 1s.
+	// TryReceive is not affected.
 	RxCoalesce time.Duration
 	// NoNeedWakeup binds without XDP_USE_NEED_WAKEUP: the queue then kicks the kernel on
 	// every send instead of only when the kernel asks.
