@@ -38,7 +38,7 @@ type RawQueueOptions struct {
 	FillSize int
 	// TxReserve is how many of the region's buffers the fill ring never takes: they stay
 	// free for Get, so a queue that receives can always send. 0 means the default, a quarter
-	// of the region (at least one buffer); a negative value keeps none (a receive-only
+	// of the region (at least one buffer, and none of a one-buffer region); a negative value keeps none (a receive-only
 	// queue: Get may then find every free buffer lent to the fill ring). It must leave the
 	// fill ring at least one buffer.
 	TxReserve int
@@ -271,7 +271,7 @@ func OpenRawQueue(ifname string, queue int, region *memreg.Region, opts *RawQueu
 	switch {
 	case o.TxReserve < 0:
 	case o.TxReserve == 0:
-		q.reserve = max(1, region.Count()/4)
+		q.reserve = min(max(1, region.Count()/4), region.Count()-1)
 	default:
 		q.reserve = o.TxReserve
 	}
