@@ -80,7 +80,8 @@
 // Driving a raw queue: TryReceive never blocks and suits a loop that polls several queues
 // or runs its own event loop; Receive takes what is there and otherwise waits in ppoll(2)
 // (Close and SetReadDeadline wake it). Each receive refills the fill ring from the region's
-// free buffers first. Send queues frames on the TX ring and kicks the kernel with sendto(2)
+// free buffers first and takes the frames' buffers under one lock of the region;
+// RawQueue.Release gives a batch back the same way (Buf.Release does one). Send queues frames on the TX ring and kicks the kernel with sendto(2)
 // from the calling goroutine (in copy mode each call moves a batch of up to 32 frames);
 // Flush kicks again and returns completed buffers to the region. RawQueueOptions.RxCoalesce
 // trades latency for CPU at moderate rates: while frames keep coming, Receive waits that

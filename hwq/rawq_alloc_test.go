@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/memreg"
 )
 
 // TestRawNoAllocs: in steady state the receive and transmit paths allocate nothing:
@@ -60,11 +61,25 @@ func TestRawNoAllocs(t *testing.T) {
 			}
 		}
 	}
-	if a := testing.AllocsPerRun(100, take(q.TryReceive)); a != 0 {
+	if a := testing.AllocsPerRun(60, take(q.TryReceive)); a != 0 {
 		t.Errorf("TryReceive with frames waiting: %v allocations per call", a)
 	}
-	if a := testing.AllocsPerRun(100, take(q.Receive)); a != 0 {
+	if a := testing.AllocsPerRun(60, take(q.Receive)); a != 0 {
 		t.Errorf("Receive with frames waiting: %v allocations per call", a)
+	}
+	if a := testing.AllocsPerRun(60, func() {
+		n, err := q.TryReceive(frames)
+		if n == 0 || err != nil {
+			t.Fatalf("TryReceive with frames waiting: %d, %v", n, err)
+		}
+		if err := q.Release(frames[:n]); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Errorf("TryReceive + Release: %v allocations per call", a)
+	}
+	if err := q.Release(frames[:1]); !errors.Is(err, memreg.ErrStale) {
+		t.Fatalf("Release of a frame released before: %v, want memreg.ErrStale", err)
 	}
 
 	out := make([]Frame, 1)

@@ -570,6 +570,75 @@ func (r *Region) Received(idx int) (Buf, error) {
 	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
 }
 
+// ReceivedBatch is Received for several buffers under one lock: out[i] becomes the handle
+// of buffer idx[i]. It stops at the first index that is out of range or not in the
+// kernel's hands and returns how many it turned into handles, with that error.
+func (r *Region) ReceivedBatch(idx []int, out []Buf) (int, error) {
+	n := min(len(idx), len(out))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, id := range idx[:n] {
+		if id < 0 || id >= r.count {
+			return i, fmt.Errorf("memreg: buffer id %d outside region of %d: %w", id, r.count, ErrStale)
+		}
+		if r.state[id] != Kernel {
+			return i, fmt.Errorf("memreg: buffer %d is %v, not in the kernel: %w", id, r.state[id], ErrStale)
+		}
+		r.gen[id]++
+		r.lent--
+		r.held++
+		r.state[id] = Held
+		r.pub(int32(id))
+		out[i] = Buf{r: r, idx: int32(id), gen: r.gen[id]}
+	}
+	return n, nil
+}
+
+// ReleaseBatch releases several buffers of this region under one lock, as Release does each
+// (a buffer of another region, a shared one, or any buffer of a region with a recycler goes
+// through Release itself). Every buffer is tried; the first error is returned (a stale
+// handle's ErrStale: it released nothing).
+func (r *Region) ReleaseBatch(bufs []Buf) error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	r.mu.Lock()
+	freed := false
+	for _, b := range bufs {
+		if b.r != r || r.recycle != nil || (b.r != nil && r.state[b.idx] == Shared) {
+			r.mu.Unlock()
+			if err := b.Release(); err != nil {
+				keep(err)
+			}
+			r.mu.Lock()
+			continue
+		}
+		if err := b.check(); err != nil {
+			keep(err)
+			continue
+		}
+		r.gen[b.idx]++
+		r.held--
+		r.state[b.idx] = Free
+		r.pub(b.idx)
+		if r.scrub != nil && !r.unmapped {
+			r.scrub(r.slice(int(b.idx)))
+		}
+		r.free = append(r.free, b.idx)
+		freed = true
+	}
+	r.unmapIfDoneLocked()
+	onFree := r.onFree
+	r.mu.Unlock()
+	if freed && onFree != nil {
+		onFree()
+	}
+	return first
+}
+
 // SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)
 // instead of the free list. Used for receive regions feeding a provided-buffer ring.
 func (r *Region) SetRecycler(fn func(idx int)) { r.recycle = fn }

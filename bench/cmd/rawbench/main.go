@@ -281,8 +281,8 @@ func rawRX(w *window, ifname string, mode bpf.XDPMode, wait bool) error {
 		if err != nil {
 			return err
 		}
-		for _, f := range frames[:k] {
-			f.Buf.Release()
+		if err := q.Release(frames[:k]); err != nil {
+			return err
 		}
 		got += uint64(k)
 	}
