@@ -109,8 +109,9 @@ type RawQueueStats struct {
 }
 
 // Frame is one frame in a raw queue's region: a memreg buffer and where the frame lies in
-// it. A received Frame's Buf belongs to the application until Buf.Release (then it refills
-// the fill ring); a Frame given to Send is lent to the kernel until its completion.
+// it. A received Frame's Buf belongs to the application until Buf.Release or
+// RawQueue.Release (then it refills the fill ring); a Frame given to Send is lent to the
+// kernel until its completion.
 type Frame struct {
 	Buf memreg.Buf
 	Off int // offset of the first byte in the buffer
