@@ -146,16 +146,15 @@ func (f Frame) Meta() (m bpf.RawMeta, ok bool) {
 // One goroutine may receive while another sends; Close may be called from any goroutine,
 // wakes a blocked Receive, and tears everything down.
 type RawQueue struct {
-	ifname  string
-	ifindex int
-	queue   int
-	mtu     int
-	mac     net.HardwareAddr
-	region  *memreg.Region
-	bufSize uint64
-	reserve int // region buffers the fill ring leaves free (TxReserve)
-	// coalesce: RxCoalesce as a timespec (zero: none).
-	coalesce unix.Timespec
+	ifname   string
+	ifindex  int
+	queue    int
+	mtu      int
+	mac      net.HardwareAddr
+	region   *memreg.Region
+	bufSize  uint64
+	reserve  int           // region buffers the fill ring leaves free (TxReserve)
+	coalesce time.Duration // RxCoalesce
 	// fd is the socket. It is not in Go's netpoller: in copy mode the kernel's xsk_poll
 	// transmits whatever is on the TX ring, so a poller thread would fight the sending
 	// goroutine over the socket. The hot paths use it under rxMu or txMu, Stats and the
@@ -269,7 +268,7 @@ func OpenRawQueue(ifname string, queue int, region *memreg.Region, opts *RawQueu
 	}
 	q := &RawQueue{ifname: ifname, queue: queue, region: region, bufSize: uint64(region.BufSize()), fd: -1, closeFd: -1, kickFd: -1}
 	if o.RxCoalesce > 0 {
-		q.coalesce = unix.NsecToTimespec(int64(o.RxCoalesce))
+		q.coalesce = o.RxCoalesce
 	}
 	switch {
 	case o.TxReserve < 0:
@@ -717,7 +716,9 @@ func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 // returned by every later call). When frames are there it neither waits nor reads the
 // clock; otherwise it waits in ppoll(2) on the socket and two eventfds (Close's and
 // SetReadDeadline's), not in Go's netpoller; with RxCoalesce, while frames keep coming it
-// waits on a timer instead (one system call per batch). The kernel does not report an
+// sleeps on a Go timer instead (time.Sleep: the goroutine parks, so no thread blocks in a
+// system call and Go's scheduler has no processor to hand over; a blocking nanosleep cost
+// two futex calls per period besides). The kernel does not report an
 // unbound socket through poll (xsk_poll has no EPOLLERR), so a wait that brings nothing
 // (at most DeviceCheck long) reads the socket's error.
 func (q *RawQueue) Receive(frames []Frame) (int, error) {
@@ -729,7 +730,7 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		return 0, err
 	}
 	defer q.rxMu.Unlock()
-	coalesce := q.coalesce != (unix.Timespec{})
+	coalesce := q.coalesce > 0
 	for {
 		q.refill()
 		n, err := q.take(frames)
@@ -742,8 +743,7 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 			// on the socket (one system call per batch while traffic flows; back to a
 			// wait on the socket once a period brings nothing).
 			q.rxHot = false
-			ts := q.coalesce
-			unix.Nanosleep(&ts, nil)
+			time.Sleep(q.coalesce)
 			if q.closed.Load() {
 				return 0, opErr(op, q.ifname, os.ErrClosed)
 			}
@@ -779,8 +779,7 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		if q.pfds[0].Revents&unix.POLLIN != 0 && coalesce {
 			// Let a batch build up; nobody waits on the socket meanwhile, so the kernel
 			// wakes no one for the frames that follow. Close and deadlines are seen after.
-			ts := q.coalesce
-			unix.Nanosleep(&ts, nil)
+			time.Sleep(q.coalesce)
 		}
 	}
 }

@@ -24,7 +24,8 @@
 // shown beside it, not added. Variants run interleaved, in an order that alternates
 // every round; rounds repeat -reps times; the report gives medians with min–max and,
 // round by round, the raw queue's ratio to AF_PACKET. It prints the raw queue's mode.
-// Needs root, ip(8) and taskset(1). Usage:
+// Needs root, ip(8) and taskset(1). RAWBENCH_WRAP_RECV or RAWBENCH_WRAP_SEND puts a tool
+// (strace -c, perf stat) in front of that child. Usage:
 //
 //	flock /work/wt/measure.lock go run ./cmd/rawbench [-d 1s] [-reps 5] [-rate 50000] [-json out.json]
 package main
@@ -511,6 +512,11 @@ func start(ns string, cpu int, args ...string) (*proc, error) {
 	argv := []string{"netns", "exec", ns}
 	if runtime.NumCPU() >= 2 && cpu >= 0 {
 		argv = append(argv, "taskset", "-c", strconv.Itoa(cpu))
+	}
+	if w := os.Getenv("RAWBENCH_WRAP_" + strings.ToUpper(args[1])); w != "" {
+		// A tool around one child (RAWBENCH_WRAP_RECV="strace -c -f -o /tmp/recv.txt"),
+		// for looking into a cell; the CPU figures then include the tool's cost.
+		argv = append(argv, strings.Fields(w)...)
 	}
 	argv = append(argv, exe)
 	argv = append(argv, args...)
