@@ -164,7 +164,7 @@ func (r RawRule) encode() (xskXskRule, error) {
 		return k, errors.New("the rule matches nothing in particular: set at least one field")
 	}
 	if r.Join && (!r.Dst.IsValid() || !r.Dst.IsMulticast()) {
-		return k, fmt.Errorf("Join with destination %v: a multicast group is needed", r.Dst)
+		return k, fmt.Errorf("a rule that joins needs a multicast destination, not %v", r.Dst)
 	}
 	return k, nil
 }

@@ -99,13 +99,12 @@ func selfCPU() time.Duration {
 }
 
 // window is a child's measured run: ready() says the set-up is done and waits for the
-// parent's "go"; then done() reports whether -d has passed (read per batch, not per frame).
+// parent's "go"; the run ends at end (read per batch, not per frame); finish reports.
 type window struct {
-	in     *bufio.Reader
-	t0     time.Time
-	c0     time.Duration
-	end    time.Time
-	frames uint64
+	in  *bufio.Reader
+	t0  time.Time
+	c0  time.Duration
+	end time.Time
 }
 
 func (w *window) ready() {
