@@ -180,6 +180,8 @@ type RawQueue struct {
 	txMu       sync.Mutex
 	tx, comp   ring
 	reaped     []memreg.Loan // reap's scratch (txMu)
+	txBufs     []memreg.Buf  // Send's scratch (txMu)
+	txLoans    []memreg.Loan // Send's scratch (txMu)
 	// loans: buffers in the kernel's hands, by region index: those of the fill ring are
 	// written under rxMu, those of the TX ring under txMu (a buffer moves between the two
 	// only through the region's free list).
@@ -437,6 +439,7 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 	q.provide = make([]memreg.Loan, nf)
 	q.rxIdx, q.rxBufs = make([]int, nr), make([]memreg.Buf, nr)
 	q.reaped = make([]memreg.Loan, nf)
+	q.txBufs, q.txLoans = make([]memreg.Buf, nr), make([]memreg.Loan, nr)
 	q.rxMu.Lock()
 	q.refill()
 	q.rxMu.Unlock()
@@ -908,13 +911,13 @@ func (q *RawQueue) Send(frames []Frame) (int, error) {
 		return 0, opErr(op, q.ifname, err)
 	}
 	q.reap()
-	room := int(q.tx.free())
-	n := 0
+	room := min(int(q.tx.free()), len(q.txBufs))
+	// Check the frames that fit, then lend their buffers under one lock of the region.
+	m := 0
 	var ferr error
-	var bytes uint64
 	for _, f := range frames {
-		if n == room {
-			q.st.txRingFull.Add(uint64(len(frames) - n))
+		if m == room {
+			q.st.txRingFull.Add(uint64(len(frames) - m))
 			break
 		}
 		if f.Buf.Region() != q.region {
@@ -925,19 +928,36 @@ func (q *RawQueue) Send(frames []Frame) (int, error) {
 			ferr = q.badFrame(f, "")
 			break
 		}
-		l, err := f.Buf.Lend()
+		q.txBufs[m] = f.Buf
+		m++
+	}
+	n := 0
+	for n < m {
+		k, _ := q.region.LendBatch(q.txBufs[n:m], q.txLoans[n:m])
+		if n += k; n == m {
+			break
+		}
+		// What the batch could not lend (a shared buffer, a stale handle): Lend says.
+		l, err := q.txBufs[n].Lend()
 		if err != nil {
 			ferr = err
 			break
 		}
+		q.txLoans[n] = l
+		n++
+	}
+	clear(q.txBufs[:m])
+	var bytes uint64
+	for i, l := range q.txLoans[:n] {
+		f := frames[i]
 		q.loans[l.Index()] = l
-		d := q.tx.xdesc(q.tx.local + uint32(n))
+		d := q.tx.xdesc(q.tx.local + uint32(i))
 		d.Addr = uint64(l.Index())*q.bufSize + uint64(f.Off)
 		d.Len = uint32(f.Len)
 		d.Options = 0
 		bytes += uint64(f.Len)
-		n++
 	}
+	clear(q.txLoans[:n])
 	if n > 0 {
 		q.tx.local += uint32(n)
 		atomic.StoreUint32(q.tx.prod, q.tx.local)
@@ -1003,9 +1023,7 @@ func (q *RawQueue) reap() int {
 	}
 	q.comp.local += uint32(n)
 	atomic.StoreUint32(q.comp.cons, q.comp.local)
-	for _, l := range loans {
-		l.Return()
-	}
+	q.region.ReturnBatch(loans)
 	clear(loans)
 	q.st.txCompleted.Add(uint64(n))
 	return n

@@ -59,3 +59,46 @@ func TestBatch(t *testing.T) {
 		t.Fatalf("after the last release: held %d, mapped %v", r.Held(), r.Memory() != nil)
 	}
 }
+
+// TestLendReturnBatch: LendBatch and ReturnBatch do what Lend and Return do for each buffer,
+// stop (lend) or go on (return) at what they cannot take, and a closed region refuses to
+// lend.
+func TestLendReturnBatch(t *testing.T) {
+	r := newRegion(t, Options{BufSize: 1024, Count: 8})
+	bufs := make([]Buf, 4)
+	for i := range bufs {
+		var err error
+		if bufs[i], err = r.Get(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := newRegion(t, Options{BufSize: 1024, Count: 2})
+	ob, err := other.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Release()
+	loans := make([]Loan, 4)
+	if n, err := r.LendBatch([]Buf{bufs[0], bufs[1], ob, bufs[2]}, loans); n != 2 || !errors.Is(err, ErrStale) {
+		t.Fatalf("LendBatch with another region's buffer third: %d, %v", n, err)
+	}
+	if r.Lent() != 2 || r.Held() != 2 || bufs[0].Valid() {
+		t.Fatalf("lent %d, held %d", r.Lent(), r.Held())
+	}
+	if n, err := r.LendBatch([]Buf{bufs[0]}, loans[2:]); n != 0 || !errors.Is(err, ErrStale) {
+		t.Fatalf("LendBatch of a lent handle: %d, %v", n, err)
+	}
+	if err := r.ReturnBatch([]Loan{loans[0], loans[0], loans[1]}); !errors.Is(err, ErrStale) {
+		t.Fatalf("ReturnBatch with a loan twice: %v", err)
+	}
+	if r.Lent() != 0 || r.Free() != 6 {
+		t.Fatalf("after ReturnBatch: lent %d, free %d", r.Lent(), r.Free())
+	}
+	r.CloseWhenReleased()
+	if n, err := r.LendBatch(bufs[2:], loans); n != 0 || !errors.Is(err, ErrClosed) {
+		t.Fatalf("LendBatch on a closed region: %d, %v", n, err)
+	}
+	if err := r.ReleaseBatch(bufs[2:]); err != nil {
+		t.Fatal(err)
+	}
+}

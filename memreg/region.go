@@ -639,6 +639,78 @@ func (r *Region) ReleaseBatch(bufs []Buf) error {
 	return first
 }
 
+// LendBatch is Lend for several buffers of this region under one lock: loans[i] becomes
+// the loan of bufs[i]. It stops at the first buffer it cannot lend (a stale handle, another
+// region's, a shared one: lend those with Lend) and returns how many it lent, with that
+// error.
+func (r *Region) LendBatch(bufs []Buf, loans []Loan) (int, error) {
+	n := min(len(bufs), len(loans))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return 0, ErrClosed
+	}
+	for i, b := range bufs[:n] {
+		if b.r != r {
+			return i, ErrStale
+		}
+		if err := b.check(); err != nil {
+			return i, err
+		}
+		if r.state[b.idx] == Shared {
+			return i, fmt.Errorf("memreg: buffer %d is shared: lend it with Lend: %w", b.idx, ErrStale)
+		}
+		r.gen[b.idx]++
+		r.state[b.idx] = Kernel
+		r.pub(b.idx)
+		r.held--
+		r.lent++
+		loans[i] = Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}
+	}
+	return n, nil
+}
+
+// ReturnBatch is Return for several loans of this region under one lock (a loan of another
+// region, a shared buffer's, or any loan of a region with a recycler goes through Return
+// itself). Every loan is tried; the first error is returned.
+func (r *Region) ReturnBatch(loans []Loan) error {
+	var first error
+	r.mu.Lock()
+	freed := false
+	for _, l := range loans {
+		if l.r != r || r.recycle != nil || (l.r != nil && r.state[l.idx] == Shared) {
+			r.mu.Unlock()
+			if err := l.Return(); err != nil && first == nil {
+				first = err
+			}
+			r.mu.Lock()
+			continue
+		}
+		if r.state[l.idx] != Kernel || r.gen[l.idx] != l.gen {
+			if first == nil {
+				first = ErrStale
+			}
+			continue
+		}
+		r.gen[l.idx]++
+		r.lent--
+		r.state[l.idx] = Free
+		r.pub(l.idx)
+		if r.scrub != nil && !r.unmapped {
+			r.scrub(r.slice(int(l.idx)))
+		}
+		r.free = append(r.free, l.idx)
+		freed = true
+	}
+	r.unmapIfDoneLocked()
+	onFree := r.onFree
+	r.mu.Unlock()
+	if freed && onFree != nil {
+		onFree()
+	}
+	return first
+}
+
 // SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)
 // instead of the free list. Used for receive regions feeding a provided-buffer ring.
 func (r *Region) SetRecycler(fn func(idx int)) { r.recycle = fn }
