@@ -16,18 +16,20 @@ zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
 	cd bench && $(GO) build -o $(BUILD)/zcbench ./cmd/zcbench
 
-# iperf3 is the outside reference, wrk the services suite's HTTP load generator; without
-# them (no root for apt-get) zcbench says so and goes on without those runs.
+# iperf3 is the outside reference, wrk the services suite's HTTP load generator, gcc and the
+# kernel's uapi headers build the C reference servers (c-uring, c-epoll); without them (no
+# root for apt-get) zcbench says so ("mode c-uring: not available: ...") and goes on without
+# those runs.
 bench: zcbench
-	@bash .ci/need.sh -optional iperf3 wrk
+	@bash .ci/need.sh -optional iperf3 wrk gcc uringhdr
 	$(BUILD)/zcbench $(BENCH_ARGS)
 
 bench-quick: zcbench
-	@bash .ci/need.sh -optional iperf3 wrk
+	@bash .ci/need.sh -optional iperf3 wrk gcc uringhdr
 	$(BUILD)/zcbench -quick $(BENCH_ARGS)
 
 bench-netns: zcbench
-	@bash .ci/need.sh -optional iperf3
+	@bash .ci/need.sh -optional iperf3 gcc uringhdr
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
 
 # A static zcbench (no Go, no C library needed there), iperf3 and wrk with their libraries from this

@@ -206,7 +206,7 @@ func checkMapped(t *testing.T, s harness.Scenario, r harness.Rep) {
 func TestCorruptionFailsTheRun(t *testing.T) {
 	env := testEnv(t)
 	for _, m := range All() {
-		if !slices.Contains([]string{"net", "syscall", "netpoll", "zc", "zc-mmap"}, m.Name()) {
+		if !slices.Contains([]string{"net", "syscall", "netpoll", "zc", "zc-mmap", "c-uring", "c-epoll"}, m.Name()) {
 			continue // one of each kind keeps the test short; all modes share the check
 		}
 		for _, s := range []harness.Scenario{harness.Bulk, harness.Echo} {
