@@ -347,6 +347,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		report.PrintServiceGoals(stdout, sg)
 		goals = append(goals, sg...)
 	}
+	lg := report.LimitGoals(rows, skipped)
+	report.PrintLimitGoals(stdout, lg)
+	goals = append(goals, lg...)
 	report.PrintNoise(stdout, rows)
 	fmt.Fprintln(stdout, "Ratios are of medians (mode/net unless named). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 

@@ -29,6 +29,7 @@ func TestTinyRun(t *testing.T) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 	}
 	for _, s := range []string{"BULK", "PING-PONG", "GOALS (issue 10)", "NOT RUN (zc bulk 4 KiB not measured)",
+		"GOAL (issue 30, against the limit)", "13. against the limit", "NOT RUN (c-uring not measured",
 		"NOT RUN (multicore 512 conns of zc and net not measured)"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q:\n%s", s, out.String())
@@ -55,8 +56,9 @@ func TestTinyRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := doc.Results
-	if len(doc.Goals) != 12 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") ||
-		doc.Goals[6].ID != 7 || !strings.HasPrefix(doc.Goals[11].Status, "NOT RUN") {
+	if len(doc.Goals) != 13 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") ||
+		doc.Goals[6].ID != 7 || !strings.HasPrefix(doc.Goals[11].Status, "NOT RUN") ||
+		doc.Goals[12].ID != 13 || !strings.HasPrefix(doc.Goals[12].Status, "NOT RUN") {
 		t.Errorf("goals: %+v", doc.Goals)
 	}
 	// bulk: 3 sizes × 2 modes; pingpong: 2 modes.
