@@ -623,7 +623,7 @@ func wantScenario(cfg config, s harness.Scenario) bool {
 
 // serviceModes are the modes each services scenario compares (of those that support it).
 var serviceModes = map[harness.Scenario][]string{
-	harness.MultiQueue: {"net", "netpoll", "zc"},
+	harness.MultiQueue: {"net", "netpoll", "zc", report.CUring, report.CEpoll},
 	harness.HTTPWrk:    {"net", "zc-net"},
 }
 

@@ -343,6 +343,7 @@ func TestPlanServices(t *testing.T) {
 		{Scenario: harness.KV, Mode: "net-aa", Size: 64, Conns: 32},
 		{Scenario: harness.KV, Mode: "zc", Size: 100 << 10, Conns: 32},
 		{Scenario: harness.MultiQueue, Mode: "netpoll", Size: 64, Conns: 512},
+		{Scenario: harness.MultiQueue, Mode: "c-uring", Size: 64, Conns: 512},
 		{Scenario: harness.HTTPWrk, Mode: "zc-net", Size: 64 << 10, Conns: 512},
 	} {
 		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
@@ -356,7 +357,7 @@ func TestPlanServices(t *testing.T) {
 		if v.Mode == "net-aa" && !(v.Scenario == harness.Relay && v.Conns == 8 || v.Scenario == harness.KV && v.Size == 64) {
 			t.Errorf("A/A copy planned for %+v", v)
 		}
-		if v.Scenario == harness.MultiQueue && v.Mode != "net" && v.Mode != "netpoll" && v.Mode != "zc" {
+		if v.Scenario == harness.MultiQueue && !slices.Contains([]string{"net", "netpoll", "zc", "c-uring", "c-epoll"}, v.Mode) {
 			t.Errorf("mq planned with %s", v.Mode)
 		}
 		if v.Scenario == harness.HTTPWrk && v.Mode != "net" && v.Mode != "zc-net" {

@@ -98,3 +98,17 @@ func TestLimitGoal(t *testing.T) {
 		}
 	}
 }
+
+// The multi-core and multi-queue echoes join the goal when c-uring ran them.
+func TestLimitGoalMultiQueue(t *testing.T) {
+	mq := func(mode string, srv float64) Row {
+		r := echoSrv(mode, 64, srv, srv, srv)
+		r.Scenario, r.Conns = harness.MultiQueue, MQConns
+		return r
+	}
+	gs := LimitGoals([]Row{mq(CUring, 8), mq(ZC, 12), mq(CEpoll, 9)}, nil)
+	if len(gs[0].Checks) != 1 || gs[0].Checks[0].What != "mq ×512 (shared CPUs): zc / c-uring server CPU per request" ||
+		*gs[0].Checks[0].Ratio != 1.5 || !strings.Contains(gs[0].Note, "mq ×512 (shared CPUs): zc / c-epoll = 1.33×") {
+		t.Errorf("mq: %+v %q", gs[0].Checks, gs[0].Note)
+	}
+}
