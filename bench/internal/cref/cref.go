@@ -15,7 +15,8 @@
 // (getrusage of the whole process) on a RESULT line; c/cref.h describes the protocol.
 //
 // The sources are embedded; Build compiles each with the machine's gcc -O2 into a cache
-// folder named by the hash of the sources and flags, once. A machine without gcc (or
+// folder named by the hash of the sources and flags, once ($ZCBENCH_CREF_BIN: a folder of
+// prebuilt ones instead, as the bench kit has). A machine without gcc (or
 // without the kernel's uapi headers, package linux-libc-dev) gets an error saying so:
 // zcbench prints it as "mode c-uring: not available: ..." and runs the other modes.
 package cref
@@ -58,6 +59,11 @@ const (
 // cflags are gcc's flags for every server.
 var cflags = []string{"-O2", "-Wall", "-pthread"}
 
+// BinDirEnv names the environment variable that points Build at a folder of prebuilt
+// servers (c-uring, c-epoll) instead of compiling: the bench kit carries static ones
+// (make bench-kit) to machines without gcc.
+const BinDirEnv = "ZCBENCH_CREF_BIN"
+
 // CacheDir is where Build puts the binaries: $ZCBENCH_CACHE if set, else the user's cache
 // folder (os.UserCacheDir) under zcbench/, else the temporary folder.
 func CacheDir() string {
@@ -85,6 +91,15 @@ func Build(k Kind) (string, error) {
 	defer buildMu.Unlock()
 	if p, ok := built[k]; ok {
 		return p, nil
+	}
+	if dir := os.Getenv(BinDirEnv); dir != "" {
+		// prebuilt (make bench-kit: a machine without gcc)
+		bin := filepath.Join(dir, "c-"+string(k))
+		if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o100 == 0 {
+			return "", fmt.Errorf("$%s=%s has no executable c-%s", BinDirEnv, dir, k)
+		}
+		built[k] = bin
+		return bin, nil
 	}
 	h := sha256.New()
 	for _, name := range []string{"cref.h", string(k) + ".c"} {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -289,5 +291,42 @@ func TestParseResult(t *testing.T) {
 	}
 	if _, err := parseResult("frames=x"); err == nil {
 		t.Error("a bad field parsed")
+	}
+}
+
+// $ZCBENCH_CREF_BIN points Build at prebuilt servers (the bench kit), and says when one
+// is missing.
+func TestPrebuilt(t *testing.T) {
+	bin, err := Build(Epoll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "c-epoll"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(BinDirEnv, dir)
+	buildMu.Lock()
+	saved := built
+	built = map[Kind]string{}
+	buildMu.Unlock()
+	t.Cleanup(func() {
+		buildMu.Lock()
+		built = saved
+		buildMu.Unlock()
+	})
+	if p, err := Build(Epoll); err != nil || p != filepath.Join(dir, "c-epoll") {
+		t.Errorf("Build(epoll) = %q, %v; want the prebuilt one", p, err)
+	}
+	if _, err := Build(Uring); err == nil || !strings.Contains(err.Error(), "has no executable c-uring") {
+		t.Errorf("Build(uring) without a prebuilt one: %v", err)
+	}
+	r, err, _ := serve(t, Epoll, 64, 1, []client{pingPong(10)})
+	if err != nil || r.Frames != 10 {
+		t.Errorf("prebuilt server: %d frames, %v", r.Frames, err)
 	}
 }

@@ -19,7 +19,7 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
-#include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -258,43 +258,50 @@ static long long tv_us(struct timeval t) { return (long long)t.tv_sec * 1000000 
 
 /* ---- listening, accepting ---- */
 
-/* listen_on binds o->host:o->port (port 0: any), prints READY with the bound address and
- * returns the listening socket. */
+/* listen_on binds o->host:o->port (a numeric IPv4 or IPv6 address; port 0: any), prints
+ * READY with the bound address and returns the listening socket. (inet_pton, not
+ * getaddrinfo: the binary links statically for the bench kit.) */
 static int listen_on(const struct opts *o)
 {
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				 .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
-	struct addrinfo *ai;
-	int rc = getaddrinfo(o->host, o->port, &hints, &ai);
-	if (rc != 0) {
-		fprintf(stderr, "cref: address %s:%s: %s\n", o->host, o->port, gai_strerror(rc));
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	memset(&ss, 0, sizeof(ss));
+	int port = atoi(o->port);
+	struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+	if (inet_pton(AF_INET, o->host, &s4->sin_addr) == 1) {
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons((uint16_t)port);
+		sl = sizeof(*s4);
+	} else if (inet_pton(AF_INET6, o->host, &s6->sin6_addr) == 1) {
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons((uint16_t)port);
+		sl = sizeof(*s6);
+	} else {
+		fprintf(stderr, "cref: address %s: not a numeric IPv4 or IPv6 address\n", o->host);
 		exit(1);
 	}
-	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_TCP);
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, IPPROTO_TCP);
 	if (fd < 0)
 		die("socket");
 	int one = 1;
 	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0)
 		die("SO_REUSEADDR");
-	if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+	if (bind(fd, (struct sockaddr *)&ss, sl) < 0)
 		die("bind");
-	freeaddrinfo(ai);
 	if (listen(fd, 4096) < 0)
 		die("listen");
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
+	sl = sizeof(ss);
 	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
 		die("getsockname");
-	char host[NI_MAXHOST], port[NI_MAXSERV];
-	rc = getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-	if (rc != 0) {
-		fprintf(stderr, "cref: getnameinfo: %s\n", gai_strerror(rc));
-		exit(1);
+	char host[INET6_ADDRSTRLEN];
+	if (ss.ss_family == AF_INET6) {
+		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+		printf("READY [%s]:%u\n", host, ntohs(s6->sin6_port));
+	} else {
+		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+		printf("READY %s:%u\n", host, ntohs(s4->sin_port));
 	}
-	if (ss.ss_family == AF_INET6)
-		printf("READY [%s]:%s\n", host, port);
-	else
-		printf("READY %s:%s\n", host, port);
 	fflush(stdout);
 	return fd;
 }
