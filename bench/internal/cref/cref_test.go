@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/bench/internal/frame"
 )
 
@@ -189,6 +191,19 @@ func corrupt(t *testing.T, c *net.TCPConn, size int) (uint64, error) {
 
 var kinds = []Kind{Uring, Epoll}
 
+// kernelAtLeast reports whether the running kernel is major.minor or newer.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", unix.ByteSliceToString(u.Release[:]), err)
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
 func TestEcho(t *testing.T) {
 	for _, k := range kinds {
 		for _, size := range []int{64, 1024, 100 << 10} {
@@ -218,6 +233,11 @@ func TestEcho(t *testing.T) {
 						t.Errorf("window %v, CPU %v+%v, setup %q", r.Wall, r.User, r.Sys, r.Setup)
 					}
 					t.Logf("c-%s: %s, %d frames, CPU %v", k, r.Setup, r.Frames, r.User+r.Sys)
+					// Every feature c-uring asks for is in Linux 6.1 (DEFER_TASKRUN is the
+					// newest): on such a kernel a fallback is a failure, not a choice.
+					if want := "SINGLE_ISSUER|DEFER_TASKRUN,registered-ring,fixed-files"; k == Uring && kernelAtLeast(t, 6, 1) && r.Setup != want {
+						t.Errorf("c-uring set up as %q on this kernel, want %q", r.Setup, want)
+					}
 				})
 			}
 		}

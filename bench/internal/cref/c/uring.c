@@ -5,7 +5,9 @@
  * no liburing is needed; it is built the way a careful liburing server is:
  *
  *   - one ring per thread, SINGLE_ISSUER|DEFER_TASKRUN where the kernel has them
- *     (else COOP_TASKRUN, else plain), a CQ of its own size;
+ *     (else COOP_TASKRUN, else plain), a CQ of its own size, the ring's fd registered
+ *     (IORING_ENTER_REGISTERED_RING) and the sockets registered as fixed files (no file
+ *     lookup per operation), each where the kernel takes it;
  *   - a provided-buffer ring (IORING_REGISTER_PBUF_RING) and one multishot RECV per
  *     connection that picks its buffers from it, re-armed whenever a completion comes
  *     without IORING_CQE_F_MORE (ENOBUFS included: then when a buffer comes back);
@@ -36,6 +38,8 @@
 
 struct ring {
 	int fd;
+	int enter_fd;          /* the registered ring index, or fd */
+	unsigned enter_flags;  /* IORING_ENTER_REGISTERED_RING when registered */
 	unsigned *sq_head, *sq_tail, sq_mask, sq_entries;
 	struct io_uring_sqe *sqes;
 	unsigned sqe_tail; /* next SQE to fill; published to *sq_tail before each enter */
@@ -73,6 +77,7 @@ struct server {
 	uint16_t br_tail;
 	struct chunk *chunks;
 	struct conn *conns;
+	int fixed; /* the sockets are registered files: SQEs name them by index */
 	int nconns, live;
 	int *starved; /* connections waiting for a buffer */
 	int nstarved;
@@ -85,9 +90,9 @@ static int sys_setup(unsigned entries, struct io_uring_params *p)
 	return (int)syscall(__NR_io_uring_setup, entries, p);
 }
 
-static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags)
+static int sys_enter(struct ring *r, unsigned to_submit, unsigned min_complete, unsigned flags)
 {
-	return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, NULL, 0);
+	return (int)syscall(__NR_io_uring_enter, r->enter_fd, to_submit, min_complete, flags | r->enter_flags, NULL, 0);
 }
 
 static int sys_register(int fd, unsigned op, void *arg, unsigned nr)
@@ -132,6 +137,16 @@ static void ring_init(struct ring *r, unsigned entries, unsigned cq_entries, int
 	if (fd < 0)
 		die("io_uring_setup");
 	r->fd = fd;
+	r->enter_fd = fd;
+	r->enter_flags = 0;
+	/* register the ring's own fd: io_uring_enter skips the fd lookup (5.18+) */
+	struct io_uring_rsrc_update up = {.offset = ~0u, .data = (uint64_t)fd};
+	if (sys_register(fd, IORING_REGISTER_RING_FDS, &up, 1) == 1) {
+		r->enter_fd = (int)up.offset;
+		r->enter_flags = IORING_ENTER_REGISTERED_RING;
+		if (first)
+			strncat(setup_desc, ",registered-ring", sizeof(setup_desc) - strlen(setup_desc) - 1);
+	}
 	r->sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
 	r->cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
 	if (p.features & IORING_FEAT_SINGLE_MMAP) {
@@ -170,7 +185,7 @@ static void ring_flush(struct ring *r)
 		unsigned n = r->sqe_tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
 		if (n == 0)
 			return;
-		int rc = sys_enter(r->fd, n, 0, 0);
+		int rc = sys_enter(r, n, 0, 0);
 		if (rc < 0) {
 			if (errno == EINTR || errno == EAGAIN || errno == EBUSY)
 				continue;
@@ -194,9 +209,9 @@ static void arm_recv(struct server *s, int ci)
 {
 	struct io_uring_sqe *sqe = get_sqe(&s->r);
 	sqe->opcode = IORING_OP_RECV;
-	sqe->fd = s->conns[ci].fd;
+	sqe->fd = s->fixed ? ci : s->conns[ci].fd;
 	sqe->ioprio = IORING_RECV_MULTISHOT;
-	sqe->flags = IOSQE_BUFFER_SELECT;
+	sqe->flags = IOSQE_BUFFER_SELECT | (s->fixed ? IOSQE_FIXED_FILE : 0);
 	sqe->buf_group = BGID;
 	sqe->user_data = UD(UD_RECV, ci, 0);
 	s->conns[ci].recv_armed = 1;
@@ -209,7 +224,8 @@ static void send_head(struct server *s, int ci)
 	struct chunk *k = &s->chunks[bid];
 	struct io_uring_sqe *sqe = get_sqe(&s->r);
 	sqe->opcode = IORING_OP_SEND;
-	sqe->fd = c->fd;
+	sqe->fd = s->fixed ? ci : c->fd;
+	sqe->flags = s->fixed ? IOSQE_FIXED_FILE : 0;
 	sqe->addr = (uint64_t)(uintptr_t)(s->bufs + (size_t)bid * BUF_SIZE + k->off);
 	sqe->len = k->len;
 	sqe->msg_flags = MSG_NOSIGNAL;
@@ -259,6 +275,12 @@ static void maybe_close(struct server *s, struct worker *w, int ci)
 	w->bytes += c->v.bytes;
 	if (c->failed)
 		w->resets++;
+	if (s->fixed) { /* drop the ring's reference too, or the socket stays open */
+		int32_t none = -1;
+		struct io_uring_files_update upd = {.offset = (uint32_t)ci, .fds = (uint64_t)(uintptr_t)&none};
+		if (sys_register(s->r.fd, IORING_REGISTER_FILES_UPDATE, &upd, 1) < 0)
+			die("IORING_REGISTER_FILES_UPDATE");
+	}
 	close(c->fd);
 	c->closed = 1;
 	s->live--;
@@ -381,6 +403,12 @@ static void *uring_worker(struct worker *w)
 	}
 	s->br_tail = (uint16_t)s->nbufs;
 	publish_bufs(s);
+	/* the sockets as registered files: no file lookup and reference per operation */
+	if (sys_register(s->r.fd, IORING_REGISTER_FILES, w->fds, (unsigned)w->nfds) == 0) {
+		s->fixed = 1;
+		if (w->id == 0)
+			strncat(setup_desc, ",fixed-files", sizeof(setup_desc) - strlen(setup_desc) - 1);
+	}
 	for (int i = 0; i < s->nconns; i++) {
 		struct conn *c = &s->conns[i];
 		c->fd = w->fds[i];
@@ -394,7 +422,7 @@ static void *uring_worker(struct worker *w)
 		publish_bufs(s);
 		atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->sqe_tail, memory_order_release);
 		unsigned n = r->sqe_tail - atomic_load_explicit((_Atomic unsigned *)r->sq_head, memory_order_acquire);
-		int rc = sys_enter(r->fd, n, 1, IORING_ENTER_GETEVENTS);
+		int rc = sys_enter(r, n, 1, IORING_ENTER_GETEVENTS);
 		if (rc < 0) {
 			if (errno == EINTR || errno == EAGAIN || errno == EBUSY)
 				continue; /* the unsubmitted rest stays in the SQ: submitted next time */
