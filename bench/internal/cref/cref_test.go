@@ -350,3 +350,43 @@ func TestPrebuilt(t *testing.T) {
 		t.Errorf("prebuilt server: %d frames, %v", r.Frames, err)
 	}
 }
+
+// resetWhileSending writes frames without reading the echoes, so the server's sends back up
+// behind a full socket, then resets the connection: the server's sends and its armed recv
+// fail, and it must still end.
+func resetWhileSending(t *testing.T, c *net.TCPConn, size int) (uint64, error) {
+	src, _ := frame.NewSource(size, -1)
+	buf := make([]byte, size)
+	src.Fill(buf)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 64 {
+			src.Stamp(buf)
+			if _, err := c.Write(buf); err != nil {
+				return // the reset below ends the writes
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // some sends back up first (not a timing assertion)
+	if err := c.SetLinger(0); err != nil {
+		return 0, err
+	}
+	c.Close()
+	<-done
+	return 0, nil
+}
+
+func TestResetWhileSending(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(string(k), func(t *testing.T) {
+			r, err, _ := serve(t, k, 64<<10, 1, []client{resetWhileSending, pingPong(20)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Resets != 1 || r.Frames < 20 {
+				t.Errorf("resets %d, frames %d: want 1 reset and the other client's 20 frames at least", r.Resets, r.Frames)
+			}
+		})
+	}
+}

@@ -29,6 +29,7 @@
 
 #define UD_RECV 1ull
 #define UD_SEND 2ull
+#define UD_CANCEL 3ull
 #define UD(kind, conn, bid) ((kind) << 56 | (uint64_t)(conn) << 16 | (uint64_t)(bid))
 #define UD_KIND(u) ((u) >> 56)
 #define UD_CONN(u) (((u) >> 16) & 0xffffffffffull)
@@ -316,6 +317,8 @@ static void on_recv(struct server *s, struct worker *w, int ci, int res, unsigne
 		}
 		if (!c->recv_armed && !c->eof && !c->failed)
 			arm_recv(s, ci);
+		if (c->failed)
+			maybe_close(s, w, ci); /* a send failed while this recv was armed */
 		return;
 	}
 	if (res == 0) {
@@ -333,11 +336,22 @@ static void on_recv(struct server *s, struct worker *w, int ci, int res, unsigne
 	maybe_close(s, w, ci);
 }
 
+/* cancel_recv ends a connection's multishot recv (its last CQE comes without F_MORE). */
+static void cancel_recv(struct server *s, int ci)
+{
+	struct io_uring_sqe *sqe = get_sqe(&s->r);
+	sqe->opcode = IORING_OP_ASYNC_CANCEL;
+	sqe->addr = UD(UD_RECV, ci, 0);
+	sqe->user_data = UD(UD_CANCEL, ci, 0);
+}
+
 static void on_send(struct server *s, struct worker *w, int ci, int32_t bid, int res)
 {
 	struct conn *c = &s->conns[ci];
 	c->send_busy = 0;
 	if (res <= 0) {
+		if (c->recv_armed && !c->failed)
+			cancel_recv(s, ci); /* the peer is gone: stop receiving */
 		c->failed = 1;
 		c->eof = 1;
 	} else {
@@ -438,8 +452,9 @@ static void *uring_worker(struct worker *w)
 			int ci = (int)UD_CONN(ud);
 			if (UD_KIND(ud) == UD_RECV)
 				on_recv(s, w, ci, res, flags);
-			else
+			else if (UD_KIND(ud) == UD_SEND)
 				on_send(s, w, ci, (int32_t)(ud & 0xffff), res);
+			/* UD_CANCEL: nothing to do; the recv's own last CQE closes the connection */
 		}
 		atomic_store_explicit((_Atomic unsigned *)r->cq_head, head, memory_order_release);
 	}
