@@ -20,9 +20,10 @@ import (
 // Case.Conns connections, checks every received byte with the frame checks of package
 // frame and echoes it. Its own window (first byte to last close) and CPU (getrusage of
 // the C process) are the side's figures (Meter.SetExternal). MultiCore: Case.Queues
-// threads, each pinned to one CPU of the server's mask. The client side is net's (Echo,
-// PingPong; MultiCore uses the harness's load generator as for every mode) and checks
-// every echoed byte.
+// threads, each pinned to one CPU of the server's mask. The client checks every echoed
+// byte: in Echo and PingPong it is zc's own echo client where zc runs (the client of the
+// zc rows, so that the goal compares the two servers under the same load), Go net's
+// otherwise; MultiCore and mq use the harness's load generator, as every mode does.
 type CRef struct{ Kind cref.Kind }
 
 // Name implements harness.Mode.
@@ -57,9 +58,23 @@ func (m CRef) Server(ctx context.Context, c harness.Case, meter *harness.Meter, 
 	return nil
 }
 
-// Client implements harness.Mode: Go net's client.
+// Client implements harness.Mode: zc's echo client where zc runs, else Go net's; the
+// client side's notes say which ("echo-client").
 func (CRef) Client(ctx context.Context, c harness.Case, m *harness.Meter) error {
-	return Net{}.Client(ctx, c, m)
+	cl := echoClientMode()
+	m.Note("echo-client", cl.Name())
+	return cl.Client(ctx, c, m)
+}
+
+// echoClientMode is the mode whose client drives the C servers: "zc" when this build has it
+// and the machine runs it, else net.
+func echoClientMode() harness.Mode {
+	for _, x := range registered {
+		if x.Name() == "zc" && x.Available() == nil {
+			return x
+		}
+	}
+	return Net{}
 }
 
 func init() {
