@@ -23,7 +23,7 @@ type client func(t *testing.T, c *net.TCPConn, size int) (frames uint64, err err
 
 // serve runs server k for len(clients) connections on loopback, each driven by its client,
 // and returns the server's result and error.
-func serve(t *testing.T, k Kind, size, threads int, clients []client) (Result, error, []uint64) {
+func serve(t *testing.T, k Kind, size, threads int, clients []client) (Result, []uint64, error) {
 	t.Helper()
 	if _, err := Build(k); err != nil {
 		t.Fatalf("build c-%s: %v", k, err) // make test installs gcc and the uapi headers
@@ -75,7 +75,7 @@ func serve(t *testing.T, k Kind, size, threads int, clients []client) (Result, e
 		}
 	}
 	o := <-done
-	return o.r, o.err, got
+	return o.r, got, o.err
 }
 
 // pingPong sends n frames one at a time and checks each echo.
@@ -214,7 +214,7 @@ func TestEcho(t *testing.T) {
 						n = 20
 					}
 					clients := []client{pingPong(n), pingPong(n), pipelined(n), pipelined(n), pingPong(1)}
-					r, err, got := serve(t, k, size, threads, clients)
+					r, got, err := serve(t, k, size, threads, clients)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -248,7 +248,7 @@ func TestEcho(t *testing.T) {
 func TestReset(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(string(k), func(t *testing.T) {
-			r, err, _ := serve(t, k, 64, 1, []client{pingPong(50), reset, pipelined(50)})
+			r, _, err := serve(t, k, 64, 1, []client{pingPong(50), reset, pipelined(50)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +266,7 @@ func TestReset(t *testing.T) {
 func TestCorrupt(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(string(k), func(t *testing.T) {
-			_, err, _ := serve(t, k, 64, 1, []client{corrupt})
+			_, _, err := serve(t, k, 64, 1, []client{corrupt})
 			if !errors.Is(err, frame.ErrCorrupt) || !strings.Contains(err.Error(), "payload CRC-32C") {
 				t.Fatalf("err = %v, want ErrCorrupt naming the payload CRC-32C", err)
 			}
@@ -345,7 +345,7 @@ func TestPrebuilt(t *testing.T) {
 	if _, err := Build(Uring); err == nil || !strings.Contains(err.Error(), "has no executable c-uring") {
 		t.Errorf("Build(uring) without a prebuilt one: %v", err)
 	}
-	r, err, _ := serve(t, Epoll, 64, 1, []client{pingPong(10)})
+	r, _, err := serve(t, Epoll, 64, 1, []client{pingPong(10)})
 	if err != nil || r.Frames != 10 {
 		t.Errorf("prebuilt server: %d frames, %v", r.Frames, err)
 	}
@@ -380,7 +380,7 @@ func resetWhileSending(t *testing.T, c *net.TCPConn, size int) (uint64, error) {
 func TestResetWhileSending(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(string(k), func(t *testing.T) {
-			r, err, _ := serve(t, k, 64<<10, 1, []client{resetWhileSending, pingPong(20)})
+			r, _, err := serve(t, k, 64<<10, 1, []client{resetWhileSending, pingPong(20)})
 			if err != nil {
 				t.Fatal(err)
 			}
