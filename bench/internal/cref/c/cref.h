@@ -383,6 +383,13 @@ static int serve_main(int argc, char **argv, int nonblock, void *(*fn)(struct wo
 	parse_opts(argc, argv, &o);
 	signal(SIGPIPE, SIG_IGN);
 	crc_init();
+	/* descriptors for every connection: the soft limit up to the hard one, as Go's runtime
+	 * does for itself (os/exec hands children the original soft limit, often 1024) */
+	struct rlimit nofile;
+	if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+		nofile.rlim_cur = nofile.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &nofile);
+	}
 	worker_fn = fn;
 	teardown_fn = teardown;
 	int lfd = listen_on(&o);
