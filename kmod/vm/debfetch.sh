@@ -218,7 +218,10 @@ apt_setup
 gone=""
 for pv in $files; do has "${pv%%=*}" "${pv#*=}" || gone+="$pv "; done
 if [ -z "$gone" ]; then
-	rm -f "$dir"/*.deb.partial
+	# a damaged or truncated file in the cache is fetched again
+	if [ -d "$dir" ]; then
+		(cd "$dir" && sha256sum -c "$SUMS" 2>/dev/null | awk -F': ' '$2 != "OK" { print $1 }' | xargs -r rm -f --) || true
+	fi
 	# shellcheck disable=SC2086
 	download "$dir" $files
 	(cd "$dir" && sha256sum --quiet -c "$SUMS" >&2) ||

@@ -84,6 +84,25 @@ guest_modules() {
 	printf '%s\n' "${want[@]}" > "$ir/modules.list"
 }
 
+# guest_binaries IR NAMES...: this machine's programs NAMES (installed through .ci/need.sh,
+# e.g. openssl for the TLS interop tests) in IR/bin, with the shared libraries and the dynamic
+# loader they need at the same paths.
+guest_binaries() {
+	local ir=$1 name path lib
+	shift
+	for name in "$@"; do
+		path=$(command -v "$name") || { log "no $name on this machine (bash .ci/need.sh $name)"; return 1; }
+		cp -L "$path" "$ir/bin/$name"
+		for lib in $(ldd "$path" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }'); do
+			mkdir -p "$ir$(dirname "$lib")"
+			cp -L "$lib" "$ir$lib"
+		done
+	done
+	# /lib64 may be a link on this machine: the loader's path must resolve in the guest too
+	[ -e "$ir/lib64/ld-linux-x86-64.so.2" ] || [ ! -e /lib64/ld-linux-x86-64.so.2 ] || {
+		mkdir -p "$ir/lib64" && cp -L /lib64/ld-linux-x86-64.so.2 "$ir/lib64/"; }
+}
+
 # qemu_net LABEL: the guest's network. "pair" gives the guest two virtio-net NICs joined on
 # the host by a bridge between two taps, inside a network namespace of this run's own (nothing
 # is added to the host's namespace), so that TCP between them leaves through one NIC's TX
@@ -176,6 +195,8 @@ run_kernel() {
 	fi
 	# shellcheck disable=SC2046
 	guest_modules "$root" "$ABI" "$ir" $(pinval "$pin" GUEST_MODULES) || { log "[$meta] cannot put the guest's modules together"; return 1; }
+	# shellcheck disable=SC2046
+	guest_binaries "$ir" $(pinval "$pin" GUEST_BINARIES) || { log "[$meta] cannot put the guest's programs together"; return 1; }
 	local genv
 	genv=$(pinval "$pin" GUEST_ENV)
 	: > "$ir/env"
