@@ -29,7 +29,7 @@ vet:
 SKIPCHECK := $(BUILD)/skipcheck
 SKIPS_ALLOWED := internal/testutil/skips.txt
 gotest:
-	@bash .ci/need.sh gcc wrk iperf3
+	@bash .ci/need.sh gcc wrk iperf3 uringhdr
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(SKIPCHECK) ./internal/testutil/skipcheck
 	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 20m ./... | $(SKIPCHECK) -echo -record $(BUILD)/gotest.json
