@@ -1,0 +1,565 @@
+package ztls
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// Options choose where a connection's records are encrypted. The zero value (or a nil
+// *Options) means: in the kernel where it can, in user space (crypto/tls) where not.
+type Options struct {
+	// NoFallback forbids the user-space fallback: a connection kernel TLS cannot serve
+	// fails its handshake with a *NoKernelError (matching ErrNotSupported) that says what
+	// is missing, and is closed.
+	NoFallback bool
+	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
+	UserSpace bool
+}
+
+// Info says where a connection's records are encrypted, and why.
+type Info struct {
+	Kernel      bool   // the kernel encrypts and decrypts (TLS_TX and TLS_RX are set)
+	Reason      string // why not, when Kernel is false after the handshake
+	Version     uint16 // tls.VersionTLS12 or tls.VersionTLS13
+	CipherSuite uint16 // the crypto/tls cipher suite
+	KeyUpdates  uint64 // TLS 1.3 KeyUpdates received and applied in the kernel
+	Tickets     uint64 // TLS 1.3 session tickets received in the kernel and dropped (no resumption)
+}
+
+// Stats counts connections by where their records went, process-wide.
+type Stats struct {
+	Kernel  uint64 // handshakes that moved the records into the kernel
+	User    uint64 // handshakes that stayed in crypto/tls (Info.Reason says why)
+	Refused uint64 // handshakes refused because kernel TLS could not serve them and NoFallback was set
+}
+
+var stats struct{ kernel, user, refused atomic.Uint64 }
+
+// ReadStats returns the process-wide counters.
+func ReadStats() Stats {
+	return Stats{Kernel: stats.kernel.Load(), User: stats.user.Load(), Refused: stats.refused.Load()}
+}
+
+// Conn is a TLS connection whose handshake crypto/tls runs and whose records the kernel
+// encrypts and decrypts (or, where it cannot, crypto/tls: Info says which). It is a
+// net.Conn; methods are safe for concurrent use like a *tls.Conn's: one Read and one
+// Write may run at once.
+type Conn struct {
+	raw      net.Conn
+	hs       *hsConn
+	tc       *tls.Conn
+	isClient bool
+	opts     Options
+	cfgErr   error
+
+	hmu    sync.Mutex
+	hsDone atomic.Bool
+	hsErr  error
+	kern   atomic.Pointer[kernel]
+	info   Info // written by the handshake (under hmu) before hsDone
+
+	rmu     sync.Mutex // the read side (kernel path)
+	rerr    error      // sticky read error
+	ctl     []byte     // a partial control record
+	ctlType uint8
+
+	wmu        sync.Mutex // the write side (kernel path)
+	closed     atomic.Bool
+	keyUpdates atomic.Uint64
+	tickets    atomic.Uint64
+}
+
+// kernel is a connection's kernel TLS state.
+type kernel struct {
+	rc      syscall.RawConn
+	version uint16
+	s       suite
+	tx, rx  dirKeys // TLS 1.3 secrets for KeyUpdate (under wmu and rmu)
+}
+
+// Server returns the server side of a TLS connection on conn (an accepted *net.TCPConn
+// for kernel TLS; any other net.Conn runs in user space). The handshake runs on the first
+// Read or Write, or on Handshake. cfg must hold a certificate, as for tls.Server. A nil
+// opts is the zero Options.
+func Server(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
+	if cfg == nil {
+		return newConn(conn, nil, false, opts)
+	}
+	return newConn(conn, serverConfig(cfg), false, opts)
+}
+
+// Client returns the client side of a TLS connection on conn; see Server. cfg must set
+// ServerName or InsecureSkipVerify, as for tls.Client.
+func Client(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
+	if cfg == nil {
+		return newConn(conn, nil, true, opts)
+	}
+	c := cfg.Clone()
+	c.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
+	return newConn(conn, c, true, opts)
+}
+
+// serverConfig returns a copy of cfg whose key log reaches ztls (shared by the
+// connections of one listener, so that they share its session ticket keys).
+func serverConfig(cfg *tls.Config) *tls.Config {
+	b := cfg.Clone()
+	b.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
+	if gc := cfg.GetConfigForClient; gc != nil {
+		b.GetConfigForClient = func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
+			nc, err := gc(chi)
+			if err != nil || nc == nil {
+				return nc, err
+			}
+			if _, ok := nc.KeyLogWriter.(*keyLog); ok {
+				return nc, nil
+			}
+			nc = nc.Clone()
+			nc.KeyLogWriter = &keyLog{user: nc.KeyLogWriter}
+			return nc, nil
+		}
+	}
+	return b
+}
+
+func newConn(conn net.Conn, cfg *tls.Config, isClient bool, opts *Options) *Conn {
+	c := &Conn{raw: conn, isClient: isClient}
+	if opts != nil {
+		c.opts = *opts
+	}
+	if cfg == nil {
+		c.cfgErr = ErrNilConfig
+		return c
+	}
+	c.hs = &hsConn{Conn: conn, isClient: isClient, sec: &secrets{m: map[string][]byte{}}}
+	if isClient {
+		c.tc = tls.Client(c.hs, cfg)
+	} else {
+		c.tc = tls.Server(c.hs, cfg)
+	}
+	return c
+}
+
+// Handshake runs the handshake if it has not run yet (see HandshakeContext).
+func (c *Conn) Handshake() error { return c.HandshakeContext(context.Background()) }
+
+// HandshakeContext runs the TLS handshake with crypto/tls and then moves the records into
+// the kernel, or keeps them in crypto/tls and says why (Info). With Options.NoFallback a
+// connection kernel TLS cannot serve fails with a *NoKernelError and is closed. Later
+// calls return the first call's result.
+func (c *Conn) HandshakeContext(ctx context.Context) error {
+	if c.hsDone.Load() {
+		return c.hsErr
+	}
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.hsDone.Load() {
+		return c.hsErr
+	}
+	c.hsErr = c.handshake(ctx)
+	c.hsDone.Store(true)
+	return c.hsErr
+}
+
+func (c *Conn) handshake(ctx context.Context) error {
+	if c.cfgErr != nil {
+		return c.cfgErr
+	}
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	defer c.hs.unroute()
+	if err := c.tc.HandshakeContext(ctx); err != nil {
+		return userErr(err)
+	}
+	st := c.tc.ConnectionState()
+	c.info.Version, c.info.CipherSuite = st.Version, st.CipherSuite
+	k, hard, err := c.toKernel(st)
+	if err == nil {
+		c.kern.Store(k)
+		c.info.Kernel = true
+		stats.kernel.Add(1)
+		return nil
+	}
+	c.info.Reason = err.Error()
+	if hard {
+		// Keys went into the kernel half way: neither side can carry the records.
+		c.raw.Close()
+		return fmt.Errorf("ztls: moving records into the kernel: %w", err)
+	}
+	if c.opts.NoFallback {
+		stats.refused.Add(1)
+		c.tc.Close() // close_notify from crypto/tls, which still holds the keys
+		return &NoKernelError{Reason: err.Error(), Err: err}
+	}
+	stats.user.Add(1)
+	c.hs.passthrough.Store(true)
+	return nil
+}
+
+// toKernel derives the keys and hands them to the kernel. hard reports a failure after
+// the kernel took the RX keys (the connection cannot fall back).
+func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error) {
+	if c.opts.UserSpace {
+		return nil, false, errors.New("user space requested (Options.UserSpace)")
+	}
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return nil, false, fmt.Errorf("the connection (%T) has no socket descriptor", c.raw)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, false, err
+	}
+	c.hs.rmu.Lock()
+	pend := len(c.hs.pending)
+	c.hs.rmu.Unlock()
+	if pend > 0 {
+		return nil, false, fmt.Errorf("crypto/tls left %d bytes of a record unread", pend)
+	}
+	tx, rx, err := deriveKeys(c.isClient, st, c.hs.sec, &c.hs.obs)
+	if err != nil {
+		return nil, false, err
+	}
+	k = &kernel{rc: rc, version: st.Version, s: suites[st.CipherSuite], tx: tx, rx: rx}
+	var kerr error
+	if cerr := rc.Control(func(fd uintptr) {
+		if kerr = tcpglue.EnableTLS(int(fd)); kerr != nil {
+			return
+		}
+		if kerr = tcpglue.SetTLSRx(int(fd), rx.crypto); kerr != nil {
+			return
+		}
+		if kerr = tcpglue.SetTLSTx(int(fd), tx.crypto); kerr != nil {
+			hard = true
+		}
+	}); cerr != nil {
+		return nil, false, cerr
+	}
+	if kerr != nil {
+		return nil, hard, kerr
+	}
+	return k, false, nil
+}
+
+// Info says where this connection's records are encrypted, and why.
+func (c *Conn) Info() Info {
+	if !c.hsDone.Load() {
+		return Info{}
+	}
+	i := c.info
+	i.KeyUpdates, i.Tickets = c.keyUpdates.Load(), c.tickets.Load()
+	return i
+}
+
+// ConnectionState returns crypto/tls's view of the handshake (version, cipher suite,
+// peer certificates, ALPN). It is the zero value before the handshake.
+func (c *Conn) ConnectionState() tls.ConnectionState {
+	if c.tc == nil || !c.hsDone.Load() {
+		return tls.ConnectionState{}
+	}
+	return c.tc.ConnectionState()
+}
+
+// NetConn returns the connection under TLS.
+func (c *Conn) NetConn() net.Conn { return c.raw }
+
+// Read reads decrypted data. A close_notify from the peer is io.EOF; an alert is a
+// *AlertError; a TLS 1.2 renegotiation request is ErrRenegotiation.
+func (c *Conn) Read(p []byte) (int, error) {
+	if err := c.Handshake(); err != nil {
+		return 0, err
+	}
+	k := c.kern.Load()
+	if k == nil {
+		n, err := c.tc.Read(p)
+		return n, userErr(err)
+	}
+	return c.kread(k, p)
+}
+
+// Write writes data as TLS records (encrypted by the kernel on the kernel path).
+func (c *Conn) Write(p []byte) (int, error) {
+	if err := c.Handshake(); err != nil {
+		return 0, err
+	}
+	k := c.kern.Load()
+	if k == nil {
+		n, err := c.tc.Write(p)
+		return n, userErr(err)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.raw.Write(p)
+}
+
+// ReadFrom copies r to the connection. With kernel TLS it goes through the socket's own
+// ReadFrom, so an *os.File is sent with sendfile(2) and a socket with splice(2), and the
+// kernel encrypts: no byte passes through user space. In user space it is io.Copy.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if err := c.Handshake(); err != nil {
+		return 0, err
+	}
+	k := c.kern.Load()
+	rf, ok := c.raw.(io.ReaderFrom)
+	if k == nil || !ok {
+		return io.Copy(writerOnly{c}, r)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return rf.ReadFrom(r)
+}
+
+type writerOnly struct{ io.Writer }
+
+// CloseWrite sends close_notify and shuts the write side of the socket down.
+func (c *Conn) CloseWrite() error {
+	if !c.hsDone.Load() {
+		return errors.New("ztls: CloseWrite before the handshake")
+	}
+	if c.hsErr != nil {
+		return c.hsErr
+	}
+	k := c.kern.Load()
+	if k == nil {
+		return c.tc.CloseWrite()
+	}
+	c.wmu.Lock()
+	err := c.sendControl(k, typeAlert, []byte{1, 0}, true)
+	c.wmu.Unlock()
+	if cw, ok := c.raw.(interface{ CloseWrite() error }); ok {
+		return errors.Join(err, cw.CloseWrite())
+	}
+	return err
+}
+
+// Close sends close_notify (if the handshake finished and the socket has room: Close does
+// not wait for a blocked peer) and closes the connection.
+func (c *Conn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return &net.OpError{Op: "close", Net: "tcp", Source: c.raw.LocalAddr(), Addr: c.raw.RemoteAddr(), Err: net.ErrClosed}
+	}
+	k := c.kern.Load()
+	if k == nil {
+		if c.tc != nil {
+			return c.tc.Close()
+		}
+		return c.raw.Close()
+	}
+	if c.wmu.TryLock() { // a Write in flight holds it: Close then only aborts it
+		c.sendControl(k, typeAlert, []byte{1, 0}, false)
+		c.wmu.Unlock()
+	}
+	return c.raw.Close()
+}
+
+// sendControl sends one non-data record through the kernel (under wmu). Without wait it
+// gives up when the socket has no room.
+func (c *Conn) sendControl(k *kernel, typ uint8, b []byte, wait bool) error {
+	var err error
+	f := func(fd uintptr) bool {
+		_, err = tcpglue.SendTLSRecord(int(fd), typ, b, unix.MSG_DONTWAIT)
+		return !wait || !errors.Is(err, unix.EAGAIN)
+	}
+	if perr := k.rc.Write(f); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// kread is Read on the kernel path: data records straight into p (as many as p holds,
+// the kernel's recvmsg), control records handled here.
+func (c *Conn) kread(k *kernel, p []byte) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if len(p) == 0 {
+		return 0, c.rerr
+	}
+	for c.rerr == nil {
+		var (
+			n   int
+			typ uint8
+			err error
+		)
+		perr := k.rc.Read(func(fd uintptr) bool {
+			n, typ, err = tcpglue.RecvTLS(int(fd), p, unix.MSG_DONTWAIT)
+			return !errors.Is(err, unix.EAGAIN)
+		})
+		if perr != nil {
+			return 0, c.opErr("read", perr) // deadline, closed
+		}
+		switch {
+		case errors.Is(err, unix.EBADMSG):
+			c.alert(k, 20)
+			c.rerr = &AlertError{Alert: 20}
+		case errors.Is(err, unix.EMSGSIZE):
+			c.alert(k, 22)
+			c.rerr = &AlertError{Alert: 22}
+		case err != nil:
+			return 0, c.opErr("read", err)
+		case typ == typeApplicationData && n == 0:
+			if len(c.ctl) > 0 {
+				return 0, io.ErrUnexpectedEOF
+			}
+			return 0, io.EOF // the peer closed TCP without close_notify
+		case typ == typeApplicationData:
+			return n, nil
+		default:
+			c.rerr = c.control(k, typ, p[:n])
+		}
+	}
+	return 0, c.rerr
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.raw.LocalAddr(), Addr: c.raw.RemoteAddr(), Err: err}
+}
+
+// alert sends a fatal alert, best effort.
+func (c *Conn) alert(k *kernel, desc uint8) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.sendControl(k, typeAlert, []byte{2, desc}, false)
+}
+
+// control handles (part of) a non-data record; a nil result means "read on".
+func (c *Conn) control(k *kernel, typ uint8, b []byte) error {
+	if len(c.ctl) > 0 && typ != c.ctlType {
+		c.alert(k, 10)
+		return &AlertError{Alert: 10}
+	}
+	c.ctlType = typ
+	c.ctl = append(c.ctl, b...)
+	if len(c.ctl) > 1<<16 {
+		c.alert(k, 10)
+		return &AlertError{Alert: 10}
+	}
+	switch typ {
+	case typeAlert:
+		for len(c.ctl) >= 2 {
+			level, desc := c.ctl[0], c.ctl[1]
+			c.ctl = c.ctl[2:]
+			switch {
+			case desc == 0:
+				return io.EOF
+			case desc == 90 && level == 1:
+				continue // user_canceled, a warning: a close_notify follows
+			}
+			return &AlertError{Alert: desc, Received: true}
+		}
+	case typeHandshake:
+		for len(c.ctl) >= 4 {
+			l := int(c.ctl[1])<<16 | int(c.ctl[2])<<8 | int(c.ctl[3])
+			if len(c.ctl) < 4+l {
+				break
+			}
+			msg := c.ctl[:4+l]
+			c.ctl = c.ctl[4+l:]
+			if err := c.handshakeMsg(k, msg); err != nil {
+				return err
+			}
+		}
+	default:
+		c.alert(k, 10)
+		return &AlertError{Alert: 10}
+	}
+	if len(c.ctl) == 0 {
+		c.ctl = nil
+	}
+	return nil
+}
+
+// Handshake message types after the handshake.
+const (
+	msgHelloRequest     = 0
+	msgNewSessionTicket = 4
+	msgKeyUpdate        = 24
+)
+
+// handshakeMsg handles a post-handshake message that arrived through the kernel.
+func (c *Conn) handshakeMsg(k *kernel, msg []byte) error {
+	tls13 := k.version == tls.VersionTLS13
+	switch {
+	case tls13 && msg[0] == msgNewSessionTicket:
+		// crypto/tls cannot be handed a ticket from outside: no resumption for
+		// connections whose records are in the kernel.
+		c.tickets.Add(1)
+		return nil
+	case tls13 && msg[0] == msgKeyUpdate:
+		if len(msg) != 5 || msg[4] > 1 {
+			c.alert(k, 50)
+			return &AlertError{Alert: 50}
+		}
+		return c.keyUpdate(k, msg[4] == 1)
+	case !tls13 && msg[0] == msgHelloRequest:
+		c.wmu.Lock()
+		c.sendControl(k, typeAlert, []byte{1, 100}, false) // no_renegotiation, warning
+		c.wmu.Unlock()
+		return ErrRenegotiation
+	}
+	c.alert(k, 10)
+	return &AlertError{Alert: 10}
+}
+
+// keyUpdate applies a received KeyUpdate: the next RX keys (RFC 8446 §4.6.3, the kernel
+// refuses reads with EKEYEXPIRED until it has them), and, when the peer asked for it, a
+// KeyUpdate of our own under the old TX keys followed by the next TX keys.
+func (c *Conn) keyUpdate(k *kernel, requested bool) error {
+	next := nextSecret13(k.s, k.rx.secret)
+	var err error
+	if cerr := k.rc.Control(func(fd uintptr) {
+		err = tcpglue.SetTLSRx(int(fd), trafficKeys13(k.s, next, 0))
+	}); cerr != nil {
+		return c.opErr("keyupdate", cerr)
+	}
+	if err != nil {
+		return fmt.Errorf("ztls: the peer updated its keys (KeyUpdate) and the kernel cannot follow: %w", err)
+	}
+	k.rx.secret = next
+	c.keyUpdates.Add(1)
+	if !requested {
+		return nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.sendControl(k, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, true); err != nil {
+		return c.opErr("keyupdate", err)
+	}
+	tnext := nextSecret13(k.s, k.tx.secret)
+	if cerr := k.rc.Control(func(fd uintptr) {
+		err = tcpglue.SetTLSTx(int(fd), trafficKeys13(k.s, tnext, 0))
+	}); cerr != nil {
+		return c.opErr("keyupdate", cerr)
+	}
+	if err != nil {
+		return fmt.Errorf("ztls: sending our KeyUpdate: %w", err)
+	}
+	k.tx.secret = tnext
+	return nil
+}
+
+// LocalAddr returns the local network address.
+func (c *Conn) LocalAddr() net.Addr { return c.raw.LocalAddr() }
+
+// RemoteAddr returns the remote network address.
+func (c *Conn) RemoteAddr() net.Addr { return c.raw.RemoteAddr() }
+
+// SetDeadline sets the read and write deadlines (handshake included).
+func (c *Conn) SetDeadline(t time.Time) error { return c.raw.SetDeadline(t) }
+
+// SetReadDeadline sets the read deadline.
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.raw.SetReadDeadline(t) }
+
+// SetWriteDeadline sets the write deadline.
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.raw.SetWriteDeadline(t) }
