@@ -108,14 +108,53 @@ func Client(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
 	}
 	c := cfg.Clone()
 	c.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
-	return newConn(conn, c, true, opts)
+	var cache *noResume12
+	if cfg.ClientSessionCache != nil && (opts == nil || !opts.UserSpace) {
+		cache = &noResume12{ClientSessionCache: cfg.ClientSessionCache}
+		c.ClientSessionCache = cache
+	}
+	zc := newConn(conn, c, true, opts)
+	if cache != nil {
+		cache.conn = zc
+	}
+	return zc
+}
+
+// noResume12 keeps TLS 1.2 sessions out of a client's session cache: crypto/tls writes no
+// key log line for a resumed TLS 1.2 session, so its records could not move to the
+// kernel. crypto/tls stores a TLS 1.2 session during the handshake and a TLS 1.3 one
+// after it (from a NewSessionTicket), which is how the two are told apart.
+type noResume12 struct {
+	tls.ClientSessionCache
+	conn *Conn
+}
+
+func (n *noResume12) Put(key string, cs *tls.ClientSessionState) {
+	if cs != nil && n.conn != nil && !n.conn.hsDone.Load() {
+		return
+	}
+	n.ClientSessionCache.Put(key, cs)
 }
 
 // serverConfig returns a copy of cfg whose key log reaches ztls (shared by the
 // connections of one listener, so that they share its session ticket keys).
+//
+// It also declines TLS 1.2 session tickets (a full handshake instead): crypto/tls writes
+// no key log line for a resumed TLS 1.2 session, so its records could not move to the
+// kernel. TLS 1.3 resumption is unchanged.
 func serverConfig(cfg *tls.Config) *tls.Config {
 	b := cfg.Clone()
 	b.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
+	unwrap := cfg.UnwrapSession
+	b.UnwrapSession = func(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
+		if cs.Version == tls.VersionTLS12 {
+			return nil, nil
+		}
+		if unwrap != nil {
+			return unwrap(identity, cs)
+		}
+		return b.DecryptTicket(identity, cs)
+	}
 	if gc := cfg.GetConfigForClient; gc != nil {
 		b.GetConfigForClient = func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
 			nc, err := gc(chi)
@@ -222,13 +261,7 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 	if err != nil {
 		return nil, false, err
 	}
-	c.hs.rmu.Lock()
-	pend := len(c.hs.pending)
-	c.hs.rmu.Unlock()
-	if pend > 0 {
-		return nil, false, fmt.Errorf("crypto/tls left %d bytes of a record unread", pend)
-	}
-	tx, rx, err := deriveKeys(c.isClient, st, c.hs.sec, &c.hs.obs)
+	tx, rx, err := c.keys(st)
 	if err != nil {
 		return nil, false, err
 	}
@@ -251,6 +284,17 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 		return nil, hard, kerr
 	}
 	return k, false, nil
+}
+
+// keys derives both directions' kernel state from the finished handshake.
+func (c *Conn) keys(st tls.ConnectionState) (tx, rx dirKeys, err error) {
+	c.hs.rmu.Lock()
+	pend := len(c.hs.pending)
+	c.hs.rmu.Unlock()
+	if pend > 0 {
+		return tx, rx, fmt.Errorf("crypto/tls left %d bytes of a record unread", pend)
+	}
+	return deriveKeys(c.isClient, st, c.hs.sec, &c.hs.obs)
 }
 
 // Info says where this connection's records are encrypted, and why.

@@ -222,6 +222,9 @@ func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observ
 		return tx, rx, nil
 	case tls.VersionTLS12:
 		ms := sec.get(labelTLS12)
+		if ms == nil && st.DidResume {
+			return tx, rx, errors.New("a resumed TLS 1.2 session: crypto/tls writes no key log line for it")
+		}
 		if ms == nil {
 			return tx, rx, errNoSecret
 		}
