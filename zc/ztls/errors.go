@@ -70,14 +70,22 @@ func (e *AlertError) Error() string {
 	return fmt.Sprintf("ztls: %s TLS alert %s (%d)", who, name, e.Alert)
 }
 
-// userErr maps crypto/tls's errors to ztls's: a received alert ("remote error", an
-// unexported uint8 type in crypto/tls) becomes a *AlertError; the rest pass unchanged.
+// userErr maps crypto/tls's errors to ztls's: an alert received ("remote error") or sent
+// ("local error"; crypto/tls keeps the alert in an unexported uint8 type) becomes a
+// *AlertError, and the no_renegotiation crypto/tls answers a HelloRequest with becomes
+// ErrRenegotiation, as on the kernel path. The rest pass unchanged.
 func userErr(err error) error {
 	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Op == "remote error" && oe.Err != nil {
-		if v := reflect.ValueOf(oe.Err); v.Kind() == reflect.Uint8 {
-			return &AlertError{Alert: uint8(v.Uint()), Received: true}
-		}
+	if !errors.As(err, &oe) || oe.Err == nil || (oe.Op != "remote error" && oe.Op != "local error") {
+		return err
 	}
-	return err
+	v := reflect.ValueOf(oe.Err)
+	if v.Kind() != reflect.Uint8 {
+		return err
+	}
+	a := &AlertError{Alert: uint8(v.Uint()), Received: oe.Op == "remote error"}
+	if !a.Received && a.Alert == 100 {
+		return ErrRenegotiation
+	}
+	return a
 }
