@@ -107,13 +107,17 @@ func Client(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
 		return newConn(conn, nil, true, opts)
 	}
 	c := cfg.Clone()
-	c.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
+	kl := &keyLog{user: cfg.KeyLogWriter}
+	c.KeyLogWriter = kl
 	var cache *noResume12
 	if cfg.ClientSessionCache != nil && (opts == nil || !opts.UserSpace) {
 		cache = &noResume12{ClientSessionCache: cfg.ClientSessionCache}
 		c.ClientSessionCache = cache
 	}
 	zc := newConn(conn, c, true, opts)
+	if zc.hs != nil {
+		kl.sec = zc.hs.sec
+	}
 	if cache != nil {
 		cache.conn = zc
 	}

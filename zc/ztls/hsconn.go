@@ -137,8 +137,9 @@ func (c *hsConn) observe(sent bool, typ uint8, body []byte) {
 	case msgClientHello:
 		if o.clientRandom == nil {
 			o.clientRandom = append([]byte{}, body[6:38]...)
-			c.routeID = string(o.clientRandom)
-			routes.Store(c.routeID, c.sec)
+			if !c.isClient && route(string(o.clientRandom), c.sec) {
+				c.routeID = string(o.clientRandom)
+			}
 		}
 	case msgServerHello:
 		o.serverRandom = append(o.serverRandom[:0], body[6:38]...)

@@ -149,25 +149,56 @@ const (
 
 // secrets collects one handshake's key log lines.
 type secrets struct {
-	mu sync.Mutex
-	m  map[string][]byte
+	mu       sync.Mutex
+	m        map[string][]byte
+	poisoned bool // another server handshake in this process used the same client random
 }
 
 func (s *secrets) get(label string) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.poisoned {
+		return nil
+	}
 	return s.m[label]
 }
 
-// routes sends key log lines to the connection whose handshake wrote them, by client
-// random (32 bytes, as a string). A connection registers when its ClientHello crosses
-// its hsConn and unregisters when its handshake ends.
+func (s *secrets) set(label string, v []byte) {
+	s.mu.Lock()
+	s.m[label] = v
+	s.mu.Unlock()
+}
+
+// routes sends the key log lines of a server config (shared by a listener's
+// connections) to the connection whose handshake wrote them, by client random (32 bytes,
+// as a string). A server connection registers when the ClientHello crosses its hsConn
+// and unregisters when its handshake ends. Two server handshakes in one process with one
+// client random (a replayed ClientHello) poison the route: neither gets secrets, and both
+// stay in user space. Client configs are per connection and need no route.
 var routes sync.Map
+
+// route registers a server connection's secrets under its client random.
+func route(id string, sec *secrets) (registered bool) {
+	if v, loaded := routes.LoadOrStore(id, sec); loaded {
+		other := v.(*secrets)
+		other.mu.Lock()
+		other.poisoned = true
+		other.mu.Unlock()
+		sec.mu.Lock()
+		sec.poisoned = true
+		sec.mu.Unlock()
+		return false
+	}
+	return true
+}
 
 // keyLog is the KeyLogWriter ztls puts in every tls.Config it uses: it passes each line
 // on to the user's writer, if any, and keeps the secrets of connections being switched
-// to kernel TLS.
-type keyLog struct{ user io.Writer }
+// to kernel TLS: in sec (a client's config is its own) or through routes (a server's).
+type keyLog struct {
+	user io.Writer
+	sec  *secrets
+}
 
 func (k *keyLog) Write(line []byte) (int, error) {
 	if k.user != nil {
@@ -184,17 +215,16 @@ func (k *keyLog) Write(line []byte) (int, error) {
 	if err1 != nil || err2 != nil {
 		return len(line), nil
 	}
-	if v, ok := routes.Load(string(cr)); ok {
-		s := v.(*secrets)
-		s.mu.Lock()
-		s.m[string(f[0])] = sec
-		s.mu.Unlock()
+	if k.sec != nil {
+		k.sec.set(string(f[0]), sec)
+	} else if v, ok := routes.Load(string(cr)); ok {
+		v.(*secrets).set(string(f[0]), sec)
 	}
 	return len(line), nil
 }
 
 // errNoSecret: the handshake's key log did not reach ztls.
-var errNoSecret = errors.New("the handshake's secrets did not reach the key log (a GetConfigForClient config without ztls's KeyLogWriter, or Encrypted Client Hello)")
+var errNoSecret = errors.New("the handshake's secrets did not reach the key log (a GetConfigForClient config without ztls's KeyLogWriter, Encrypted Client Hello, or a ClientHello seen twice in this process)")
 
 // deriveKeys computes the kernel's TX and RX state from a finished handshake.
 func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observed) (tx, rx dirKeys, err error) {
