@@ -170,4 +170,3 @@ func TestAlertFromPeer(t *testing.T) {
 		t.Fatalf("read: %d %v, want io.EOF", n, err)
 	}
 }
-
