@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -361,7 +362,7 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	}
 	k := c.kern.Load()
 	rf, ok := c.raw.(io.ReaderFrom)
-	if k == nil || !ok {
+	if k == nil || !ok || !kernelSource(r) {
 		return io.Copy(writerOnly{c}, r)
 	}
 	c.wmu.Lock()
@@ -370,6 +371,20 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 }
 
 type writerOnly struct{ io.Writer }
+
+// kernelSource reports whether the socket's ReadFrom moves r's bytes in the kernel
+// (sendfile from a file, splice from a socket); other readers are copied through Write,
+// so that the write lock is not held across their reads.
+func kernelSource(r io.Reader) bool {
+	if lr, ok := r.(*io.LimitedReader); ok {
+		r = lr.R
+	}
+	switch r.(type) {
+	case *os.File, *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false
+}
 
 // CloseWrite sends close_notify and shuts the write side of the socket down.
 func (c *Conn) CloseWrite() error {
