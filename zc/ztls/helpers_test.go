@@ -178,11 +178,17 @@ func tcpPair(t testing.TB) (dialed, accepted net.Conn) {
 	return dialed, r.c
 }
 
+var (
+	probeOnce sync.Once
+	probeErr  error
+)
+
 // kernelTLS reports whether this kernel has TLS. On one without the tls module it is
 // false, except in the qemu guests of make test (ZCVM=1), where the test fails.
 func kernelTLS(t testing.TB) bool {
 	t.Helper()
-	_, err := tcpglue.ProbeTLS()
+	probeOnce.Do(func() { _, probeErr = tcpglue.ProbeTLS() })
+	err := probeErr
 	if err == nil {
 		return true
 	}
