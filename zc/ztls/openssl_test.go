@@ -329,3 +329,109 @@ func waitOutput(t *testing.T, out *lockedBuffer, s string, n int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestKeysAgainstOpenSSL is TestKeysAgainstCryptoTLS with OpenSSL as the peer, for the
+// AES-GCM suites crypto/tls will not pick against itself (TLS 1.3 AES-256-GCM: HKDF with
+// SHA-384, a 69-byte Finished): ztls's handshake and key derivation, a user-space record
+// layer built from the derived state, s_client or s_server on the other end (s_server
+// sends two session tickets first).
+func TestKeysAgainstOpenSSL(t *testing.T) {
+	bin := opensslBin(t)
+	for _, oc := range []opensslCase{opensslCases[0], opensslCases[1], opensslCases[3], opensslCases[4]} {
+		t.Run(oc.cc.name+"/ztls-server", func(t *testing.T) {
+			scfg, _ := configs(t, oc.cc)
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(false)
+			ln, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			toServer, toClient := digits(50_000, 31), digits(70_001, 32)
+			args := append([]string{"s_client", "-connect", ln.Addr().String(), "-quiet", "-servername", "localhost"}, oc.flags...)
+			cmd := exec.Command(bin, args...)
+			cmd.Stdin = bytes.NewReader(toServer)
+			var out, errOut lockedBuffer
+			cmd.Stdout, cmd.Stderr = &out, &errOut
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			raw, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			sc, err := softHandshake(raw, newConn(raw, serverConfig(scfg), false, nil))
+			if err != nil {
+				t.Fatalf("handshake: %v\n%s", err, errOut.String())
+			}
+			got, err := sc.readN(len(toServer))
+			if err != nil || !bytes.Equal(got, toServer) {
+				t.Fatalf("soft read: %v %s\n%s", err, firstDiff(got, toServer), errOut.String())
+			}
+			if err := sc.write(toClient); err != nil {
+				t.Fatal(err)
+			}
+			if err := sc.record(typeAlert, []byte{1, 0}); err != nil { // close_notify
+				t.Fatal(err)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("s_client: %v\n%s", err, errOut.String())
+			}
+			if o := out.String(); o != string(toClient) {
+				t.Fatalf("s_client got: %s\n%s", firstDiff([]byte(o), toClient), errOut.String())
+			}
+		})
+		t.Run(oc.cc.name+"/ztls-client", func(t *testing.T) {
+			scfg, ccfg := configs(t, oc.cc)
+			certFile, keyFile := pemFiles(t, scfg.Certificates[0])
+			port := freePort(t)
+			args := append([]string{"s_server", "-accept", "127.0.0.1:" + port, "-naccept", "1", "-quiet", "-cert", certFile, "-key", keyFile}, oc.flags...)
+			cmd := exec.Command(bin, args...)
+			pr, stdin, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := &lockedBuffer{}
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, out, out
+			err = cmd.Start()
+			pr.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+			var raw net.Conn
+			for i := 0; ; i++ {
+				var d net.Dialer
+				d.SetMultipathTCP(false)
+				raw, err = d.Dial("tcp4", "127.0.0.1:"+port)
+				if err == nil || i == 500 {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err != nil {
+				t.Fatalf("dial s_server: %v\n%s", err, out.String())
+			}
+			defer raw.Close()
+			sc, err := softHandshake(raw, Client(raw, ccfg, nil))
+			if err != nil {
+				t.Fatalf("handshake: %v\n%s", err, out.String())
+			}
+			toClient, toServer := digits(60_000, 33), digits(40_003, 34)
+			go stdin.Write(toClient)
+			got, err := sc.readN(len(toClient))
+			if err != nil || !bytes.Equal(got, toClient) {
+				t.Fatalf("soft read: %v %s\n%s", err, firstDiff(got, toClient), out.String())
+			}
+			if oc.cc.version == tls.VersionTLS13 && sc.tickets != 2 {
+				t.Errorf("%d session tickets before the data, want OpenSSL's 2", sc.tickets)
+			}
+			if err := sc.write(toServer); err != nil {
+				t.Fatal(err)
+			}
+			waitOutput(t, out, string(toServer), 1)
+		})
+	}
+}
