@@ -48,4 +48,3 @@ func FuzzControl(f *testing.F) {
 		}
 	})
 }
-
