@@ -431,3 +431,26 @@ func loopbackPair() (client, server *Socket, err error) {
 	}
 	return c, s, nil
 }
+
+// ProbeTLSRekey says whether the kernel takes new TLS 1.3 keys on a socket that has keys
+// already (TLS 1.3 KeyUpdate, Linux 6.14): nil, or an error matching ErrNotSupported (no
+// kernel TLS, or EBUSY from an older kernel).
+func ProbeTLSRekey() error {
+	c, s, err := loopbackPair()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	defer s.Close()
+	return c.Control(func(fd int) error {
+		if err := EnableTLS(fd); err != nil {
+			return err
+		}
+		for range 2 {
+			if err := SetTLSTx(fd, ZeroTLSCrypto(TLSVersion13, TLSCipherAESGCM128)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

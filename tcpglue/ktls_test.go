@@ -175,3 +175,16 @@ func TestKTLSLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestKTLSRekeyProbe: ProbeTLSRekey answers nil or ErrNotSupported; a kernel of 6.14 or
+// newer with TLS must take new keys.
+func TestKTLSRekeyProbe(t *testing.T) {
+	err := ProbeTLSRekey()
+	t.Logf("ProbeTLSRekey: %v", err)
+	if err != nil && !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("not a refusal: %v", err)
+	}
+	if _, perr := ProbeTLS(); perr == nil && err != nil && testutil.KernelAtLeast("6.14") {
+		t.Fatalf("Linux 6.14+ with kernel TLS refuses a rekey: %v", err)
+	}
+}

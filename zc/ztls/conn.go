@@ -27,6 +27,13 @@ type Options struct {
 	NoFallback bool
 	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
 	UserSpace bool
+	// RekeyRecords is how many TLS 1.3 records the kernel may encrypt under one key before
+	// ztls updates its TX keys (a KeyUpdate, then new TLS_TX keys: Linux 6.14). Zero means
+	// RFC 8446 §5.5's limit for AES-GCM (2^24 records here, under the RFC's 2^24.5) and
+	// none for ChaCha20-Poly1305. ztls counts an upper bound of the records (every write
+	// may end one early), so an update may come sooner. Kernels before 6.14 cannot change
+	// keys: there the limit is not enforced (crypto/tls does not enforce it either).
+	RekeyRecords uint64
 }
 
 // Info says where a connection's records are encrypted, and why.
@@ -36,6 +43,7 @@ type Info struct {
 	Version     uint16 // tls.VersionTLS12 or tls.VersionTLS13
 	CipherSuite uint16 // the crypto/tls cipher suite
 	KeyUpdates  uint64 // TLS 1.3 KeyUpdates received and applied in the kernel
+	TxRekeys    uint64 // TLS 1.3 TX key updates the kernel path made on its own (RekeyRecords)
 	Tickets     uint64 // TLS 1.3 session tickets received in the kernel and dropped (no resumption)
 }
 
@@ -79,6 +87,7 @@ type Conn struct {
 	wmu        sync.Mutex // the write side (kernel path)
 	closed     atomic.Bool
 	keyUpdates atomic.Uint64
+	txRekeys   atomic.Uint64
 	tickets    atomic.Uint64
 }
 
@@ -88,7 +97,22 @@ type kernel struct {
 	version uint16
 	s       suite
 	tx, rx  dirKeys // TLS 1.3 secrets for KeyUpdate (under wmu and rmu)
+
+	txRecords uint64 // an upper bound of the records sent under the current TX keys (under wmu)
+	rekeyAt   uint64 // update the TX keys at this many records (0: never)
 }
+
+// maxRecord is the largest plaintext a record carries.
+const maxRecord = 16384
+
+// sent counts what a send of n bytes may have cost in records (under wmu): full records
+// plus one ended early by each system call (a Write of n bytes makes at most a few).
+func (k *kernel) sent(n int, perRecord int) {
+	k.txRecords += uint64(n/perRecord) + 2
+}
+
+// rekeyOK is whether this kernel takes new keys on a socket (Linux 6.14), probed once.
+var rekeyOK = sync.OnceValue(func() bool { return tcpglue.ProbeTLSRekey() == nil })
 
 // Server returns the server side of a TLS connection on conn (an accepted *net.TCPConn
 // for kernel TLS; any other net.Conn runs in user space). The handshake runs on the first
@@ -271,6 +295,12 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 		return nil, false, err
 	}
 	k = &kernel{rc: rc, version: st.Version, s: suites[st.CipherSuite], tx: tx, rx: rx}
+	if st.Version == tls.VersionTLS13 {
+		k.rekeyAt = c.opts.RekeyRecords
+		if k.rekeyAt == 0 && !k.s.chacha() {
+			k.rekeyAt = 1 << 24
+		}
+	}
 	var kerr error
 	if cerr := rc.Control(func(fd uintptr) {
 		if kerr = tcpglue.EnableTLS(int(fd)); kerr != nil {
@@ -308,7 +338,7 @@ func (c *Conn) Info() Info {
 		return Info{}
 	}
 	i := c.info
-	i.KeyUpdates, i.Tickets = c.keyUpdates.Load(), c.tickets.Load()
+	i.KeyUpdates, i.Tickets, i.TxRekeys = c.keyUpdates.Load(), c.tickets.Load(), c.txRekeys.Load()
 	return i
 }
 
@@ -350,7 +380,49 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.raw.Write(p)
+	n, err := c.raw.Write(p)
+	k.sent(n, maxRecord)
+	if err == nil {
+		err = c.maybeRekey(k)
+	}
+	return n, err
+}
+
+// maybeRekey updates the TX keys when the records sent under them reach the limit and the
+// kernel can take new keys (under wmu).
+func (c *Conn) maybeRekey(k *kernel) error {
+	if k.rekeyAt == 0 || k.txRecords < k.rekeyAt || !rekeyOK() {
+		return nil
+	}
+	if err := c.updateTX(k); err != nil {
+		return err
+	}
+	c.txRekeys.Add(1)
+	return nil
+}
+
+// updateTX sends a KeyUpdate (update_not_requested) under the current keys and gives the
+// kernel the next ones (under wmu).
+func (c *Conn) updateTX(k *kernel) error {
+	if err := c.sendControl(k, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, true); err != nil {
+		return c.opErr("keyupdate", err)
+	}
+	next := nextSecret13(k.s, k.tx.secret)
+	var err error
+	if cerr := k.rc.Control(func(fd uintptr) {
+		err = tcpglue.SetTLSTx(int(fd), trafficKeys13(k.s, next, 0))
+	}); cerr != nil {
+		return c.opErr("keyupdate", cerr)
+	}
+	if err != nil {
+		// The KeyUpdate is out: the peer now expects the next keys, and records under
+		// the old ones would fail. The connection cannot go on.
+		c.raw.Close()
+		return fmt.Errorf("ztls: updating the TX keys: %w", err)
+	}
+	k.tx.secret = next
+	k.txRecords = 0
+	return nil
 }
 
 // ReadFrom copies r to the connection. With kernel TLS it goes through the socket's own
@@ -367,7 +439,12 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return rf.ReadFrom(r)
+	n, err := rf.ReadFrom(r)
+	k.sent(int(n), 4096) // sendfile and splice may end a record at every page
+	if err == nil {
+		err = c.maybeRekey(k)
+	}
+	return n, err
 }
 
 type writerOnly struct{ io.Writer }
@@ -596,20 +673,7 @@ func (c *Conn) keyUpdate(k *kernel, requested bool) error {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if err := c.sendControl(k, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, true); err != nil {
-		return c.opErr("keyupdate", err)
-	}
-	tnext := nextSecret13(k.s, k.tx.secret)
-	if cerr := k.rc.Control(func(fd uintptr) {
-		err = tcpglue.SetTLSTx(int(fd), trafficKeys13(k.s, tnext, 0))
-	}); cerr != nil {
-		return c.opErr("keyupdate", cerr)
-	}
-	if err != nil {
-		return fmt.Errorf("ztls: sending our KeyUpdate: %w", err)
-	}
-	k.tx.secret = tnext
-	return nil
+	return c.updateTX(k)
 }
 
 // LocalAddr returns the local network address.

@@ -2,6 +2,7 @@ package ztls
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"testing"
@@ -168,5 +169,48 @@ func TestAlertFromPeer(t *testing.T) {
 	}
 	if n, err := z.Read(make([]byte, 10)); n != 0 || err != io.EOF {
 		t.Fatalf("read: %d %v, want io.EOF", n, err)
+	}
+}
+
+// TestTxRekey: with a low Options.RekeyRecords the kernel path updates its own TX keys
+// as it sends (Linux 6.14: elsewhere it cannot, and the data still flows), and the
+// crypto/tls peer reads every byte across the updates. In user space crypto/tls keeps its
+// keys (it never updates them on its own).
+func TestTxRekey(t *testing.T) {
+	scfg, ccfg := configs(t, allCiphers[0])
+	a, b := tcpPair(t)
+	z, p := Client(a, ccfg, &Options{RekeyRecords: 8}), tls.Server(b, scfg)
+	defer p.Close()
+	defer z.Close()
+	go p.Handshake()
+	if err := z.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	checkPath(t, z)
+	want := pattern(64*16384+5, 14)
+	errc := make(chan error, 1)
+	go func() {
+		var err error
+		for off := 0; off < len(want) && err == nil; off += 16384 {
+			_, err = z.Write(want[off:min(off+16384, len(want))])
+		}
+		errc <- err
+	}()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(p, got); err != nil {
+		t.Fatalf("peer read: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("peer read: %s", firstDiff(got, want))
+	}
+	i := z.Info()
+	switch {
+	case i.Kernel && rekeyOK() && i.TxRekeys < 4:
+		t.Errorf("Info.TxRekeys %d after 65 writes at 8 records a key", i.TxRekeys)
+	case (!i.Kernel || !rekeyOK()) && i.TxRekeys != 0:
+		t.Errorf("Info.TxRekeys %d without kernel rekey", i.TxRekeys)
 	}
 }

@@ -34,7 +34,9 @@
 // A close_notify from the peer is io.EOF; any other alert is a *AlertError (on both
 // paths). A TLS 1.3 KeyUpdate is applied in the kernel (new RX keys; new TX keys too when
 // the peer asks, after our own KeyUpdate); kernels before 6.14 cannot change keys, and
-// the read fails with an error saying so. A TLS 1.2 renegotiation request gets a
+// the read fails with an error saying so. On 6.14 and later the kernel path also updates
+// its own TX keys before AES-GCM's record limit (Options.RekeyRecords). KernelStats reads
+// the kernel's TLS counters. A TLS 1.2 renegotiation request gets a
 // no_renegotiation alert and ErrRenegotiation. Session tickets received on the kernel
 // path are dropped (Info.Tickets): a client whose records are in the kernel does not
 // resume sessions.
