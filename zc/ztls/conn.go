@@ -23,7 +23,9 @@ import (
 type Options struct {
 	// NoFallback forbids the user-space fallback: a connection kernel TLS cannot serve
 	// fails its handshake with a *NoKernelError (matching ErrNotSupported) that says what
-	// is missing, and is closed.
+	// is missing, and is closed: before the handshake when the socket cannot take the
+	// "tls" ULP (no handshake work is spent; the peer sees the connection close), after
+	// it (with a close_notify) when the negotiated cipher suite or the keys are refused.
 	NoFallback bool
 	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
 	UserSpace bool
@@ -72,6 +74,7 @@ type Conn struct {
 	isClient bool
 	opts     Options
 	cfgErr   error
+	ulp      bool // the "tls" ULP is attached (by the handshake goroutine)
 
 	hmu    sync.Mutex
 	hsDone atomic.Bool
@@ -248,6 +251,14 @@ func (c *Conn) handshake(ctx context.Context) error {
 		return net.ErrClosed
 	}
 	defer c.hs.unroute()
+	if c.opts.NoFallback && !c.opts.UserSpace {
+		// Refuse before the handshake's work when the socket cannot take the ULP.
+		if err := c.attachULP(); err != nil {
+			stats.refused.Add(1)
+			c.raw.Close()
+			return &NoKernelError{Reason: err.Error(), Err: err}
+		}
+	}
 	if err := c.tc.HandshakeContext(ctx); err != nil {
 		return userErr(err)
 	}
@@ -303,8 +314,10 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 	}
 	var kerr error
 	if cerr := rc.Control(func(fd uintptr) {
-		if kerr = tcpglue.EnableTLS(int(fd)); kerr != nil {
-			return
+		if !c.ulp {
+			if kerr = tcpglue.EnableTLS(int(fd)); kerr != nil {
+				return
+			}
 		}
 		if kerr = tcpglue.SetTLSRx(int(fd), rx.crypto); kerr != nil {
 			return
@@ -319,6 +332,29 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 		return nil, hard, kerr
 	}
 	return k, false, nil
+}
+
+// attachULP attaches the "tls" ULP before the handshake (NoFallback: a kernel without TLS
+// refuses the connection before any handshake work). Until keys are set the socket passes
+// bytes through unchanged.
+func (c *Conn) attachULP() error {
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("the connection (%T) has no socket descriptor", c.raw)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var uerr error
+	if err := rc.Control(func(fd uintptr) { uerr = tcpglue.EnableTLS(int(fd)) }); err != nil {
+		return err
+	}
+	if uerr != nil {
+		return uerr
+	}
+	c.ulp = true
+	return nil
 }
 
 // keys derives both directions' kernel state from the finished handshake.

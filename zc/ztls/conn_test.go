@@ -167,15 +167,14 @@ func TestPeerCloseNotify(t *testing.T) {
 // A CBC cipher suite is refused everywhere; AES-GCM only where the kernel has no TLS.
 func TestNoFallback(t *testing.T) {
 	cbc := cipherCase{"1.2/ECDHE-ECDSA-AES-128-CBC", tls.VersionTLS12, tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, false}
-	cases := []struct {
-		cc   cipherCase
-		want string
-	}{{cbc, "has no kernel TLS"}}
+	type noFallbackCase struct {
+		cc     cipherCase
+		want   string
+		before bool // refused before the handshake: the peer's handshake fails
+	}
+	cases := []noFallbackCase{{cbc, "has no kernel TLS", false}}
 	if !kernelTLS(t) {
-		cases = append(cases, struct {
-			cc   cipherCase
-			want string
-		}{allCiphers[0], "CONFIG_TLS"})
+		cases = []noFallbackCase{{allCiphers[0], "CONFIG_TLS", true}, {cbc, "CONFIG_TLS", true}}
 	}
 	for _, tc := range cases {
 		t.Run(tc.cc.name, func(t *testing.T) {
@@ -201,8 +200,8 @@ func TestNoFallback(t *testing.T) {
 			if got := ReadStats().Refused; got != before+1 {
 				t.Errorf("Refused %d -> %d", before, got)
 			}
-			if err := <-done; err != io.EOF {
-				t.Errorf("peer: %v, want io.EOF (close_notify)", err)
+			if err := <-done; tc.before && err == nil || !tc.before && err != io.EOF {
+				t.Errorf("peer: %v, want io.EOF (close_notify) after a handshake, a failed handshake before", err)
 			}
 			if _, err := z.Write([]byte("x")); !errors.Is(err, ErrNotSupported) {
 				t.Errorf("write after a refused handshake: %v", err)
