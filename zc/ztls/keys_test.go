@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -30,12 +31,20 @@ func TestKeysAgainstCryptoTLS(t *testing.T) {
 			{"ztls-server/client-cert", false, true, false},
 			{"ztls-client/resumed", true, false, true},
 			{"ztls-server/resumed", false, false, true},
+			{"ztls-server/hello-retry", false, false, false},
+			{"ztls-client/hello-retry", true, false, false},
 		} {
 			t.Run(cc.name+"/"+v.name, func(t *testing.T) {
 				scfg, ccfg := configs(t, cc)
 				if v.clientAuth {
 					scfg.ClientAuth = tls.RequireAnyClientCert
 					ccfg.Certificates = scfg.Certificates
+				}
+				if strings.HasSuffix(v.name, "hello-retry") {
+					// The client's first key share is one the server does not take:
+					// TLS 1.3 sends a HelloRetryRequest (TLS 1.2 just picks P-256).
+					ccfg.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256}
+					scfg.CurvePreferences = []tls.CurveID{tls.CurveP256}
 				}
 				runs := 1
 				if v.resumeRun {
