@@ -7,7 +7,11 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/zc"
 )
@@ -303,4 +307,66 @@ func TestReceivedAlert(t *testing.T) {
 	if !errors.As(err, &ae) || !ae.Received || ae.Alert != 116 {
 		t.Fatalf("read: %v, want a received alert certificate_required (116)", err)
 	}
+}
+
+// TestDeadlineAndCloseWhileBusy: a read deadline ends a blocked Read with a timeout
+// (net.Error) and the connection goes on; Close during a blocked Read and a blocked Write
+// (the peer reads nothing) ends both with an error, never a hang, on both paths.
+func TestDeadlineAndCloseWhileBusy(t *testing.T) {
+	scfg, ccfg := configs(t, allCiphers[0])
+	a, b := tcpPair(t)
+	z, p := Server(a, scfg, nil), tls.Client(b, ccfg)
+	defer p.Close()
+	go p.Handshake()
+	if err := z.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	checkPath(t, z)
+	z.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_, err := z.Read(make([]byte, 10))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read past the deadline: %v, want a timeout", err)
+	}
+	z.SetReadDeadline(time.Time{})
+	go p.Write([]byte("still here"))
+	buf := make([]byte, 10)
+	if _, err := io.ReadFull(z, buf); err != nil || string(buf) != "still here" {
+		t.Fatalf("read after the timeout: %q %v", buf, err)
+	}
+
+	errs := make(chan error, 2)
+	go func() {
+		_, err := z.Read(make([]byte, 10))
+		errs <- err
+	}()
+	go func() {
+		big := make([]byte, 1<<20)
+		var err error
+		for err == nil { // the peer reads nothing: this blocks once the buffers are full
+			_, err = z.Write(big)
+		}
+		errs <- err
+	}()
+	// Let both block (the write side fills the socket buffers), then close.
+	for i := 0; i < 1000 && tcpOutq(t, a) < 64<<10; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	z.Close()
+	for range 2 {
+		if err := <-errs; err == nil {
+			t.Fatal("a blocked call returned no error after Close")
+		}
+	}
+}
+
+// tcpOutq returns the bytes queued in c's send buffer (SIOCOUTQ).
+func tcpOutq(t *testing.T, c net.Conn) int {
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+	return n
 }
