@@ -72,7 +72,15 @@ func TestHTTP(t *testing.T) {
 		io.Copy(w, f)
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) { io.Copy(w, r.Body) })
-	srv := &http.Server{Handler: mux}
+	mux.HandleFunc("/state", func(w http.ResponseWriter, r *http.Request) {
+		c, ok := FromContext(r.Context())
+		if !ok {
+			http.Error(w, "no ztls connection in the context", 500)
+			return
+		}
+		io.WriteString(w, tls.VersionName(c.ConnectionState().Version))
+	})
+	srv := &http.Server{Handler: mux, ConnContext: ConnContext}
 	go srv.Serve(ln)
 	defer srv.Close()
 	tr := &http.Transport{DialTLSContext: (&Dialer{Config: ccfg}).DialContext}
@@ -88,6 +96,15 @@ func TestHTTP(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || !bytes.Equal(body, want) {
 		t.Fatalf("GET /file: %v, %s", err, firstDiff(body, want))
+	}
+	resp, err = cl.Get(url + "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "TLS 1.3" {
+		t.Fatalf("GET /state: %q", body)
 	}
 	post := pattern(300_001, 13)
 	resp, err = cl.Post(url+"/echo", "application/octet-stream", bytes.NewReader(post))

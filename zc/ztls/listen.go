@@ -118,3 +118,22 @@ func Probe() error {
 	}
 	return nil
 }
+
+type connKey struct{}
+
+// ConnContext is for http.Server.ConnContext: it puts the *Conn of a connection accepted
+// from a ztls listener into the request contexts, where FromContext finds it (net/http
+// fills Request.TLS only for a *tls.Conn).
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if zc, ok := c.(*Conn); ok {
+		return context.WithValue(ctx, connKey{}, zc)
+	}
+	return ctx
+}
+
+// FromContext returns the *Conn that ConnContext put into ctx: a handler's way to the
+// connection's ConnectionState and Info.
+func FromContext(ctx context.Context) (*Conn, bool) {
+	c, ok := ctx.Value(connKey{}).(*Conn)
+	return c, ok
+}
