@@ -18,8 +18,9 @@ type listener struct {
 // NewListener returns a net.Listener whose Accept wraps each connection of inner in a
 // server-side *Conn (see Server). Accept does not run the handshake: the first Read or
 // Write does, or Conn.Handshake (net/http's Server.Serve works unchanged, but sees the
-// connections as plain ones: Request.TLS is nil, and ALPN "h2" must not be offered, as
-// net/http serves HTTP/2 only on a *tls.Conn).
+// connections as plain ones: Request.TLS is nil — set Server.ConnContext to ConnContext
+// and use FromContext — and ALPN "h2" must not be offered, as net/http serves HTTP/2 only
+// on a *tls.Conn).
 func NewListener(inner net.Listener, cfg *tls.Config, opts *Options) net.Listener {
 	l := &listener{Listener: inner, opts: opts}
 	if cfg != nil {
