@@ -148,6 +148,14 @@ func TestKTLSLoopback(t *testing.T) {
 				if err := SetTLSRx(s.Fd(), k); err != nil {
 					t.Fatal(err)
 				}
+				// Linux 6.0's flags: sendfile from the page cache, and decryption
+				// into the reader's buffer (TLS 1.3 only).
+				if err := SetTLSTxZeroCopyRO(c.Fd(), true); err != nil {
+					t.Fatal(err)
+				}
+				if err := SetTLSRxExpectNoPad(s.Fd(), true); (err == nil) != (v == TLSVersion13) {
+					t.Fatalf("TLS_RX_EXPECT_NO_PAD on %#x: %v", v, err)
+				}
 				msg := bytes.Repeat([]byte("0123456789abcdef"), 3000) // three records
 				if _, err := c.Write(msg); err != nil {
 					t.Fatal(err)

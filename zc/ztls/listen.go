@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 
+	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -115,7 +116,7 @@ func Probe() error {
 		return err
 	}
 	if miss := sup.Missing(); miss != "" {
-		return &NoKernelError{Reason: "the kernel refuses " + miss}
+		return errs.NotSupported("kernel TLS for "+miss, "the kernel's crypto modules for them (gcm, chacha20poly1305)", nil)
 	}
 	return nil
 }
