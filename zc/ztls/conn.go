@@ -45,7 +45,7 @@ type Info struct {
 	Version     uint16 // tls.VersionTLS12 or tls.VersionTLS13
 	CipherSuite uint16 // the crypto/tls cipher suite
 	KeyUpdates  uint64 // TLS 1.3 KeyUpdates received and applied in the kernel
-	TxRekeys    uint64 // TLS 1.3 TX key updates the kernel path made on its own (RekeyRecords)
+	TxRekeys    uint64 // TLS 1.3 TX key updates the kernel path made (RekeyRecords' and those the peer asked for)
 	Tickets     uint64 // TLS 1.3 session tickets received in the kernel and dropped (no resumption)
 }
 
@@ -87,7 +87,13 @@ type Conn struct {
 	ctl     []byte     // a partial control record
 	ctlType uint8
 
-	wmu        sync.Mutex // the write side (kernel path)
+	// The kernel path's write side has two locks. wmu serializes the writers (Write,
+	// ReadFrom, CloseWrite) and is held while they wait for room. smu is held only around
+	// one non-blocking system call that sends, and around TX key changes: the reader
+	// takes it to send an alert or to note a KeyUpdate the peer asked for, so a reader
+	// never waits for a writer that waits for the peer.
+	wmu        sync.Mutex
+	smu        sync.Mutex
 	closed     atomic.Bool
 	keyUpdates atomic.Uint64
 	txRekeys   atomic.Uint64
@@ -99,19 +105,24 @@ type kernel struct {
 	rc      syscall.RawConn
 	version uint16
 	s       suite
-	tx, rx  dirKeys // TLS 1.3 secrets for KeyUpdate (under wmu and rmu)
+	tx      dirKeys // TLS 1.3 TX secret (under smu)
+	rx      dirKeys // TLS 1.3 RX secret (under rmu)
 
-	txRecords uint64 // an upper bound of the records sent under the current TX keys (under wmu)
+	txRecords uint64 // an upper bound of the records sent under the current TX keys (under smu)
 	rekeyAt   uint64 // update the TX keys at this many records (0: never)
+	txUpdate  bool   // a KeyUpdate is owed before the next data record (under smu)
 }
 
 // maxRecord is the largest plaintext a record carries.
 const maxRecord = 16384
 
-// sent counts what a send of n bytes may have cost in records (under wmu): full records
-// plus one ended early by each system call (a Write of n bytes makes at most a few).
+// sent counts what one send of n bytes may have cost in records (under smu): full records
+// plus one ended early. It marks a KeyUpdate owed when the limit is reached.
 func (k *kernel) sent(n int, perRecord int) {
-	k.txRecords += uint64(n/perRecord) + 2
+	k.txRecords += uint64(n/perRecord) + 1
+	if k.rekeyAt > 0 && k.txRecords >= k.rekeyAt && rekeyOK() {
+		k.txUpdate = true
+	}
 }
 
 // rekeyOK is whether this kernel takes new keys on a socket (Linux 6.14), probed once.
@@ -414,51 +425,83 @@ func (c *Conn) Write(p []byte) (int, error) {
 		n, err := c.tc.Write(p)
 		return n, userErr(err)
 	}
+	return c.kwrite(k, p)
+}
+
+// kwrite is Write on the kernel path: write(2) in Go's poller, one system call at a time
+// under smu, with an owed KeyUpdate sent first.
+func (c *Conn) kwrite(k *kernel, p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	n, err := c.raw.Write(p)
-	k.sent(n, maxRecord)
-	if err == nil {
-		err = c.maybeRekey(k)
-	}
-	return n, err
+	return c.kwriteLocked(k, p)
 }
 
-// maybeRekey updates the TX keys when the records sent under them reach the limit and the
-// kernel can take new keys (under wmu).
-func (c *Conn) maybeRekey(k *kernel) error {
-	if k.rekeyAt == 0 || k.txRecords < k.rekeyAt || !rekeyOK() {
+// kwriteLocked is kwrite under wmu; with no bytes it only sends an owed KeyUpdate.
+func (c *Conn) kwriteLocked(k *kernel, p []byte) (int, error) {
+	off := 0
+	for {
+		var err error
+		perr := k.rc.Write(func(fd uintptr) bool {
+			c.smu.Lock()
+			defer c.smu.Unlock()
+			if err = c.updateTXLocked(k, int(fd)); err != nil {
+				return !errors.Is(err, unix.EAGAIN)
+			}
+			if off == len(p) {
+				return true
+			}
+			var n int
+			n, err = unix.Write(int(fd), p[off:])
+			if n > 0 {
+				off += n
+				k.sent(n, maxRecord)
+			}
+			return !errors.Is(err, unix.EAGAIN)
+		})
+		switch {
+		case perr != nil:
+			return off, c.opErr("write", perr)
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return off, c.opErr("write", os.NewSyscallError("write", err))
+		case off == len(p):
+			return off, nil
+		}
+	}
+}
+
+// updateTXLocked sends an owed KeyUpdate (update_not_requested) under the current TX keys
+// and gives the kernel the next ones (under smu). EAGAIN means no room yet: it stays owed.
+// The KeyUpdate answers the peer's request or RekeyRecords' limit, whichever came first.
+func (c *Conn) updateTXLocked(k *kernel, fd int) error {
+	if !k.txUpdate {
 		return nil
 	}
-	if err := c.updateTX(k); err != nil {
-		return err
+	n, err := tcpglue.SendTLSRecord(fd, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, unix.MSG_DONTWAIT)
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+		return unix.EAGAIN
 	}
-	c.txRekeys.Add(1)
-	return nil
+	if err == nil && n != 5 {
+		err = fmt.Errorf("sent %d bytes of a 5-byte KeyUpdate", n)
+	}
+	if err == nil {
+		next := nextSecret13(k.s, k.tx.secret)
+		if err = tcpglue.SetTLSTx(fd, trafficKeys13(k.s, next, 0)); err == nil {
+			k.tx.secret, k.txRecords, k.txUpdate = next, 0, false
+			c.txRekeys.Add(1)
+			return nil
+		}
+	}
+	// The KeyUpdate may be out: the peer would then expect the next keys, and records
+	// under the old ones would fail. The connection cannot go on.
+	c.raw.Close()
+	return fmt.Errorf("ztls: updating the TX keys: %w", err)
 }
 
-// updateTX sends a KeyUpdate (update_not_requested) under the current keys and gives the
-// kernel the next ones (under wmu).
-func (c *Conn) updateTX(k *kernel) error {
-	if err := c.sendControl(k, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, true); err != nil {
-		return c.opErr("keyupdate", err)
-	}
-	next := nextSecret13(k.s, k.tx.secret)
-	var err error
-	if cerr := k.rc.Control(func(fd uintptr) {
-		err = tcpglue.SetTLSTx(int(fd), trafficKeys13(k.s, next, 0))
-	}); cerr != nil {
-		return c.opErr("keyupdate", cerr)
-	}
-	if err != nil {
-		// The KeyUpdate is out: the peer now expects the next keys, and records under
-		// the old ones would fail. The connection cannot go on.
-		c.raw.Close()
-		return fmt.Errorf("ztls: updating the TX keys: %w", err)
-	}
-	k.tx.secret = next
-	k.txRecords = 0
-	return nil
+// flushTX sends an owed KeyUpdate, waiting for room (under wmu).
+func (c *Conn) flushTX(k *kernel) error {
+	_, err := c.kwriteLocked(k, nil)
+	return err
 }
 
 // ReadFrom copies r to the connection. With kernel TLS it goes through the socket's own
@@ -475,10 +518,18 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if err := c.flushTX(k); err != nil {
+		return 0, err
+	}
+	// The socket's ReadFrom makes its own system calls (sendfile, splice): a KeyUpdate
+	// the peer asks for meanwhile goes out after it (RFC 8446 wants it before our next
+	// data record; peers do not check).
 	n, err := rf.ReadFrom(r)
+	c.smu.Lock()
 	k.sent(int(n), 4096) // sendfile and splice may end a record at every page
+	c.smu.Unlock()
 	if err == nil {
-		err = c.maybeRekey(k)
+		err = c.flushTX(k)
 	}
 	return n, err
 }
@@ -512,7 +563,10 @@ func (c *Conn) CloseWrite() error {
 		return c.tc.CloseWrite()
 	}
 	c.wmu.Lock()
-	err := c.sendControl(k, typeAlert, []byte{1, 0}, true)
+	err := c.flushTX(k)
+	if err == nil {
+		err = c.sendControl(k, typeAlert, []byte{1, 0}, true)
+	}
 	c.wmu.Unlock()
 	if cw, ok := c.raw.(interface{ CloseWrite() error }); ok {
 		return errors.Join(err, cw.CloseWrite())
@@ -533,22 +587,30 @@ func (c *Conn) Close() error {
 		}
 		return c.raw.Close()
 	}
-	if c.wmu.TryLock() { // a Write in flight holds it: Close then only aborts it
-		c.sendControl(k, typeAlert, []byte{1, 0}, false)
-		c.wmu.Unlock()
-	}
+	c.sendControl(k, typeAlert, []byte{1, 0}, false) // between a writer's system calls
 	return c.raw.Close()
 }
 
-// sendControl sends one non-data record through the kernel (under wmu). Without wait it
-// gives up when the socket has no room.
+// sendControl sends one non-data record through the kernel, each try under smu. With
+// wait (a writer, under wmu) it waits for room in Go's poller. Without, it gives up when
+// the socket has no room (an alert is best effort), and it does not take the
+// descriptor's write lock either, which a writer waiting for room holds: the reader and
+// Close call it that way and so never wait for a writer.
 func (c *Conn) sendControl(k *kernel, typ uint8, b []byte, wait bool) error {
 	var err error
 	f := func(fd uintptr) bool {
+		c.smu.Lock()
 		_, err = tcpglue.SendTLSRecord(int(fd), typ, b, unix.MSG_DONTWAIT)
+		c.smu.Unlock()
 		return !wait || !errors.Is(err, unix.EAGAIN)
 	}
-	if perr := k.rc.Write(f); perr != nil {
+	var perr error
+	if wait {
+		perr = k.rc.Write(f)
+	} else {
+		perr = k.rc.Control(func(fd uintptr) { f(fd) })
+	}
+	if perr != nil {
 		return perr
 	}
 	return err
@@ -604,8 +666,6 @@ func (c *Conn) opErr(op string, err error) error {
 
 // alert sends a fatal alert, best effort.
 func (c *Conn) alert(k *kernel, desc uint8) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	c.sendControl(k, typeAlert, []byte{2, desc}, false)
 }
 
@@ -679,9 +739,7 @@ func (c *Conn) handshakeMsg(k *kernel, msg []byte) error {
 		}
 		return c.keyUpdate(k, msg[4] == 1)
 	case !tls13 && msg[0] == msgHelloRequest:
-		c.wmu.Lock()
 		c.sendControl(k, typeAlert, []byte{1, 100}, false) // no_renegotiation, warning
-		c.wmu.Unlock()
 		return ErrRenegotiation
 	}
 	c.alert(k, 10)
@@ -689,8 +747,8 @@ func (c *Conn) handshakeMsg(k *kernel, msg []byte) error {
 }
 
 // keyUpdate applies a received KeyUpdate: the next RX keys (RFC 8446 §4.6.3, the kernel
-// refuses reads with EKEYEXPIRED until it has them), and, when the peer asked for it, a
-// KeyUpdate of our own under the old TX keys followed by the next TX keys.
+// refuses reads with EKEYEXPIRED until it has them), and, when the peer asked for it,
+// notes that a KeyUpdate of our own is owed (updateTXLocked sends it before our next data).
 func (c *Conn) keyUpdate(k *kernel, requested bool) error {
 	next := nextSecret13(k.s, k.rx.secret)
 	var err error
@@ -704,12 +762,14 @@ func (c *Conn) keyUpdate(k *kernel, requested bool) error {
 	}
 	k.rx.secret = next
 	c.keyUpdates.Add(1)
-	if !requested {
-		return nil
+	if requested {
+		// Owed before our next data record (RFC 8446 §4.6.3): the next write sends it.
+		// The reader never waits for room to send.
+		c.smu.Lock()
+		k.txUpdate = true
+		c.smu.Unlock()
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.updateTX(k)
+	return nil
 }
 
 // LocalAddr returns the local network address.
