@@ -664,9 +664,12 @@ func (c *Conn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.raw.LocalAddr(), Addr: c.raw.RemoteAddr(), Err: err}
 }
 
-// alert sends a fatal alert, best effort.
+// alert sends a fatal alert, best effort, and shuts the socket down both ways: the
+// connection is over, and the peer must see its end even when the alert cannot go out
+// (after a record fails authentication the kernel refuses every later send).
 func (c *Conn) alert(k *kernel, desc uint8) {
 	c.sendControl(k, typeAlert, []byte{2, desc}, false)
+	k.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
 // control handles (part of) a non-data record; a nil result means "read on".

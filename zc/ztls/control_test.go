@@ -141,8 +141,13 @@ func TestTamperedRecord(t *testing.T) {
 			if n != 0 || !errors.As(err, &ae) || ae.Received || ae.Alert != 20 {
 				t.Fatalf("read %d %v, want a sent bad_record_mac (20)", n, err)
 			}
-			if _, err := s.read(); !errors.As(err, &ae) || ae.Alert != 20 {
-				t.Fatalf("peer: %v, want alert bad_record_mac", err)
+			// The peer gets the alert, or, from the kernel, the end of the connection:
+			// after a record fails authentication the kernel sends nothing more.
+			_, err = s.read()
+			gotAlert := errors.As(err, &ae) && ae.Alert == 20
+			ended := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+			if !gotAlert && !(z.Info().Kernel && ended) {
+				t.Fatalf("peer: %v, want alert bad_record_mac (or the end, from the kernel)", err)
 			}
 		})
 	}

@@ -87,7 +87,7 @@ func TestHTTP(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	url := "https://localhost:" + port
+	url := "https://127.0.0.1:" + port // no resolver in the guests; the config names "localhost"
 	resp, err := cl.Get(url + "/file")
 	if err != nil {
 		t.Fatal(err)
