@@ -46,4 +46,7 @@ func TestKernelStats(t *testing.T) {
 			t.Errorf("%s %d -> %d: the kernel did not count the connection", k, before[k], after[k])
 		}
 	}
+	if d := after["TlsDecryptError"] - before["TlsDecryptError"]; d != 0 {
+		t.Errorf("%d records failed to decrypt in a clean exchange", d)
+	}
 }
