@@ -219,3 +219,44 @@ func TestTxRekey(t *testing.T) {
 		t.Errorf("Info.TxRekeys %d without kernel rekey", i.TxRekeys)
 	}
 }
+
+// TestOneByteReads: reads of one byte across data, a session ticket (200 bytes: the
+// kernel hands a non-data record over in as many pieces as the reads ask for) and a
+// close_notify (two pieces): every data byte arrives, in order, then io.EOF.
+func TestOneByteReads(t *testing.T) {
+	z, s := softPeer(t, allCiphers[0])
+	ticket := []byte{msgNewSessionTicket, 0, 0, 196, 0, 0, 0x0e, 0x10, 0, 0, 0, 0, 0, 0, 183}
+	ticket = append(ticket, bytes.Repeat([]byte{7}, 183)...)
+	ticket = append(ticket, 0, 0) // no extensions
+	if len(ticket) != 200 {
+		t.Fatalf("ticket is %d bytes", len(ticket))
+	}
+	for _, step := range []func() error{
+		func() error { return s.write([]byte("abc")) },
+		func() error { return s.record(typeHandshake, ticket) },
+		func() error { return s.write([]byte("defgh")) },
+		func() error { return s.record(typeAlert, []byte{1, 0}) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []byte
+	b := make([]byte, 1)
+	for {
+		n, err := z.Read(b)
+		got = append(got, b[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read after %q: %v", got, err)
+		}
+	}
+	if string(got) != "abcdefgh" {
+		t.Fatalf("read %q", got)
+	}
+	if i := z.Info(); i.Kernel && i.Tickets != 1 {
+		t.Errorf("Info.Tickets %d, want 1", i.Tickets)
+	}
+}
