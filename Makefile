@@ -8,7 +8,7 @@ export GOFLAGS
 TEST_EXTRA :=
 BUILD := $(CURDIR)/build
 
-.PHONY: all build test gotest skipcheck vet lint bench deps-apt
+.PHONY: all build test gotest skipcheck vet lint bench fresh-test
 all: build
 
 # bench/ is its own module (so the library's go.mod does not pull plotting into users' builds).
@@ -29,6 +29,7 @@ vet:
 SKIPCHECK := $(BUILD)/skipcheck
 SKIPS_ALLOWED := internal/testutil/skips.txt
 gotest:
+	@bash .ci/need.sh gcc wrk iperf3 uringhdr
 	@mkdir -p $(BUILD)
 	$(GO) build -o $(SKIPCHECK) ./internal/testutil/skipcheck
 	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=1 -timeout 20m ./... | $(SKIPCHECK) -echo -record $(BUILD)/gotest.json
@@ -48,10 +49,8 @@ lint: vet
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	cd bench && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
-# apt-get helper used by fragments: $(call apt_need,cmd,package)
-define apt_need
-	@command -v $(1) >/dev/null 2>&1 || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); }
-endef
+# What make test and make bench install is named once, in .ci/packages.txt; fragments call
+# .ci/need.sh NAME... (a missing package it cannot install fails with the command to run).
 
 -include kmod/kmod.mk
 -include kmod/vm/kernels.mk
@@ -60,3 +59,15 @@ endef
 -include hwq/hwq.mk
 
 test: vet gotest $(TEST_EXTRA)
+
+# make test as a machine that never ran it sees it: the committed tree (HEAD, not the working
+# tree) cloned into a temporary folder, with an empty build/ (no cached kernels) and an empty
+# Go build cache. Run it before a submission that touches the harness. FRESH_KEEP=1 keeps the
+# folder; FRESH_ARGS adds make arguments (FRESH_ARGS='vmtest' runs only the guests).
+FRESH_ARGS ?= test
+fresh-test:
+	@tmp=$$(mktemp -d /tmp/zcnet-fresh.XXXXXX) && echo "fresh-test: $$(git rev-parse --short HEAD) in $$tmp" && \
+	git clone -q --no-hardlinks "$(CURDIR)" "$$tmp/zcnet" && \
+	( cd "$$tmp/zcnet" && GOCACHE="$$tmp/gocache" $(MAKE) --no-print-directory $(FRESH_ARGS) ); rc=$$?; \
+	if [ -z "$(FRESH_KEEP)" ]; then rm -rf "$$tmp"; else echo "fresh-test: kept $$tmp"; fi; \
+	echo "fresh-test: make $(FRESH_ARGS) exited $$rc"; exit $$rc

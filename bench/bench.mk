@@ -16,23 +16,24 @@ zcbench:
 	@mkdir -p $(BUILD) $(BENCH_OUT)
 	cd bench && $(GO) build -o $(BUILD)/zcbench ./cmd/zcbench
 
-# iperf3 is the outside reference, wrk the services suite's HTTP load generator; without
-# them (no root for apt-get) zcbench says so and goes on without those runs.
+# iperf3 is the outside reference, wrk the services suite's HTTP load generator, gcc and the
+# kernel's uapi headers build the C reference servers (c-uring, c-epoll); without them (no
+# root for apt-get) zcbench says so ("mode c-uring: not available: ...") and goes on without
+# those runs.
 bench: zcbench
-	-$(call apt_need,iperf3,iperf3)
-	-$(call apt_need,wrk,wrk)
+	@bash .ci/need.sh -optional iperf3 wrk gcc uringhdr
 	$(BUILD)/zcbench $(BENCH_ARGS)
 
 bench-quick: zcbench
-	-$(call apt_need,iperf3,iperf3)
-	-$(call apt_need,wrk,wrk)
+	@bash .ci/need.sh -optional iperf3 wrk gcc uringhdr
 	$(BUILD)/zcbench -quick $(BENCH_ARGS)
 
 bench-netns: zcbench
-	-$(call apt_need,iperf3,iperf3)
+	@bash .ci/need.sh -optional iperf3 gcc uringhdr
 	$(BUILD)/zcbench -netns -json $(BENCH_OUT)/bench-netns.json -png $(BENCH_OUT)/bench-netns.png $(BENCH_FLAGS)
 
-# A static zcbench (no Go, no C library needed there), iperf3 and wrk with their libraries from this
+# A static zcbench (no Go, no C library needed there), the C reference servers linked
+# statically (cref/: no gcc needed there; run.sh points ZCBENCH_CREF_BIN at them), iperf3 and wrk with their libraries from this
 # machine's Debian packages (apt-get download + dpkg -x: nothing is installed, here or there)
 # and run.sh, which puts them on PATH / LD_LIBRARY_PATH and writes bench.json, bench.png and
 # bench.txt beside itself. Copy the folder to the machine and run ./run.sh there (as root:
@@ -42,6 +43,8 @@ bench-kit:
 	rm -rf $(BENCH_KIT)
 	mkdir -p $(BENCH_KIT)/debs $(BENCH_KIT)/root
 	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o $(BENCH_KIT)/zcbench ./cmd/zcbench
+	mkdir -p $(BENCH_KIT)/cref
+	for k in uring epoll; do gcc -O2 -Wall -pthread -static -o $(BENCH_KIT)/cref/c-$$k bench/internal/cref/c/$$k.c || exit 1; done
 	cd $(BENCH_KIT)/debs && apt-get download $(BENCH_KIT_DEBS)
 	for d in $(BENCH_KIT)/debs/*.deb; do dpkg -x "$$d" $(BENCH_KIT)/root || exit 1; done
 	rm -rf $(BENCH_KIT)/debs $(BENCH_KIT)/root/usr/share

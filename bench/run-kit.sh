@@ -11,5 +11,7 @@ for d in "$here"/root/usr/lib/*-linux-gnu "$here"/root/lib/*-linux-gnu; do
 	[ -d "$d" ] && libs="$libs${libs:+:}$d"
 done
 LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH LD_LIBRARY_PATH
+# the C reference servers (c-uring, c-epoll), prebuilt: no gcc there
+ZCBENCH_CREF_BIN="$here/cref"
+export PATH LD_LIBRARY_PATH ZCBENCH_CREF_BIN
 "$here/zcbench" -json "$here/bench.json" -png "$here/bench.png" "$@" | tee "$here/bench.txt"

@@ -15,10 +15,7 @@ BPF_GENERATED := steer_bpfel.go steer_bpfel.o fault_bpfel.go fault_bpfel.o xsk_b
 .PHONY: bpf bpf-check bpf-deps
 
 bpf-deps:
-	$(call apt_need,clang,clang)
-	$(call apt_need,llvm-strip,llvm)
-	@test -f /usr/include/bpf/bpf_helpers.h || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libbpf-dev; }
-	@test -f /usr/include/linux/bpf.h || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-libc-dev; }
+	@bash .ci/need.sh clang llvm libbpf libcdev
 
 bpf: bpf-deps
 	bpf/gen.sh
@@ -38,10 +35,7 @@ TEST_EXTRA += bpf-check
 # (setuid dumpcap for non-root users) is answered "no" beforehand.
 .PHONY: capture-deps
 capture-deps:
-	@command -v tshark >/dev/null 2>&1 || { \
-		echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections && \
-		(apt-get update -qq || true) && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark; }
+	@bash .ci/need.sh tshark
 
 gotest: capture-deps
 

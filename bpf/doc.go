@@ -35,7 +35,11 @@
 //     removed while traffic flows (a rule's slot is written before its bit
 //     in the active mask is set). zc_xsk_meta is the device-bound variant
 //     that also puts the device's RX timestamp and hash before the frame
-//     (XDP RX metadata kfuncs).
+//     (XDP RX metadata kfuncs). A rule with Join also holds the group's
+//     IGMP/MLD membership through a kernel socket (a rule alone joins
+//     nothing). XDPAuto attaches native mode except on veth, where a native
+//     program turns off the peer's TSO/GSO (NativeXDPCostError): there it
+//     attaches generic mode; RawSteering.Mode says which, Fallback why.
 //   - zc_fault (tcx, tests only): drops a configurable fraction of packets
 //     matching a protocol/port filter; see Fault.
 //

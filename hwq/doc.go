@@ -53,9 +53,15 @@
 //     DSCP, IPv6 flow label, 5-tuple; everything else passes to the kernel stack) is
 //     attached in native XDP mode first and in generic (skb) mode where the driver has no
 //     XDP, with Mode().XDPReason and bpf.RawFallbacks; bpf.XDPDriver refuses the fallback.
+//     On veth the default is generic mode: a native program there turns off the peer's
+//     TSO/GSO, and kernel TCP into the interface ran at 0.24–0.30× its speed (generic:
+//     0.85–0.9×); Mode().XDPReason is then a *bpf.NativeXDPCostError, the probe says the
+//     same, and RawQueueOptions.XDP = bpf.XDPDriver asks for native mode and its cost.
 //     Several raw queues of one interface share one program (NewRawSteering,
-//     RawQueueOptions.Steering): the XSKMAP is keyed by the RX queue a frame arrived on, so a
-//     stream that RSS spreads over queues needs a raw queue on each of them.
+//     RawQueueOptions.Steering, which must be the program of this very interface in its
+//     namespace: another one is refused with ErrInvalid): the XSKMAP is keyed by the RX
+//     queue a frame arrived on, so a stream that RSS spreads over queues needs a raw queue
+//     on each of them.
 //
 // Close tears everything down on every path: the queue's XSKMAP entry, its own steering
 // program (link, program, maps), the socket (the UMEM registration goes with it), the ring
@@ -66,17 +72,32 @@
 // (of this process or a killed one) may meet EBUSY for a moment: the bind retries for up to a
 // second.
 //
-// Driving a raw queue: Receive parks the goroutine in Go's netpoller on the socket (epoll;
-// Close and SetReadDeadline wake it), TryReceive never blocks and suits a loop that polls
-// several queues or runs its own event loop. Each receive refills the fill ring from the
-// region's free buffers first. Send queues frames on the TX ring and kicks the kernel (in
-// copy mode each sendto moves a batch of up to 32 frames); Flush kicks again and returns
-// completed buffers to the region. The raw queue is not tied to zc's io_uring Engine: an
-// Engine queue goroutine could poll its fd with IORING_OP_POLL_ADD and call TryReceive on
-// readiness (one ring round trip per batch, no extra goroutine), while a goroutine of its
-// own costs a netpoller wake-up and a goroutine switch per batch; neither copies frames.
-// The kernel reports an interface that went away only through the socket's error, not
-// through poll (xsk_poll has no EPOLLERR), so a waiting Receive checks every DeviceCheck.
+// The region is shared between receiving and sending: the fill ring takes free buffers as
+// it needs them but never the last RawQueueOptions.TxReserve of them (a quarter of the
+// region by default), so Get finds a buffer whenever no frame is in flight or held, and Get
+// takes completed sends off the completion ring before it says ErrExhausted.
+//
+// Driving a raw queue: TryReceive never blocks and suits a loop that polls several queues
+// or runs its own event loop; Receive takes what is there and otherwise waits in ppoll(2)
+// (Close and SetReadDeadline wake it). Each receive refills the fill ring from the region's
+// free buffers first and takes the frames' buffers under one lock of the region;
+// RawQueue.Release gives a batch back the same way (Buf.Release does one). Send queues frames on the TX ring and kicks the kernel with sendto(2)
+// from the calling goroutine (in copy mode each call moves a batch of up to 32 frames);
+// Flush kicks again and returns completed buffers to the region. RawQueueOptions.RxCoalesce
+// trades latency for CPU at moderate rates: while frames keep coming, Receive waits that
+// long on a timer and takes a batch, instead of being woken by the kernel for each frame
+// (each wake-up also costs the sending side's kernel path). In steady state
+// TryReceive, Receive with frames waiting, Send and Flush allocate nothing and read no
+// clock. The socket is deliberately not in Go's netpoller: in copy mode the kernel's
+// xsk_poll transmits the TX ring, so a poller thread woken by each completion would kick
+// the socket on a second thread while Send kicks it on the caller's, and the two fight over
+// the socket's lock. The raw queue is not tied to zc's io_uring Engine: an Engine queue
+// goroutine could poll its fd (SyscallConn) with IORING_OP_POLL_ADD and call TryReceive on
+// readiness (one ring round trip per batch, no extra goroutine); neither copies frames.
+// The kernel reports an interface that went away only through the socket's error, once,
+// not through poll (xsk_poll has no EPOLLERR): a waiting Receive reads it every
+// DeviceCheck, a polling TryReceive every 1,024 empty polls, and from then on every call
+// returns ErrNoDevice.
 //
 // The per-NIC report (Probe) says what a raw queue will be on each device: zero-copy or
 // copy mode, native or generic XDP, and which RX metadata (timestamp, hash, VLAN tag) the
@@ -100,5 +121,6 @@
 // on)", "ntuple filters", "RSS indirection table (ethtool -x/-X)") and what it needs. A
 // refused Bind joins one such error per missing feature. Other kernel errors are
 // *netlink.OpError (errno plus the kernel's extended-ack message) or *os.SyscallError;
-// arguments rejected before any system call are *ValueError.
+// rejected arguments are *ValueError, which matches ErrInvalid (bpf.ErrInvalid). After
+// Close a raw queue's calls fail with os.ErrClosed.
 package hwq

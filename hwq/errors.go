@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/errs"
 )
 
@@ -50,12 +51,21 @@ func (e *OpError) Error() string {
 // Unwrap returns the cause.
 func (e *OpError) Unwrap() error { return e.Err }
 
-// ValueError reports an argument rejected before any system call.
+// ErrInvalid means an argument was rejected (a *ValueError): nothing was changed. It is
+// the same sentinel as bpf.ErrInvalid, so a raw queue's refusals and its steering
+// program's match one value.
+var ErrInvalid = bpf.ErrInvalid
+
+// ValueError reports an argument rejected before any system call, or found unusable by
+// one. It matches ErrInvalid.
 type ValueError struct {
 	Name   string
 	Value  any
 	Reason string
 }
+
+// Is makes a *ValueError match ErrInvalid.
+func (e *ValueError) Is(target error) bool { return target == ErrInvalid }
 
 func (e *ValueError) Error() string {
 	return fmt.Sprintf("invalid %s %v: %s", e.Name, e.Value, e.Reason)

@@ -252,7 +252,7 @@ func (c *Client) probe(l Link) NIC {
 		n.XDPZeroCopy = no("xdp-features %s: no xsk-zerocopy (AF_XDP runs in copy mode)", dev.XDPFeatures)
 	}
 
-	n.RawQueue, n.RawMetadata = rawQueueAnswer(dev, derr, what)
+	n.RawQueue, n.RawMetadata = rawQueueAnswer(dev, derr, what, n.Driver)
 
 	// Hardware timestamps.
 	ts, tserr := c.TSInfo(l.Name)
@@ -295,7 +295,7 @@ func afXDP() error {
 
 // rawQueueAnswer says what OpenRawQueue will get on a device, from its xdp-features and
 // xdp-rx-metadata-features (netdev dev-get): by reading only.
-func rawQueueAnswer(dev Device, derr error, what string) (raw, meta Answer) {
+func rawQueueAnswer(dev Device, derr error, what, driver string) (raw, meta Answer) {
 	if err := afXDP(); err != nil {
 		why := fmt.Sprintf("no AF_XDP sockets in this kernel (socket: %s; needs CONFIG_XDP_SOCKETS=y)", cause(err))
 		return no("%s", why), no("%s", why)
@@ -310,6 +310,10 @@ func rawQueueAnswer(dev Device, derr error, what string) (raw, meta Answer) {
 	xdp := "generic XDP (no native XDP in " + what + ": every frame becomes an skb first)"
 	if dev.XDPFeatures&XDPBasic != 0 && dev.XDPFeatures&XDPRedirect != 0 {
 		xdp = "native XDP"
+		if driver == "veth" {
+			// bpf.NewRawSteering's XDPAuto: see bpf.NativeXDPCostError.
+			xdp = "generic XDP by default (native XDP on veth turns off the peer's TSO/GSO and slows the kernel's own TCP through the pair to about 0.25-0.3x; ask for it with bpf.XDPDriver)"
+		}
 	}
 	raw = yes("%s, %s", mode, xdp)
 	var m []string

@@ -36,10 +36,24 @@ type RawQueueOptions struct {
 	// default RingSize. A fill ring larger than the RX ring keeps the kernel supplied with
 	// buffers while the application holds received frames.
 	FillSize int
+	// TxReserve is how many of the region's buffers the fill ring never takes: they stay
+	// free for Get, so a queue that receives can always send. 0 means the default, a quarter
+	// of the region (at least one buffer, and none of a one-buffer region); a negative value keeps none (a receive-only
+	// queue: Get may then find every free buffer lent to the fill ring). It must leave the
+	// fill ring at least one buffer.
+	TxReserve int
 	// RequireZeroCopy refuses copy mode: where the driver cannot bind the queue in
 	// zero-copy mode, OpenRawQueue fails with an error matching ErrNotSupported instead of
 	// falling back.
 	RequireZeroCopy bool
+	// RxCoalesce: a Receive that had to wait sleeps this long after it is woken before it
+	// takes the frames, so a batch builds up and the kernel finds no waiter to wake for
+	// the frames in between (each wake-up costs the sending side's kernel path as well as
+	// the receiver; TPACKET_V3's block retire timeout does the same). It adds up to
+	// RxCoalesce to a frame's latency (and Close or a deadline may find a Receive asleep
+	// for up to as long); 0, the default, takes frames as soon as one is there, up to 1s.
+	// TryReceive is not affected.
+	RxCoalesce time.Duration
 	// NoNeedWakeup binds without XDP_USE_NEED_WAKEUP: the queue then kicks the kernel on
 	// every send instead of only when the kernel asks.
 	NoNeedWakeup bool
@@ -95,8 +109,9 @@ type RawQueueStats struct {
 }
 
 // Frame is one frame in a raw queue's region: a memreg buffer and where the frame lies in
-// it. A received Frame's Buf belongs to the application until Buf.Release (then it refills
-// the fill ring); a Frame given to Send is lent to the kernel until its completion.
+// it. A received Frame's Buf belongs to the application until Buf.Release or
+// RawQueue.Release (then it refills the fill ring); a Frame given to Send is lent to the
+// kernel until its completion.
 type Frame struct {
 	Buf memreg.Buf
 	Off int // offset of the first byte in the buffer
@@ -131,32 +146,50 @@ func (f Frame) Meta() (m bpf.RawMeta, ok bool) {
 // One goroutine may receive while another sends; Close may be called from any goroutine,
 // wakes a blocked Receive, and tears everything down.
 type RawQueue struct {
-	ifname  string
-	ifindex int
-	queue   int
-	mtu     int
-	mac     net.HardwareAddr
-	region  *memreg.Region
-	bufSize uint64
-	file    *os.File
-	rc      syscall.RawConn
-	fd      int
-	mode    RawQueueMode
+	ifname   string
+	ifindex  int
+	queue    int
+	mtu      int
+	mac      net.HardwareAddr
+	region   *memreg.Region
+	bufSize  uint64
+	reserve  int           // region buffers the fill ring leaves free (TxReserve)
+	coalesce time.Duration // RxCoalesce
+	// fd is the socket. It is not in Go's netpoller: in copy mode the kernel's xsk_poll
+	// transmits whatever is on the TX ring, so a poller thread would fight the sending
+	// goroutine over the socket. The hot paths use it under rxMu or txMu, Stats and the
+	// RawConn under fdMu's read lock; teardown closes it holding all three.
+	fd   int
+	fdMu sync.RWMutex
+	// closeFd (an eventfd written once by Close, never drained) and kickFd (written by
+	// SetReadDeadline, drained by Receive) end a Receive's wait.
+	closeFd, kickFd int
+	mode            RawQueueMode
 
 	steer    *bpf.RawSteering
 	ownSteer bool
 
-	rxMu      sync.Mutex
-	fill, rx  ring
-	lastCheck time.Time // last sockErr of TryReceive (rxMu)
-	txMu      sync.Mutex
-	tx, comp  ring
-	// loans: buffers in the kernel's hands (fill ring or TX ring), by region index.
-	loanMu sync.Mutex
+	rxMu       sync.Mutex
+	fill, rx   ring
+	emptyPolls uint32         // TryReceives that found nothing since the last device check (rxMu)
+	rxHot      bool           // the last Receive took frames and RxCoalesce is set (rxMu)
+	provide    []memreg.Loan  // refill's scratch (rxMu)
+	rxIdx      []int          // take's scratch (rxMu)
+	rxBufs     []memreg.Buf   // take's scratch (rxMu)
+	pfds       [3]unix.PollFd // Receive's wait (rxMu)
+	txMu       sync.Mutex
+	tx, comp   ring
+	reaped     []memreg.Loan // reap's scratch (txMu)
+	txBufs     []memreg.Buf  // Send's scratch (txMu)
+	txLoans    []memreg.Loan // Send's scratch (txMu)
+	// loans: buffers in the kernel's hands, by region index: those of the fill ring are
+	// written under rxMu, those of the TX ring under txMu (a buffer moves between the two
+	// only through the region's free list).
 	loans  []memreg.Loan
-	inFill int // buffers on the fill ring or being received into
+	inFill int // buffers on the fill ring or being received into (rxMu)
 
-	deadline  atomic.Value // time.Time: Receive's deadline
+	deadline  atomic.Pointer[time.Time] // Receive's deadline (nil: none)
+	gone      atomic.Pointer[error]     // the interface went away: every later call returns it
 	closeOnce sync.Once
 	closed    atomic.Bool
 	closeErr  error
@@ -235,7 +268,17 @@ func OpenRawQueue(ifname string, queue int, region *memreg.Region, opts *RawQueu
 	if err := checkRawArgs(queue, region, &o); err != nil {
 		return nil, opErr(op, ifname, err)
 	}
-	q := &RawQueue{ifname: ifname, queue: queue, region: region, bufSize: uint64(region.BufSize()), fd: -1}
+	q := &RawQueue{ifname: ifname, queue: queue, region: region, bufSize: uint64(region.BufSize()), fd: -1, closeFd: -1, kickFd: -1}
+	if o.RxCoalesce > 0 {
+		q.coalesce = o.RxCoalesce
+	}
+	switch {
+	case o.TxReserve < 0:
+	case o.TxReserve == 0:
+		q.reserve = min(max(1, region.Count()/4), region.Count()-1)
+	default:
+		q.reserve = o.TxReserve
+	}
 	var err error
 	if o.NetNS > 0 {
 		err = netns.Do(o.NetNS, func() error { return q.open(&o) })
@@ -276,6 +319,12 @@ func checkRawArgs(queue int, region *memreg.Region, o *RawQueueOptions) error {
 		if rs <= 0 || rs > 1<<20 || bits.OnesCount(uint(rs)) != 1 {
 			return &ValueError{"ring size", rs, "a power of two up to 1<<20"}
 		}
+	}
+	if o.RxCoalesce < 0 || o.RxCoalesce > time.Second {
+		return &ValueError{"RxCoalesce", o.RxCoalesce, "want 0 to 1s"}
+	}
+	if o.TxReserve >= region.Count() {
+		return &ValueError{"TxReserve", o.TxReserve, fmt.Sprintf("the region has %d buffers: the fill ring needs at least one", region.Count())}
 	}
 	if o.Steering != nil && o.Metadata {
 		return &ValueError{"Metadata", true, "set it on the shared Steering (bpf.RawSteeringOptions)"}
@@ -358,10 +407,17 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 		return err
 	}
 	if o.Steering != nil {
-		q.steer = o.Steering
-		if q.steer.Ifindex() != q.ifindex {
-			return &ValueError{"Steering", q.steer.Ifindex(), fmt.Sprintf("attached to ifindex %d, not %s (%d)", q.steer.Ifindex(), q.ifname, q.ifindex)}
+		// An ifindex names an interface only within its namespace: both must be this
+		// interface's, or the queue's frames would go to another interface's program.
+		ns, err := threadNetNS()
+		if err != nil {
+			return err
 		}
+		if o.Steering.Ifindex() != q.ifindex || o.Steering.NetNS() != ns {
+			return &ValueError{"Steering", fmt.Sprintf("ifindex %d in net:[%d]", o.Steering.Ifindex(), o.Steering.NetNS()),
+				fmt.Sprintf("the steering is another interface's: %s is ifindex %d in net:[%d]", q.ifname, q.ifindex, ns)}
+		}
+		q.steer = o.Steering
 	} else {
 		s, err := bpf.NewRawSteering(q.ifindex, &bpf.RawSteeringOptions{Mode: o.XDP, Metadata: o.Metadata})
 		if err != nil {
@@ -369,20 +425,34 @@ func (q *RawQueue) open(o *RawQueueOptions) error {
 		}
 		q.steer, q.ownSteer = s, true
 	}
-	q.mode.XDP, q.mode.XDPReason = q.steer.Mode()
+	q.mode.XDP, q.mode.XDPReason = q.steer.Mode(), q.steer.Fallback()
 	if err := q.steer.SetSocket(q.queue, fd); err != nil {
 		return err
 	}
-	q.loans = make([]memreg.Loan, q.region.Count())
-	q.file = os.NewFile(uintptr(fd), "xsk:"+q.ifname)
-	q.fd = -1 // owned by file now
-	if q.rc, err = q.file.SyscallConn(); err != nil {
-		return err
+	for _, p := range []*int{&q.closeFd, &q.kickFd} {
+		if *p, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+			return os.NewSyscallError("eventfd", err)
+		}
 	}
+	q.pfds = [3]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(q.closeFd), Events: unix.POLLIN}, {Fd: int32(q.kickFd), Events: unix.POLLIN}}
+	q.loans = make([]memreg.Loan, q.region.Count())
+	q.provide = make([]memreg.Loan, nf)
+	q.rxIdx, q.rxBufs = make([]int, nr), make([]memreg.Buf, nr)
+	q.reaped = make([]memreg.Loan, nf)
+	q.txBufs, q.txLoans = make([]memreg.Buf, nr), make([]memreg.Loan, nr)
 	q.rxMu.Lock()
-	q.rc.Control(func(fd uintptr) { q.refill(int(fd)) })
+	q.refill()
 	q.rxMu.Unlock()
 	return nil
+}
+
+// threadNetNS is the inode of the calling thread's network namespace.
+func threadNetNS() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return 0, os.NewSyscallError("stat /proc/thread-self/ns/net", err)
+	}
+	return st.Ino, nil
 }
 
 // bind binds the socket: zero-copy first, copy mode when the driver refuses it.
@@ -497,108 +567,163 @@ func (q *RawQueue) MTU() int { return q.mtu }
 // address of frames the application builds).
 func (q *RawQueue) HardwareAddr() net.HardwareAddr { return q.mac }
 
-// refill lends free region buffers to the kernel through the fill ring. rxMu held; fd is
-// the socket, kept open by the caller (a RawConn callback).
-func (q *RawQueue) refill(fd int) {
+// refill lends free region buffers to the kernel through the fill ring, leaving the
+// region's TxReserve free for Get. rxMu held.
+func (q *RawQueue) refill() {
 	room := q.fill.free()
-	if room == 0 {
-		return
-	}
-	idx := q.fill.local
-	n := q.region.Provide(int(room), func(l memreg.Loan) {
-		q.loanMu.Lock()
-		q.loans[l.Index()] = l
-		q.inFill++
-		q.loanMu.Unlock()
-		*q.fill.addr(idx) = uint64(l.Index()) * q.bufSize
-		idx++
-	})
-	if n > 0 {
-		q.fill.local = idx
-		atomic.StoreUint32(q.fill.prod, idx)
-	} else if q.fill.free() == q.fill.size {
-		q.st.fillShort.Add(1)
+	if room > 0 {
+		n := q.region.ProvideTo(q.provide[:room], q.reserve)
+		idx := q.fill.local
+		for _, l := range q.provide[:n] {
+			q.loans[l.Index()] = l
+			*q.fill.addr(idx) = uint64(l.Index()) * q.bufSize
+			idx++
+		}
+		clear(q.provide[:n])
+		if n > 0 {
+			q.inFill += n
+			q.fill.local = idx
+			atomic.StoreUint32(q.fill.prod, idx)
+		} else if q.fill.free() == q.fill.size {
+			q.st.fillShort.Add(1)
+		}
 	}
 	if q.mode.NeedWakeup && q.fill.needWakeup() {
 		q.st.rxKicks.Add(1)
-		unix.Recvfrom(fd, nil, unix.MSG_DONTWAIT)
+		unix.Syscall6(unix.SYS_RECVFROM, uintptr(q.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	}
 }
 
-// take moves up to len(frames) received frames from the RX ring. rxMu held.
+// take moves up to len(frames) received frames from the RX ring (their buffers become the
+// application's under one lock of the region). rxMu held.
 func (q *RawQueue) take(frames []Frame) (int, error) {
 	avail := q.rx.ready()
-	n := min(int(avail), len(frames))
-	for i := range n {
-		d := q.rx.xdesc(q.rx.local + uint32(i))
-		idx := int(d.Addr / q.bufSize)
-		b, err := q.region.Received(idx)
-		if err != nil {
-			// A descriptor naming a buffer the kernel does not hold is a bug; stop here.
-			atomic.StoreUint32(q.rx.cons, q.rx.local+uint32(i))
-			q.rx.local += uint32(i)
-			return i, fmt.Errorf("RX descriptor addr %#x: %w", d.Addr, err)
-		}
-		frames[i] = Frame{Buf: b, Off: int(d.Addr % q.bufSize), Len: int(d.Len)}
-		q.st.rxBytes.Add(uint64(d.Len))
+	n := min(int(avail), len(frames), len(q.rxIdx))
+	if n == 0 {
+		return 0, nil
 	}
+	for i := range n {
+		q.rxIdx[i] = int(q.rx.xdesc(q.rx.local+uint32(i)).Addr / q.bufSize)
+	}
+	n, err := q.region.ReceivedBatch(q.rxIdx[:n], q.rxBufs[:n])
+	if err != nil {
+		// A descriptor naming a buffer the kernel does not hold is a bug; stop there.
+		err = fmt.Errorf("RX descriptor %d: %w", n, err)
+	}
+	var bytes uint64
+	for i, b := range q.rxBufs[:n] {
+		d := q.rx.xdesc(q.rx.local + uint32(i))
+		q.loans[b.Index()] = memreg.Loan{}
+		frames[i] = Frame{Buf: b, Off: int(d.Addr % q.bufSize), Len: int(d.Len)}
+		bytes += uint64(d.Len)
+	}
+	clear(q.rxBufs[:n])
 	if n > 0 {
 		q.rx.local += uint32(n)
 		atomic.StoreUint32(q.rx.cons, q.rx.local)
-		q.loanMu.Lock()
 		q.inFill -= n
-		q.loanMu.Unlock()
 		q.st.rxFrames.Add(uint64(n))
+		q.st.rxBytes.Add(bytes)
 	}
-	return n, nil
+	return n, err
 }
 
-func (q *RawQueue) lockRx(op string) error {
-	q.rxMu.Lock()
+// Release gives received frames' buffers back (Buf.Release for each, under one lock of the
+// region: cheaper per frame than releasing them one by one); the next receive lends them to
+// the kernel again. It may be called from any goroutine, also after Close, and does not
+// allocate. Every frame is tried; the first error is returned (a frame released before
+// gives an error matching memreg.ErrStale).
+func (q *RawQueue) Release(frames []Frame) error {
+	var bufs [64]memreg.Buf
+	var first error
+	for len(frames) > 0 {
+		k := min(len(frames), len(bufs))
+		for i, f := range frames[:k] {
+			bufs[i] = f.Buf
+		}
+		if err := q.region.ReleaseBatch(bufs[:k]); err != nil && first == nil {
+			first = opErr("raw release", q.ifname, err)
+		}
+		frames = frames[k:]
+	}
+	return first
+}
+
+// live says why the queue cannot be used: closed, or its interface gone.
+func (q *RawQueue) live() error {
 	if q.closed.Load() {
-		q.rxMu.Unlock()
-		return opErr(op, q.ifname, os.ErrClosed)
+		return os.ErrClosed
+	}
+	if e := q.gone.Load(); e != nil {
+		return *e
 	}
 	return nil
 }
 
+// noDevice records that the interface went away (err matches ErrNoDevice): every later
+// call returns it. It returns err.
+func (q *RawQueue) noDevice(err error) error {
+	if err != nil && errors.Is(err, ErrNoDevice) {
+		q.setGone(err)
+	}
+	return err
+}
+
+// setGone stores err as the queue's ErrNoDevice (a function of its own: the error escapes
+// to the heap here, not on every call of noDevice).
+func (q *RawQueue) setGone(err error) {
+	e := err
+	q.gone.CompareAndSwap(nil, &e)
+}
+
+func (q *RawQueue) lockRx(op string) error {
+	q.rxMu.Lock()
+	if err := q.live(); err != nil {
+		q.rxMu.Unlock()
+		return opErr(op, q.ifname, err)
+	}
+	return nil
+}
+
+// deviceCheckPolls is how many empty TryReceives pass between two reads of the socket's
+// error (the interface went away): a system call, so a polling loop pays it rarely, and
+// no clock is read.
+const deviceCheckPolls = 1024
+
 // TryReceive takes up to len(frames) received frames without waiting (0 when none is
 // there) after refilling the fill ring from the region's free buffers. Each returned
 // frame's Buf belongs to the caller until Release. It enters the kernel only when the
-// kernel asks for a wake-up, and, when no frame is there, at most every DeviceCheck to see
-// whether the interface went away (ErrNoDevice).
+// kernel asks for a wake-up, and, once every 1,024 calls that find nothing, to see whether
+// the interface went away (ErrNoDevice, then returned by every later call). It neither
+// allocates nor reads the clock.
 func (q *RawQueue) TryReceive(frames []Frame) (int, error) {
 	const op = "raw receive"
 	if err := q.lockRx(op); err != nil {
 		return 0, err
 	}
 	defer q.rxMu.Unlock()
-	var n int
-	var err error
-	cerr := q.rc.Control(func(fd uintptr) {
-		q.refill(int(fd))
-		n, err = q.take(frames)
-		if n == 0 && err == nil {
-			// The socket's error (the interface went away) costs a system call: read it at
-			// most every DeviceCheck, so a polling loop stays out of the kernel.
-			if now := time.Now(); now.Sub(q.lastCheck) >= DeviceCheck {
-				q.lastCheck = now
-				err = sockErr(int(fd))
-			}
+	q.refill()
+	n, err := q.take(frames)
+	if n == 0 && err == nil {
+		if q.emptyPolls++; q.emptyPolls >= deviceCheckPolls {
+			q.emptyPolls = 0
+			err = q.noDevice(sockErr(q.fd))
 		}
-	})
-	if cerr != nil {
-		err = os.ErrClosed
 	}
 	return n, opErr(op, q.ifname, err)
 }
 
 // Receive waits until at least one frame is there, then takes up to len(frames) of them
 // (see TryReceive). It returns early with an error on Close (os.ErrClosed), on the read
-// deadline (os.ErrDeadlineExceeded) and when the interface goes away (ErrNoDevice). The
-// wait parks the goroutine in Go's netpoller on the socket. The kernel does not report an
-// unbound socket through poll (xsk_poll has no EPOLLERR), so a waiting Receive also wakes
-// every DeviceCheck to read the socket's error.
+// deadline (os.ErrDeadlineExceeded) and when the interface goes away (ErrNoDevice, then
+// returned by every later call). When frames are there it neither waits nor reads the
+// clock; otherwise it waits in ppoll(2) on the socket and two eventfds (Close's and
+// SetReadDeadline's), not in Go's netpoller; with RxCoalesce, while frames keep coming it
+// sleeps on a Go timer instead (time.Sleep: the goroutine parks, so no thread blocks in a
+// system call and Go's scheduler has no processor to hand over; a blocking nanosleep cost
+// two futex calls per period besides). The kernel does not report an
+// unbound socket through poll (xsk_poll has no EPOLLERR), so a wait that brings nothing
+// (at most DeviceCheck long) reads the socket's error.
 func (q *RawQueue) Receive(frames []Frame) (int, error) {
 	const op = "raw receive"
 	if len(frames) == 0 {
@@ -608,38 +733,57 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 		return 0, err
 	}
 	defer q.rxMu.Unlock()
-	var n int
-	var ierr error
+	coalesce := q.coalesce > 0
 	for {
-		user, _ := q.deadline.Load().(time.Time)
-		wake := time.Now().Add(DeviceCheck)
-		last := !user.IsZero() && user.Before(wake)
-		if last {
-			wake = user
+		q.refill()
+		n, err := q.take(frames)
+		if n > 0 || err != nil {
+			q.rxHot = coalesce
+			return n, opErr(op, q.ifname, err)
 		}
-		if err := q.file.SetReadDeadline(wake); err != nil {
-			return 0, opErr(op, q.ifname, err)
-		}
-		err := q.rc.Read(func(fd uintptr) bool {
-			q.refill(int(fd))
-			n, ierr = q.take(frames)
-			if n > 0 || ierr != nil {
-				return true
+		if q.rxHot {
+			// Frames came in the last period: wait one more period on a timer instead of
+			// on the socket (one system call per batch while traffic flows; back to a
+			// wait on the socket once a period brings nothing).
+			q.rxHot = false
+			time.Sleep(q.coalesce)
+			if q.closed.Load() {
+				return 0, opErr(op, q.ifname, os.ErrClosed)
 			}
-			if ierr = sockErr(int(fd)); ierr != nil {
-				return true
-			}
-			return false
-		})
-		switch {
-		case err == nil:
-			return n, opErr(op, q.ifname, ierr)
-		case errors.Is(err, os.ErrDeadlineExceeded) && !last:
 			continue
-		case errors.Is(err, os.ErrClosed) || q.closed.Load():
-			err = os.ErrClosed
 		}
-		return n, opErr(op, q.ifname, err)
+		wait := DeviceCheck
+		if d := q.deadline.Load(); d != nil {
+			left := time.Until(*d)
+			if left <= 0 {
+				return 0, opErr(op, q.ifname, os.ErrDeadlineExceeded)
+			}
+			wait = min(wait, left)
+		}
+		ts := unix.NsecToTimespec(int64(wait))
+		ready, perr := unix.Ppoll(q.pfds[:], &ts, nil)
+		if perr != nil && perr != unix.EINTR {
+			return 0, opErr(op, q.ifname, os.NewSyscallError("ppoll", perr))
+		}
+		if ready == 0 && perr == nil {
+			// A period without a frame: is the interface still there? (Not read while
+			// frames flow: a system call per wait otherwise.)
+			if err := q.noDevice(sockErr(q.fd)); err != nil {
+				return 0, opErr(op, q.ifname, err)
+			}
+		}
+		if q.pfds[2].Revents != 0 {
+			var b [8]byte
+			unix.Read(q.kickFd, b[:])
+		}
+		if q.closed.Load() {
+			return 0, opErr(op, q.ifname, os.ErrClosed)
+		}
+		if q.pfds[0].Revents&unix.POLLIN != 0 && coalesce {
+			// Let a batch build up; nobody waits on the socket meanwhile, so the kernel
+			// wakes no one for the frames that follow. Close and deadlines are seen after.
+			time.Sleep(q.coalesce)
+		}
 	}
 }
 
@@ -648,111 +792,197 @@ const DeviceCheck = 250 * time.Millisecond
 
 // SyscallConn gives the socket to an event loop that polls it itself (an io_uring
 // POLL_ADD on the fd, epoll): on readiness it calls TryReceive. The fd stays valid while
-// the RawConn's callbacks run; do not close it.
+// Control's function runs; do not close it. The socket is not in Go's netpoller: Read and
+// Write wait in ppoll(2) (Close wakes them).
 func (q *RawQueue) SyscallConn() (syscall.RawConn, error) {
 	if q.closed.Load() {
 		return nil, opErr("raw syscall conn", q.ifname, os.ErrClosed)
 	}
-	return q.rc, nil
+	return rawConn{q}, nil
 }
 
-// SetReadDeadline sets the deadline of Receive (the zero time: none).
+// rawConn is the socket as a syscall.RawConn.
+type rawConn struct{ q *RawQueue }
+
+func (c rawConn) Control(f func(fd uintptr)) error {
+	q := c.q
+	q.fdMu.RLock()
+	defer q.fdMu.RUnlock()
+	if q.closed.Load() {
+		return os.ErrClosed
+	}
+	f(uintptr(q.fd))
+	return nil
+}
+
+func (c rawConn) Read(f func(fd uintptr) bool) error  { return c.wait(f, unix.POLLIN) }
+func (c rawConn) Write(f func(fd uintptr) bool) error { return c.wait(f, unix.POLLOUT) }
+
+func (c rawConn) wait(f func(fd uintptr) bool, ev int16) error {
+	q := c.q
+	q.fdMu.RLock()
+	defer q.fdMu.RUnlock()
+	for {
+		if q.closed.Load() {
+			return os.ErrClosed
+		}
+		if f(uintptr(q.fd)) {
+			return nil
+		}
+		pfds := [2]unix.PollFd{{Fd: int32(q.fd), Events: ev}, {Fd: int32(q.closeFd), Events: unix.POLLIN}}
+		ts := unix.NsecToTimespec(int64(DeviceCheck))
+		if _, err := unix.Ppoll(pfds[:], &ts, nil); err != nil && err != unix.EINTR {
+			return os.NewSyscallError("ppoll", err)
+		}
+	}
+}
+
+// SetReadDeadline sets the deadline of Receive (the zero time: none); a waiting Receive
+// sees the new one at once.
 func (q *RawQueue) SetReadDeadline(t time.Time) error {
 	if q.closed.Load() {
 		return opErr("raw set deadline", q.ifname, os.ErrClosed)
 	}
-	q.deadline.Store(t)
+	if t.IsZero() {
+		q.deadline.Store(nil)
+	} else {
+		q.deadline.Store(&t)
+	}
+	q.fdMu.RLock()
+	if !q.closed.Load() {
+		one := [8]byte{1}
+		unix.Write(q.kickFd, one[:])
+	}
+	q.fdMu.RUnlock()
 	return nil
 }
 
-// sockErr reads the socket's pending error: the kernel sets ENETDOWN when the device
-// goes away.
+// sockErr reads the socket's pending error (which the read clears): the kernel sets
+// ENETDOWN when the device goes away.
 func sockErr(fd int) error {
 	e, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	if e == 0 {
 		return nil
 	}
-	if unix.Errno(e) == unix.ENETDOWN || unix.Errno(e) == unix.ENXIO {
-		return fmt.Errorf("%w: the interface went away: %w", ErrNoDevice, unix.Errno(e))
-	}
-	return os.NewSyscallError("AF_XDP socket", unix.Errno(e))
+	return xskErrno("AF_XDP socket", unix.Errno(e))
 }
 
-// Get takes a free buffer of the region for a frame to send.
+// xskErrno turns an errno of the socket into an error: ENETDOWN (the device went away)
+// and ENXIO (the socket is unbound since) match ErrNoDevice.
+func xskErrno(what string, e unix.Errno) error {
+	if e == unix.ENETDOWN || e == unix.ENXIO {
+		return fmt.Errorf("%w: the interface went away: %w", ErrNoDevice, os.NewSyscallError(what, e))
+	}
+	return os.NewSyscallError(what, e)
+}
+
+// Get takes a free buffer of the region for a frame to send. When none is free it first
+// takes the completed sends off the completion ring. The fill ring never takes the
+// region's TxReserve, so with nothing in flight and no frame held Get finds a buffer.
+// After Close it fails with os.ErrClosed, after the interface went away with ErrNoDevice.
 func (q *RawQueue) Get() (memreg.Buf, error) {
+	const op = "raw get buffer"
+	if err := q.live(); err != nil {
+		return memreg.Buf{}, opErr(op, q.ifname, err)
+	}
 	b, err := q.region.Get()
-	return b, opErr("raw get buffer", q.ifname, err)
+	if errors.Is(err, memreg.ErrExhausted) {
+		q.txMu.Lock()
+		if !q.closed.Load() {
+			q.reap()
+		}
+		q.txMu.Unlock()
+		b, err = q.region.Get()
+	}
+	return b, opErr(op, q.ifname, err)
 }
 
 // Send queues frames on the TX ring (each Buf is lent to the kernel until its completion,
-// after which it returns to the region's free list) and kicks the kernel. It returns how
-// many were queued: fewer than len(frames) when the TX ring is full (counted in
-// TxRingFull; send the rest later). A frame must lie inside its buffer and be 14 to
-// MTU+14 bytes long; the first bad frame stops Send with a *ValueError.
+// after which it returns to the region's free list) and kicks the kernel from the calling
+// goroutine. It returns how many were queued: fewer than len(frames) when the TX ring is
+// full (counted in TxRingFull; send the rest later). A frame must lie inside its buffer
+// and be 14 to MTU+14 bytes long; the first bad frame stops Send with a *ValueError. It
+// does not allocate.
 func (q *RawQueue) Send(frames []Frame) (int, error) {
 	const op = "raw send"
 	q.txMu.Lock()
 	defer q.txMu.Unlock()
-	if q.closed.Load() {
-		return 0, opErr(op, q.ifname, os.ErrClosed)
+	if err := q.live(); err != nil {
+		return 0, opErr(op, q.ifname, err)
 	}
 	q.reap()
-	room := int(q.tx.free())
-	n := 0
+	room := min(int(q.tx.free()), len(q.txBufs))
+	// Check the frames that fit, then lend their buffers under one lock of the region.
+	m := 0
 	var ferr error
 	for _, f := range frames {
-		if n == room {
-			q.st.txRingFull.Add(uint64(len(frames) - n))
+		if m == room {
+			q.st.txRingFull.Add(uint64(len(frames) - m))
 			break
 		}
 		if f.Buf.Region() != q.region {
-			ferr = &ValueError{"frame", f.Buf.Index(), "the buffer is not from the raw queue's region"}
+			ferr = q.badFrame(f, "the buffer is not from the raw queue's region")
 			break
 		}
 		if f.Len < 14 || f.Len > q.mtu+14 || f.Off < 0 || uint64(f.Off+f.Len) > q.bufSize {
-			ferr = &ValueError{"frame", fmt.Sprintf("off %d len %d", f.Off, f.Len), fmt.Sprintf("a frame is 14..%d bytes (MTU %d + Ethernet header) inside its %d-byte buffer", q.mtu+14, q.mtu, q.bufSize)}
+			ferr = q.badFrame(f, "")
 			break
 		}
-		l, err := f.Buf.Lend()
+		q.txBufs[m] = f.Buf
+		m++
+	}
+	n := 0
+	for n < m {
+		k, _ := q.region.LendBatch(q.txBufs[n:m], q.txLoans[n:m])
+		if n += k; n == m {
+			break
+		}
+		// What the batch could not lend (a shared buffer, a stale handle): Lend says.
+		l, err := q.txBufs[n].Lend()
 		if err != nil {
 			ferr = err
 			break
 		}
-		q.loanMu.Lock()
+		q.txLoans[n] = l
+		n++
+	}
+	clear(q.txBufs[:m])
+	var bytes uint64
+	for i, l := range q.txLoans[:n] {
+		f := frames[i]
 		q.loans[l.Index()] = l
-		q.loanMu.Unlock()
-		d := q.tx.xdesc(q.tx.local + uint32(n))
+		d := q.tx.xdesc(q.tx.local + uint32(i))
 		d.Addr = uint64(l.Index())*q.bufSize + uint64(f.Off)
 		d.Len = uint32(f.Len)
 		d.Options = 0
-		q.st.txBytes.Add(uint64(f.Len))
-		n++
+		bytes += uint64(f.Len)
 	}
+	clear(q.txLoans[:n])
 	if n > 0 {
 		q.tx.local += uint32(n)
 		atomic.StoreUint32(q.tx.prod, q.tx.local)
 		q.st.txFrames.Add(uint64(n))
+		q.st.txBytes.Add(bytes)
 	}
-	kerr := q.kickConn()
+	kerr := q.noDevice(q.kick())
 	if ferr == nil {
 		ferr = kerr
 	}
 	return n, opErr(op, q.ifname, ferr)
 }
 
-// kickConn runs kick with the socket held open.
-func (q *RawQueue) kickConn() error {
-	var err error
-	cerr := q.rc.Control(func(fd uintptr) { err = q.kick(int(fd)) })
-	if cerr != nil {
-		return os.ErrClosed
+// badFrame is the *ValueError of a frame Send refuses (off the hot path: it allocates).
+func (q *RawQueue) badFrame(f Frame, why string) error {
+	if why != "" {
+		return &ValueError{"frame", f.Buf.Index(), why}
 	}
-	return err
+	return &ValueError{"frame", fmt.Sprintf("off %d len %d", f.Off, f.Len), fmt.Sprintf("a frame is 14..%d bytes (MTU %d + Ethernet header) inside its %d-byte buffer", q.mtu+14, q.mtu, q.bufSize)}
 }
 
-// kick asks the kernel to transmit what is on the TX ring (in copy mode the kernel sends
-// a batch per call: it is repeated while the kernel makes progress). txMu held.
-func (q *RawQueue) kick(fd int) error {
+// kick asks the kernel to transmit what is on the TX ring, with sendto(2) on the calling
+// thread (in copy mode the kernel sends a batch of up to 32 frames per call: it is
+// repeated while the kernel makes progress). txMu held.
+func (q *RawQueue) kick() error {
 	for range 1 << 12 {
 		if q.tx.free() == q.tx.size {
 			return nil
@@ -762,13 +992,11 @@ func (q *RawQueue) kick(fd int) error {
 		}
 		before := atomic.LoadUint32(q.tx.cons)
 		q.st.txKicks.Add(1)
-		_, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		_, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(q.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		switch e {
 		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
-		case unix.ENETDOWN, unix.ENXIO:
-			return fmt.Errorf("%w: the interface went away: %w", ErrNoDevice, e)
 		default:
-			return os.NewSyscallError("sendto AF_XDP", e)
+			return xskErrno("sendto AF_XDP", e)
 		}
 		q.reap()
 		if atomic.LoadUint32(q.tx.cons) == before && e != unix.EAGAIN {
@@ -785,8 +1013,7 @@ func (q *RawQueue) reap() int {
 	if n == 0 {
 		return 0
 	}
-	loans := make([]memreg.Loan, 0, n)
-	q.loanMu.Lock()
+	loans := q.reaped[:0]
 	for i := range n {
 		idx := *q.comp.addr(q.comp.local + uint32(i)) / q.bufSize
 		if idx < uint64(len(q.loans)) {
@@ -794,33 +1021,32 @@ func (q *RawQueue) reap() int {
 			q.loans[idx] = memreg.Loan{}
 		}
 	}
-	q.loanMu.Unlock()
 	q.comp.local += uint32(n)
 	atomic.StoreUint32(q.comp.cons, q.comp.local)
-	for _, l := range loans {
-		l.Return()
-	}
+	q.region.ReturnBatch(loans)
+	clear(loans)
 	q.st.txCompleted.Add(uint64(n))
 	return n
 }
 
 // Flush kicks the kernel for frames still on the TX ring and returns the buffers of
 // completed ones. It returns how many frames are still in flight (queued or not yet
-// completed).
+// completed). It does not allocate.
 func (q *RawQueue) Flush() (int, error) {
 	const op = "raw flush"
 	q.txMu.Lock()
 	defer q.txMu.Unlock()
-	if q.closed.Load() {
-		return 0, opErr(op, q.ifname, os.ErrClosed)
+	if err := q.live(); err != nil {
+		return 0, opErr(op, q.ifname, err)
 	}
-	err := q.kickConn()
+	err := q.noDevice(q.kick())
 	q.reap()
 	inflight := int(q.st.txFrames.Load() - q.st.txCompleted.Load())
 	return inflight, opErr(op, q.ifname, err)
 }
 
-// Stats reads the counters.
+// Stats reads the counters. After Close, or once the interface went away, it returns the
+// queue's own counters with the error.
 func (q *RawQueue) Stats() (RawQueueStats, error) {
 	s := RawQueueStats{
 		RxFrames: q.st.rxFrames.Load(), RxBytes: q.st.rxBytes.Load(),
@@ -828,19 +1054,19 @@ func (q *RawQueue) Stats() (RawQueueStats, error) {
 		TxRingFull: q.st.txRingFull.Load(), FillShort: q.st.fillShort.Load(),
 		RxKicks: q.st.rxKicks.Load(), TxKicks: q.st.txKicks.Load(),
 	}
-	if q.closed.Load() {
-		return s, opErr("raw stats", q.ifname, os.ErrClosed)
+	if err := q.live(); err != nil {
+		return s, opErr("raw stats", q.ifname, err)
 	}
 	var ks unix.XDPStatistics
-	var err error
-	cerr := q.rc.Control(func(fd uintptr) {
-		_, err = xdpGetsockopt(int(fd), unix.XDP_STATISTICS, unsafe.Pointer(&ks), uintptr(sizeofXDPStatistics))
+	var serr error
+	err := rawConn{q}.Control(func(fd uintptr) {
+		_, serr = xdpGetsockopt(int(fd), unix.XDP_STATISTICS, unsafe.Pointer(&ks), uintptr(sizeofXDPStatistics))
 	})
-	if err == nil {
-		err = cerr
+	if err == nil && serr != nil {
+		err = os.NewSyscallError("getsockopt XDP_STATISTICS", serr)
 	}
 	if err != nil {
-		return s, opErr("raw stats", q.ifname, os.NewSyscallError("getsockopt XDP_STATISTICS", err))
+		return s, opErr("raw stats", q.ifname, err)
 	}
 	s.RxDropped, s.RxInvalid, s.TxInvalid = ks.Rx_dropped, ks.Rx_invalid_descs, ks.Tx_invalid_descs
 	s.RxRingFull, s.FillRingEmpty, s.TxRingEmptyDesc = ks.Rx_ring_full, ks.Rx_fill_ring_empty_descs, ks.Tx_ring_empty_descs
@@ -876,23 +1102,31 @@ func (q *RawQueue) teardown() error {
 		}
 		q.steer = nil
 	}
-	if q.file != nil {
-		errl = append(errl, q.file.Close()) // wakes a blocked Receive
-	} else if q.fd >= 0 {
-		errl = append(errl, unix.Close(q.fd))
-		q.fd = -1
+	if q.closeFd >= 0 {
+		// Wakes a waiting Receive or RawConn.Read/Write: it sees closed and lets go of its
+		// lock. The eventfd stays readable until it is closed below.
+		one := [8]byte{1}
+		unix.Write(q.closeFd, one[:])
 	}
 	q.rxMu.Lock()
 	q.txMu.Lock()
+	q.fdMu.Lock()
+	for _, p := range []*int{&q.fd, &q.closeFd, &q.kickFd} {
+		if *p >= 0 {
+			if err := unix.Close(*p); err != nil {
+				errl = append(errl, os.NewSyscallError("close", err))
+			}
+			*p = -1
+		}
+	}
 	for _, r := range []*ring{&q.fill, &q.comp, &q.rx, &q.tx} {
 		r.unmap()
 	}
-	q.txMu.Unlock()
-	q.rxMu.Unlock()
-	q.loanMu.Lock()
 	loans := q.loans
 	q.loans = nil
-	q.loanMu.Unlock()
+	q.fdMu.Unlock()
+	q.txMu.Unlock()
+	q.rxMu.Unlock()
 	for _, l := range loans {
 		if l.Valid() {
 			l.Return()

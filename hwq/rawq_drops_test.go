@@ -22,7 +22,8 @@ func TestRawDropsCounted(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newRawEnv(t, 1)
-			q := e.openRaw(t, 0, newRegion(t, c.bufs), &RawQueueOptions{RingSize: c.ring, FillSize: c.fq})
+			// Receive only: the whole region may go to the fill ring.
+			q := e.openRaw(t, 0, newRegion(t, c.bufs), &RawQueueOptions{RingSize: c.ring, FillSize: c.fq, TxReserve: -1})
 			s := q.Steering()
 			if _, err := s.AddRule(bpf.RawRule{DstPort: 6000}); err != nil {
 				t.Fatal(err)

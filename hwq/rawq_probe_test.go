@@ -1,6 +1,7 @@
 package hwq
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -8,7 +9,8 @@ import (
 )
 
 // TestRawQueueProbe: the per-NIC report predicts what OpenRawQueue then gets on veth
-// (copy mode, native XDP), and says which RX metadata the driver gives.
+// (copy mode; generic XDP by default on veth, with the reason), and says which RX metadata
+// the driver gives.
 func TestRawQueueProbe(t *testing.T) {
 	e := newRawEnv(t, 2)
 	c, err := Open(Options{NetNS: e.Srv.Fd()})
@@ -30,8 +32,12 @@ func TestRawQueueProbe(t *testing.T) {
 	q := e.openRaw(t, 0, newRegion(t, 64), nil)
 	m := q.Mode()
 	wantZC := strings.HasPrefix(n.RawQueue.Reason, "zero-copy")
-	wantNative := strings.Contains(n.RawQueue.Reason, "native XDP")
+	wantNative := strings.Contains(n.RawQueue.Reason, "native XDP") && !strings.Contains(n.RawQueue.Reason, "generic XDP")
 	if m.ZeroCopy != wantZC || (m.XDP == bpf.RawXDPNative) != wantNative {
 		t.Fatalf("probe said %q, the queue got %+v", n.RawQueue.Reason, m)
+	}
+	var ce *bpf.NativeXDPCostError
+	if m.XDP != bpf.RawXDPGeneric || !errors.As(m.XDPReason, &ce) || !strings.Contains(n.RawQueue.Reason, "TSO") {
+		t.Fatalf("veth: probe %q, mode %+v: want generic XDP by default, with the cost to the peer named", n.RawQueue.Reason, m)
 	}
 }

@@ -1,8 +1,9 @@
 # kmod/kmod.mk - included by the top-level Makefile.
 #   make kmod [KDIR=...]   build kmod/zcshim.ko against a kernel's build tree
 #                          (default: the running kernel's)
-#   make vmtest            boot Debian 12 cloud kernels (6.1, 6.12) in qemu (TCG), load
-#                          the module, run the VM tests; installs what it needs
+#   make vmtest            boot the pinned kernels (kmod/vm/kernels/*.pin: 6.1 and 6.12 with
+#                          the module, 7.3 without) in qemu (TCG), run the VM tests; installs
+#                          what it needs (.ci/need.sh)
 #   make kmod-clean
 KDIR ?= /lib/modules/$(shell uname -r)/build
 
@@ -14,8 +15,7 @@ KDIR ?= /lib/modules/$(shell uname -r)/build
 KMOD_OUT := $(BUILD)/kmod
 
 kmod:
-	$(call apt_need,make,make)
-	$(call apt_need,gcc,gcc)
+	@bash .ci/need.sh make gcc
 	@test -d $(KDIR) || { echo "kmod: no kernel build tree at $(KDIR): install linux-headers-$$(uname -r) or pass KDIR=..."; exit 1; }
 	rm -rf $(KMOD_OUT) && mkdir -p $(KMOD_OUT)/uapi
 	cp kmod/zcshim.c kmod/Kbuild $(KMOD_OUT)/ && cp kmod/uapi/zcshim.h $(KMOD_OUT)/uapi/

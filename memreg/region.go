@@ -529,6 +529,27 @@ func (r *Region) Provide(n int, fn func(l Loan)) int {
 	return len(loans)
 }
 
+// ProvideTo is Provide without a callback and without allocating: it lends up to
+// len(loans) free buffers to the kernel, leaving at least keep buffers on the free list, and
+// writes their loans to loans. It returns how many it lent (0 on a closed region).
+func (r *Region) ProvideTo(loans []Loan, keep int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for n < len(loans) && len(r.free) > keep && !r.closed {
+		k := len(r.free) - 1
+		idx := r.free[k]
+		r.free = r.free[:k]
+		r.gen[idx]++
+		r.state[idx] = Kernel
+		r.pub(idx)
+		r.lent++
+		loans[n] = Loan{r: r, idx: idx, gen: r.gen[idx]}
+		n++
+	}
+	return n
+}
+
 // Received turns a buffer the kernel filled (provided-buffer ring id idx) into a handle the
 // application borrows; its Release goes to the recycler set with SetRecycler.
 func (r *Region) Received(idx int) (Buf, error) {
@@ -547,6 +568,147 @@ func (r *Region) Received(idx int) (Buf, error) {
 	r.state[idx] = Held
 	r.pub(int32(idx))
 	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
+}
+
+// ReceivedBatch is Received for several buffers under one lock: out[i] becomes the handle
+// of buffer idx[i]. It stops at the first index that is out of range or not in the
+// kernel's hands and returns how many it turned into handles, with that error.
+func (r *Region) ReceivedBatch(idx []int, out []Buf) (int, error) {
+	n := min(len(idx), len(out))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, id := range idx[:n] {
+		if id < 0 || id >= r.count {
+			return i, fmt.Errorf("memreg: buffer id %d outside region of %d: %w", id, r.count, ErrStale)
+		}
+		if r.state[id] != Kernel {
+			return i, fmt.Errorf("memreg: buffer %d is %v, not in the kernel: %w", id, r.state[id], ErrStale)
+		}
+		r.gen[id]++
+		r.lent--
+		r.held++
+		r.state[id] = Held
+		r.pub(int32(id))
+		out[i] = Buf{r: r, idx: int32(id), gen: r.gen[id]}
+	}
+	return n, nil
+}
+
+// ReleaseBatch releases several buffers of this region under one lock, as Release does each
+// (a buffer of another region, a shared one, or any buffer of a region with a recycler goes
+// through Release itself). Every buffer is tried; the first error is returned (a stale
+// handle's ErrStale: it released nothing).
+func (r *Region) ReleaseBatch(bufs []Buf) error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	r.mu.Lock()
+	freed := false
+	for _, b := range bufs {
+		if b.r != r || r.recycle != nil || (b.r != nil && r.state[b.idx] == Shared) {
+			r.mu.Unlock()
+			if err := b.Release(); err != nil {
+				keep(err)
+			}
+			r.mu.Lock()
+			continue
+		}
+		if err := b.check(); err != nil {
+			keep(err)
+			continue
+		}
+		r.gen[b.idx]++
+		r.held--
+		r.state[b.idx] = Free
+		r.pub(b.idx)
+		if r.scrub != nil && !r.unmapped {
+			r.scrub(r.slice(int(b.idx)))
+		}
+		r.free = append(r.free, b.idx)
+		freed = true
+	}
+	r.unmapIfDoneLocked()
+	onFree := r.onFree
+	r.mu.Unlock()
+	if freed && onFree != nil {
+		onFree()
+	}
+	return first
+}
+
+// LendBatch is Lend for several buffers of this region under one lock: loans[i] becomes
+// the loan of bufs[i]. It stops at the first buffer it cannot lend (a stale handle, another
+// region's, a shared one: lend those with Lend) and returns how many it lent, with that
+// error.
+func (r *Region) LendBatch(bufs []Buf, loans []Loan) (int, error) {
+	n := min(len(bufs), len(loans))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return 0, ErrClosed
+	}
+	for i, b := range bufs[:n] {
+		if b.r != r {
+			return i, ErrStale
+		}
+		if err := b.check(); err != nil {
+			return i, err
+		}
+		if r.state[b.idx] == Shared {
+			return i, fmt.Errorf("memreg: buffer %d is shared: lend it with Lend: %w", b.idx, ErrStale)
+		}
+		r.gen[b.idx]++
+		r.state[b.idx] = Kernel
+		r.pub(b.idx)
+		r.held--
+		r.lent++
+		loans[i] = Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}
+	}
+	return n, nil
+}
+
+// ReturnBatch is Return for several loans of this region under one lock (a loan of another
+// region, a shared buffer's, or any loan of a region with a recycler goes through Return
+// itself). Every loan is tried; the first error is returned.
+func (r *Region) ReturnBatch(loans []Loan) error {
+	var first error
+	r.mu.Lock()
+	freed := false
+	for _, l := range loans {
+		if l.r != r || r.recycle != nil || (l.r != nil && r.state[l.idx] == Shared) {
+			r.mu.Unlock()
+			if err := l.Return(); err != nil && first == nil {
+				first = err
+			}
+			r.mu.Lock()
+			continue
+		}
+		if r.state[l.idx] != Kernel || r.gen[l.idx] != l.gen {
+			if first == nil {
+				first = ErrStale
+			}
+			continue
+		}
+		r.gen[l.idx]++
+		r.lent--
+		r.state[l.idx] = Free
+		r.pub(l.idx)
+		if r.scrub != nil && !r.unmapped {
+			r.scrub(r.slice(int(l.idx)))
+		}
+		r.free = append(r.free, l.idx)
+		freed = true
+	}
+	r.unmapIfDoneLocked()
+	onFree := r.onFree
+	r.mu.Unlock()
+	if freed && onFree != nil {
+		onFree()
+	}
+	return first
 }
 
 // SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)

@@ -207,49 +207,37 @@ func TestParseCPUList(t *testing.T) {
 
 func TestCPUQueueMap(t *testing.T) {
 	topo := func(n int, levels ...map[int]int) cpuTopology { return cpuTopology{ncpu: n, levels: levels} }
-	// 16 CPUs, nothing known about them; 4 queues on CPUs 0..3: every queue gets 4 CPUs,
-	// the least loaded queue first, then the nearest CPU number.
+	// 16 CPUs, nothing known about them; 4 queues on CPUs 0..3: the queues' CPUs map to
+	// them, every other CPU to none (the hash places its SYNs: mapping CPUs to "nearby"
+	// queues sent every connection of a one-CPU client to one queue).
 	m := cpuQueueMap([]int{0, 1, 2, 3}, topo(16))
-	want := []int{0, 1, 2, 3, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0}
+	want := []int{0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 	if !slices.Equal(m, want) {
 		t.Errorf("flat 16/4: %v, want %v", m, want)
 	}
-	// Two NUMA nodes (0-3, 4-7), queues on CPUs 1 and 6: each node's CPUs go to its queue.
+	// Two NUMA nodes (0-3, 4-7) and an L3 each, queues on CPUs 1 and 6: only those CPUs.
 	node := map[int]int{}
-	for c := 4; c < 8; c++ {
-		node[c] = 1
+	for c := 0; c < 8; c++ {
+		node[c] = c / 4
 	}
-	for c := 0; c < 4; c++ {
-		node[c] = 0
-	}
-	if got, want := cpuQueueMap([]int{1, 6}, topo(8, node)), []int{0, 0, 0, 0, 1, 1, 1, 1}; !slices.Equal(got, want) {
+	if got, want := cpuQueueMap([]int{1, 6}, topo(8, map[int]int{}, node, node)), []int{-1, 0, -1, -1, -1, -1, 1, -1}; !slices.Equal(got, want) {
 		t.Errorf("two nodes: %v, want %v", got, want)
 	}
-	// SMT siblings (c, c+4) come before the L3 all CPUs share: queues on CPUs 0 and 1:
-	// CPU 4 → queue 0 (its sibling), 5 → queue 1.
+	// SMT siblings (c, c+4): queues on CPUs 0 and 1: CPU 4 → queue 0 (its sibling), 5 →
+	// queue 1, CPUs 2, 3, 6, 7 (no queue on their core) none.
 	smt, l3 := map[int]int{}, map[int]int{}
 	for c := 0; c < 4; c++ {
 		smt[c], smt[c+4] = c, c
 		l3[c], l3[c+4] = 0, 0
 	}
-	got := cpuQueueMap([]int{0, 1}, topo(8, smt, l3))
-	if got[0] != 0 || got[1] != 1 || got[4] != 0 || got[5] != 1 {
-		t.Errorf("smt: %v", got)
+	if got, want := cpuQueueMap([]int{0, 1}, topo(8, smt, l3)), []int{0, 1, -1, -1, 0, 1, -1, -1}; !slices.Equal(got, want) {
+		t.Errorf("smt: %v, want %v", got, want)
 	}
-	// L3 before the node: 8 CPUs, one node, two L3s (0-3, 4-7); queues on CPUs 0, 1, 4:
-	// CPUs 2-3 share queue 0/1's cache, CPUs 5-7 go to queue 2.
-	l3b := map[int]int{}
-	for c := 0; c < 8; c++ {
-		l3b[c] = c / 4 * 4
-	}
-	got = cpuQueueMap([]int{0, 1, 4}, topo(8, map[int]int{}, l3b, map[int]int{0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}))
-	for c := 5; c < 8; c++ {
-		if got[c] != 2 {
-			t.Errorf("l3: CPU %d → queue %d: %v", c, got[c], got)
-		}
-	}
-	if got[2] > 1 || got[3] > 1 || got[2] == got[3] {
-		t.Errorf("l3: CPUs 2, 3 → %d, %d: %v", got[2], got[3], got)
+	// Two queues on one core's two threads, a third thread of that core (SMT4): the least
+	// loaded sibling queue, then the lowest index.
+	smt4 := map[int]int{0: 0, 1: 0, 2: 0, 3: 0}
+	if got, want := cpuQueueMap([]int{0, 1}, topo(4, smt4)), []int{0, 1, 0, 1}; !slices.Equal(got, want) {
+		t.Errorf("smt4: %v, want %v", got, want)
 	}
 	// Queues sharing a CPU: the lowest queue owns it; the other queue gets nothing.
 	if got, want := cpuQueueMap([]int{0, 0, 1}, topo(2)), []int{0, 2}; !slices.Equal(got, want) {
@@ -259,11 +247,16 @@ func TestCPUQueueMap(t *testing.T) {
 	if got, want := cpuQueueMap([]int{5}, topo(2)), []int{-1, -1}; !slices.Equal(got, want) {
 		t.Errorf("out of range: %v, want %v", got, want)
 	}
-	// This machine: every possible CPU maps to a queue.
+	// This machine: CPU 0 and its SMT siblings map to the queue, no other CPU.
 	if tp := readTopology(); tp.ncpu > 0 {
 		for c, q := range cpuQueueMap([]int{0}, tp) {
-			if q != 0 {
-				t.Errorf("this machine: CPU %d → %d", c, q)
+			sib := c == 0
+			if g, ok := tp.levels[0][c]; ok && c != 0 {
+				h, ok0 := tp.levels[0][0]
+				sib = ok0 && g == h
+			}
+			if want := map[bool]int{true: 0, false: -1}[sib]; q != want {
+				t.Errorf("this machine: CPU %d → %d, want %d", c, q, want)
 			}
 		}
 	}
@@ -396,7 +389,7 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 		t.Fatalf("CPU map has %d entries, %d possible CPUs", len(info.CPUQueues), topo.ncpu)
 	}
 	for c, q := range info.CPUQueues {
-		if q < 0 || q > 1 {
+		if q < -1 || q > 1 || q == -1 && slices.Contains(cpus, c) {
 			t.Fatalf("CPU %d maps to queue %d", c, q)
 		}
 	}

@@ -126,3 +126,55 @@ func TestRawQueueCapture(t *testing.T) {
 		}
 	}
 }
+
+// TestRawWriterClosedFile: a RawWriter on a file that was closed fails at New (the header
+// is written through) or at the first Write (the file is checked at every Write), not only
+// at Close: it had accepted 100 Writes and counted 100 frames. No raw queue is needed: a
+// frame is a region buffer, and a RawQueue's zero value names ifindex 0, queue 0.
+func TestRawWriterClosedFile(t *testing.T) {
+	r, err := memreg.New(memreg.Options{BufSize: 2048, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b, err := r.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	fr := hwq.Frame{Buf: b, Len: 60}
+	ifi := Interface{Index: 0, Name: "test", PHC: -1}
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "a.pcapng"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := NewRawWriter(f, RawWriterOptions{Interfaces: []Interface{ifi}}); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("NewRawWriter on a closed file: %v, want os.ErrClosed", err)
+	}
+	f2, err := os.Create(filepath.Join(dir, "b.pcapng"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewRawWriter(f2, RawWriterOptions{Interfaces: []Interface{ifi}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := new(hwq.RawQueue)
+	if err := w.Write(q, fr, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	f2.Close()
+	for i := range 100 {
+		if err := w.Write(q, fr, time.Now()); !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("Write %d on the closed file: %v, want os.ErrClosed", i, err)
+		}
+	}
+	if w.Frames() != 1 {
+		t.Fatalf("%d frames counted, want the 1 written before the file closed", w.Frames())
+	}
+	if err := w.Close(); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Close: %v", err)
+	}
+}

@@ -7,8 +7,13 @@
 //
 // It opens one raw queue per RX queue of the interface (a multicast stream can land on any
 // of them), all sharing one steering program with a single rule: destination address
-// group (and UDP port, when given). It says whether the queues run in zero-copy or copy
-// mode and in native or generic XDP, and why. Needs root (CAP_NET_ADMIN, CAP_BPF).
+// group (and UDP port, when given). The rule joins the group (RawRule.Join: a kernel
+// socket holds the IGMP/MLD membership, left when the program exits), because a rule alone
+// does not: on a switched network with IGMP/MLD snooping the group's frames would never
+// reach the interface. -join=false leaves that to someone else. It says whether the
+// queues run in zero-copy or copy mode and in native or generic XDP, and why (on veth the
+// default is generic XDP: native XDP would turn off the peer's TSO/GSO). Needs root
+// (CAP_NET_ADMIN, CAP_BPF).
 package main
 
 import (
@@ -41,6 +46,7 @@ type config struct {
 	Duration time.Duration
 	Count    int // stop after this many frames (0: no limit)
 	Frames   int // region buffers per queue
+	NoJoin   bool
 	stop     chan struct{}
 }
 
@@ -54,7 +60,9 @@ func main() {
 	flag.DurationVar(&c.Duration, "d", 0, "how long to run (0: until Ctrl-C)")
 	flag.IntVar(&c.Count, "count", 0, "stop after this many frames (0: no limit)")
 	flag.IntVar(&c.Frames, "frames", 4096, "2 KiB frames of registered memory per queue")
+	join := flag.Bool("join", true, "join the group through a kernel socket (IGMP/MLD), so switches that snoop forward it")
 	flag.Parse()
+	c.NoJoin = !*join
 	g, err := netip.ParseAddr(*group)
 	if err != nil || !g.IsMulticast() || c.Iface == "" {
 		fmt.Fprintln(os.Stderr, "rawmcast: -i and a multicast -group are required")
@@ -127,7 +135,7 @@ func run(c config, out io.Writer) error {
 		xdp += fmt.Sprintf(" (%v)", m.XDPReason)
 	}
 	fmt.Fprintf(out, "rawmcast: %s, %d raw queue(s), %s, %s\n", c.Iface, len(qs), mode, xdp)
-	rule := bpf.RawRule{Dst: c.Group}
+	rule := bpf.RawRule{Dst: c.Group, Join: !c.NoJoin}
 	if c.Port != 0 {
 		rule.Proto, rule.DstPort = unix.IPPROTO_UDP, uint16(c.Port)
 	}

@@ -34,6 +34,7 @@ type config struct {
 	EtherType uint16
 	Size      int
 	Count     int
+	Buffers   int // the region's buffers (frames in flight, fill ring and TX reserve)
 }
 
 func main() {
@@ -45,6 +46,7 @@ func main() {
 	flag.IntVar(&c.Queue, "queue", 0, "device queue")
 	flag.IntVar(&c.Size, "size", 60, "frame size in bytes, Ethernet header included (14..MTU+14)")
 	flag.IntVar(&c.Count, "count", 1000, "frames to send")
+	flag.IntVar(&c.Buffers, "buffers", 1024, "buffers of 2 KiB in the queue's region")
 	flag.Parse()
 	var err error
 	if c.Dst, err = net.ParseMAC(*dst); err != nil || c.Iface == "" {
@@ -73,12 +75,17 @@ func run(c config, out io.Writer) error {
 		defer f.Close()
 		nsfd = int(f.Fd())
 	}
-	r, err := memreg.New(memreg.Options{BufSize: 2048, Count: 1024})
+	if c.Buffers == 0 {
+		c.Buffers = 1024
+	}
+	r, err := memreg.New(memreg.Options{BufSize: 2048, Count: c.Buffers})
 	if err != nil {
 		return err
 	}
 	defer r.CloseWhenReleased()
-	q, err := hwq.OpenRawQueue(c.Iface, c.Queue, r, &hwq.RawQueueOptions{NetNS: nsfd, RingSize: 512})
+	// The queue's defaults: the fill ring (receive) never takes the region's TxReserve (a
+	// quarter of it), so Get finds a buffer whenever no frame is in flight.
+	q, err := hwq.OpenRawQueue(c.Iface, c.Queue, r, &hwq.RawQueueOptions{NetNS: nsfd})
 	if err != nil {
 		return err
 	}
@@ -90,6 +97,7 @@ func run(c config, out io.Writer) error {
 	start := time.Now()
 	frames := make([]hwq.Frame, 0, 64)
 	sent := 0
+	idle := false // the last wait found nothing in flight
 	for sent < c.Count {
 		batch := frames[:0]
 		for len(batch) < cap(batch) && sent+len(batch) < c.Count {
@@ -103,6 +111,20 @@ func run(c config, out io.Writer) error {
 			build(b.Bytes()[:c.Size], c.Dst, src, c.EtherType, uint32(sent+len(batch)))
 			batch = append(batch, hwq.Frame{Buf: b, Len: c.Size})
 		}
+		if len(batch) == 0 {
+			n, err := waitCompletions(q)
+			if err != nil {
+				return err
+			}
+			if n == 0 && idle {
+				// Nothing in flight and still no buffer: the frames are held elsewhere,
+				// and waiting would never end.
+				return errors.New("no free buffer and no frame in flight")
+			}
+			idle = n == 0
+			continue
+		}
+		idle = false
 		for len(batch) > 0 {
 			n, err := q.Send(batch)
 			if err != nil {
@@ -145,6 +167,28 @@ func run(c config, out io.Writer) error {
 		return fmt.Errorf("%d of %d frames completed", st.TxCompleted, c.Count)
 	}
 	return nil
+}
+
+// waitCompletions waits for sent frames to complete when Get found no free buffer, and
+// returns how many are still in flight. A raw queue has no wait for completions (poll
+// reports TX ring room, not completions), so it flushes with a growing pause until some
+// completed, and gives up when nothing completes for 5 s.
+func waitCompletions(q *hwq.RawQueue) (int, error) {
+	last := -1
+	stuck := time.Duration(0)
+	for pause := 20 * time.Microsecond; ; pause = min(2*pause, 5*time.Millisecond) {
+		n, err := q.Flush()
+		if err != nil || n == 0 || (last >= 0 && n < last) {
+			return n, err
+		}
+		if n == last {
+			if stuck += pause; stuck > 5*time.Second {
+				return n, fmt.Errorf("%d frames in flight made no progress for 5 s", n)
+			}
+		}
+		last = n
+		time.Sleep(pause)
+	}
 }
 
 // build writes one frame in place.

@@ -17,3 +17,11 @@ uapi73:
 	fi
 
 gotest: uapi73
+
+# What debfetch.sh promises (cache without network, a pin that left the archive moves with one
+# line, errors that say what to run), on copies of the 6.1 pin: kmod/vm/debfetch-check.sh.
+.PHONY: debfetch-check
+debfetch-check:
+	BUILD="$(BUILD)" bash kmod/vm/debfetch-check.sh
+
+TEST_EXTRA += debfetch-check

@@ -1,22 +1,18 @@
 #!/usr/bin/env bash
-# make vmtest: for each kernel line (Debian 12's 6.1 cloud kernel, and its
-# 6.12 cloud kernel), build zcshim.ko against that kernel's headers, boot the
-# kernel in qemu (software emulation) with an initramfs of busybox-static +
-# static Go test binaries, and decide pass/fail from the console output (qemu
-# exits 0 on any poweroff).
+# make vmtest: for each pinned kernel (kmod/vm/kernels/NAME.pin: Debian's 6.1 and 6.12 cloud
+# kernels with zcshim.ko built against their headers, and 7.3 from trixie-backports without
+# it), boot the kernel in qemu (software emulation) with an initramfs of busybox-static +
+# static Go test binaries (+ the modules the pin's GUEST_MODULES name), and decide pass/fail
+# from the console output (qemu exits 0 on any poweroff).
 #
-# Everything is fetched with apt-get download + dpkg-deb -x (no system
-# install of kernels), pinned to the version the kernel line's metapackage
-# points at, and cached under $BUILD/kmodvm/<metapackage>.
+# The .debs come from kmod/vm/debfetch.sh: each package at its pinned version and checksum,
+# from a cache keyed by pin and ABI, through a private apt configuration (the machine's apt
+# sources are never used for kernels); a pin that left the archive moves to its line's newest
+# build for the run, with one log line. Both Debian image layouts are understood:
+# /boot/vmlinuz-ABI (linux-image, up to 6.18) and /usr/lib/modules/ABI/vmlinuz (linux-binary,
+# from 6.19 on). A pin with NET=pair gives its guest two virtio-net NICs joined on the host.
 #
-# Each guest's top-level test results must match kmod/vm/expect/<kernel>.txt (count_tests).
-#
-# Entries "pin:NAME" are kernels pinned in kmod/vm/kernels/NAME.pin (Linux 7.3
-# from trixie-backports): fetched by kmod/vm/debfetch.sh through a private apt
-# configuration into a version-keyed cache, booted without the module, running
-# the test binaries listed in kmod/vm/tests-NAME. Both Debian image layouts are
-# understood: /boot/vmlinuz-ABI (linux-image, up to 6.18) and
-# /usr/lib/modules/ABI/vmlinuz (linux-binary, from 6.19 on).
+# Each guest's top-level test results must match kmod/vm/expect/NAME.txt (count_tests).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -28,21 +24,8 @@ mkdir -p "$VM"
 
 log() { echo "vmtest: $*"; }
 
-# --- host tools ------------------------------------------------------------
-need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
-command -v cpio >/dev/null || need+=(cpio)
-command -v gcc-12 >/dev/null || need+=(gcc-12)
-command -v make >/dev/null || need+=(make)
-dpkg -s libelf1 >/dev/null 2>&1 || need+=(libelf1)
-updated=0
-apt_update() { [ $updated = 1 ] || { apt-get update -qq; updated=1; }; }
-if [ ${#need[@]} -gt 0 ]; then
-	log "installing ${need[*]}"
-	apt_update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# --- host tools (named once, in .ci/packages.txt) ------------------------------
+bash .ci/need.sh make gcc12 libelf qemu busybox cpio xz iproute2 openssl keyrings
 
 # --- Go test binaries (static) ----------------------------------------------
 log "building test binaries"
@@ -54,74 +37,178 @@ CGO_ENABLED=0 "$GO" build -o "$VM/shimbench" ./kmod/vm/shimbench
 CGO_ENABLED=0 "$GO" test -c -o "$VM/zc.test" ./zc
 
 # --- per kernel: packages, module, initramfs, boot, verdict ------------------
-# Each entry is a Debian metapackage; its pin (ABI, version, kbuild package)
-# is cached in $VM/<meta>/pin: delete it to move to a newer kernel.
-# linux-image-cloud-amd64 is Debian 12's 6.1; the 6.12 line exercises the
-# module's version checks for newer kernel APIs.
-KERNELS=${ZCVM_KERNELS:-linux-image-cloud-amd64 linux-image-6.12-cloud-amd64 pin:7.3}
+# Each entry names a pin, kmod/vm/kernels/NAME.pin: 6.1 (Debian 12's cloud kernel, zcshim's
+# oldest line), 6.12 (the module's version checks for newer kernel APIs), 7.3 (device-less
+# zcrx, no module). debfetch.sh makes the pinned .debs available (or the line's newest build,
+# with one log line, when the pin left the archive).
+KERNELS=${ZCVM_KERNELS:-6.1 6.12 7.3}
 tot_pass=0 tot_fail=0 tot_skip=0 failed_kernels=() fail_summaries=()
 
-run_kernel() {
-	local meta=$1 dir=$VM/$1
-	case $meta in pin:*) run_pinned "${meta#pin:}"; return ;; esac
-	mkdir -p "$dir"
-	if [ ! -s "$dir/pin" ]; then
-		apt_update
-		local ver img abi kb
-		ver=$(apt-cache policy "$meta" | awk '/Candidate:/ {print $2}')
-		img=$(apt-cache depends "$meta" | awk '/Depends: linux-image-/ {print $2; exit}')
-		abi=${img#linux-image-}
-		abi=${abi%-cloud-amd64}
-		kb=$(apt-cache depends "linux-headers-$abi-cloud-amd64" | awk '/Depends: linux-kbuild-/ {print $2; exit}')
-		if [ -z "$ver" ] || [ -z "$abi" ] || [ -z "$kb" ]; then
-			log "cannot resolve $meta (apt-get update failed?)"
-			return 1
-		fi
-		echo "$abi $ver $kb" > "$dir/pin"
-	fi
-	local ABI VER KBUILD
-	read -r ABI VER KBUILD < "$dir/pin"
-	log "[$meta] kernel $ABI-cloud-amd64, packages $VER"
-	local debs=$dir/debs root=$dir/root p
-	mkdir -p "$debs"
-	for p in "linux-image-$ABI-cloud-amd64" "linux-headers-$ABI-cloud-amd64" "linux-headers-$ABI-common" "$KBUILD"; do
-		if ! ls "$debs/${p}_"*.deb >/dev/null 2>&1; then
-			apt_update
-			(cd "$debs" && apt-get download -q "$p=$VER" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-			ls "$debs/${p}_"*.deb >/dev/null 2>&1 || { log "download of $p=$VER failed"; return 1; }
-		fi
+pinval() { awk -F= -v k="$2" '$1 == k { sub(/^[^=]*=/, ""); print; exit }' "$1"; }
+
+# guest_modules ROOT ABI IR NAMES...: the kernel's modules NAMES with what they depend on, and
+# the crypto modules the kernel asks for by algorithm name (kernel TLS: gcm(aes), ghash,
+# chacha20poly1305), uncompressed into IR/lib/modules/ABI with a modules.dep (busybox
+# depmod); IR/modules.list names what the guest's init loads with modprobe.
+guest_modules() {
+	local root=$1 abi=$2 ir=$3 mdir m f rel dst
+	shift 3
+	[ $# -gt 0 ] || return 0
+	mdir=$root/lib/modules/$abi
+	[ -d "$mdir" ] || mdir=$root/usr/lib/modules/$abi
+	[ -d "$mdir/kernel" ] || { log "no modules in $mdir"; return 1; }
+	local want=("$@") seen=" " todo=("$@")
+	while [ ${#todo[@]} -gt 0 ]; do
+		m=${todo[0]} todo=("${todo[@]:1}")
+		case "$seen" in *" $m "*) continue ;; esac
+		seen+="$m "
+		f=$(find "$mdir/kernel" -name "$m.ko*" -o -name "${m//_/-}.ko*" | head -1)
+		[ -n "$f" ] || { log "module $m not in $mdir"; return 1; }
+		local deps
+		deps=$(case $f in *.xz) xz -dc "$f" ;; *.zst) zstd -dc "$f" ;; *) cat "$f" ;; esac |
+			strings | awk -F= '$1 == "depends" { gsub(/,/, " ", $2); print $2; exit }')
+		# shellcheck disable=SC2206
+		todo+=($deps)
 	done
-	if [ ! -f "$root/.unpacked" ]; then
+	# the algorithms' modules (loaded on demand through modprobe's aliases)
+	local extra
+	extra=$(find "$mdir/kernel/crypto" "$mdir/kernel/arch/x86/crypto" "$mdir/kernel/lib/crypto" -name '*.ko*' 2>/dev/null)
+	for f in $(for m in $seen; do find "$mdir/kernel" -name "$m.ko*" -o -name "${m//_/-}.ko*"; done) $extra; do
+		rel=${f#"$mdir"/}
+		dst=$ir/lib/modules/$abi/${rel%.xz}
+		dst=${dst%.zst}
+		mkdir -p "$(dirname "$dst")"
+		case $f in *.xz) xz -dc "$f" > "$dst" ;; *.zst) zstd -dc "$f" > "$dst" ;; *) cp "$f" "$dst" ;; esac
+	done
+	/bin/busybox depmod -b "$ir" "$abi" || { log "depmod failed"; return 1; }
+	printf '%s\n' "${want[@]}" > "$ir/modules.list"
+}
+
+# guest_binaries IR NAMES...: this machine's programs NAMES (installed through .ci/need.sh,
+# e.g. openssl for the TLS interop tests) in IR/bin, with the shared libraries and the dynamic
+# loader they need at the same paths.
+guest_binaries() {
+	local ir=$1 name path lib
+	shift
+	for name in "$@"; do
+		path=$(command -v "$name") || { log "no $name on this machine (bash .ci/need.sh $name)"; return 1; }
+		cp -L "$path" "$ir/bin/$name"
+		for lib in $(ldd "$path" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }'); do
+			mkdir -p "$ir$(dirname "$lib")"
+			cp -L "$lib" "$ir$lib"
+		done
+	done
+	# /lib64 may be a link on this machine: the loader's path must resolve in the guest too
+	[ -e "$ir/lib64/ld-linux-x86-64.so.2" ] || [ ! -e /lib64/ld-linux-x86-64.so.2 ] || {
+		mkdir -p "$ir/lib64" && cp -L /lib64/ld-linux-x86-64.so.2 "$ir/lib64/"; }
+}
+
+# qemu_net LABEL: the guest's network. "pair" gives the guest two virtio-net NICs joined on
+# the host by a bridge between two taps, inside a network namespace of this run's own (nothing
+# is added to the host's namespace), so that TCP between them leaves through one NIC's TX
+# queue and arrives on the other's RX queue: there the kernel does not copy zero-copy sends.
+# Sets QEMU_PRE (the command prefix) and QEMU_NET_ARGS.
+NETNS_MADE=()
+cleanup_netns() { local n; for n in "${NETNS_MADE[@]}"; do ip netns del "$n" 2>/dev/null || true; done; }
+trap cleanup_netns EXIT
+qemu_net() {
+	local mode=$1 ns
+	QEMU_PRE=() QEMU_NET_ARGS=()
+	[ "$mode" = pair ] || return 0
+	ns=zcvm-$$-$RANDOM
+	ip netns add "$ns" || { log "cannot create network namespace $ns"; return 1; }
+	NETNS_MADE+=("$ns")
+	ip -n "$ns" link add zcbr type bridge &&
+		ip -n "$ns" tuntap add dev zctap0 mode tap vnet_hdr &&
+		ip -n "$ns" tuntap add dev zctap1 mode tap vnet_hdr &&
+		ip -n "$ns" link set zctap0 master zcbr &&
+		ip -n "$ns" link set zctap1 master zcbr &&
+		ip -n "$ns" link set zcbr up && ip -n "$ns" link set zctap0 up && ip -n "$ns" link set zctap1 up ||
+		{ log "cannot build the taps and bridge in $ns"; return 1; }
+	QEMU_PRE=(ip netns exec "$ns")
+	QEMU_NET_ARGS=(
+		-netdev tap,id=zn0,ifname=zctap0,script=no,downscript=no,vhost=off
+		-device virtio-net-pci,netdev=zn0,mac=52:54:00:5a:43:00
+		-netdev tap,id=zn1,ifname=zctap1,script=no,downscript=no,vhost=off
+		-device virtio-net-pci,netdev=zn1,mac=52:54:00:5a:43:01
+	)
+}
+
+# run_kernel NAME: the kernel of kmod/vm/kernels/NAME.pin; with MODULE=yes zcshim.ko is built
+# against its headers and kmod/vm/init runs the module's tests, with MODULE=no
+# kmod/vm/init-tests runs the test binaries of kmod/vm/tests-NAME.
+run_kernel() {
+	local name=$1 meta=$1 dir=$VM/pin-$1 pin=kmod/vm/kernels/$1.pin
+	local debs ABI root=$VM/pin-$1/root
+	[ -f "$pin" ] || { log "[$meta] no $pin"; return 1; }
+	debs=$(BUILD="$BUILD" bash kmod/vm/debfetch.sh "$pin") || { log "[$meta] cannot get the pinned packages (above)"; return 1; }
+	ABI=$(awk -F= '$1 == "ABI" { print $2; exit }' "$debs/pin.env")
+	mkdir -p "$dir"
+	if [ "$(cat "$root/.from" 2>/dev/null)" != "$debs" ]; then
 		rm -rf "$root" && mkdir -p "$root"
 		local d
 		for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$root"; done
-		touch "$root/.unpacked"
+		echo "$debs" > "$root/.from"
 	fi
-	local kdir=$root/usr/src/linux-headers-$ABI-cloud-amd64
-	# The flavour Makefile includes the -common tree by absolute path.
-	sed -i "s#^include .*/usr/src/linux-headers-#include $root/usr/src/linux-headers-#" "$kdir/Makefile"
-	local vmlinuz=$root/boot/vmlinuz-$ABI-cloud-amd64
-
-	local src=$dir/src
-	rm -rf "$src" && mkdir -p "$src/uapi"
-	cp kmod/zcshim.c kmod/Kbuild "$src/" && cp kmod/uapi/zcshim.h "$src/uapi/"
-	log "[$meta] building zcshim.ko"
-	make -s -C "$kdir" M="$src" CONFIG_DEBUG_INFO_BTF_MODULES= modules 2>&1 | grep -v 'Skipping BTF generation' | tee "$dir/build.log" || true
-	[ -f "$src/zcshim.ko" ] || { log "[$meta] module build failed"; return 1; }
-	if grep -q 'warning:' "$dir/build.log"; then log "[$meta] compiler warnings (above)"; return 1; fi
+	local vmlinuz=$root/usr/lib/modules/$ABI/vmlinuz config=$root/usr/lib/modules/$ABI/config
+	[ -f "$vmlinuz" ] || vmlinuz=$root/boot/vmlinuz-$ABI
+	[ -f "$config" ] || config=$root/boot/config-$ABI
+	[ -f "$vmlinuz" ] || { log "[$meta] no kernel image for $ABI in $debs"; return 1; }
+	log "[$meta] kernel $ABI ($(basename "$debs")); built in: $(grep -oE '^CONFIG_(IO_URING_ZCRX|UDMABUF|TLS|VIRTIO_NET)=[ym]' "$config" 2>/dev/null | tr '\n' ' ')"
 
 	local ir=$dir/initramfs
 	rm -rf "$ir" && mkdir -p "$ir/bin" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/tmp"
 	cp /bin/busybox "$ir/bin/busybox"
-	cp kmod/vm/init "$ir/init"
-	cp "$src/zcshim.ko" "$ir/zcshim.ko"
-	cp "$VM/kmod.test" "$VM/shim.test" "$VM/zc.test" "$VM/shimbench" "$ir/"
-	if [ -n "${ZCVM_SHIM_ARGS:-}" ]; then echo "$ZCVM_SHIM_ARGS" > "$ir/shim.args"; fi
-	if [ -n "${ZCVM_ZC_ARGS:-}" ]; then echo "$ZCVM_ZC_ARGS" > "$ir/zc.args"; fi
-	if [ -n "${ZCVM_BENCH_MB:-}" ]; then echo "ZCVM_BENCH_MB=$ZCVM_BENCH_MB" > "$ir/env"; fi
+	if [ "$(pinval "$pin" MODULE)" = yes ]; then
+		local kdir=$root/usr/src/linux-headers-$ABI
+		# The flavour Makefile includes the -common tree by absolute path.
+		sed -i "s#^include .*/usr/src/linux-headers-#include $root/usr/src/linux-headers-#" "$kdir/Makefile"
+		local src=$dir/src
+		rm -rf "$src" && mkdir -p "$src/uapi"
+		cp kmod/zcshim.c kmod/Kbuild "$src/" && cp kmod/uapi/zcshim.h "$src/uapi/"
+		log "[$meta] building zcshim.ko"
+		make -s -C "$kdir" M="$src" CONFIG_DEBUG_INFO_BTF_MODULES= modules 2>&1 | grep -v 'Skipping BTF generation' | tee "$dir/build.log" || true
+		[ -f "$src/zcshim.ko" ] || { log "[$meta] module build failed"; return 1; }
+		if grep -q 'warning:' "$dir/build.log"; then log "[$meta] compiler warnings (above)"; return 1; fi
+		cp kmod/vm/init "$ir/init"
+		cp "$src/zcshim.ko" "$ir/zcshim.ko"
+		cp "$VM/kmod.test" "$VM/shim.test" "$VM/zc.test" "$VM/shimbench" "$ir/"
+		if [ -n "${ZCVM_SHIM_ARGS:-}" ]; then echo "$ZCVM_SHIM_ARGS" > "$ir/shim.args"; fi
+		if [ -n "${ZCVM_ZC_ARGS:-}" ]; then echo "$ZCVM_ZC_ARGS" > "$ir/zc.args"; fi
+	else
+		cp kmod/vm/init-tests "$ir/init"
+	fi
+	# Test binaries of kmod/vm/tests-NAME ("binary package [flags]" a line), on every guest.
+	local list=kmod/vm/tests-$name bin pkg
+	: > "$ir/tests.list"
+	if [ -f "$list" ]; then
+		while read -r bin pkg args; do
+			case "$bin" in ''|'#'*) continue ;; esac
+			if [ ! -f "$VM/bin/$bin" ] || [ -z "${built[$bin]:-}" ]; then
+				mkdir -p "$VM/bin"
+				CGO_ENABLED=0 "$GO" test -c -o "$VM/bin/$bin" "$pkg" || { log "[$meta] cannot build $pkg"; return 1; }
+				built[$bin]=1
+			fi
+			cp "$VM/bin/$bin" "$ir/$bin"
+			echo "$bin $args" >> "$ir/tests.list"
+		done < "$list"
+	fi
+	# shellcheck disable=SC2046
+	guest_modules "$root" "$ABI" "$ir" $(pinval "$pin" GUEST_MODULES) || { log "[$meta] cannot put the guest's modules together"; return 1; }
+	# shellcheck disable=SC2046
+	guest_binaries "$ir" $(pinval "$pin" GUEST_BINARIES) || { log "[$meta] cannot put the guest's programs together"; return 1; }
+	local genv
+	genv=$(pinval "$pin" GUEST_ENV)
+	: > "$ir/env"
+	if [ -n "$genv" ]; then echo "export $genv" >> "$ir/env"; fi
+	if [ -n "${ZCVM_BENCH_MB:-}" ]; then echo "export ZCVM_BENCH_MB=$ZCVM_BENCH_MB" >> "$ir/env"; fi
+	if [ -n "${ZCVM_PIN_ARGS:-}" ]; then sed -i "s#\$# $ZCVM_PIN_ARGS#" "$ir/tests.list"; fi
+	qemu_net "$(pinval "$pin" NET)" || return 1
+	if [ ${#QEMU_NET_ARGS[@]} -gt 0 ]; then echo "export ZCVM_NET=pair" >> "$ir/env"; fi
 	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
 	boot_and_judge "$meta" "$dir" "$vmlinuz"
 }
+declare -A built=()
 
 # boot_and_judge LABEL DIR VMLINUZ: boot DIR/initrd.gz under TCG, decide from the console.
 boot_and_judge() {
@@ -131,8 +218,8 @@ boot_and_judge() {
 	local boot
 	for boot in 1 2; do
 		set +e
-		timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1536 \
-			-nographic -no-reboot -nodefaults -serial stdio \
+		timeout --foreground -k 10 "$TIMEOUT" "${QEMU_PRE[@]}" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1536 \
+			-nographic -no-reboot -nodefaults -serial stdio "${QEMU_NET_ARGS[@]}" \
 			-kernel "$vmlinuz" -initrd "$dir/initrd.gz" \
 			-append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" > "$console" 2>&1
 		qrc=$?
@@ -220,46 +307,6 @@ count_tests() {
 		return 1
 	fi
 	log "[$meta] $gp passed and $gs skipped, as $want expects"
-}
-
-# run_pinned NAME: the kernel of kmod/vm/kernels/NAME.pin, no module, the test binaries of
-# kmod/vm/tests-NAME.
-run_pinned() {
-	local name=$1 meta=pin:$1 dir=$VM/pin-$1 pin=kmod/vm/kernels/$1.pin list=kmod/vm/tests-$1
-	local debs abi root=$VM/pin-$1/root
-	[ -f "$pin" ] && [ -f "$list" ] || { log "[$meta] no $pin or $list"; return 1; }
-	grep -q '^MODULE=no' "$pin" || { log "[$meta] pinned kernels run without the module only (MODULE=no)"; return 1; }
-	debs=$(BUILD="$BUILD" bash kmod/vm/debfetch.sh "$pin") || { log "[$meta] cannot get the pinned packages (above)"; return 1; }
-	abi=$(awk -F= '$1 == "ABI" { print $2; exit }' "$pin")
-	mkdir -p "$dir"
-	if [ "$(cat "$root/.from" 2>/dev/null)" != "$debs" ]; then
-		rm -rf "$root" && mkdir -p "$root"
-		local d
-		for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$root"; done
-		echo "$debs" > "$root/.from"
-	fi
-	local vmlinuz=$root/usr/lib/modules/$abi/vmlinuz config=$root/usr/lib/modules/$abi/config
-	[ -f "$vmlinuz" ] || vmlinuz=$root/boot/vmlinuz-$abi
-	[ -f "$config" ] || config=$root/boot/config-$abi
-	[ -f "$vmlinuz" ] || { log "[$meta] no kernel image for $abi in $debs"; return 1; }
-	log "[$meta] kernel $abi ($(basename "$debs")), no module; $(grep -cE '^CONFIG_(IO_URING_ZCRX|UDMABUF)=y' "$config" 2>/dev/null || echo 0)/2 of CONFIG_IO_URING_ZCRX, CONFIG_UDMABUF built in"
-
-	local ir=$dir/initramfs bin pkg args
-	rm -rf "$ir" && mkdir -p "$ir/bin" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/tmp"
-	cp /bin/busybox "$ir/bin/busybox"
-	cp kmod/vm/init-tests "$ir/init"
-	: > "$ir/tests.list"
-	while read -r bin pkg args; do
-		case "$bin" in ''|'#'*) continue ;; esac
-		CGO_ENABLED=0 "$GO" test -c -o "$ir/$bin" "$pkg" || { log "[$meta] cannot build $pkg"; return 1; }
-		echo "$bin $args" >> "$ir/tests.list"
-	done < "$list"
-	local genv
-	genv=$(awk '/^GUEST_ENV=/ { sub(/^GUEST_ENV=/, ""); print; exit }' "$pin")
-	if [ -n "$genv" ]; then echo "export $genv" > "$ir/env"; fi
-	if [ -n "${ZCVM_PIN_ARGS:-}" ]; then sed -i "s#\$# $ZCVM_PIN_ARGS#" "$ir/tests.list"; fi
-	(cd "$ir" && find . | cpio -o -H newc --quiet | gzip -1 > "$dir/initrd.gz")
-	boot_and_judge "$meta" "$dir" "$vmlinuz"
 }
 
 for k in $KERNELS; do

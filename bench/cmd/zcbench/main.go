@@ -347,6 +347,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		report.PrintServiceGoals(stdout, sg)
 		goals = append(goals, sg...)
 	}
+	lg := report.LimitGoals(rows, skipped)
+	report.PrintLimitGoals(stdout, lg)
+	goals = append(goals, lg...)
 	report.PrintNoise(stdout, rows)
 	fmt.Fprintln(stdout, "Ratios are of medians (mode/net unless named). Latency is the round trip. Every payload byte was CRC-32C checked (iperf3 excepted).")
 
@@ -620,7 +623,7 @@ func wantScenario(cfg config, s harness.Scenario) bool {
 
 // serviceModes are the modes each services scenario compares (of those that support it).
 var serviceModes = map[harness.Scenario][]string{
-	harness.MultiQueue: {"net", "netpoll", "zc"},
+	harness.MultiQueue: {"net", "netpoll", "zc", report.CUring, report.CEpoll},
 	harness.HTTPWrk:    {"net", "zc-net"},
 }
 

@@ -29,6 +29,7 @@ func TestTinyRun(t *testing.T) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 	}
 	for _, s := range []string{"BULK", "PING-PONG", "GOALS (issue 10)", "NOT RUN (zc bulk 4 KiB not measured)",
+		"GOAL (issue 30, against the limit)", "13. against the limit", "NOT RUN (c-uring not measured",
 		"NOT RUN (multicore 512 conns of zc and net not measured)"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q:\n%s", s, out.String())
@@ -55,8 +56,9 @@ func TestTinyRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := doc.Results
-	if len(doc.Goals) != 12 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") ||
-		doc.Goals[6].ID != 7 || !strings.HasPrefix(doc.Goals[11].Status, "NOT RUN") {
+	if len(doc.Goals) != 13 || doc.Goals[0].ID != 1 || !strings.HasPrefix(doc.Goals[0].Status, "NOT RUN") ||
+		doc.Goals[6].ID != 7 || !strings.HasPrefix(doc.Goals[11].Status, "NOT RUN") ||
+		doc.Goals[12].ID != 13 || !strings.HasPrefix(doc.Goals[12].Status, "NOT RUN") {
 		t.Errorf("goals: %+v", doc.Goals)
 	}
 	// bulk: 3 sizes × 2 modes; pingpong: 2 modes.
@@ -341,6 +343,7 @@ func TestPlanServices(t *testing.T) {
 		{Scenario: harness.KV, Mode: "net-aa", Size: 64, Conns: 32},
 		{Scenario: harness.KV, Mode: "zc", Size: 100 << 10, Conns: 32},
 		{Scenario: harness.MultiQueue, Mode: "netpoll", Size: 64, Conns: 512},
+		{Scenario: harness.MultiQueue, Mode: "c-uring", Size: 64, Conns: 512},
 		{Scenario: harness.HTTPWrk, Mode: "zc-net", Size: 64 << 10, Conns: 512},
 	} {
 		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
@@ -354,7 +357,7 @@ func TestPlanServices(t *testing.T) {
 		if v.Mode == "net-aa" && !(v.Scenario == harness.Relay && v.Conns == 8 || v.Scenario == harness.KV && v.Size == 64) {
 			t.Errorf("A/A copy planned for %+v", v)
 		}
-		if v.Scenario == harness.MultiQueue && v.Mode != "net" && v.Mode != "netpoll" && v.Mode != "zc" {
+		if v.Scenario == harness.MultiQueue && !slices.Contains([]string{"net", "netpoll", "zc", "c-uring", "c-epoll"}, v.Mode) {
 			t.Errorf("mq planned with %s", v.Mode)
 		}
 		if v.Scenario == harness.HTTPWrk && v.Mode != "net" && v.Mode != "zc-net" {

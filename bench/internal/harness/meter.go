@@ -47,6 +47,8 @@ type Meter struct {
 
 	notes map[string]string // under mu
 
+	ext *External // under mu: a server process of its own measured this side
+
 	// Idle: memory before the first connection and once c.Conns are accepted
 	conns    atomic.Int64
 	idleOnce sync.Once
@@ -219,6 +221,25 @@ func (m *Meter) Stop() {
 	})
 }
 
+// External is what a server running in a process of its own (the C reference servers,
+// bench/internal/cref) measured of itself: its window (first received byte to its last
+// connection's close, as Start and Stop bound a Go server's), its CPU time over that
+// window (getrusage RUSAGE_SELF of that process: all its threads), and the frames and
+// bytes its own checker verified (the checks of package frame).
+type External struct {
+	Wall, User, Sys time.Duration
+	Frames, Bytes   uint64
+}
+
+// SetExternal makes e this side's figures: its window and CPU replace this process's
+// (which only waited for the other), its frames and bytes count as verified. A server
+// mode that runs its server as a child process calls it when that child has reported.
+func (m *Meter) SetExternal(e External) {
+	m.mu.Lock()
+	m.ext = &e
+	m.mu.Unlock()
+}
+
 // finish closes the window and returns this side's figures.
 func (m *Meter) finish(role string) Side {
 	m.Stop()
@@ -242,6 +263,11 @@ func (m *Meter) finish(role string) Side {
 	}
 	s.Frames += m.checked.Load()
 	s.Bytes += m.checkedBytes.Load()
+	if e := m.ext; e != nil {
+		s.Wall, s.User, s.Sys = e.Wall, e.User, e.Sys
+		s.Frames += e.Frames
+		s.Bytes += e.Bytes
+	}
 	if len(m.notes) > 0 {
 		s.Notes = maps.Clone(m.notes)
 	}

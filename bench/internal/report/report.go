@@ -298,7 +298,7 @@ func Table(w io.Writer, rows []Row) {
 		case harness.Bulk:
 			fmt.Fprintln(tw, "BULK (one stream)\tsize\tGbit/s median [min–max]\t×net\t×net-buf\t×iperf3\tCPU s/GB snd+rcv\tsnd\trcv\tCPU ×net\tCPU ×net-buf\t")
 		case harness.Echo:
-			fmt.Fprintln(tw, "ECHO (request/response, one CPU each side)\tsize\tconns\tmsgs/s median [min–max]\t×net\tRTT p50 µs\tp99 µs\tCPU µs/msg\t")
+			fmt.Fprintln(tw, "ECHO (request/response, one CPU each side)\tsize\tconns\tmsgs/s median [min–max]\t×net\tRTT p50 µs\tp99 µs\tCPU µs/msg\tsrv CPU µs/msg [min–max]\tsrv CPU ×c-uring\t")
 		case harness.PingPong:
 			fmt.Fprintln(tw, "PING-PONG (one conn, RTT)\tsize\tp50 µs\tp99 µs median [min–max]\tp99.9 µs\tp99 ×net\tCPU µs/msg\t")
 		case harness.Stream:
@@ -324,8 +324,10 @@ func Table(w io.Writer, rows []Row) {
 					num(r.Sum(CPUPerGB), "%.3f"), num(r.Sum(CPUSndPerGB), "%.3f"), num(r.Sum(CPURcvPerGB), "%.3f"),
 					ratio(r.Sum(CPUPerGB), sumOf(net, CPUPerGB)), ratio(r.Sum(CPUPerGB), sumOf(nbuf, CPUPerGB)))
 			case harness.Echo:
-				fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
-					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(CPUPerMsg), "%.2f"))
+				cu := Find(rows, r.Scenario, CUring, r.Size, r.Conns)
+				fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
+					ratio(r.Sum(MsgsPerS), sumOf(net, MsgsPerS)), num(r.Sum(P50), "%.1f"), num(r.Sum(P99), "%.1f"), num(r.Sum(CPUPerMsg), "%.2f"),
+					spread(r.Sum(SrvCPUPerMsg), "%.2f"), ratio(r.Sum(SrvCPUPerMsg), sumOf(cu, SrvCPUPerMsg)))
 			case harness.PingPong:
 				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, size, num(r.Sum(P50), "%.1f"), spread(r.Sum(P99), "%.1f"),
 					num(r.Sum(P999), "%.1f"), ratio(r.Sum(P99), sumOf(net, P99)), num(r.Sum(CPUPerMsg), "%.2f"))
@@ -653,6 +655,8 @@ var noiseSources = map[string]struct {
 	"msgs/s":   {harness.Echo, MsgsPerS},
 	"req/s":    {harness.Echo, MsgsPerS},
 	"µs":       {harness.PingPong, P99},
+	// server CPU per request, the goal against the limit (limit.go)
+	unitSrvMsg: {harness.Echo, SrvCPUPerMsg},
 	// the services' A/A pair (net-aa / net)
 	unitSrvUs:   {harness.KV, SrvCPUPerMsg},
 	unitSrvSGB:  {harness.Relay, SrvCPUPerGB},
@@ -692,6 +696,8 @@ func NoiseFloor(rows []Row) []Check {
 		switch p[0].Scenario {
 		case harness.Bulk:
 			figs, units = append(figs, CPUPerGB), append(units, "CPU s/GB")
+		case harness.Echo:
+			figs, units = append(figs, SrvCPUPerMsg), append(units, unitSrvMsg)
 		case harness.KV:
 			figs, units = []Figure{SrvCPUPerMsg}, []string{unitSrvUs}
 		case harness.Relay:
@@ -746,9 +752,10 @@ func aaPairs(rows []Row) [][2]*Row {
 	return ps
 }
 
-// applyNoise reads every check of a measured goal against this run's A/A noise in its
-// unit (AANoise): a ratio closer to its target than that noise (relative to the target),
-// or one whose unit no A/A pair measured, is InNoise. The goal is then MISSED if a check
+// applyNoise reads every check of a measured goal against its own rounds and this run's A/A
+// noise in its unit (AANoise): a check whose rounds straddle its target, a ratio closer to
+// its target than that noise (relative to the target), or one whose unit no A/A pair
+// measured, is InNoise. The goal is then MISSED if a check
 // missed outside the noise (goal 4, met by either configuration: if none met outside it),
 // UNDECIDED if a check lies within it, MET otherwise. A check of zc against itself (goal 1
 // where zc is the best mode) and a check of a fact (goal 3's steering) are exact.
@@ -765,6 +772,14 @@ func applyNoise(gs []Goal, rows []Row) {
 			if c.Ratio != nil && c.goal > 0 {
 				dev, ok := AANoise(rows, c.Unit)
 				switch {
+				case c.RoundMin != nil && c.RoundMax != nil && *c.RoundMin < c.goal && c.goal < *c.RoundMax:
+					// The check's own rounds fall on both sides of its target: whatever the
+					// median says, this run cannot tell met from missed.
+					c.InNoise = true
+					if ok {
+						c.Noise = ptr(dev)
+					}
+					undecided = append(undecided, fmt.Sprintf("%s: its rounds %.2f–%.2f straddle the target", c.What, *c.RoundMin, *c.RoundMax))
 				case !ok:
 					c.InNoise = true
 					undecided = append(undecided, c.What+": no A/A measure of "+c.Unit)

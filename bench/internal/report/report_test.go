@@ -470,3 +470,23 @@ func TestBufferedBaseline(t *testing.T) {
 		}
 	}
 }
+
+// A check whose own rounds fall on both sides of its target is UNDECIDED even where the
+// run's A/A pair was quiet (session 9's wrk check was "met" at 0.80× with rounds 0.80–1.19,
+// then 1.125× in the next run); rounds all on one side decide it.
+func TestRoundsStraddlingTargetUndecided(t *testing.T) {
+	rows := []Row{bulk(ZCCopy, 65536, 10, 10, 10), bulk(ZCCopyAA, 65536, 10, 10, 10)}
+	check := func(lo, hi float64) Goal {
+		c := Check{What: "x / net", Ratio: ptr(0.85), RoundMin: ptr(lo), RoundMax: ptr(hi), Unit: "Gbit/s",
+			Target: "≥ 0.8", Met: true, goal: 0.8}
+		gs := []Goal{{ID: 1, Name: "g", Status: StatusMet, Checks: []Check{c}}}
+		applyNoise(gs, rows)
+		return gs[0]
+	}
+	if g := check(0.70, 0.95); g.Status != StatusUndecided || !g.Checks[0].InNoise || !strings.Contains(g.Note, "rounds 0.70–0.95 straddle the target") {
+		t.Errorf("straddling rounds: %s %q", g.Status, g.Note)
+	}
+	if g := check(0.82, 0.95); g.Status != StatusMet || g.Checks[0].InNoise {
+		t.Errorf("rounds all above the target: %s %q", g.Status, g.Note)
+	}
+}

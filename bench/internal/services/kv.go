@@ -524,7 +524,8 @@ func kvDrive(conn *net.TCPConn, m *harness.Meter, id int, pool []byte, mix bool,
 	readBack := -1 // -selftest-corrupt: the key whose damaged value the next GET reads
 	var units, vbytes uint64
 	defer func() { m.Count(units, vbytes) }()
-	for !m.Stopped() {
+	// At least one batch, however short the window (see the fan-out publisher).
+	for first := true; first || !m.Stopped(); first = false {
 		t0 := time.Now()
 		for i := range ops {
 			op := kvOp{get: r.IntN(2) == 0, key: r.IntN(kvKeys)}
