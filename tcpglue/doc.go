@@ -37,6 +37,16 @@
 // mapped data it returns are valid until the next Recv, Release or Close on
 // the window.
 //
+// # Kernel TLS
+//
+// EnableTLS, SetTLSTx and SetTLSRx move the record layer of an established
+// connection into the kernel (TCP_ULP "tls", TLS_TX, TLS_RX) once a user-space
+// handshake has produced the keys (package zc/ztls does that with crypto/tls).
+// RecvTLS reads with the record type of what it read, so alerts and handshake
+// messages are seen as such; SendTLSRecord sends them. ProbeTLS says whether
+// the kernel has TLS and which ciphers it accepts. A kernel-TLS socket refuses
+// zero-copy sends: send, sendfile and splice work, and the kernel encrypts.
+//
 // # Errors
 //
 // Every failure is an *OpError{Op, Fd, Addr, Err} (use errors.As). Err is

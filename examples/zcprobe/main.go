@@ -2,7 +2,8 @@
 // process can do (io_uring, SEND_ZC, mapped receive, BPF steering, the zcshim module), then
 // one section per network device of the current namespace (hwq's per-NIC report: queues,
 // header split, ntuple, RSS, zcrx, devmem, AF_XDP zero-copy, hardware timestamps, and
-// whether the NIC is "special"), each answer with its reason.
+// whether the NIC is "special"), each answer with its reason, and last whether the kernel
+// carries TLS records (zc/ztls: the ciphers it accepts, or what is missing).
 //
 // Whether zero-copy sends are real (the kernel does not copy them after all, as it does on
 // loopback and veth) depends on the path to a peer, so it takes one: run
@@ -41,6 +42,15 @@ func main() {
 		return
 	}
 	fmt.Print(zc.Probe())
+	sup, err := tcpglue.ProbeTLS()
+	switch {
+	case err != nil:
+		fmt.Printf("%-14s no: %v\n", "kernel tls", err)
+	case sup.Missing() != "":
+		fmt.Printf("%-14s partly: the kernel refuses %s\n", "kernel tls", sup.Missing())
+	default:
+		fmt.Printf("%-14s yes (AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305; TLS 1.2 and 1.3)\n", "kernel tls")
+	}
 	if *tx != "" {
 		r, err := probeTX(*from, *tx, *size)
 		if err != nil {

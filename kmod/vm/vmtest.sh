@@ -72,7 +72,7 @@ guest_modules() {
 	done
 	# the algorithms' modules (loaded on demand through modprobe's aliases)
 	local extra
-	extra=$(find "$mdir/kernel/crypto" "$mdir/kernel/arch/x86/crypto" "$mdir/kernel/lib/crypto" -name '*.ko*' 2>/dev/null)
+	extra=$(find "$mdir/kernel/crypto" "$mdir/kernel/arch/x86/crypto" "$mdir/kernel/lib" -name '*.ko*' 2>/dev/null)
 	for f in $(for m in $seen; do find "$mdir/kernel" -name "$m.ko*" -o -name "${m//_/-}.ko*"; done) $extra; do
 		rel=${f#"$mdir"/}
 		dst=$ir/lib/modules/$abi/${rel%.xz}
@@ -93,6 +93,9 @@ guest_binaries() {
 	for name in "$@"; do
 		path=$(command -v "$name") || { log "no $name on this machine (bash .ci/need.sh $name)"; return 1; }
 		cp -L "$path" "$ir/bin/$name"
+		if [ "$name" = openssl ] && [ -e /usr/lib/ssl/openssl.cnf ]; then
+			mkdir -p "$ir/usr/lib/ssl" && cp -L /usr/lib/ssl/openssl.cnf "$ir/usr/lib/ssl/"
+		fi
 		for lib in $(ldd "$path" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }'); do
 			mkdir -p "$ir$(dirname "$lib")"
 			cp -L "$lib" "$ir$lib"
