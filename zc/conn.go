@@ -189,13 +189,14 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	ops        int32           // operations in the kernel (recv, send, connect, poll)
-	paused     int32           // pause reasons
-	destPauses int32           // destinations we wait for
-	qi         int32           // index in the queue's connection list (loop only; -1 when not in it)
-	st         connstate.State // where the connection is in its life, and its socket (life.go)
-	bk         backendState    // the backend's own state of the connection (opaque to the core)
-	parked     *parkedRecv     // receives that landed while the user paused (deliver, unparkRecv)
+	ops        int32             // operations in the kernel (recv, send, connect, poll)
+	paused     int32             // pause reasons
+	destPauses int32             // destinations we wait for
+	qi         int32             // index in the queue's connection list (loop only; -1 when not in it)
+	st         connstate.State   // where the connection is in its life, and its socket (life.go)
+	rd         connstate.Receive // who reads it: handler, ReadSelf, the face, a relay; FanOut wrappers (life.go)
+	bk         backendState      // the backend's own state of the connection (opaque to the core)
+	parked     *parkedRecv       // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
@@ -306,11 +307,20 @@ func (c *Conn) Queued() int {
 // SetHandler replaces the handler. Call it from a handler method or the accept function (on
 // another goroutine it is posted to the connection's queue: if the connection closes before
 // the new handler is in place, the new handler's OnClose still runs). A nil handler is
-// refused.
+// refused, and so is a connection whose handler is not the application's to replace (ErrInvalid): one a
+// Relay forwards, a net.Conn face's, a FanOut subscriber (Remove it first).
 func (c *Conn) SetHandler(h Handler) error {
 	if h == nil {
 		return c.opErr("sethandler", ErrInvalid)
 	}
+	if err := c.handlerOwned(); err != nil {
+		return c.opErr("sethandler", err)
+	}
+	return c.setHandler(h)
+}
+
+// setHandler is SetHandler for the reader that owns the connection (a Relay).
+func (c *Conn) setHandler(h Handler) error {
 	if c.q.OnLoop() {
 		if c.ended() {
 			return c.opErr("sethandler", ErrClosed)

@@ -78,11 +78,11 @@ func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
 		{r: r, i: 0, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
 		{r: r, i: 1, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
 	}
-	if err := a.SetHandler(r.sides[0]); err != nil {
+	if err := a.setHandler(r.sides[0]); err != nil {
 		b.Close()
 		return err
 	}
-	if err := b.SetHandler(r.sides[1]); err != nil {
+	if err := b.setHandler(r.sides[1]); err != nil {
 		a.Close()
 		return err
 	}
