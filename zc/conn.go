@@ -91,24 +91,55 @@ type closeState struct {
 
 // seg is one buffer (or part of one) on its way out.
 type seg struct {
-	loan memreg.Loan
-	off  int32  // bytes already sent
-	n    int32  // bytes to send
-	src  *Conn  // a forwarded receive buffer: src's receive credit, released once sent
-	sum  uint64 // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
+	kind segKind     // what it sends from: the field that says which of loan, file, ext is set
+	loan memreg.Loan // segLoan
+	off  int32       // bytes already sent
+	n    int32       // bytes to send
+	src  *Conn       // a forwarded receive buffer: src's receive credit, released once sent
+	sum  uint64      // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
 	// shared: the loan is one owner of a shared buffer (shared.go); src's credit goes back
 	// with the buffer's last owner, not with this segment
 	shared bool
-	// file: a SendFile range (no loan): alone at the head of tx.pend when it goes (sendfile.go)
+	// file (segFile): a SendFile range or a relay's pipe: alone at the head of tx.pend when
+	// it goes (sendfile.go)
 	file *fileSeg
-	// ext: bytes in a zcrx area (no loan), held until sent (SendData of zcrx Data, zcrx.go);
+	// ext (segExt): bytes in a zcrx area, held until sent (SendData of zcrx Data, zcrx.go);
 	// the credit goes back with the buffer's last reference, as for a shared loan
 	ext *zcrxRef
 }
 
+// segKind is what a segment sends from. The core and the backends ask the kind, never
+// which pointer is nil.
+type segKind uint8
+
+const (
+	segLoan segKind = iota // a buffer of a registered pool (seg.loan), shared or not
+	segFile                // a file range or a pipe's bytes (seg.file): no memory of ours
+	segExt                 // memory held by reference, not a pool's loan (seg.ext: a zcrx buffer)
+)
+
+// loanSeg, fileSeg and extSeg make a segment of each kind.
+func loanSeg(loan memreg.Loan, off, n int32) seg {
+	return seg{kind: segLoan, loan: loan, off: off, n: n}
+}
+func fileRangeSeg(f *fileSeg, n int32) seg  { return seg{kind: segFile, file: f, n: n} }
+func extSeg(ref *zcrxRef, off, n int32) seg { return seg{kind: segExt, ext: ref, off: off, n: n} }
+
+// holdsMem reports whether the segment still holds memory to give back (a loan not yet
+// returned, or an external reference).
+func (s *seg) holdsMem() bool {
+	switch s.kind {
+	case segLoan:
+		return s.loan.Region() != nil
+	case segExt:
+		return true
+	}
+	return false
+}
+
 // mem is the memory the segment sends from ([off, n) of it), nil once it went back.
 func (s *seg) mem() []byte {
-	if s.ext != nil {
+	if s.kind == segExt {
 		return s.ext.bytes()
 	}
 	return s.loan.Data()
@@ -116,7 +147,7 @@ func (s *seg) mem() []byte {
 
 // ptr is the address of byte i of the segment's memory, for an iovec.
 func (s *seg) ptr(i int) *byte {
-	if s.ext != nil {
+	if s.kind == segExt {
 		return &s.ext.bytes()[i]
 	}
 	return s.loan.Pointer(i)
@@ -498,7 +529,9 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(n), sum: sum})
+	s := loanSeg(loan, 0, int32(n))
+	s.sum = sum
+	return c.enqueue(s)
 }
 
 // SendData forwards received bytes without copying them (a proxy's or echo server's fast
@@ -565,7 +598,9 @@ func (c *Conn) SendData(d Data) error {
 		c.e.shareCtr.sends.Add(1)
 		c.e.shareCtr.bytes.Add(uint64(d.n))
 	}
-	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum, shared: shared})
+	s := loanSeg(loan, 0, int32(d.n))
+	s.src, s.sum, s.shared = d.c, sum, shared
+	return c.enqueue(s)
 }
 
 // enqueue adds s to the producer queue.
@@ -918,7 +953,7 @@ func (c *Conn) flushStageLocked() {
 		c.queued -= t.stageN
 		return
 	}
-	c.out = append(c.out, seg{loan: loan, n: int32(t.stageN)})
+	c.out = append(c.out, loanSeg(loan, 0, int32(t.stageN)))
 }
 
 // staged reports whether Write's staging buffer holds a buffer (mu held).
