@@ -91,8 +91,9 @@ type spliceBackend interface {
 // in (polls of fd watches, their cancels, zcrx receivers, the mapped receive's poll).
 type ringBackend interface {
 	uring() *loop.URing
-	// newOp registers an operation of c with the tag (its completion reaches the backend).
-	newOp(c *Conn, tag uint32) uint64
+	// armPoll arms a multishot readability poll as c's receive (its completions reach the
+	// connection's receive path: the mapped receive's onPoll).
+	armPoll(c *Conn)
 	// cancelRecv cancels c's armed receive or poll: its last completion follows.
 	cancelRecv(c *Conn)
 }

@@ -139,6 +139,7 @@ func (b *uringBackend) freeOp(c *Conn, ud uint64) {
 
 func (b *uringBackend) armRecv(c *Conn) {
 	if c.rx != nil {
+		us(c).needArm = false
 		c.rx.arm(b)
 		return
 	}
@@ -171,6 +172,17 @@ func (b *uringBackend) stopRecv(c *Conn) {
 		return
 	}
 	b.cancelRecv(c)
+}
+
+// armPoll arms a multishot poll for readability as c's receive (ringBackend: the mapped
+// receive reads the window itself when it fires).
+func (b *uringBackend) armPoll(c *Conn) {
+	st := us(c)
+	st.recvUD = b.newOp(c, tagPoll)
+	sqe := b.u.GetSQE()
+	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
+	sqe.UserData = st.recvUD
+	c.recvStarted()
 }
 
 // cancelRecv cancels the connection's armed receive (or poll): its last completion follows.

@@ -226,7 +226,9 @@ func TestBackendsWriteOnlyTheirState(t *testing.T) {
 
 // TestBackendsStayInTheirFiles holds the backends' walls inside package zc: nothing outside
 // be_*.go names a concrete backend type (no type switch or assertion on one: the core asks
-// the queue's capabilities, asserted once in setBackend), and no backend names what another
+// the queue's capabilities, asserted once in setBackend) nor anything else a backend's file
+// declares (their state, helpers: the core reaches a backend only through backend.go's
+// interfaces; the engine calls their constructors), and no backend names what another
 // backend's file declares (their shared vocabulary is backend.go's; the plain and zcshim
 // backends share the epoll base of be_epoll.go).
 func TestBackendsStayInTheirFiles(t *testing.T) {
@@ -251,6 +253,12 @@ func TestBackendsStayInTheirFiles(t *testing.T) {
 	if len(concrete) < 3 {
 		t.Fatalf("found %d concrete backends (want io_uring, plain, zcshim): the check would see nothing", len(concrete))
 	}
+	// chooses: where the engine picks a backend (engine.go, caps.go) it calls the backends'
+	// constructors and availability probes; nothing else of theirs.
+	chooses := func(at string, obj types.Object) bool {
+		_, fn := obj.(*types.Func)
+		return fn && (at == "engine.go" || at == "caps.go")
+	}
 	var bad []string
 	for id, obj := range info.Uses {
 		if obj.Pkg() != pkg || !obj.Pos().IsValid() {
@@ -260,6 +268,8 @@ func TestBackendsStayInTheirFiles(t *testing.T) {
 		switch {
 		case !isBE(at) && concrete[obj]:
 			bad = append(bad, fset.Position(id.Pos()).String()+": the core names the backend type "+obj.Name())
+		case !isBE(at) && isBE(decl) && obj.Parent() == pkg.Scope() && !chooses(at, obj):
+			bad = append(bad, fset.Position(id.Pos()).String()+": the core names "+obj.Name()+" of "+decl)
 		case isBE(at) && isBE(decl) && at != decl && decl != "be_epoll.go" && obj.Parent() == pkg.Scope():
 			bad = append(bad, fset.Position(id.Pos()).String()+": "+at+" names "+obj.Name()+" of "+decl)
 		}

@@ -169,7 +169,6 @@ func (zx *zcrxConn) arm(ringBackend) {
 	}
 	zx.s = s
 	c.recvStarted()
-	us(c).needArm = false
 	c.opStarted()
 }
 
