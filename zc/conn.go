@@ -339,7 +339,9 @@ func (c *Conn) Queued() int {
 // another goroutine it is posted to the connection's queue: if the connection closes before
 // the new handler is in place, the new handler's OnClose still runs). A nil handler is
 // refused, and so is a connection whose handler is not the application's to replace (ErrInvalid): one a
-// Relay forwards, a net.Conn face's, a FanOut subscriber (Remove it first).
+// Relay forwards, a net.Conn face's, a FanOut subscriber (Remove it first). A SetHandler from
+// another goroutine that a Relay overtakes on the connection's queue (the relay took it
+// between the call and the install) gives way: the relay's handler stays.
 func (c *Conn) SetHandler(h Handler) error {
 	if h == nil {
 		return c.opErr("sethandler", ErrInvalid)
@@ -347,11 +349,14 @@ func (c *Conn) SetHandler(h Handler) error {
 	if err := c.handlerOwned(); err != nil {
 		return c.opErr("sethandler", err)
 	}
-	return c.setHandler(h)
+	return c.setHandler(h, connstate.ReadHandler)
 }
 
-// setHandler is SetHandler for the reader that owns the connection (a Relay).
-func (c *Conn) setHandler(h Handler) error {
+// setHandler installs h for the reader by: the application's handler (SetHandler) or a
+// Relay's. A posted install of the application's that finds a Relay or the face reading the
+// connection by then (it took the connection on the loop between the call and the install)
+// gives way: their handler stays.
+func (c *Conn) setHandler(h Handler, by connstate.Reader) error {
 	if c.q.OnLoop() {
 		if c.ended() {
 			return c.opErr("sethandler", ErrClosed)
@@ -364,6 +369,9 @@ func (c *Conn) setHandler(h Handler) error {
 	}
 	if err := c.q.Post(func() {
 		if !c.ended() {
+			if r := c.rd.Reader(); by == connstate.ReadHandler && (r == connstate.ReadRelay || r == connstate.ReadFace) {
+				return
+			}
 			c.h = h
 			return
 		}

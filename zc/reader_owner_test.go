@@ -251,3 +251,44 @@ func TestRelayOfFaceRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestSetHandlerRacingRelay: a SetHandler from another goroutine, accepted while the
+// connection still had its own handler, whose install runs after a Relay took the
+// connection on its queue, gives way: the relay's handler stays, and the relay forwards.
+func TestSetHandlerRacingRelay(t *testing.T) {
+	e := newEngine(t, Config{Queues: 1})
+	a, pa := dialPeer(t, e, HandlerFuncs{})
+	b, pb := dialPeer(t, e, HandlerFuncs{})
+	var entered atomic.Bool
+	gate := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- a.q.Do(func() error {
+			entered.Store(true)
+			<-gate
+			// On a's queue: the relay's handler is in place at once.
+			_, err := RelayWith(a, b, RelayOptions{Path: RelaySendData})
+			return err
+		})
+	}()
+	testutil.Eventually(t, "the queue busy", entered.Load)
+	// Posted behind the function above: it runs after the relay took a.
+	if err := a.SetHandler(HandlerFuncs{}); err != nil {
+		t.Fatalf("SetHandler before the relay: %v", err)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatalf("Relay: %v", err)
+	}
+	var h Handler
+	a.q.Do(func() error { h = a.h; return nil })
+	if _, ok := h.(*relaySide); !ok {
+		t.Fatalf("a's handler is %T, want the relay's", h)
+	}
+	pa.Write([]byte("raced"))
+	buf := make([]byte, 5)
+	pb.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "raced" {
+		t.Fatalf("relayed %q, %v", buf, err)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // Relay forwards a's received bytes to b and b's to a by the cheapest correct path this host
@@ -136,11 +138,11 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	}
 	ha := &relaySide{r: r, peer: b, bytes: &r.AtoB}
 	hb := &relaySide{r: r, peer: a, bytes: &r.BtoA}
-	if err := a.setHandler(ha); err != nil {
+	if err := a.setHandler(ha, connstate.ReadRelay); err != nil {
 		b.Close()
 		return nil, err
 	}
-	if err := b.setHandler(hb); err != nil {
+	if err := b.setHandler(hb, connstate.ReadRelay); err != nil {
 		a.Close()
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // The relay's splice path (RelaySplice). Both directions run on the relay's home queue (a's):
@@ -78,11 +79,11 @@ func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
 		{r: r, i: 0, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
 		{r: r, i: 1, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
 	}
-	if err := a.setHandler(r.sides[0]); err != nil {
+	if err := a.setHandler(r.sides[0], connstate.ReadRelay); err != nil {
 		b.Close()
 		return err
 	}
-	if err := b.setHandler(r.sides[1]); err != nil {
+	if err := b.setHandler(r.sides[1], connstate.ReadRelay); err != nil {
 		a.Close()
 		return err
 	}
