@@ -37,7 +37,12 @@ const (
 )
 
 // ss is the shim backend's module state of c (nil until start attached it).
-func ss(c *Conn) *shimConnState { return es(c).shim }
+func ss(c *Conn) *shimConnState {
+	st, _ := es(c).own.(*shimConnState)
+	return st
+}
+
+func (*shimConnState) backendState() {}
 
 // shimConnState is a connection's module state.
 type shimConnState struct {
@@ -81,6 +86,7 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	b := &shimBackend{epollCommon: epollCommon{q: q, ep: ep}, txKeys: map[*memreg.Region]shim.RegionKey{},
 		rxKeys: map[*memreg.Region]shim.RegionKey{}, cqes: make([]shim.Completion, 256),
 		recvBufs: map[uint64]memreg.Buf{}}
+	b.onConn = b.onReadable
 	fail := func(err error) (loop.Driver, error) {
 		b.close()
 		ep.Close()
@@ -131,7 +137,7 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	if err := ep.Add(b.rx.Fd(), unix.EPOLLIN, b.rxUD); err != nil {
 		return fail(err)
 	}
-	q.be = b
+	q.setBackend(b)
 	return ep, nil
 }
 
@@ -195,11 +201,11 @@ func (b *shimBackend) start(c *Conn) error {
 		return shimErr(err)
 	}
 	st.txSock, st.rxSock, st.attached = tx, rx, true
-	es(c).shim = st
+	es(c).own = st
 	if err := b.register(c, (*econn)(c)); err != nil {
 		b.tx.Detach(tx)
 		b.rx.Detach(rx)
-		es(c).shim = nil
+		es(c).own = nil
 		return err
 	}
 	return nil

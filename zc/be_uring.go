@@ -16,22 +16,7 @@ import (
 // several), SEND_ZC from the registered send pool for large buffers when the adaptive policy
 // says so, CONNECT and multishot ACCEPT.
 
-const (
-	tagRecv uint32 = iota + 1
-	tagSend
-	tagSendZC
-	tagConnect
-	tagPoll
-	tagAccept
-	tagDial // epoll: connect readiness
-	tagShim // shim module completions
-)
-
-const (
-	maxIov       = 64      // buffers per SENDMSG
-	maxSendBatch = 1 << 20 // bytes per SENDMSG (latency stays low behind a big batch)
-	sendFlags    = unix.MSG_WAITALL | unix.MSG_NOSIGNAL
-)
+const sendFlags = unix.MSG_WAITALL | unix.MSG_NOSIGNAL
 
 type iovBuf struct {
 	iov [maxIov]unix.Iovec
@@ -103,17 +88,25 @@ func newURingBackend(q *queue, caps *uring.Capabilities) (loop.Driver, error) {
 		u.Close()
 		return nil, err
 	}
-	q.be = b
+	q.setBackend(b)
 	return u, nil
 }
 
-func (b *uringBackend) name() Backend          { return BackendIOUring }
-func (b *uringBackend) directOK() bool         { return true }
-func (b *uringBackend) zeroCopy() bool         { return true }
-func (b *uringBackend) recvPool() *memreg.Pool { return b.rp.pool }
-func (b *uringBackend) ringStats() ringStats   { return b.rp.stats() }
-func (b *uringBackend) start(c *Conn) error    { return nil }
-func (b *uringBackend) sending(c *Conn) bool   { return us(c).tx.ud != 0 }
+func (b *uringBackend) name() Backend { return BackendIOUring }
+
+// uring: the core's own operations (fd watches, zcrx, the mapped receive) go in the ring
+// (ringBackend).
+func (b *uringBackend) uring() *loop.URing { return b.u }
+
+// watchEpoll: the splice machinery's watches go into a private epoll instance whose
+// readiness the ring reports (spliceBackend; spliceQueue.ringEpoll).
+func (b *uringBackend) watchEpoll(q *queue) *loop.Epoll { return q.spl.ringEpoll(q, b.u) }
+func (b *uringBackend) directOK() bool                  { return true }
+func (b *uringBackend) zeroCopy() bool                  { return true }
+func (b *uringBackend) recvPool() *memreg.Pool          { return b.rp.pool }
+func (b *uringBackend) ringStats() ringStats            { return b.rp.stats() }
+func (b *uringBackend) start(c *Conn) error             { return nil }
+func (b *uringBackend) sending(c *Conn) bool            { return us(c).tx.ud != 0 }
 
 func (b *uringBackend) inFlightSegs(c *Conn) int {
 	if t := &us(c).tx; t.ud != 0 {
@@ -146,6 +139,7 @@ func (b *uringBackend) freeOp(c *Conn, ud uint64) {
 
 func (b *uringBackend) armRecv(c *Conn) {
 	if c.rx != nil {
+		us(c).needArm = false
 		c.rx.arm(b)
 		return
 	}
@@ -180,6 +174,17 @@ func (b *uringBackend) stopRecv(c *Conn) {
 	b.cancelRecv(c)
 }
 
+// armPoll arms a multishot poll for readability as c's receive (ringBackend: the mapped
+// receive reads the window itself when it fires).
+func (b *uringBackend) armPoll(c *Conn) {
+	st := us(c)
+	st.recvUD = b.newOp(c, tagPoll)
+	sqe := b.u.GetSQE()
+	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
+	sqe.UserData = st.recvUD
+	c.recvStarted()
+}
+
 // cancelRecv cancels the connection's armed receive (or poll): its last completion follows.
 func (b *uringBackend) cancelRecv(c *Conn) {
 	if st := us(c); c.recvArmed && st.recvUD != 0 {
@@ -190,7 +195,7 @@ func (b *uringBackend) cancelRecv(c *Conn) {
 // fixedIndex is the registered-buffer index of a segment's memory, when its pool is
 // registered with the ring (a zcrx area is not: it is sent from by address).
 func (b *uringBackend) fixedIndex(s *seg, addr uintptr, n int) (uint16, bool) {
-	if s.ext != nil {
+	if s.kind != segLoan {
 		return 0, false
 	}
 	return b.u.FixedIndex(s.loan.Region().Base(), addr, n)

@@ -91,24 +91,55 @@ type closeState struct {
 
 // seg is one buffer (or part of one) on its way out.
 type seg struct {
-	loan memreg.Loan
-	off  int32  // bytes already sent
-	n    int32  // bytes to send
-	src  *Conn  // a forwarded receive buffer: src's receive credit, released once sent
-	sum  uint64 // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
+	kind segKind     // what it sends from: the field that says which of loan, file, ext is set
+	loan memreg.Loan // segLoan
+	off  int32       // bytes already sent
+	n    int32       // bytes to send
+	src  *Conn       // a forwarded receive buffer: src's receive credit, released once sent
+	sum  uint64      // Config.Debug.Buffers: the bytes' checksum at Send (0: none)
 	// shared: the loan is one owner of a shared buffer (shared.go); src's credit goes back
 	// with the buffer's last owner, not with this segment
 	shared bool
-	// file: a SendFile range (no loan): alone at the head of tx.pend when it goes (sendfile.go)
+	// file (segFile): a SendFile range or a relay's pipe: alone at the head of tx.pend when
+	// it goes (sendfile.go)
 	file *fileSeg
-	// ext: bytes in a zcrx area (no loan), held until sent (SendData of zcrx Data, zcrx.go);
+	// ext (segExt): bytes in a zcrx area, held until sent (SendData of zcrx Data, zcrx.go);
 	// the credit goes back with the buffer's last reference, as for a shared loan
 	ext *zcrxRef
 }
 
+// segKind is what a segment sends from. The core and the backends ask the kind, never
+// which pointer is nil.
+type segKind uint8
+
+const (
+	segLoan segKind = iota // a buffer of a registered pool (seg.loan), shared or not
+	segFile                // a file range or a pipe's bytes (seg.file): no memory of ours
+	segExt                 // memory held by reference, not a pool's loan (seg.ext: a zcrx buffer)
+)
+
+// loanSeg, fileSeg and extSeg make a segment of each kind.
+func loanSeg(loan memreg.Loan, off, n int32) seg {
+	return seg{kind: segLoan, loan: loan, off: off, n: n}
+}
+func fileRangeSeg(f *fileSeg, n int32) seg  { return seg{kind: segFile, file: f, n: n} }
+func extSeg(ref *zcrxRef, off, n int32) seg { return seg{kind: segExt, ext: ref, off: off, n: n} }
+
+// holdsMem reports whether the segment still holds memory to give back (a loan not yet
+// returned, or an external reference).
+func (s *seg) holdsMem() bool {
+	switch s.kind {
+	case segLoan:
+		return s.loan.Region() != nil
+	case segExt:
+		return true
+	}
+	return false
+}
+
 // mem is the memory the segment sends from ([off, n) of it), nil once it went back.
 func (s *seg) mem() []byte {
-	if s.ext != nil {
+	if s.kind == segExt {
 		return s.ext.bytes()
 	}
 	return s.loan.Data()
@@ -116,7 +147,7 @@ func (s *seg) mem() []byte {
 
 // ptr is the address of byte i of the segment's memory, for an iovec.
 func (s *seg) ptr(i int) *byte {
-	if s.ext != nil {
+	if s.kind == segExt {
 		return &s.ext.bytes()[i]
 	}
 	return s.loan.Pointer(i)
@@ -189,13 +220,14 @@ type Conn struct {
 	// txp is tx as the loop first sees it: tx is made by a producer under mu, so the loop's
 	// checks for it (pendLen, sending ...) load this instead of reading tx unsynchronized.
 	txp        atomic.Pointer[sender]
-	ops        int32           // operations in the kernel (recv, send, connect, poll)
-	paused     int32           // pause reasons
-	destPauses int32           // destinations we wait for
-	qi         int32           // index in the queue's connection list (loop only; -1 when not in it)
-	st         connstate.State // where the connection is in its life, and its socket (life.go)
-	bk         backendState    // the backend's own state of the connection (opaque to the core)
-	parked     *parkedRecv     // receives that landed while the user paused (deliver, unparkRecv)
+	ops        int32             // operations in the kernel (recv, send, connect, poll)
+	paused     int32             // pause reasons
+	destPauses int32             // destinations we wait for
+	qi         int32             // index in the queue's connection list (loop only; -1 when not in it)
+	st         connstate.State   // where the connection is in its life, and its socket (life.go)
+	rd         connstate.Receive // who reads it: handler, ReadSelf, the face, a relay; FanOut wrappers (life.go)
+	bk         backendState      // the backend's own state of the connection (opaque to the core)
+	parked     *parkedRecv       // receives that landed while the user paused (deliver, unparkRecv)
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
@@ -306,11 +338,25 @@ func (c *Conn) Queued() int {
 // SetHandler replaces the handler. Call it from a handler method or the accept function (on
 // another goroutine it is posted to the connection's queue: if the connection closes before
 // the new handler is in place, the new handler's OnClose still runs). A nil handler is
-// refused.
+// refused, and so is a connection whose handler is not the application's to replace (ErrInvalid): one a
+// Relay forwards, a net.Conn face's, a FanOut subscriber (Remove it first). A SetHandler from
+// another goroutine that a Relay overtakes on the connection's queue (the relay took it
+// between the call and the install) gives way: the relay's handler stays.
 func (c *Conn) SetHandler(h Handler) error {
 	if h == nil {
 		return c.opErr("sethandler", ErrInvalid)
 	}
+	if err := c.handlerOwned(); err != nil {
+		return c.opErr("sethandler", err)
+	}
+	return c.setHandler(h, connstate.ReadHandler)
+}
+
+// setHandler installs h for the reader by: the application's handler (SetHandler) or a
+// Relay's. A posted install of the application's that finds a Relay or the face reading the
+// connection by then (it took the connection on the loop between the call and the install)
+// gives way: their handler stays.
+func (c *Conn) setHandler(h Handler, by connstate.Reader) error {
 	if c.q.OnLoop() {
 		if c.ended() {
 			return c.opErr("sethandler", ErrClosed)
@@ -323,6 +369,9 @@ func (c *Conn) SetHandler(h Handler) error {
 	}
 	if err := c.q.Post(func() {
 		if !c.ended() {
+			if r := c.rd.Reader(); by == connstate.ReadHandler && (r == connstate.ReadRelay || r == connstate.ReadFace) {
+				return
+			}
 			c.h = h
 			return
 		}
@@ -488,7 +537,9 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, n: int32(n), sum: sum})
+	s := loanSeg(loan, 0, int32(n))
+	s.sum = sum
+	return c.enqueue(s)
 }
 
 // SendData forwards received bytes without copying them (a proxy's or echo server's fast
@@ -555,7 +606,9 @@ func (c *Conn) SendData(d Data) error {
 		c.e.shareCtr.sends.Add(1)
 		c.e.shareCtr.bytes.Add(uint64(d.n))
 	}
-	return c.enqueue(seg{loan: loan, n: int32(d.n), src: d.c, sum: sum, shared: shared})
+	s := loanSeg(loan, 0, int32(d.n))
+	s.src, s.sum, s.shared = d.c, sum, shared
+	return c.enqueue(s)
 }
 
 // enqueue adds s to the producer queue.
@@ -908,7 +961,7 @@ func (c *Conn) flushStageLocked() {
 		c.queued -= t.stageN
 		return
 	}
-	c.out = append(c.out, seg{loan: loan, n: int32(t.stageN)})
+	c.out = append(c.out, loanSeg(loan, 0, int32(t.stageN)))
 }
 
 // staged reports whether Write's staging buffer holds a buffer (mu held).

@@ -76,11 +76,11 @@ func (c *Conn) takeWork() {
 // that a SendFile segment goes alone (sendFileHead moves it, a backend's send never sees it):
 // the segments before it go first, and those after it wait until it is sent.
 func (c *Conn) takeCut() int {
-	if c.pendLen() > 0 && c.tx.pend[0].file != nil {
+	if c.pendLen() > 0 && c.tx.pend[0].kind == segFile {
 		return 0
 	}
 	for i := range c.out {
-		if c.out[i].file != nil {
+		if c.out[i].kind == segFile {
 			if i == 0 && c.pendLen() == 0 {
 				return 1
 			}
@@ -97,7 +97,7 @@ func (c *Conn) pump() {
 	}
 	c.takeWork()
 	if c.pendLen() > 0 {
-		if c.tx.pend[0].file != nil {
+		if c.tx.pend[0].kind == segFile {
 			c.sendFileHead()
 		} else {
 			c.q.be.send(c)
@@ -157,14 +157,14 @@ func (c *Conn) advance(res int) {
 
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
-	if s.file != nil {
+	if s.kind == segFile {
 		s.file.release(s.n - s.off)
 		return
 	}
 	if s.sum != 0 {
 		c.checkSent(s)
 	}
-	if s.ext != nil {
+	if s.kind == segExt {
 		s.ext.release(Data{c: s.ext.c}) // the last reference returns the buffer and the credit
 		return
 	}
@@ -186,12 +186,12 @@ func (c *Conn) rehomePend(i int, loan memreg.Loan, k int32) *seg {
 	s := &c.tx.pend[i]
 	if k == s.n-s.off {
 		old := *s
-		*s = seg{loan: loan, n: k}
+		*s = loanSeg(loan, 0, k)
 		c.finishSeg(old)
 		return s
 	}
 	s.off += k
-	c.tx.pend = slices.Insert(c.tx.pend, i, seg{loan: loan, n: k})
+	c.tx.pend = slices.Insert(c.tx.pend, i, loanSeg(loan, 0, k))
 	return &c.tx.pend[i]
 }
 
@@ -407,7 +407,7 @@ func (c *Conn) zcFinish(i int, copied bool) {
 		}
 	}
 	c.q.be.freeOp(c, w.ud)
-	if w.s.loan.Region() != nil || w.s.ext != nil {
+	if w.s.holdsMem() {
 		c.finishSeg(w.s)
 	}
 	if c.ended() {
@@ -794,7 +794,7 @@ func (c *Conn) dropped(n int) {
 // droppedSeg counts what dropping s loses, except a splice relay's pipe: its relay counts
 // that itself (pipeSeg.release), and reads the rest from droppedBytes.
 func (c *Conn) droppedSeg(s seg) {
-	if s.file == nil || s.file.pipe == nil {
+	if s.kind != segFile || s.file.pipe == nil {
 		c.dropped(int(s.n - s.off))
 	}
 }

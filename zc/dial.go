@@ -215,6 +215,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	c.h = cs.h
+	c.takeReader(c.h)
 	c.st.Open()
 	c.setupRecvPath()
 	c.armRecv()

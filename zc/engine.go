@@ -638,7 +638,7 @@ func (e *Engine) Stats() Stats {
 		if ge := q.growErr.Load(); ge != nil {
 			s.Memory.PoolGrowError = (*ge).Error()
 		}
-		if rs, ok := q.be.(interface{ ringStats() ringStats }); ok {
+		if rs := q.caps.stats; rs != nil {
 			r := rs.ringStats()
 			s.Recv.BufRingEmpty += uint64(r.Empty)
 			s.Recv.BundleMismatch += uint64(r.Mismatch)

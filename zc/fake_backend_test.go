@@ -256,7 +256,7 @@ func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
 		return nil, err
 	}
 	k.initDone = true
-	q.be = k
+	q.setBackend(k)
 	return k, nil
 }
 

@@ -75,7 +75,7 @@ type FanOutStats struct {
 //
 // Add takes over the subscriber's handler: the FanOut wraps it (every event still reaches
 // it), to hear when the subscriber drained (OnWritable) and when it closed (OnClose:
-// the subscriber leaves). Do not SetHandler on a subscriber; Remove it first. A
+// the subscriber leaves). SetHandler on a subscriber fails with ErrInvalid: Remove it first. A
 // subscriber that half-closed its sending side, or whose send fails, leaves the FanOut
 // (FanOutStats.Gone); one whose peer half-closed stays.
 type FanOut struct {
@@ -119,7 +119,8 @@ func NewFanOut(opt FanOutOptions) (*FanOut, error) {
 
 // Add subscribes c (from any goroutine; from the accept function too). It fails with
 // ErrClosed when the FanOut or c is closed (or closing) and ErrInvalid when c is already a
-// subscriber. A subscriber must belong to the engine whose buffers (or Data) are published:
+// subscriber, or a Relay forwards it (its handler is the relay's, and the FanOut's sends
+// would interleave with the relay's). A subscriber must belong to the engine whose buffers (or Data) are published:
 // a send to one of another engine fails (ErrForeignBuffer) and it leaves (Gone).
 func (f *FanOut) Add(c *Conn) error {
 	if c == nil {
@@ -137,6 +138,10 @@ func (f *FanOut) Add(c *Conn) error {
 	if _, ok := f.byConn[c]; ok {
 		f.mu.Unlock()
 		return c.opErr("fanout", fmt.Errorf("already a subscriber: %w", ErrInvalid))
+	}
+	if !c.rd.Wrap() { // a Relay reads it (remove unwraps, once)
+		f.mu.Unlock()
+		return c.opErr("fanout", c.readerErr())
 	}
 	s.i = len(f.subs)
 	f.subs = append(f.subs, s)
@@ -202,6 +207,7 @@ func (f *FanOut) remove(s *fanSub, gone bool) bool {
 		return false
 	}
 	s.left = true
+	s.c.rd.Unwrap()
 	last := len(f.subs) - 1
 	f.subs[s.i] = f.subs[last]
 	f.subs[s.i].i = s.i

@@ -1,5 +1,11 @@
 package zc
 
+import (
+	"fmt"
+
+	"github.com/zcnet/zcnet/zc/internal/connstate"
+)
+
 // A connection's state (Conn.st) is a connstate.State: where it is in its life (new, open,
 // closing, finished) and where its socket is (open, write side shut, closed). Both only move
 // forward, through connstate's transitions, and only the core moves them, on the queue:
@@ -43,4 +49,72 @@ func (c *Conn) opEnded()   { c.ops-- }
 func (c *Conn) socketClosed() {
 	c.st.CloseSock()
 	c.fd = -1
+}
+
+// Who reads a connection (Conn.rd, a connstate.Receive): its handler (the default), the
+// application itself (ReadSelf), the net.Conn face, or a Relay; FanOuts wrap whatever
+// handler it has. One reader at a time, changed only by connstate's transitions, from any
+// goroutine (each is one compare-and-swap):
+//
+//	Take(Self)    openSelf, before the loop first sees the connection
+//	Take(Face)    takeReader, when a face's handler is installed (accept, dial)
+//	Take(Relay)   RelayWith; Untake when its other side was refused
+//	Wrap/Unwrap   FanOut.Add / FanOut.remove
+//
+// Every claim that is refused is an ErrInvalid that changes nothing (claimRelay,
+// FanOut.Add, SetHandler): two relays of one connection, a relay of a subscriber or of a
+// connection the application or the face reads, cannot happen.
+
+// receiveTaker is a handler that reads its connection for good (the net.Conn face): the
+// connection's reader becomes what it says when the handler is installed.
+type receiveTaker interface{ takesReceive() connstate.Reader }
+
+// takesReceive: the net.Conn face's handler is the connection's reader (its Read copies out
+// of the Data it queues, or reads the socket itself).
+func (*netConn) takesReceive() connstate.Reader { return connstate.ReadFace }
+
+// takeReader makes h's claim on c when h is installed as c's first handler (accept, dial).
+func (c *Conn) takeReader(h Handler) {
+	if t, ok := h.(receiveTaker); ok {
+		c.rd.Take(t.takesReceive())
+	}
+}
+
+// readerErr says why c's reader cannot be changed to what was asked: its current reader.
+func (c *Conn) readerErr() error {
+	switch c.rd.Reader() {
+	case connstate.ReadSelf:
+		return fmt.Errorf("the application reads the connection itself (ReadSelf): %w", ErrInvalid)
+	case connstate.ReadFace:
+		return fmt.Errorf("a net.Conn face reads the connection: %w", ErrInvalid)
+	case connstate.ReadRelay:
+		return fmt.Errorf("a Relay reads the connection: %w", ErrInvalid)
+	}
+	if n := c.rd.Wrappers(); n > 0 {
+		return fmt.Errorf("the connection is a FanOut subscriber (of %d): %w", n, ErrInvalid)
+	}
+	return fmt.Errorf("its reader changed meanwhile: %w", ErrInvalid)
+}
+
+// handlerOwned reports (as an ErrInvalid saying why) that the application may not replace
+// c's handler: a Relay or the face reads it, or a FanOut wraps it.
+func (c *Conn) handlerOwned() error {
+	switch r := c.rd.Reader(); {
+	case r == connstate.ReadFace, r == connstate.ReadRelay, c.rd.Wrappers() > 0:
+		return c.readerErr()
+	}
+	return nil
+}
+
+// claimRelay makes a relay the reader of both a and b, or of neither (ErrInvalid saying why,
+// nothing changed).
+func claimRelay(a, b *Conn) error {
+	if !a.rd.Take(connstate.ReadRelay) {
+		return a.opErr("relay", a.readerErr())
+	}
+	if !b.rd.Take(connstate.ReadRelay) {
+		a.rd.Untake(connstate.ReadRelay)
+		return b.opErr("relay", b.readerErr())
+	}
+	return nil
 }

@@ -390,6 +390,7 @@ func (l *Listener) create(q *queue, fd int) {
 	if c.h == nil {
 		c.h = h
 	}
+	c.takeReader(c.h)
 	l.zcrxNICConn(c)
 	c.setupRecvPath()
 	c.armRecv()

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(memlockChildEnv) != "" {
 		os.Exit(memlockChild())
 	}
+	if os.Getenv(memlockCloseChildEnv) != "" {
+		os.Exit(memlockCloseChild())
+	}
 	if os.Getenv(steerChildEnv) != "" {
 		os.Exit(steerChild())
 	}

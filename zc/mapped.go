@@ -119,18 +119,10 @@ func (c *Conn) setupRecvPath() {
 
 // arm polls the socket for readability (the backend's armRecv): a multishot POLL_ADD; the
 // loop reads the window itself when it fires (onPoll).
-func (m *mappedRecv) arm(b *uringBackend) {
-	c, st := m.c, us(m.c)
-	st.recvUD = b.newOp(c, tagPoll)
-	sqe := b.u.GetSQE()
-	sqe.PrepPollAdd(int32(c.fd), unix.POLLIN|unix.POLLRDHUP, true)
-	sqe.UserData = st.recvUD
-	c.recvStarted()
-	st.needArm = false
-}
+func (m *mappedRecv) arm(b ringBackend) { b.armPoll(m.c) }
 
 // stop cancels the poll (the backend's stopRecv); its last completion follows.
-func (m *mappedRecv) stop(b *uringBackend) { b.cancelRecv(m.c) }
+func (m *mappedRecv) stop(b ringBackend) { b.cancelRecv(m.c) }
 
 // onPoll is the poll's completion: read while the socket is readable and the handler holds
 // nothing of the window.

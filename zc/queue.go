@@ -14,43 +14,6 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// backend is how one queue moves bytes. Every method runs on the queue's goroutine.
-type backend interface {
-	name() Backend
-	// newConnState makes the backend's own state of a new connection (Conn.bk, life.go).
-	newConnState() backendState
-	// start attaches a connected socket to the queue (epoll registration, module attach).
-	start(c *Conn) error
-	armRecv(c *Conn)  // start receiving (sets c.recvArmed)
-	stopRecv(c *Conn) // stop receiving; what is in flight still completes
-	// send hands the head of c.tx.pend to the kernel, as much as the backend takes at once.
-	send(c *Conn)
-	sending(c *Conn) bool     // a send is in the kernel
-	inFlightSegs(c *Conn) int // how many head segments of c.tx.pend it covers
-	// cancelSend ends the send in the kernel early (an abort): it completes with what it
-	// took. A send that waits for room would otherwise hold the socket open (no reset) and
-	// its buffers lent for as long as the peer does not read.
-	cancelSend(c *Conn)
-	// closeSocket detaches and closes the socket; operations in flight then complete.
-	closeSocket(c *Conn)
-	freeOp(c *Conn, ud uint64)
-	zeroCopy() bool // sends can be zero-copy
-	directOK() bool // a writer may write(2) the socket itself when nothing is queued
-	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
-	dial(c *Conn)
-	cancelDial(c *Conn)
-	// dropDial forgets the connect in flight without waiting for its completion (the queue
-	// is stopping).
-	dropDial(c *Conn)
-	// listen starts accepting on p's socket; stopListen stops it (p.stopped() when done).
-	listen(p *lpart)
-	stopListen(p *lpart)
-	pauseListen(p *lpart) // stop accepting until listen is called again
-	// recvPool is the pool receive buffers come from.
-	recvPool() *memreg.Pool
-	close()
-}
-
 // counters are written by one queue (or its connections) and read by anyone.
 type counters struct {
 	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
@@ -77,6 +40,7 @@ type queue struct {
 	idx   int
 	cpu   int // the CPU the queue's thread is pinned on unless NoPin (allowedCPUs()[idx % n])
 	be    backend
+	caps  backendCaps // the backend's optional capabilities (setBackend)
 	send  *memreg.Pool
 	space chan struct{} // signalled when send buffers return
 

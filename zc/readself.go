@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // Reading the socket yourself (ListenOptions.ReadSelf, DialOptions.ReadSelf): Conn.Read
@@ -110,6 +112,7 @@ func (c *Conn) openSelf() error {
 	s.rfn, s.cfn = s.readStep, s.readNow
 	s.f.Store(f)
 	c.self = s
+	c.rd.Take(connstate.ReadSelf) // a new connection: nobody else reads it yet
 	c.paused |= pauseSelfRead
 	c.pausedAt.Store(c.paused)
 	return nil

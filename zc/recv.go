@@ -91,10 +91,10 @@ func (d Data) credit() int64 {
 // recvEnded, deliver or callData, gotEOF).
 type recvPath interface {
 	// arm starts receiving (the backend's armRecv).
-	arm(b *uringBackend)
+	arm(b ringBackend)
 	// stop stops receiving (a pause or the close, the backend's stopRecv); the path reports
 	// recvEnded when its last completion is in.
-	stop(b *uringBackend)
+	stop(b ringBackend)
 	// finish: the connection finished; the path lets its resources go once the handler has
 	// given back every Data it holds.
 	finish()

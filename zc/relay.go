@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // Relay forwards a's received bytes to b and b's to a by the cheapest correct path this host
@@ -26,8 +28,11 @@ import (
 // then (data that arrives earlier goes to its old handler): the accept function pauses the
 // first side, and DialAsync's done function, which runs before the second side receives
 // anything, calls Relay. It may be called from any goroutine. It fails with ErrClosed (and
-// closes the other side) when either connection is already closing, and with ErrInvalid
-// (closing both) when either was opened with ReadSelf: zc never receives for those.
+// closes the other side) when either connection is already closing. A relay becomes the
+// only reader of both connections: it fails with ErrInvalid, and changes nothing (both stay
+// as they were, open), when either already has a reader other than its handler (another
+// relay, the application itself with ReadSelf, a net.Conn face) or is a FanOut subscriber;
+// and such a connection's handler can no longer be replaced (SetHandler: ErrInvalid).
 // RelayStats counts what went each way, and by which path.
 func Relay(a, b *Conn) (*RelayStats, error) { return RelayWith(a, b, RelayOptions{}) }
 
@@ -87,6 +92,13 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	if a == nil || b == nil || a == b {
 		return nil, &OpError{Op: "relay", Err: ErrInvalid}
 	}
+	// The relay becomes both connections' reader, or neither's: a connection another relay,
+	// the application (ReadSelf) or a net.Conn face reads, or a FanOut subscriber, is
+	// refused before anything changes (zc never receives for a ReadSelf one: a relay would
+	// wait for bytes that never come; two readers would split the stream).
+	if err := claimRelay(a, b); err != nil {
+		return nil, err
+	}
 	closeBoth := func() { a.Close(); b.Close() }
 	switch {
 	case opts.Path > RelaySplice:
@@ -97,11 +109,6 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 		return nil, a.opErr("relay", fmt.Errorf("negative PipeSize %d: %w", opts.PipeSize, ErrInvalid))
 	case opts.PipeSize == 0:
 		opts.PipeSize = defaultPipeSize
-	}
-	if a.self != nil || b.self != nil {
-		// zc never receives for it: a relay would wait for bytes that never come.
-		closeBoth()
-		return nil, a.opErr("relay", fmt.Errorf("a ReadSelf connection (its reader is the application): %w", ErrInvalid))
 	}
 	r := &RelayStats{}
 	path := opts.Path
@@ -131,11 +138,11 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	}
 	ha := &relaySide{r: r, peer: b, bytes: &r.AtoB}
 	hb := &relaySide{r: r, peer: a, bytes: &r.BtoA}
-	if err := a.SetHandler(ha); err != nil {
+	if err := a.setHandler(ha, connstate.ReadRelay); err != nil {
 		b.Close()
 		return nil, err
 	}
-	if err := b.SetHandler(hb); err != nil {
+	if err := b.setHandler(hb, connstate.ReadRelay); err != nil {
 		a.Close()
 		return nil, err
 	}

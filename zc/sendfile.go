@@ -64,7 +64,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	var segs []seg
 	for left, o := n, off; left > 0; {
 		k := min(left, maxSeg)
-		segs = append(segs, seg{file: &fileSeg{c: c, ref: ref, base: o, wfd: -1}, n: int32(k)})
+		segs = append(segs, fileRangeSeg(&fileSeg{c: c, ref: ref, base: o, wfd: -1}, int32(k)))
 		left -= k
 		o += k
 	}

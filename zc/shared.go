@@ -97,7 +97,9 @@ func (c *Conn) sendRef(d Data, r *memreg.Ref) error {
 	}
 	c.e.shareCtr.sends.Add(1)
 	c.e.shareCtr.bytes.Add(uint64(d.n))
-	return c.enqueue(seg{loan: loan, off: int32(d.off), n: int32(d.off + d.n), src: d.c, sum: sum, shared: true})
+	s := loanSeg(loan, int32(d.off), int32(d.off+d.n))
+	s.src, s.sum, s.shared = d.c, sum, true
+	return c.enqueue(s)
 }
 
 // Slice returns a reference to n bytes of d from off, without copying them: as Retain
@@ -210,7 +212,9 @@ func (s *Shared) send(c *Conn) error {
 		}
 		return c.opErr("send", err)
 	}
-	return c.enqueue(seg{loan: loan, off: int32(s.off), n: int32(s.off + s.n), sum: sum, shared: true})
+	sg := loanSeg(loan, int32(s.off), int32(s.off+s.n))
+	sg.sum, sg.shared = sum, true
+	return c.enqueue(sg)
 }
 
 // Release drops the caller's reference: the buffer returns to its pool once the sends
@@ -284,7 +288,9 @@ func (c *Conn) copyData(p []byte, src *Conn) error {
 			}
 			return c.opErr("send", ErrClosed)
 		}
-		segs = append(segs, seg{loan: loan, n: int32(k), src: src})
+		sg := loanSeg(loan, 0, int32(k))
+		sg.src = src
+		segs = append(segs, sg)
 		if src != nil {
 			src.held.Add(int64(loan.Region().BufSize())) // released by finishSeg
 		}

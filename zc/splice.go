@@ -17,14 +17,6 @@ import (
 // switch. Readiness (an epoll registration; see ringEpoll for the io_uring backend) followed
 // by non-blocking splice(2) calls on the queue's own thread costs no thread at all while idle.
 
-// Tags of the splice machinery's operations (loop.NewOp); distinct from the backends'.
-const (
-	tagSpliceIn uint32 = 100 + iota
-	tagSpliceOut
-	tagFileOut
-	tagSpliceEpoll
-)
-
 // fdWatch waits for readiness of a descriptor it does not own, on one queue (loop only): a
 // one-shot registration in the queue's watch epoll (watchEpoll: the backend's own, or on
 // io_uring a private one the ring reports on), or with ring set a POLL_ADD through the ring
@@ -48,20 +40,7 @@ type fdWatch struct {
 // a splice(2) of a duplicate sees the same stream; the watches use its epoll; a paused
 // connection posts no RECV there, not even on a hang-up: shimBackend.onReadable). Test
 // backends keep SendData.
-func spliceCapable(q *queue) bool {
-	switch q.be.(type) {
-	case *uringBackend, *plainBackend, *shimBackend:
-		return true
-	}
-	return false
-}
-
-// recvInFlighter is a backend whose stopRecv clears c.recvArmed while a receive it posted
-// may still complete (the zcshim backend: a RECV in the module): it reports whether one is
-// out.
-type recvInFlighter interface {
-	recvInFlight(c *Conn) bool
-}
+func spliceCapable(q *queue) bool { return q.caps.splice != nil }
 
 // recvQuiet reports whether no receive of c can still take bytes from its socket (loop only):
 // the splice relay starts reading the socket itself only then.
@@ -69,7 +48,7 @@ func recvQuiet(c *Conn) bool {
 	if c.recvArmed {
 		return false
 	}
-	if b, ok := c.q.be.(recvInFlighter); ok && b.recvInFlight(c) {
+	if f := c.q.caps.inFlight; f != nil && f.recvInFlight(c) {
 		return false
 	}
 	return true
@@ -79,11 +58,8 @@ func recvQuiet(c *Conn) bool {
 // shim), or on the io_uring backend a private one whose readiness the ring reports
 // (spliceQueue.ep): nil when that cannot be made (then each wait is a POLL_ADD).
 func (q *queue) watchEpoll() *loop.Epoll {
-	switch b := q.be.(type) {
-	case interface{ common() *epollCommon }:
-		return b.common().ep
-	case *uringBackend:
-		return q.spl.ringEpoll(q, b)
+	if s := q.caps.splice; s != nil {
+		return s.watchEpoll(q)
 	}
 	return nil
 }
@@ -99,12 +75,12 @@ func (w *fdWatch) arm(events uint32) error {
 		}
 	}
 	if w.ring {
-		b, ok := w.q.be.(*uringBackend)
-		if !ok {
+		r := w.q.caps.ring
+		if r == nil {
 			return unix.EOPNOTSUPP
 		}
 		w.ud = w.q.NewOp(w.owner, w.tag)
-		sqe := b.u.GetSQE()
+		sqe := r.uring().GetSQE()
 		sqe.PrepPollAdd(int32(w.fd), events, false)
 		sqe.UserData = w.ud
 		w.armed = true
@@ -152,11 +128,11 @@ func (w *fdWatch) ringPoll() bool { return w.ring }
 // request names the descriptor after it is closed; an epoll registration is removed.
 func (w *fdWatch) stop() {
 	if w.ring {
-		if b, ok := w.q.be.(*uringBackend); ok {
+		if r := w.q.caps.ring; r != nil {
 			if w.armed {
-				b.u.CancelOp(w.ud)
+				r.uring().CancelOp(w.ud)
 			}
-			b.u.Submit()
+			r.uring().Submit()
 		}
 	} else if w.added {
 		w.ep.Del(w.fd)
@@ -187,7 +163,7 @@ type spliceQueue struct {
 // and one non-blocking epoll_wait then dispatches every ready watch: the waits of many
 // relays cost one ring operation per batch instead of one each, and a burst of readiness is
 // handled together (measured: 4-5x more bytes per splice call than a POLL_ADD per wait).
-func (s *spliceQueue) ringEpoll(q *queue, b *uringBackend) *loop.Epoll {
+func (s *spliceQueue) ringEpoll(q *queue, u *loop.URing) *loop.Epoll {
 	if s.ep != nil || s.epFailed {
 		return s.ep
 	}
@@ -203,7 +179,7 @@ func (s *spliceQueue) ringEpoll(q *queue, b *uringBackend) *loop.Epoll {
 		return nil
 	}
 	s.ep = ep
-	s.epOwner = &ringEpoll{q: q, b: b, ep: ep}
+	s.epOwner = &ringEpoll{q: q, u: u, ep: ep}
 	s.epOwner.arm()
 	if !s.atStopOn {
 		s.atStopOn = true
@@ -215,7 +191,7 @@ func (s *spliceQueue) ringEpoll(q *queue, b *uringBackend) *loop.Epoll {
 // ringEpoll is the owner of the POLL_ADD that reports the private epoll's readiness.
 type ringEpoll struct {
 	q      *queue
-	b      *uringBackend
+	u      *loop.URing
 	ep     *loop.Epoll
 	ud     uint64
 	closed bool
@@ -223,7 +199,7 @@ type ringEpoll struct {
 
 func (r *ringEpoll) arm() {
 	r.ud = r.q.NewOp(r, tagSpliceEpoll)
-	sqe := r.b.u.GetSQE()
+	sqe := r.u.GetSQE()
 	sqe.PrepPollAdd(int32(r.ep.FD()), unix.POLLIN, false)
 	sqe.UserData = r.ud
 }
@@ -302,9 +278,9 @@ func (q *queue) spliceAtStop() {
 	q.spl.pipes = nil
 	if q.spl.ep != nil {
 		q.spl.epOwner.closed = true
-		if b, ok := q.be.(*uringBackend); ok {
-			b.u.CancelOp(q.spl.epOwner.ud)
-			b.u.Submit()
+		if r := q.caps.ring; r != nil {
+			r.uring().CancelOp(q.spl.epOwner.ud)
+			r.uring().Submit()
 		}
 		q.spl.ep.Close()
 		q.spl.ep = nil

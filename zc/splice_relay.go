@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // The relay's splice path (RelaySplice). Both directions run on the relay's home queue (a's):
@@ -78,11 +79,11 @@ func startSpliceRelay(st *RelayStats, a, b *Conn, psize int) error {
 		{r: r, i: 0, src: a, dst: b, total: &st.AtoB, spliced: &st.SplicedAtoB, sfd: -1, dfd: -1},
 		{r: r, i: 1, src: b, dst: a, total: &st.BtoA, spliced: &st.SplicedBtoA, sfd: -1, dfd: -1},
 	}
-	if err := a.SetHandler(r.sides[0]); err != nil {
+	if err := a.setHandler(r.sides[0], connstate.ReadRelay); err != nil {
 		b.Close()
 		return err
 	}
-	if err := b.SetHandler(r.sides[1]); err != nil {
+	if err := b.setHandler(r.sides[1], connstate.ReadRelay); err != nil {
 		a.Close()
 		return err
 	}
@@ -344,7 +345,7 @@ func (d *spliceDir) handOver(held bool) bool {
 	}
 	d.done = true
 	ps := &pipeSeg{p: d.p, home: d.r.home, total: d.total, spliced: d.spliced, st: d.r.st}
-	s := seg{file: &fileSeg{c: d.dst, pipe: ps, wfd: -1}, n: int32(d.inPipe)}
+	s := fileRangeSeg(&fileSeg{c: d.dst, pipe: ps, wfd: -1}, int32(d.inPipe))
 	d.p, d.inPipe = pipePair{}, 0
 	if held {
 		d.dst.enqueueHeld(s) // dropped (and counted lost) when the close no longer waits

@@ -505,8 +505,8 @@ func TestRelayPathDemand(t *testing.T) {
 	<-b.Done()
 
 	// A net.Conn face's connection reads its socket itself (ReadSelf): zc never receives
-	// for it, so no relay of either path could forward its bytes: ErrInvalid, both closed
-	// (RelayAuto used to fall back to SendData there and wait forever).
+	// for it, so no relay of either path could forward its bytes: ErrInvalid, and neither
+	// connection changes (RelayAuto used to fall back to SendData there and wait forever).
 	l, err := e.NetListen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -529,9 +529,13 @@ func TestRelayPathDemand(t *testing.T) {
 		if _, err := RelayWith(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("relay (%v) of a net.Conn face's connection: %v, want ErrInvalid", path, err)
 		}
+		if b.isClosing() || c.isClosing() {
+			t.Errorf("relay (%v) refused: a connection was closed", path)
+		}
+		b.Close()
+		nc.Close()
 		<-b.Done()
 		<-c.Done()
-		nc.Close()
 	}
 	if st := e.Stats(); st.Forward.Fallbacks != 0 {
 		t.Errorf("Stats.Forward.Fallbacks %d, want 0", st.Forward.Fallbacks)

@@ -223,3 +223,107 @@ func TestBackendsWriteOnlyTheirState(t *testing.T) {
 		t.Fatalf("backends write the core's state of a Conn:\n%s", strings.Join(bad, "\n"))
 	}
 }
+
+// TestBackendsStayInTheirFiles holds the backends' walls inside package zc: nothing outside
+// be_*.go names a concrete backend type (no type switch or assertion on one: the core asks
+// the queue's capabilities, asserted once in setBackend) nor anything else a backend's file
+// declares (their state, helpers: the core reaches a backend only through backend.go's
+// interfaces; the engine calls their constructors), and no backend names what another
+// backend's file declares (their shared vocabulary is backend.go's; the plain and zcshim
+// backends share the epoll base of be_epoll.go).
+func TestBackendsStayInTheirFiles(t *testing.T) {
+	fset, _, pkg, info := checkZC(t)
+	file := func(pos token.Pos) string { return filepath.Base(fset.Position(pos).Filename) }
+	isBE := func(name string) bool { return strings.HasPrefix(name, "be_") }
+	// A concrete backend: a type with the contract's methods.
+	concrete := map[types.Object]bool{}
+	for _, name := range pkg.Scope().Names() {
+		tn, ok := pkg.Scope().Lookup(name).(*types.TypeName)
+		if !ok || tn.IsAlias() {
+			continue
+		}
+		if _, isIface := tn.Type().Underlying().(*types.Interface); isIface {
+			continue
+		}
+		ms := types.NewMethodSet(types.NewPointer(tn.Type()))
+		if ms.Lookup(pkg, "armRecv") != nil && ms.Lookup(pkg, "name") != nil && ms.Lookup(pkg, "send") != nil {
+			concrete[tn] = true
+		}
+	}
+	if len(concrete) < 3 {
+		t.Fatalf("found %d concrete backends (want io_uring, plain, zcshim): the check would see nothing", len(concrete))
+	}
+	// chooses: where the engine picks a backend (engine.go, caps.go) it calls the backends'
+	// constructors and availability probes; nothing else of theirs.
+	chooses := func(at string, obj types.Object) bool {
+		_, fn := obj.(*types.Func)
+		return fn && (at == "engine.go" || at == "caps.go")
+	}
+	var bad []string
+	for id, obj := range info.Uses {
+		if obj.Pkg() != pkg || !obj.Pos().IsValid() {
+			continue
+		}
+		at, decl := file(id.Pos()), file(obj.Pos())
+		switch {
+		case !isBE(at) && concrete[obj]:
+			bad = append(bad, fset.Position(id.Pos()).String()+": the core names the backend type "+obj.Name())
+		case !isBE(at) && isBE(decl) && obj.Parent() == pkg.Scope() && !chooses(at, obj):
+			bad = append(bad, fset.Position(id.Pos()).String()+": the core names "+obj.Name()+" of "+decl)
+		case isBE(at) && isBE(decl) && at != decl && decl != "be_epoll.go" && obj.Parent() == pkg.Scope():
+			bad = append(bad, fset.Position(id.Pos()).String()+": "+at+" names "+obj.Name()+" of "+decl)
+		}
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("%d names cross a backend's wall:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
+
+// TestSegmentKindNotNilChecks: what a send segment sends from is its kind (seg.kind), not
+// which of its pointers is nil: no comparison of seg.file or seg.ext with nil in zc.
+func TestSegmentKindNotNilChecks(t *testing.T) {
+	fset, files, pkg, info := checkZC(t)
+	segT := pkg.Scope().Lookup("seg").Type()
+	isSeg := func(e ast.Expr) bool {
+		tv, ok := info.Types[e]
+		if !ok {
+			return false
+		}
+		ty := tv.Type
+		if p, ok := ty.(*types.Pointer); ok {
+			ty = p.Elem()
+		}
+		return types.Identical(ty, segT)
+	}
+	isNil := func(e ast.Expr) bool { id, ok := e.(*ast.Ident); return ok && id.Name == "nil" }
+	var bad []string
+	kinds := 0
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.BinaryExpr:
+				if x.Op != token.EQL && x.Op != token.NEQ {
+					return true
+				}
+				for _, pair := range [][2]ast.Expr{{x.X, x.Y}, {x.Y, x.X}} {
+					sel, ok := pair[0].(*ast.SelectorExpr)
+					if ok && isNil(pair[1]) && (sel.Sel.Name == "file" || sel.Sel.Name == "ext") && isSeg(sel.X) {
+						bad = append(bad, fset.Position(x.Pos()).String())
+					}
+				}
+			case *ast.SelectorExpr:
+				if x.Sel.Name == "kind" && isSeg(x.X) {
+					kinds++
+				}
+			}
+			return true
+		})
+	}
+	if len(bad) > 0 {
+		t.Fatalf("segments told apart by nil checks:\n%s", strings.Join(bad, "\n"))
+	}
+	if kinds < 5 {
+		t.Fatalf("%d uses of seg.kind: the check would see nothing", kinds)
+	}
+}

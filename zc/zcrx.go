@@ -159,7 +159,7 @@ func (c *Conn) setupZcrx() {
 }
 
 // arm starts a stream (the backend's armRecv).
-func (zx *zcrxConn) arm(*uringBackend) {
+func (zx *zcrxConn) arm(ringBackend) {
 	c := zx.c
 	s, err := zx.r.Recv(c.fd, zx)
 	if err != nil {
@@ -169,13 +169,12 @@ func (zx *zcrxConn) arm(*uringBackend) {
 	}
 	zx.s = s
 	c.recvStarted()
-	us(c).needArm = false
 	c.opStarted()
 }
 
 // stop cancels the armed stream (the backend's stopRecv): its End follows, at once when the
 // stream was waiting for area buffers, else with the kernel's last completion.
-func (zx *zcrxConn) stop(*uringBackend) {
+func (zx *zcrxConn) stop(ringBackend) {
 	if zx.s == nil || zx.inStop {
 		return
 	}
@@ -337,7 +336,9 @@ func (c *Conn) sendZcrx(d Data) error {
 		sum = debugSum(hold.bytes()[:d.off+d.n]) // what checkSent reads back: from the start
 	}
 	c.e.shareCtr.zcrxSent.Add(uint64(d.n))
-	return c.enqueue(seg{ext: hold, off: int32(d.off), n: int32(d.off + d.n), src: d.c, sum: sum, shared: true})
+	s := extSeg(hold, int32(d.off), int32(d.off+d.n))
+	s.src, s.sum, s.shared = d.c, sum, true
+	return c.enqueue(s)
 }
 
 // zcrxCredit is the receive credit a zcrx Data takes: the area pages it occupies (the
@@ -409,7 +410,11 @@ func (l *Listener) bindZcrxNIC(nic string) error {
 		return err
 	}
 	for i, q := range e.queues {
-		u := q.be.(*uringBackend).u
+		r := q.caps.ring
+		if r == nil {
+			return undo(&NotSupportedError{What: "zcrx on the " + e.backend.String() + " backend", Need: "the io_uring backend"})
+		}
+		u := r.uring()
 		if i == 0 {
 			recvs[0], err = zcrx.New(u, zcrx.Config{IfIndex: b.Ifindex, RxQueue: int(b.Queue), AreaSize: e.cfg.ZcrxAreaSize})
 		} else {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -325,16 +326,35 @@ func (u *URing) FixedIndex(base, addr uintptr, n int) (uint16, bool) {
 	return uint16(m.first + uint32(lo)), true
 }
 
-// Close implements Driver: it unregisters the fixed buffers (the kernel unpins them now,
-// not when its asynchronous ring teardown gets to it: a new engine right after this one
-// finds the locked-memory allowance back), closes the receive ring and the ring, then runs
-// the OnClose functions.
+// closeWaitMax bounds Close's wait for the kernel's teardown of the ring (it takes
+// microseconds to milliseconds; a kernel worker that does not run for this long is a
+// machine in trouble, and Close goes on: closeWaitMissed counts it).
+const closeWaitMax = time.Second
+
+// closeWaitMissed counts rings whose teardown Close did not see (CloseWaitMissed).
+var closeWaitMissed atomic.Int64
+
+// CloseWaitMissed reports how many rings closed without their teardown seen within the bound.
+func CloseWaitMissed() int64 { return closeWaitMissed.Load() }
+
+// Close implements Driver: it unregisters the fixed buffers and the provided-buffer ring
+// (both synchronous: the kernel unpins them before the call returns), then closes the ring
+// and waits, at most closeWaitMax, until the kernel has freed it (uring.Ring.CloseWait: a
+// closed ring's memory is freed in a kernel workqueue, and counts against RLIMIT_MEMLOCK
+// until then, so a new engine right after this one would be refused memory that nobody
+// uses), then runs the OnClose functions.
 func (u *URing) Close() {
 	if u.ring != nil {
 		if len(u.regs) > 0 {
 			u.ring.UnregisterBuffers()
 		}
-		u.ring.Close()
+		if u.recv != nil {
+			u.recv.close()
+			u.recv = nil
+		}
+		if ok, _ := u.ring.CloseWait(closeWaitMax); !ok {
+			closeWaitMissed.Add(1)
+		}
 	}
 	for _, m := range u.regs {
 		if m.release != nil {

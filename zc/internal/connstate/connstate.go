@@ -21,6 +21,10 @@
 //
 //	SockOpen ──ShutWrite──▶ WriteShut ──CloseSock──▶ SockClosed
 //	SockOpen ──CloseSock──────────────────────────▶ SockClosed
+//
+// Who reads the connection (its handler, the application itself, the net.Conn face, a
+// Relay) is a third part of its state, Receive (reader.go): one reader at a time, claimed
+// with checked transitions from any goroutine.
 package connstate
 
 import "sync/atomic"
