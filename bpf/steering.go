@@ -815,7 +815,10 @@ func (s *Steering) AttachCgroup(path string) error {
 type XDPMode int
 
 const (
-	// XDPAuto lets the kernel pick (driver mode if the driver has it).
+	// XDPAuto picks the mode: driver (native) mode where the driver has it, except on veth,
+	// where native XDP turns off the peer's TSO/GSO (kernel TCP into the interface at about a
+	// quarter of its speed): there generic mode, said by the raw steering's Fallback as a
+	// *NativeXDPCostError (not counted as a fallback). Ask for native with XDPDriver.
 	XDPAuto XDPMode = iota
 	// XDPDriver demands native (driver) mode.
 	XDPDriver

@@ -62,7 +62,9 @@ type RawQueueOptions struct {
 	// program of its own (RawQueue.Steering), detached at Close.
 	Steering *bpf.RawSteering
 	// XDP says how an own program is attached (bpf.XDPAuto: native, then generic as a
-	// visible fallback; bpf.XDPDriver refuses the fallback). Ignored with Steering.
+	// visible fallback — generic from the start on veth, where native would turn off the
+	// peer's TSO (RawQueue.Mode says so); bpf.XDPDriver refuses the fallback). Ignored with
+	// Steering.
 	XDP bpf.XDPMode
 	// Metadata asks an own program for the device's RX timestamp and hash (see
 	// bpf.RawSteeringOptions.Metadata). Ignored with Steering.
