@@ -40,8 +40,11 @@ gotest:
 skipcheck:
 	$(SKIPCHECK) -allow $(SKIPS_ALLOWED) $(BUILD)/gotest.json $(BUILD)/gotest-bench.json
 
-# lint also cross-builds for arm64 (the library must build on every 64-bit Linux we support).
+# lint also cross-builds for arm64 (the library must build on every 64-bit Linux we support),
+# and fails on a change of the public packages' exported API that doc/api.txt does not hold
+# (internal/testutil/apigolden: a change is deliberate when its diff is committed with it).
 lint: vet
+	$(GO) run ./internal/testutil/apigolden -check doc/api.txt
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	GOARCH=arm64 $(GO) build ./...
 	GOARCH=arm64 $(GO) vet ./...
