@@ -755,8 +755,8 @@ func (c *Conn) closeTimer() {
 // nothing for CloseTimeout (two probes or retransmissions outstanding and the last
 // acknowledgement CloseTimeout old): its close gives up. A peer that stops reading but
 // whose kernel answers the probes is not silent: its close waits (Engine.Close and
-// CloseContext bound that). Never alive once the engine closes
-// (its bound is absolute), nor when the socket cannot say (TCP_INFO fails).
+// CloseContext bound that). Never alive once the engine closes (its bound is absolute),
+// nor when the socket cannot say (TCP_INFO fails).
 func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
 	if c.e.closed.Load() {
 		return time.Time{}, false
