@@ -756,14 +756,15 @@ func (c *Conn) closeTimer() {
 // acknowledgement CloseTimeout old): its close gives up. A peer that stops reading but
 // whose kernel answers the probes is not silent: its close waits (Engine.Close and
 // CloseContext bound that). Never alive once the engine closes (its bound is absolute),
-// nor when the socket cannot say (TCP_INFO fails).
+// nor when the socket cannot say (TCP_INFO fails) or has no peer to answer (a state other
+// than ESTABLISHED or CLOSE_WAIT: not connected, or reset).
 func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
 	if c.e.closed.Load() {
 		return time.Time{}, false
 	}
 	ti, err := c.sock.TCPInfo()
-	if err != nil {
-		return time.Time{}, false
+	if err != nil || (ti.State != tcpglue.StateEstablished && ti.State != tcpglue.StateCloseWait) {
+		return time.Time{}, false // no peer that could answer (not connected, or reset)
 	}
 	ct := c.e.cfg.CloseTimeout
 	switch {
