@@ -62,10 +62,14 @@ func TestZCPolicy(t *testing.T) {
 	if p2.notified(false) || !p2.on() || !p2.use(5000) || !p2.use(5000) {
 		t.Fatal("an uncopied probe did not keep zero-copy on")
 	}
-	// Two copied verdicts in a row while on switch back to copying.
-	p2.notified(true)
+	// zcCopiedRun copied verdicts in a row, none uncopied, while on switch back to copying.
+	for i := 1; i < zcCopiedRun; i++ {
+		if p2.notified(true) || !p2.on() {
+			t.Fatalf("switched off after %d copied verdicts, before a run of %d", i, zcCopiedRun)
+		}
+	}
 	if !p2.notified(true) || p2.on() {
-		t.Fatal("did not switch off after two copies")
+		t.Fatalf("did not switch off after %d copies in a row", zcCopiedRun)
 	}
 	// A failed probe (no verdict) probes again.
 	p3 := zcPolicy{}
@@ -87,5 +91,85 @@ func TestZCPolicy(t *testing.T) {
 		if q.use(1) != tc.want || q.use(1<<20) != tc.want || q.on() != tc.want {
 			t.Fatalf("%v: wrong decision", tc.path)
 		}
+	}
+}
+
+// TestZCPolicyIgnoresLinkedCopied: on a real NIC io_uring reports a SEND_ZC linked to an
+// earlier send's notification as copied although nothing was (io_link_skb), so a zero-copy
+// connection sees copied verdicts mixed with uncopied ones. No mix may take it off
+// zero-copy, however many copied verdicts it holds or how they cluster; a connection whose
+// every verdict says copied (loopback, veth) still switches.
+func TestZCPolicyIgnoresLinkedCopied(t *testing.T) {
+	cfg := Config{ZCThreshold: 1000, ZCReprobe: 4}
+	if err := cfg.normalize(); err != nil {
+		t.Fatal(err)
+	}
+	on := func() *zcPolicy {
+		p := &zcPolicy{}
+		p.init(&cfg)
+		p.use(5000)
+		if p.notified(false) || !p.on() {
+			t.Fatal("an uncopied probe did not turn zero-copy on")
+		}
+		return p
+	}
+	// Mixed sequences: 'c' copied, 'z' not copied. The measured ones: up to 45% copied,
+	// in runs as long as a chain of linked sends (here up to zcCopiedRun-1).
+	run := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 'c'
+		}
+		return string(b)
+	}
+	mixed := map[string]string{
+		"alternating":       "czczczczczczczczczczczczczczczczczczczcz",
+		"pairs":             "cczcczcczcczcczcczcczcczcczcczcczcczcczz",
+		"mostly copied":     run(zcCopiedRun-1) + "z" + run(zcCopiedRun-1) + "z" + run(zcCopiedRun-1) + "z",
+		"copied then mixed": run(zcCopiedRun-1) + "zczcczcccz",
+	}
+	// A pseudo-random mix, 45% copied, runs capped below zcCopiedRun.
+	var rnd []byte
+	x, streak := uint32(29), 0
+	for range 4096 {
+		x = x*1664525 + 1013904223
+		if x>>24 < 115 && streak < zcCopiedRun-1 {
+			rnd = append(rnd, 'c')
+			streak++
+		} else {
+			rnd = append(rnd, 'z')
+			streak = 0
+		}
+	}
+	mixed["random 45%"] = string(rnd)
+	for name, seq := range mixed {
+		p := on()
+		for i, v := range seq {
+			if p.notified(v == 'c') || !p.on() {
+				t.Fatalf("%s: switched to copying at verdict %d of a mix %q", name, i, seq[:i+1])
+			}
+		}
+		if p.switches.Load() != 0 {
+			t.Fatalf("%s: %d switches", name, p.switches.Load())
+		}
+	}
+	// Every verdict copied: the kernel copies (loopback): off after one run.
+	p := on()
+	switched := -1
+	for i := range 4 * zcCopiedRun {
+		if p.notified(true) {
+			switched = i
+			break
+		}
+	}
+	if switched != zcCopiedRun-1 || p.on() || p.switches.Load() != 1 {
+		t.Fatalf("all copied: switched at verdict %d (want %d), on %v, %d switches", switched, zcCopiedRun-1, p.on(), p.switches.Load())
+	}
+	// A copied probe (the first try, or a reprobe after copying) still switches at once.
+	p4 := &zcPolicy{}
+	p4.init(&cfg)
+	p4.use(5000)
+	if !p4.notified(true) || p4.on() {
+		t.Fatal("a copied probe did not switch to copying")
 	}
 }

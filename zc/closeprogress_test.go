@@ -98,7 +98,7 @@ func TestCloseSlowReaderGetsEverything(t *testing.T) {
 // small socket buffer, drained by a peer slower than that send per CloseTimeout: no send
 // completes for longer than CloseTimeout, yet the peer reads the whole time. The close
 // must not give up (it did on io_uring in 5 of 6 runs of the session-10 probe: reset, ~1.9 MB
-// lost); the peer's acknowledgements count as progress (peerAcked).
+// lost); the peer's acknowledgements count as progress (peerAnswers).
 func TestCloseSlowBatchIsProgress(t *testing.T) {
 	for _, be := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(be.String(), func(t *testing.T) {

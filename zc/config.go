@@ -192,17 +192,19 @@ type Config struct {
 	// connections), at least one buffer): together they can never hold the whole pool, so
 	// the connections that would drain held data can always receive.
 	MaxRecvHeld int
-	// CloseTimeout bounds how long a graceful Close waits for queued sends without progress:
-	// once for CloseTimeout no queued byte has left and the peer acknowledged nothing (it
-	// stopped reading), the connection is reset, the bytes still queued are dropped and
-	// OnClose gets an error matching ErrCloseTimeout. A peer that keeps reading gets
-	// everything, as from Go's net, as long as its reads reopen its receive window within
-	// CloseTimeout: a receiver advertises room again only once a good part of a segment's
-	// worth is free (on loopback about 64 KiB), so a peer reading less than that per
-	// CloseTimeout looks stopped (a reader of 8 KiB every 20 ms did at 100 ms; at the
-	// default, 64 KiB per 5 s is about 13 KB/s). Engine.Close bounds it absolutely: CloseTimeout from its start, not
-	// from the last progress. It bounds the wait for zero-copy notifications after the
-	// sends, again (default 5 s).
+	// CloseTimeout bounds how long a graceful Close waits on a silent peer: queued sends go
+	// out while the peer takes them or answers, however slowly it reads (a byte leaving,
+	// the peer acknowledging bytes, or its kernel answering the window probes of a closed
+	// window within CloseTimeout — TCP_INFO's bytes_acked, last_ack_recv, probes — each
+	// count), as from Go's net. Once the kernel asked the peer at least twice without an
+	// answer and none came for CloseTimeout, the connection is reset and OnClose gets an
+	// error matching ErrCloseTimeout (a *CloseTimeoutError: Unsent counts what was queued
+	// and what the kernel held unacknowledged). The kernel's probes back off (up to two
+	// minutes apart), so a peer that falls silent after a long alive wait is found at the
+	// kernel's next probe. A peer that stops reading but whose kernel answers is not silent:
+	// its close waits until Engine.Close, whose bound is absolute (CloseTimeout from its
+	// start), or Engine.CloseContext's context ends it. It bounds the wait for zero-copy
+	// notifications after the sends, again (default 5 s).
 	CloseTimeout time.Duration
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).

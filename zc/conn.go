@@ -79,14 +79,18 @@ func (c *Conn) txLocked() *sender {
 // closeState is what a closing connection needs.
 type closeState struct {
 	// deadline: CloseTimeout after beginClose or after the last progress a graceful close
-	// saw (a byte leaving, sentBytes, or the peer acknowledging more, peerAcked: a peer that
-	// reads is not reset for being slow), fixed once the engine closes
+	// saw (a byte leaving, sentBytes, or the peer answering, peerAnswers: a peer that reads
+	// or answers the kernel's probes is not reset for being slow), fixed once the engine
+	// closes
 	deadline time.Time
 	timer    *loop.Timer // the close's watchdog
 	// droppedBefore: BytesDropped when CloseTimeout passed (what the reset drops is the rest)
 	droppedBefore uint64
-	// acked: the peer's acknowledged bytes (TCP_INFO) at the last look (peerAcked)
+	// acked: the peer's acknowledged bytes (TCP_INFO) at the last look (peerAnswers)
 	acked uint64
+	// kernelHeld: what the kernel held unacknowledged (SIOCOUTQ) when a close that gave up
+	// reset the connection; CloseTimeoutError.Unsent counts it
+	kernelHeld int
 }
 
 // seg is one buffer (or part of one) on its way out.
@@ -985,11 +989,15 @@ func (c *Conn) schedule() {
 	}
 }
 
-// Close closes the connection: queued sends still go out (bounded by CloseTimeout, then the
-// connection is reset, the rest is dropped and OnClose gets an error matching
-// ErrCloseTimeout), then the socket is closed; OnClose runs when everything is released
-// (Done is closed then). It never blocks, so its own result cannot say whether the queued
-// bytes went out: OnClose's error does. A second Close returns an error wrapping ErrClosed.
+// Close closes the connection: queued sends still go out while the peer takes them or
+// answers, however slowly it reads (once it is silent for CloseTimeout the connection is
+// reset, the rest is dropped and OnClose gets an error matching ErrCloseTimeout, whose
+// *CloseTimeoutError counts every byte the peer did not acknowledge), then the socket is
+// closed; OnClose runs when everything is released (Done is closed then). It never blocks,
+// so its own result cannot say whether the queued bytes went out: OnClose's error does,
+// and so does Engine.Close's or Engine.CloseContext's (an error, never nil, when a
+// connection lost bytes it had accepted). A second Close returns an error wrapping
+// ErrClosed.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closeReq {

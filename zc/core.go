@@ -699,8 +699,8 @@ func (c *Conn) beginClose(err error) {
 	c.cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
 	c.cl.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
 	if err == nil && (work || c.q.be.sending(c)) {
-		// What the peer acknowledged so far: progress from here on may keep the close
-		// waiting while a send stays in the kernel (peerAcked).
+		// What the peer acknowledged so far: progress from here on keeps the close
+		// waiting while a send stays in the kernel (peerAnswers).
 		if ti, err := c.sock.TCPInfo(); err == nil {
 			c.cl.acked = ti.BytesAcked
 		}
@@ -742,22 +742,61 @@ func (c *Conn) closeTimer() {
 	}
 }
 
-// peerAcked reports whether the peer acknowledged bytes since beginClose or the last look
-// (TCP_INFO's bytes_acked), for a graceful close whose deadline passed with no send
-// completing: an io_uring send of many buffers completes only once the kernel took all of
-// them, which into a small socket buffer drained by a slow reader can take longer than
-// CloseTimeout. Never once the engine closes (its bound is absolute), and false when the
-// socket cannot say.
-func (c *Conn) peerAcked() bool {
+// peerAnswers reports whether the peer of a graceful close whose deadline passed with no
+// send completing is still alive, and if so the next deadline. Alive is what TCP_INFO shows
+// of the peer answering, however slowly it reads: it acknowledged bytes since beginClose
+// or the last look (bytes_acked: an io_uring send of many buffers completes only once the
+// kernel took all of them, which into a small socket buffer drained by a slow reader can
+// take longer than CloseTimeout), or an acknowledgement arrived within CloseTimeout
+// (last_ack_recv: window updates, and the zero-window acknowledgements that answer the
+// kernel's window probes while the reader has not yet freed a segment's worth), or the
+// kernel has not asked the peer twice in a row without an answer (window probes or
+// retransmissions). A silent peer is one the kernel asked at least twice and that answered
+// nothing for CloseTimeout (two probes or retransmissions outstanding and the last
+// acknowledgement CloseTimeout old): its close gives up. A peer that stops reading but
+// whose kernel answers the probes is not silent: its close waits (Engine.Close and
+// CloseContext bound that). Never alive once the engine closes (its bound is absolute),
+// nor when the socket cannot say (TCP_INFO fails) or has no peer to answer (a state other
+// than ESTABLISHED or CLOSE_WAIT: not connected, or reset).
+func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
 	if c.e.closed.Load() {
-		return false
+		return time.Time{}, false
 	}
 	ti, err := c.sock.TCPInfo()
-	if err != nil || ti.BytesAcked <= c.cl.acked {
-		return false
+	if err != nil || (ti.State != tcpglue.StateEstablished && ti.State != tcpglue.StateCloseWait) {
+		return time.Time{}, false // no peer that could answer (not connected, or reset)
 	}
-	c.cl.acked = ti.BytesAcked
-	return true
+	ct := c.e.cfg.CloseTimeout
+	switch {
+	case ti.BytesAcked > c.cl.acked:
+		c.cl.acked = ti.BytesAcked
+		return now.Add(ct), true
+	case ti.LastAckRecv < ct:
+		// Look again CloseTimeout after that acknowledgement.
+		return now.Add(max(ct-ti.LastAckRecv, time.Millisecond)), true
+	case ti.Probes < 2 && ti.Retransmits < 2:
+		// Not two probes or retransmissions in a row unanswered: the kernel's last probe
+		// was answered and it waits out its backoff (up to two minutes), or it has not
+		// probed yet, or one probe went unanswered because the peer's kernel rate-limits
+		// its answers to segments outside the window (net.ipv4.tcp_invalid_ratelimit,
+		// 500 ms: the second probe comes 400 ms after the first). The next, twice as far
+		// apart, is answered by a peer that is there.
+		return now.Add(ct), true
+	}
+	return time.Time{}, false
+}
+
+// kernelHeld records, at the reset of a close that gave up, what the kernel still held of
+// the connection's bytes (SIOCOUTQ: taken from the queue and not acknowledged by the peer):
+// the reset discards them, so CloseTimeoutError.Unsent counts them with the queued bytes
+// dropped. (ConnStats.BytesDropped does not: it counts bytes never handed to the kernel.)
+func (c *Conn) kernelHeld() {
+	if c.st.SockClosed() {
+		return
+	}
+	if n, err := unix.IoctlGetInt(c.fd, unix.SIOCOUTQ); err == nil && n > 0 {
+		c.cl.kernelHeld = n
+	}
 }
 
 // closeTimedOut marks a graceful close that waited CloseTimeout in vain: it ends with a
@@ -774,7 +813,7 @@ func (c *Conn) closeTimedOut() {
 // closeTimeoutErr makes the *CloseTimeoutError of a close that timed out (at finish, after
 // everything it dropped was counted): OnClose's error, and what later sends return.
 func (c *Conn) closeTimeoutErr() error {
-	te := &CloseTimeoutError{Timeout: c.e.cfg.CloseTimeout, Unsent: int(c.droppedBytes() - c.cl.droppedBefore)}
+	te := &CloseTimeoutError{Timeout: c.e.cfg.CloseTimeout, Unsent: int(c.droppedBytes()-c.cl.droppedBefore) + c.cl.kernelHeld}
 	c.mu.Lock()
 	if c.werr == nil || c.werr == ErrClosed || c.werr == errWriteClosed {
 		c.werr = te
@@ -874,18 +913,23 @@ func (c *Conn) advanceClose() {
 			if now.Before(c.cl.deadline) {
 				return // the sends' completions come back here
 			}
-			if c.peerAcked() {
-				// No send completed, yet the peer acknowledged bytes: it reads, and a send
-				// in the kernel (a large batch into a small socket buffer) is taking them.
-				c.cl.deadline = now.Add(c.e.cfg.CloseTimeout)
+			if next, ok := c.peerAnswers(now); ok {
+				// No send completed, yet the peer answers: it reads, however slowly (a
+				// send in the kernel is taking the bytes, or its window is closed and it
+				// answers the kernel's probes). CloseTimeout bounds silence, not the wait.
+				c.cl.deadline = next
 				return
 			}
-			// CloseTimeout passed with no byte leaving: the peer is not reading. Reset, and
-			// say so: what is still queued never reaches the peer.
+			// CloseTimeout passed with no byte leaving and the peer silent (or the engine's
+			// close bound passed). Reset, and say so: what is still queued never reaches
+			// the peer, nor what the kernel holds unacknowledged.
 			c.closeTimedOut()
 		}
 		if sending {
 			c.abortSends()
+		}
+		if c.closeErr == errCloseTimedOut {
+			c.kernelHeld()
 		}
 		if c.recvArmed {
 			c.q.be.stopRecv(c)

@@ -136,10 +136,11 @@
 // CloseWrite never act on a descriptor number that was closed and reused. Close is
 // asynchronous and idempotent (OnClose and Done tell when it finished); after it every
 // operation returns an error matching ErrClosed. A graceful close lets queued sends go out
-// while the peer takes them; once for CloseTimeout none has left and the peer acknowledged
-// nothing (it stopped reading; Engine.Close: CloseTimeout from its start) it resets the
-// connection and reports it: OnClose gets an error matching ErrCloseTimeout (a
-// *CloseTimeoutError says how many bytes were dropped) instead of nil. Zero-copy
+// while the peer takes them or answers, however slowly it reads; once the peer is silent
+// for CloseTimeout (the kernel's probes and retransmissions unanswered; Engine.Close:
+// CloseTimeout from its start) it resets the connection and reports it: OnClose gets an
+// error matching ErrCloseTimeout (a *CloseTimeoutError says how many bytes the peer did
+// not get) instead of nil. Zero-copy
 // notifications still outstanding get another CloseTimeout (their buffers stay lent until
 // they arrive).
 // TCP keep-alive is on by default (15 s, as Go's net).

@@ -303,10 +303,12 @@ func (e *Engine) checkOwn(r *memreg.Region) error {
 // still holds (a Buf, a Data) stays valid until released. It is idempotent; later calls
 // return an error wrapping ErrClosed. Called from a handler (a queue goroutine) it cannot
 // wait for its own queue: it starts the close in the background and returns nil (Done
-// tells when it finished). Close waits at most about 2 × CloseTimeout; CloseContext bounds
-// the wait by a context instead. When a connection's peer did not take its queued bytes
-// within CloseTimeout, the connection is reset, its OnClose gets a *CloseTimeoutError, and
-// Close returns an error matching ErrCloseTimeout.
+// tells when it finished). Close waits at most about 2 × CloseTimeout, whether or not the
+// peers still answer (a connection's own Close waits on a slow peer as long as it answers);
+// CloseContext bounds the wait by a context instead. When a connection's peer did not take
+// its queued bytes within CloseTimeout, the connection is reset, its OnClose gets a
+// *CloseTimeoutError (Unsent: what the peer did not acknowledge), and Close returns an
+// error matching ErrCloseTimeout: never nil when a connection lost bytes it had accepted.
 func (e *Engine) Close() error { return e.CloseContext(context.Background()) }
 
 // CloseContext is Close bounded by ctx as well: when ctx ends before the connections

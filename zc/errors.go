@@ -131,18 +131,20 @@ func (e *LimitError) Unwrap() error { return e.Err }
 // error OnClose gets, wrapped in an *OpError with Op "close"; Write, Send and SendData return
 // it afterwards). It unwraps to ErrCloseTimeout, so it matches ErrClosed as well.
 type CloseTimeoutError struct {
-	// Timeout is the Config.CloseTimeout that passed with no queued byte leaving (or, in
-	// Engine.Close, since the engine's close began). When CloseContext's context ended
-	// first, that cut the close short instead (CloseContext's error says so) and Timeout is
-	// still the configured CloseTimeout.
+	// Timeout is the Config.CloseTimeout that the peer stayed silent for (or, in
+	// Engine.Close, that passed since the engine's close began). When CloseContext's
+	// context ended first, that cut the close short instead (CloseContext's error says so)
+	// and Timeout is still the configured CloseTimeout.
 	Timeout time.Duration
-	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) and not yet handed to
-	// the kernel when the connection was reset: the peer gets none of them. It is a lower
-	// bound of the loss: bytes the kernel had taken and the peer had not acknowledged go
-	// with the reset too. A send the kernel still held at OnClose (twice CloseTimeout
-	// passed and its cancel had not ended it) is not in it: what that send does not take
-	// is counted in ConnStats.BytesDropped when it completes, and its buffers go back only
-	// then.
+	// Unsent is the bytes accepted (Write, Send, SendData, SendFile) that the peer had not
+	// acknowledged when the connection was reset: those not yet handed to the kernel
+	// (ConnStats.BytesDropped counts them too) and those the kernel held unacknowledged
+	// (SIOCOUTQ), which the reset discards. For a silent peer it is exact. When
+	// Engine.Close's bound or CloseContext reset a peer that was still reading, a few of
+	// the unacknowledged bytes may have reached it (their acknowledgement in flight). A
+	// send the kernel still held at OnClose (twice CloseTimeout passed and its cancel had
+	// not ended it) is not in it: what that send does not take is counted in
+	// ConnStats.BytesDropped when it completes, and its buffers go back only then.
 	Unsent int
 }
 

@@ -18,10 +18,11 @@ type Handler interface {
 	OnEOF(c *Conn, err error)
 	// OnClose reports that the connection is closed and its resources freed: err is nil
 	// after a local Close (or Engine.Close) that sent everything queued, otherwise the error
-	// that ended it. A graceful close that gave up after Config.CloseTimeout (the peer did
-	// not take the queued bytes: they were dropped and the connection reset) reports an
-	// error matching ErrCloseTimeout (a *CloseTimeoutError). ConnStats.BytesDropped counts
-	// what was dropped.
+	// that ended it. A graceful close that gave up after Config.CloseTimeout (the peer was
+	// silent: the queued bytes were dropped and the connection reset) reports an error
+	// matching ErrCloseTimeout (a *CloseTimeoutError, whose Unsent counts every byte the
+	// peer did not acknowledge). ConnStats.BytesDropped counts what was dropped before it
+	// reached the kernel.
 	OnClose(c *Conn, err error)
 }
 

@@ -30,7 +30,8 @@ import (
 // MaxQueuedBytes is queued, so a handler streams a large file in pieces from OnWritable
 // (or sends it in one call and waits for OnWritable before queuing more). It may be called
 // from any goroutine. It fails with ErrInvalid for a nil or closed file, a file that is not
-// a regular file, or a negative off or n; with ErrEmpty for n == 0; with ErrClosed after
+// a regular file (a directory, a pipe) or is not open for reading (os.O_WRONLY), or a
+// negative off or n; with ErrEmpty for n == 0; with ErrClosed after
 // Close or CloseWrite.
 func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	switch {
@@ -97,6 +98,16 @@ func dupFile(f *os.File) (int, int64, error) {
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			err = fmt.Errorf("%s is not a regular file: %w", f.Name(), ErrInvalid)
+			return
+		}
+		// sendfile(2) reads the file: one opened write-only (or O_PATH) would fail only
+		// later, on the queue, with EBADF, after the call said it was queued.
+		var fl int
+		if fl, err = unix.FcntlInt(s, unix.F_GETFL, 0); err != nil {
+			return
+		}
+		if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
+			err = fmt.Errorf("%s is not open for reading: %w", f.Name(), ErrInvalid)
 			return
 		}
 		fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)

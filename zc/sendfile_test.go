@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // streamFile writes n bytes of the stream seeded with seed to a new file and returns it
@@ -235,6 +237,18 @@ func testSendFileMisuse(t *testing.T, cfg Config) {
 		t.Fatal(err)
 	}
 	defer dir.Close()
+	// The stream file again, opened write-only and O_PATH: sendfile(2) cannot read either
+	// (it failed later, in OnClose, with EBADF).
+	wonly, err := os.OpenFile(f.Name(), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wonly.Close()
+	opath, err := os.OpenFile(f.Name(), unix.O_PATH, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opath.Close()
 	_, c, _ := sendFileConn(t, cfg, HandlerFuncs{})
 	fds := countFDs()
 	for _, tc := range []struct {
@@ -246,6 +260,8 @@ func testSendFileMisuse(t *testing.T, cfg Config) {
 		{"nil file", nil, 0, 1, []error{ErrInvalid}},
 		{"closed file", closed, 0, 1, []error{ErrInvalid, os.ErrClosed}},
 		{"directory", dir, 0, 1, []error{ErrInvalid}},
+		{"write-only file", wonly, 0, 1, []error{ErrInvalid}},
+		{"O_PATH file", opath, 0, 1, []error{ErrInvalid}},
 		{"negative offset", f, -1, 1, []error{ErrInvalid}},
 		{"negative length", f, 0, -1, []error{ErrInvalid}},
 		{"empty", f, 0, 0, []error{ErrEmpty}},

@@ -19,6 +19,7 @@ import (
 	"github.com/zcnet/zcnet/kmod"
 	"github.com/zcnet/zcnet/kmod/shim"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // The shim backend over the real module. These need /dev/zcshim: they run in the VM
@@ -331,8 +332,9 @@ func TestShimPeerReset(t *testing.T) {
 	testPeerReset(t, shimCfg())
 }
 
-// TestShimCloseStuckPeer: the peer never reads; Close gives up after CloseTimeout, the
-// connection finishes and every send buffer comes back.
+// TestShimCloseStuckPeer: the peer never reads and is silent (silence: a peer that only
+// stops reading answers the kernel's probes, and the close waits for it); Close gives up
+// after CloseTimeout, the connection finishes and every send buffer comes back.
 func TestShimCloseStuckPeer(t *testing.T) {
 	needShim(t)
 	cfg := shimCfg()
@@ -355,6 +357,11 @@ func TestShimCloseStuckPeer(t *testing.T) {
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
+	if err := sc.Socket(func(s *tcpglue.Socket) error {
+		return s.Control(func(fd int) error { silence(t, fd); return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	c.Close()
 	select {

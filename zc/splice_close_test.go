@@ -294,12 +294,15 @@ func TestRelaySpliceResetOtherWay(t *testing.T) {
 }
 
 // TestRelaySpliceCloseTimeout: a graceful Close of the client's connection while the client
-// never reads: the bytes handed to it cannot go out, CloseTimeout resets it, and the relay
-// counts them as lost (Lost, Err) instead of dropping them silently.
+// never reads and is silent (silence: a client that only stops reading answers the kernel's
+// probes, and the close waits for it): the bytes handed to it cannot go out, CloseTimeout
+// resets it, and the relay counts them as lost (Lost, Err) instead of dropping them
+// silently.
 func TestRelaySpliceCloseTimeout(t *testing.T) {
 	for _, be := range spliceBackends() {
 		t.Run(be.String(), func(t *testing.T) {
 			h := newHeldEnv(t, Config{Backend: be, Queues: 2, CloseTimeout: 100 * time.Millisecond})
+			silenceConn(t, h.client)
 			if err := h.front.Close(); err != nil {
 				t.Fatal(err)
 			}

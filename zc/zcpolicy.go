@@ -14,7 +14,7 @@ type zcPolicy struct {
 	state     zcState
 	copySends int
 	reprobe   int
-	streak    int // consecutive notifications that said "copied" while on
+	streak    int // consecutive notifications that said "copied" (zcCopiedRun)
 
 	switches, probes atomic.Uint64
 	stateView        atomic.Int32 // state, for Stats from other goroutines
@@ -136,6 +136,20 @@ func (p *zcPolicy) countCopy(n int) {
 	}
 }
 
+// zcCopiedRun is how many notifications in a row, none of them "not copied", take a
+// connection that is on zero-copy back to copying. A notification that says copied is not
+// proof: io_uring links a SEND_ZC whose first bytes join an skb of an earlier send to that
+// send's notification (io_uring/notif.c, io_link_skb), and only the head of such a chain
+// sees its skbs, so every linked notification carries IORING_NOTIF_USAGE_ZC_COPIED although
+// nothing was copied (on a virtio NIC 5-28% of 64 KiB sends, 35-45% of forwarded receive
+// buffers: doc/notes/issue-27-zcreal-s11.md). Where the kernel really copies (loopback,
+// veth) every notification says so; where it does not, the heads of the chains say "not
+// copied" among the linked ones. So only a long run of copied verdicts with no uncopied one
+// is evidence: a mix, however many copied it holds, keeps zero-copy on. A probe's single
+// verdict still decides (zcProbe): it follows copying sends, whose skbs carry no earlier
+// notification to link to.
+const zcCopiedRun = 16
+
 // notified applies the kernel's verdict on one zero-copy send; it reports whether the
 // connection switched to copying.
 func (p *zcPolicy) notified(copied bool) bool {
@@ -160,7 +174,7 @@ func (p *zcPolicy) notified(copied bool) bool {
 		p.set(zcOff)
 		p.switches.Add(1)
 		return true
-	case p.state == zcOn && p.streak >= 2:
+	case p.state == zcOn && p.streak >= zcCopiedRun:
 		p.set(zcOff)
 		p.copySends = 0
 		p.switches.Add(1)
