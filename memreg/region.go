@@ -371,12 +371,7 @@ func (b Buf) Release() error {
 		r.recycle(int(b.idx))
 		return nil
 	}
-	r.state[b.idx] = Free
-	r.pub(b.idx)
-	if r.scrub != nil && !r.unmapped {
-		r.scrub(r.slice(int(b.idx)))
-	}
-	r.free = append(r.free, b.idx)
+	r.freeLocked(b.idx)
 	r.unmapIfDoneLocked()
 	onFree := r.onFree
 	r.mu.Unlock()
@@ -483,10 +478,8 @@ func (l Loan) settleLocked(to State) (b Buf, freed bool, err error) {
 	r.state[l.idx] = to
 	r.pub(l.idx)
 	if to == Free {
-		if r.scrub != nil && !r.unmapped {
-			r.scrub(r.slice(int(l.idx)))
-		}
 		r.free = append(r.free, l.idx)
+		r.scrubFreedLocked(l.idx)
 		r.unmapIfDoneLocked()
 		return Buf{}, true, nil
 	}
@@ -622,12 +615,7 @@ func (r *Region) ReleaseBatch(bufs []Buf) error {
 		}
 		r.gen[b.idx]++
 		r.held--
-		r.state[b.idx] = Free
-		r.pub(b.idx)
-		if r.scrub != nil && !r.unmapped {
-			r.scrub(r.slice(int(b.idx)))
-		}
-		r.free = append(r.free, b.idx)
+		r.freeLocked(b.idx)
 		freed = true
 	}
 	r.unmapIfDoneLocked()
@@ -694,12 +682,7 @@ func (r *Region) ReturnBatch(loans []Loan) error {
 		}
 		r.gen[l.idx]++
 		r.lent--
-		r.state[l.idx] = Free
-		r.pub(l.idx)
-		if r.scrub != nil && !r.unmapped {
-			r.scrub(r.slice(int(l.idx)))
-		}
-		r.free = append(r.free, l.idx)
+		r.freeLocked(l.idx)
 		freed = true
 	}
 	r.unmapIfDoneLocked()
@@ -709,6 +692,23 @@ func (r *Region) ReturnBatch(loans []Loan) error {
 		onFree()
 	}
 	return first
+}
+
+// freeLocked puts buffer idx on the free list (its state Free, published, scrubbed when the
+// region scrubs). r.mu is held.
+func (r *Region) freeLocked(idx int32) {
+	r.state[idx] = Free
+	r.pub(idx)
+	r.free = append(r.free, idx)
+	r.scrubFreedLocked(idx)
+}
+
+// scrubFreedLocked scrubs a buffer that just went to the free list, when the region scrubs
+// and is still mapped. r.mu is held.
+func (r *Region) scrubFreedLocked(idx int32) {
+	if r.scrub != nil && !r.unmapped {
+		r.scrub(r.slice(int(idx)))
+	}
 }
 
 // SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)

@@ -172,12 +172,7 @@ func (r *Region) dropOwner(idx int32) {
 		r.mu.Unlock()
 		r.recycle(int(idx))
 	} else {
-		r.state[idx] = Free
-		r.pub(idx)
-		if r.scrub != nil && !r.unmapped {
-			r.scrub(r.slice(int(idx)))
-		}
-		r.free = append(r.free, idx)
+		r.freeLocked(idx)
 		r.unmapIfDoneLocked()
 		onFree := r.onFree
 		r.mu.Unlock()
