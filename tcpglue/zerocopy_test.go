@@ -27,41 +27,15 @@ type zcSender struct {
 	copied    uint32 // notifications flagged SO_EE_CODE_ZEROCOPY_COPIED
 }
 
-// drain reads every queued notification without blocking.
+// drain reads every queued notification without blocking (SendZeroCopy's own reader).
 func (z *zcSender) drain() error {
-	return z.s.Control(func(fd int) error {
-		oob := make([]byte, 256)
-		for {
-			_, oobn, _, _, err := unix.Recvmsg(fd, nil, oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
-			if errors.Is(err, unix.EAGAIN) {
-				return nil
-			}
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-			if err != nil {
-				return err
-			}
-			for _, m := range msgs {
-				if len(m.Data) < int(unsafe.Sizeof(unix.SockExtendedErr{})) {
-					continue
-				}
-				ee := (*unix.SockExtendedErr)(unsafe.Pointer(&m.Data[0]))
-				if ee.Origin != unix.SO_EE_ORIGIN_ZEROCOPY {
-					return fmt.Errorf("unexpected error queue entry origin %d errno %d", ee.Origin, ee.Errno)
-				}
-				n := ee.Data - ee.Info + 1
-				z.completed += n
-				if ee.Code&unix.SO_EE_CODE_ZEROCOPY_COPIED != 0 {
-					z.copied += n
-				}
-			}
-		}
-	})
+	var r ZeroCopyTXReport
+	if err := z.s.zcDrain(&r); err != nil {
+		return err
+	}
+	z.completed += uint32(r.Notified)
+	z.copied += uint32(r.Copied)
+	return nil
 }
 
 // send writes all of p with MSG_ZEROCOPY. p must not change until wait returns.
