@@ -465,3 +465,102 @@ func TestHandlerWriteWithPoolEmpty(t *testing.T) {
 		})
 	}
 }
+
+// TestGrantRefusedAgainServed: the window between a connection's refusal inside its own
+// OnWritable and its return to the line of waiters. A connection holds the whole pool
+// (nothing in flight), is refused, and is granted the buffer the test gives back; in that
+// OnWritable it takes the grant, is refused again, and gives one of its buffers back before
+// it returns. That buffer came back while nobody stood in line (the connection was between
+// its grant and its new place), so nothing served it: the connection must still hear a
+// second OnWritable — nothing else will ever return a buffer. (wakeGrants serves the line
+// again after putting the connection back in it; without that the connection waits forever.)
+func TestGrantRefusedAgainServed(t *testing.T) {
+	for _, b := range wakeBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			const bufs, size = 4, 4 << 10
+			e, ln := wakeEngine(t, b, zc.Config{SendBufs: bufs, SendBufSize: size, SendPoolMax: bufs * size,
+				MaxQueuedBytes: 1 << 20})
+
+			var (
+				mu       sync.Mutex
+				held     []memreg.Buf
+				writable int
+			)
+			dry := make(chan error, 1)
+			second := make(chan error, 1)
+			h := zc.HandlerFuncs{Writable: func(c *zc.Conn) {
+				mu.Lock()
+				defer mu.Unlock()
+				writable++
+				switch writable {
+				case 1:
+					g, err := c.Buffer() // the grant
+					if err != nil {
+						second <- fmt.Errorf("first OnWritable: the grant: %v", err)
+						return
+					}
+					held = append(held, g)
+					if _, err := c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
+						second <- fmt.Errorf("first OnWritable: second Buffer = %v, want ErrExhausted", err)
+						return
+					}
+					held[0].Release() // back while the connection is out of line
+					held = held[1:]
+				case 2:
+					g, err := c.Buffer()
+					if err == nil {
+						held = append(held, g)
+					}
+					second <- err
+				}
+			}}
+			c, peer := dialAccepted(t, e, ln, h)
+			defer peer.Close()
+			c.Post(func() {
+				mu.Lock()
+				defer mu.Unlock()
+				for {
+					g, err := c.Buffer()
+					if err != nil {
+						if len(held) != bufs {
+							err = fmt.Errorf("refused after %d of %d buffers: %w", len(held), bufs, err)
+						} else if errors.Is(err, memreg.ErrExhausted) {
+							err = nil
+						}
+						dry <- err
+						return
+					}
+					held = append(held, g)
+				}
+			})
+			if err := <-dry; err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			last := held[len(held)-1]
+			held = held[:len(held)-1]
+			mu.Unlock()
+			last.Release() // the first grant
+			select {
+			case err := <-second:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no second OnWritable with a buffer free in the pool (lost wake-up): %+v", e.Stats().Send)
+			}
+			done := make(chan struct{})
+			c.Post(func() {
+				mu.Lock()
+				for _, g := range held {
+					g.Release()
+				}
+				held = nil
+				mu.Unlock()
+				close(done)
+			})
+			<-done
+			c.Close()
+		})
+	}
+}
