@@ -126,3 +126,53 @@ func TestCloseSilentPeerCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseStalledPeerGivesUp: a graceful Close whose peer is alive but never reads (its
+// kernel answers every window probe, so it is never silent) gives up after CloseStall
+// without a byte taken, as Go's net's orphaned socket does after its probes: OnClose gets a
+// *CloseTimeoutError whose Timeout is CloseStall and whose Unsent is every byte the peer
+// did not get, and the queued buffers are back in the pool. (Before, such a peer held the
+// closed connection's send buffers until Engine.Close.) Then a peer that reads, slowly,
+// with pauses shorter than CloseStall, still gets everything.
+func TestCloseStalledPeerGivesUp(t *testing.T) {
+	for _, be := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(be.String(), func(t *testing.T) {
+			const total = 1 << 20
+			cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, CloseStall: 2 * time.Second,
+				MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+			p := newSlowPeer(t, cfg, 16<<10, total)
+			if err := p.c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			err := recvEvent(t, p.ev.closed, "close")
+			var te *CloseTimeoutError
+			if !errors.As(err, &te) || !errors.Is(err, ErrCloseTimeout) {
+				t.Fatalf("OnClose after a peer that never reads = %v, want a *CloseTimeoutError", err)
+			}
+			if te.Timeout != cfg.CloseStall {
+				t.Errorf("CloseTimeoutError.Timeout = %v, want CloseStall (%v)", te.Timeout, cfg.CloseStall)
+			}
+			held, qerr := p.s.InQueue()
+			if qerr != nil {
+				t.Fatal(qerr)
+			}
+			t.Logf("%v; peer holds %d, Unsent %d, BytesDropped %d", err, held, te.Unsent, p.c.Stats().BytesDropped)
+			if held+te.Unsent != total {
+				t.Errorf("the peer holds %d bytes and Unsent is %d: %d of the %d written are not counted", held, te.Unsent, total-held-te.Unsent, total)
+			}
+			if st := p.e.Stats(); st.Faults.CloseTimeouts != 1 {
+				t.Errorf("Faults.CloseTimeouts = %d, want 1", st.Faults.CloseTimeouts)
+			}
+			buf := make([]byte, held)
+			if _, err := io.ReadFull(p.s, buf); err != nil || !bytes.Equal(buf, p.src[:held]) {
+				t.Errorf("the peer's %d bytes: %v, or not what was written", held, err)
+			}
+
+			// A reader of 4 KiB per 50 ms, reading for longer in all than CloseStall: each
+			// byte it takes starts CloseStall again, so it gets everything. (Its window
+			// reopens in steps of several reads: CloseStall must stay well above that.)
+			q := newSlowPeer(t, cfg, 4096, 256<<10)
+			q.closeAllRead(t, 4096, 50*time.Millisecond)
+		})
+	}
+}

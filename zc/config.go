@@ -202,10 +202,21 @@ type Config struct {
 	// and what the kernel held unacknowledged). The kernel's probes back off (up to two
 	// minutes apart), so a peer that falls silent after a long alive wait is found at the
 	// kernel's next probe. A peer that stops reading but whose kernel answers is not silent:
-	// its close waits until Engine.Close, whose bound is absolute (CloseTimeout from its
-	// start), or Engine.CloseContext's context ends it. It bounds the wait for zero-copy
-	// notifications after the sends, again (default 5 s).
+	// its close waits, up to CloseStall without taking a byte (or until Engine.Close, whose
+	// bound is absolute: CloseTimeout from its start, or Engine.CloseContext's context). It
+	// bounds the wait for zero-copy notifications after the sends, again (default 5 s).
 	CloseTimeout time.Duration
+	// CloseStall bounds how long a graceful Close waits on a peer that answers but takes
+	// nothing: its window stays closed and its kernel answers the window probes, yet no
+	// byte is acknowledged (a client that never reads). Past it the connection is reset as
+	// for a silent peer: OnClose gets a *CloseTimeoutError whose Timeout is CloseStall, and
+	// the queued buffers go back to the pool. Without it such a peer would hold the closed
+	// connection's send buffers until the engine closes; Go's net hands them to the kernel,
+	// which gives an orphaned connection up after tcp_orphan_retries probes (about two
+	// minutes on loopback). A peer that reads, however slowly, is not stalled: each byte it
+	// acknowledges starts CloseStall again (a reader of 1 KB/s reopens its window in ~64 KiB
+	// steps, a minute apart). Default 2 minutes; at least CloseTimeout.
+	CloseStall time.Duration
 	// Steering decides which queue owns each accepted connection (default SteerAuto: the BPF
 	// steering program where it loads, else the kernel's SO_REUSEPORT hash, visibly).
 	Steering SteeringMode
@@ -317,6 +328,14 @@ func (c *Config) normalize() error {
 		return bad("CloseTimeout", c.CloseTimeout, "negative (0 takes the default, 5s)")
 	case c.CloseTimeout == 0:
 		c.CloseTimeout = 5 * time.Second
+	}
+	switch {
+	case c.CloseStall < 0:
+		return bad("CloseStall", c.CloseStall, "negative (0 takes the default, 2m)")
+	case c.CloseStall == 0:
+		c.CloseStall = max(2*time.Minute, c.CloseTimeout)
+	case c.CloseStall < c.CloseTimeout:
+		return bad("CloseStall", c.CloseStall, fmt.Sprintf("shorter than CloseTimeout (%v)", c.CloseTimeout))
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = defaultKeepAlive

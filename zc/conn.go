@@ -88,6 +88,11 @@ type closeState struct {
 	droppedBefore uint64
 	// acked: the peer's acknowledged bytes (TCP_INFO) at the last look (peerAnswers)
 	acked uint64
+	// progressAt: when a byte last left the queue or the peer last acknowledged one (or
+	// beginClose); a peer that answers without taking anything for CloseStall is given up
+	// (stalled)
+	progressAt time.Time
+	stalled    bool
 	// kernelHeld: what the kernel held unacknowledged (SIOCOUTQ) when a close that gave up
 	// reset the connection; CloseTimeoutError.Unsent counts it
 	kernelHeld int

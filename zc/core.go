@@ -204,7 +204,8 @@ func (c *Conn) sentBytes(n int) {
 	if cl := c.cl; cl != nil && c.closeErr == nil && !c.e.closed.Load() {
 		// A graceful close made progress: the peer reads, however slowly. CloseTimeout
 		// counts from here (Engine.Close keeps its bound: no progress moves it then).
-		cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+		cl.progressAt = time.Now()
+		cl.deadline = cl.progressAt.Add(c.e.cfg.CloseTimeout)
 	}
 	c.mu.Lock()
 	c.queued -= n
@@ -696,7 +697,8 @@ func (c *Conn) beginClose(err error) {
 		}
 	}
 	c.mu.Unlock()
-	c.cl.deadline = time.Now().Add(c.e.cfg.CloseTimeout)
+	c.cl.progressAt = time.Now()
+	c.cl.deadline = c.cl.progressAt.Add(c.e.cfg.CloseTimeout)
 	c.cl.timer = c.q.After(c.e.cfg.CloseTimeout, c.closeTimer)
 	if err == nil && (work || c.q.be.sending(c)) {
 		// What the peer acknowledged so far: progress from here on keeps the close
@@ -754,8 +756,10 @@ func (c *Conn) closeTimer() {
 // retransmissions). A silent peer is one the kernel asked at least twice and that answered
 // nothing for CloseTimeout (two probes or retransmissions outstanding and the last
 // acknowledgement CloseTimeout old): its close gives up. A peer that stops reading but
-// whose kernel answers the probes is not silent: its close waits (Engine.Close and
-// CloseContext bound that). Never alive once the engine closes (its bound is absolute),
+// whose kernel answers the probes is not silent: its close waits, up to CloseStall since a
+// byte last left or was acknowledged (then it is stalled: a client that never reads must
+// not hold the send pool; Engine.Close and CloseContext bound it too). Never alive once the
+// engine closes (its bound is absolute),
 // nor when the socket cannot say (TCP_INFO fails) or has no peer to answer (a state other
 // than ESTABLISHED or CLOSE_WAIT: not connected, or reset).
 func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
@@ -767,13 +771,20 @@ func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
 		return time.Time{}, false // no peer that could answer (not connected, or reset)
 	}
 	ct := c.e.cfg.CloseTimeout
-	switch {
-	case ti.BytesAcked > c.cl.acked:
+	if ti.BytesAcked > c.cl.acked {
 		c.cl.acked = ti.BytesAcked
+		c.cl.progressAt = now
 		return now.Add(ct), true
+	}
+	stallAt := c.cl.progressAt.Add(c.e.cfg.CloseStall)
+	if !now.Before(stallAt) {
+		c.cl.stalled = true // it answers, but has taken nothing for CloseStall
+		return time.Time{}, false
+	}
+	switch {
 	case ti.LastAckRecv < ct:
-		// Look again CloseTimeout after that acknowledgement.
-		return now.Add(max(ct-ti.LastAckRecv, time.Millisecond)), true
+		// Look again CloseTimeout after that acknowledgement (or when it stalls).
+		return minTime(now.Add(max(ct-ti.LastAckRecv, time.Millisecond)), stallAt), true
 	case ti.Probes < 2 && ti.Retransmits < 2:
 		// Not two probes or retransmissions in a row unanswered: the kernel's last probe
 		// was answered and it waits out its backoff (up to two minutes), or it has not
@@ -781,9 +792,16 @@ func (c *Conn) peerAnswers(now time.Time) (time.Time, bool) {
 		// its answers to segments outside the window (net.ipv4.tcp_invalid_ratelimit,
 		// 500 ms: the second probe comes 400 ms after the first). The next, twice as far
 		// apart, is answered by a peer that is there.
-		return now.Add(ct), true
+		return minTime(now.Add(ct), stallAt), true
 	}
 	return time.Time{}, false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // kernelHeld records, at the reset of a close that gave up, what the kernel still held of
@@ -813,7 +831,11 @@ func (c *Conn) closeTimedOut() {
 // closeTimeoutErr makes the *CloseTimeoutError of a close that timed out (at finish, after
 // everything it dropped was counted): OnClose's error, and what later sends return.
 func (c *Conn) closeTimeoutErr() error {
-	te := &CloseTimeoutError{Timeout: c.e.cfg.CloseTimeout, Unsent: int(c.droppedBytes()-c.cl.droppedBefore) + c.cl.kernelHeld}
+	timeout := c.e.cfg.CloseTimeout
+	if c.cl.stalled {
+		timeout = c.e.cfg.CloseStall
+	}
+	te := &CloseTimeoutError{Timeout: timeout, Unsent: int(c.droppedBytes()-c.cl.droppedBefore) + c.cl.kernelHeld}
 	c.mu.Lock()
 	if c.werr == nil || c.werr == ErrClosed || c.werr == errWriteClosed {
 		c.werr = te

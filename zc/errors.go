@@ -132,7 +132,8 @@ func (e *LimitError) Unwrap() error { return e.Err }
 // it afterwards). It unwraps to ErrCloseTimeout, so it matches ErrClosed as well.
 type CloseTimeoutError struct {
 	// Timeout is the Config.CloseTimeout that the peer stayed silent for (or, in
-	// Engine.Close, that passed since the engine's close began). When CloseContext's
+	// Engine.Close, that passed since the engine's close began), or the Config.CloseStall
+	// that a peer answering the kernel's probes took no byte for. When CloseContext's
 	// context ended first, that cut the close short instead (CloseContext's error says so)
 	// and Timeout is still the configured CloseTimeout.
 	Timeout time.Duration

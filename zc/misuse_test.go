@@ -36,6 +36,8 @@ func TestConfigNegative(t *testing.T) {
 		{"MaxQueuedBytes", Config{MaxQueuedBytes: -1}},
 		{"MaxRecvHeld", Config{MaxRecvHeld: -1}},
 		{"CloseTimeout", Config{CloseTimeout: -time.Second}},
+		{"CloseStall", Config{CloseStall: -time.Second}},
+		{"CloseStall", Config{CloseTimeout: 10 * time.Second, CloseStall: time.Second}},
 		// Below the initial pool: refused, not silently raised.
 		{"SendPoolMax", Config{SendBufs: 8, SendBufSize: 64 << 10, SendPoolMax: 64 << 10}},
 		{"RecvPoolMax", Config{RecvBufs: 16, RecvBufSize: 32 << 10, RecvPoolMax: 32 << 10}},
