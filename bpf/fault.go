@@ -7,12 +7,14 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // Fault is a test-only packet dropper attached to one interface with a tcx
-// link: it drops a configurable fraction of the packets that match a
-// protocol/port filter (this kernel has no sch_netem). Methods are safe for
-// concurrent use; after Close they return an error matching ErrClosed.
+// link: it drops (Set) or corrupts (Corrupt) a configurable fraction of the
+// packets that match a protocol/port filter (this kernel has no sch_netem).
+// Methods are safe for concurrent use; after Close they return an error
+// matching ErrClosed.
 type Fault struct {
 	mu     sync.Mutex
 	closed bool
@@ -54,7 +56,34 @@ func NewFault(ifindex int, ingress bool) (*Fault, error) {
 // and, if port is not 0, with that TCP/UDP source or destination port.
 // Fraction 0 turns dropping off.
 func (f *Fault) Set(fraction float64, proto uint8, port uint16) error {
-	const op = "set fault"
+	return f.set("set fault", fraction, proto, port, faultActDrop)
+}
+
+// Corrupt flips bits of the last payload byte of fraction (0..1) of the TCP
+// segments that carry payload and, if port is not 0, have that source or
+// destination port; it replaces Set's dropping (fraction 0 turns it off). It
+// acts after TCP made its checksum: on loopback and veth, where the checksum
+// is left to hardware that is not there, the receiver's TCP accepts the
+// segment and hands the wrong byte up — for tests of an integrity check above
+// TCP, such as TLS's. On a path that checks the checksum the segment is
+// dropped instead, as a loss. Corrupted counts what it changed.
+func (f *Fault) Corrupt(fraction float64, port uint16) error {
+	return f.set("corrupt fault", fraction, unix.IPPROTO_TCP, port, faultActCorrupt)
+}
+
+// The fault program's actions (enum fault_action in c/zcnet.h) and counters
+// (enum fault_counter).
+const (
+	faultActDrop    = 0
+	faultActCorrupt = 1
+
+	faultSeen      = 0
+	faultDropped   = 1
+	faultCorrupted = 2
+	faultCounters  = 3
+)
+
+func (f *Fault) set(op string, fraction float64, proto uint8, port uint16, action uint8) error {
 	if f == nil {
 		return &OpError{Op: op, Err: ErrClosed}
 	}
@@ -70,33 +99,43 @@ func (f *Fault) Set(fraction float64, proto uint8, port uint16) error {
 	if th > math.MaxUint32 {
 		th = math.MaxUint32
 	}
-	cfg := faultFaultConfig{Threshold: uint32(th), Port: port, Proto: proto}
+	cfg := faultFaultConfig{Threshold: uint32(th), Port: port, Proto: proto, Action: action}
 	return opErr(op, f.objs.FaultSettings.Update(uint32(0), &cfg, ebpf.UpdateAny))
 }
 
 // Stats returns how many packets matched the filter and how many of them
 // were dropped.
 func (f *Fault) Stats() (seen, dropped uint64, err error) {
-	const op = "fault stats"
+	c, err := f.counters("fault stats")
+	return c[faultSeen], c[faultDropped], err
+}
+
+// Corrupted returns how many TCP segments Corrupt changed.
+func (f *Fault) Corrupted() (uint64, error) {
+	c, err := f.counters("fault corrupted")
+	return c[faultCorrupted], err
+}
+
+func (f *Fault) counters(op string) ([faultCounters]uint64, error) {
+	var c [faultCounters]uint64
 	if f == nil {
-		return 0, 0, &OpError{Op: op, Err: ErrClosed}
+		return c, &OpError{Op: op, Err: ErrClosed}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
-		return 0, 0, &OpError{Op: op, Err: ErrClosed}
+		return c, &OpError{Op: op, Err: ErrClosed}
 	}
-	var c [2]uint64
 	for i := range c {
 		var per []uint64
 		if err := f.objs.FaultStats.Lookup(uint32(i), &per); err != nil {
-			return 0, 0, opErr(op, err)
+			return c, opErr(op, err)
 		}
 		for _, v := range per {
 			c[i] += v
 		}
 	}
-	return c[0], c[1], nil
+	return c, nil
 }
 
 // Close detaches and unloads the injector. Later calls return an error

@@ -18,7 +18,7 @@ type faultFaultConfig struct {
 	Threshold uint32
 	Port      uint16
 	Proto     uint8
-	Pad       uint8
+	Action    uint8
 }
 
 // Names of all BPF objects in the ELF.

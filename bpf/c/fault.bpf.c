@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * fault.bpf.c - a tc (tcx) fault injector for tests: drops a configurable
- * fraction of the IP packets that match a protocol/port filter. This kernel
- * has no sch_netem, so reliability tests get their loss from here.
+ * fault.bpf.c - a tc (tcx) fault injector for tests: drops (or corrupts) a
+ * configurable fraction of the IP packets that match a protocol/port filter.
+ * This kernel has no sch_netem, so reliability tests get their loss from here;
+ * corruption flips bits of the last payload byte of a TCP segment, after TCP's
+ * checksum was made (on loopback and veth the checksum is left to hardware that
+ * is not there, so the receiver's TCP takes the segment): what a broken
+ * middlebox or memory does, for the tests of an integrity check above TCP (TLS).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -86,6 +90,27 @@ int zc_fault(struct __sk_buff *skb)
 			return FAULT_TCX_NEXT;
 		if (bpf_ntohs(ports[0]) != cfg->port && bpf_ntohs(ports[1]) != cfg->port)
 			return FAULT_TCX_NEXT;
+	}
+	if (cfg->action == FAULT_ACT_CORRUPT) {
+		struct tcphdr *tcp = (void *)ports;
+		__u32 start;
+		__u8 b;
+
+		if (proto != IPPROTO_TCP || !tcp || (void *)(tcp + 1) > end)
+			return FAULT_TCX_NEXT;
+		start = (__u32)((void *)tcp - data) + tcp->doff * 4;
+		if (skb->len <= start)
+			return FAULT_TCX_NEXT; /* no payload: nothing to corrupt */
+		fcount(FAULT_SEEN);
+		if (bpf_get_prandom_u32() >= cfg->threshold)
+			return FAULT_TCX_NEXT;
+		if (bpf_skb_load_bytes(skb, skb->len - 1, &b, 1))
+			return FAULT_TCX_NEXT;
+		b ^= 0x5a;
+		if (bpf_skb_store_bytes(skb, skb->len - 1, &b, 1, 0))
+			return FAULT_TCX_NEXT;
+		fcount(FAULT_CORRUPTED);
+		return FAULT_TCX_NEXT;
 	}
 	fcount(FAULT_SEEN);
 	if (bpf_get_prandom_u32() < cfg->threshold) {

@@ -128,16 +128,23 @@ enum zc_counter {
 
 /* fault_config: the single entry of the fault injector's config array. */
 struct fault_config {
-	__u32 threshold; /* drop when bpf_get_prandom_u32() < threshold; 0 = off */
+	__u32 threshold; /* act when bpf_get_prandom_u32() < threshold; 0 = off */
 	__u16 port;      /* only packets with this TCP/UDP port (either side); 0 = any */
 	__u8 proto;      /* only this IP protocol; 0 = any */
-	__u8 pad;
+	__u8 action;     /* enum fault_action */
+};
+
+/* What the fault injector does to a packet it picks. */
+enum fault_action {
+	FAULT_ACT_DROP = 0,    /* drop it */
+	FAULT_ACT_CORRUPT = 1, /* TCP with payload only: flip bits of its last payload byte */
 };
 
 /* Counter indexes of the fault injector's per-CPU array. */
 enum fault_counter {
-	FAULT_SEEN = 0,  /* packets that matched the filter */
+	FAULT_SEEN = 0,  /* packets that matched the filter (corrupt: TCP with payload) */
 	FAULT_DROPPED,   /* of those, dropped */
+	FAULT_CORRUPTED, /* of those, corrupted */
 	FAULT_COUNTERS
 };
 
