@@ -16,6 +16,7 @@ import (
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/internal/netns"
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -574,7 +575,7 @@ func (q *RawQueue) HardwareAddr() net.HardwareAddr { return q.mac }
 func (q *RawQueue) refill() {
 	room := q.fill.free()
 	if room > 0 {
-		n := q.region.ProvideTo(q.provide[:room], q.reserve)
+		n := memregops.ProvideTo(q.region, q.provide[:room], q.reserve)
 		idx := q.fill.local
 		for _, l := range q.provide[:n] {
 			q.loans[l.Index()] = l
@@ -607,7 +608,7 @@ func (q *RawQueue) take(frames []Frame) (int, error) {
 	for i := range n {
 		q.rxIdx[i] = int(q.rx.xdesc(q.rx.local+uint32(i)).Addr / q.bufSize)
 	}
-	n, err := q.region.ReceivedBatch(q.rxIdx[:n], q.rxBufs[:n])
+	n, err := memregops.ReceivedBatch(q.region, q.rxIdx[:n], q.rxBufs[:n])
 	if err != nil {
 		// A descriptor naming a buffer the kernel does not hold is a bug; stop there.
 		err = fmt.Errorf("RX descriptor %d: %w", n, err)
