@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // Layouts of include/uapi/linux/ethtool.h for the SIOCETHTOOL ioctl. Padding is spelled
@@ -82,18 +84,16 @@ func (c *Client) ethtoolIoctl(ifname string, data unsafe.Pointer) error {
 	copy(ifr.Name[:], ifname)
 	ifr.Data = data
 	return c.ioctl(func(fd int) error {
-		for {
+		e := eintr.Errno(func() unix.Errno {
 			_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), siocEthtool, uintptr(unsafe.Pointer(&ifr)))
-			runtime.KeepAlive(&ifr)
-			runtime.KeepAlive(data)
-			if e == unix.EINTR {
-				continue
-			}
-			if e != 0 {
-				return os.NewSyscallError("ioctl SIOCETHTOOL", e)
-			}
-			return nil
+			return e
+		})
+		runtime.KeepAlive(&ifr)
+		runtime.KeepAlive(data)
+		if e != 0 {
+			return os.NewSyscallError("ioctl SIOCETHTOOL", e)
 		}
+		return nil
 	})
 }
 
