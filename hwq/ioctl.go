@@ -138,6 +138,25 @@ func (c *Client) Ifindex(ifname string) (int, error) {
 	return idx, opErr("ifindex", ifname, err)
 }
 
+// Driver returns the driver name (ETHTOOL_GDRVINFO) of ifname in the calling thread's
+// network namespace without a Client (one ioctl on a socket of its own), "" when the device
+// has no driver information (loopback).
+func Driver(ifname string) (string, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", opErr("drvinfo", ifname, os.NewSyscallError("socket", err))
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlGetEthtoolDrvinfo(fd, ifname)
+	if notSupportedErrno(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", opErr("drvinfo", ifname, os.NewSyscallError("ioctl ETHTOOL_GDRVINFO", err))
+	}
+	return unix.ByteSliceToString(info.Driver[:]), nil
+}
+
 // Driver returns the device's driver name (ETHTOOL_GDRVINFO), "" when the device has no
 // driver information (loopback).
 func (c *Client) Driver(ifname string) (string, error) {

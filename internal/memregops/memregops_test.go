@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -137,5 +139,21 @@ func BenchmarkReceiveRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 		buf.Release()
+	}
+}
+
+// TestMemlock reads the limit as the process sees it: both calls agree, and a limit that
+// does not apply (none, or CAP_IPC_LOCK) is not reported as one.
+func TestMemlock(t *testing.T) {
+	soft, err := MemlockSoft()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, ok := MemlockLimit()
+	if ok && limit != soft {
+		t.Fatalf("MemlockLimit %d, soft limit %d", limit, soft)
+	}
+	if soft == unix.RLIM_INFINITY && ok {
+		t.Fatal("no limit reported as one")
 	}
 }
