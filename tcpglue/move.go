@@ -11,8 +11,9 @@ import (
 // (zc's) does between its readiness events. EINTR is retried; a socket that cannot take or
 // give more returns an error matching unix.EAGAIN (TryWrite: 0 and nil).
 
-// TryWrite is one write(2) that does not wait, for a non-blocking socket: it returns how many
-// bytes of p the socket took, and 0 with a nil error when its send buffer is full.
+// TryWrite is one write(2). On a non-blocking socket it does not wait: it returns how many
+// bytes of p the socket took, and 0 with a nil error when its send buffer is full. (On a
+// blocking socket it waits for room as write(2) does, and may return a short count.)
 func (s *Socket) TryWrite(p []byte) (int, error) {
 	fd, err := s.incref("write")
 	if err != nil {
@@ -29,10 +30,13 @@ func (s *Socket) TryWrite(p []byte) (int, error) {
 	return 0, opErr("write", fd, nil, s.closedOr(sysErr("write", err)))
 }
 
-// SendFile sends up to n bytes of the file open on descriptor file, from *off, with
-// sendfile(2), and advances *off by what it sent. 0 bytes and a nil error is the end of the
-// file.
+// SendFile sends up to n bytes (n > 0) of the file open on descriptor file, from *off, with
+// sendfile(2), and advances *off by what it sent (off nil: from the file's own offset). 0
+// bytes and a nil error is the end of the file.
 func (s *Socket) SendFile(file int, off *int64, n int) (int, error) {
+	if n <= 0 {
+		return 0, invalid("sendfile", "n", n, "want > 0 (0 bytes sent reads as the end of the file)")
+	}
 	fd, err := s.incref("sendfile")
 	if err != nil {
 		return 0, err
@@ -45,9 +49,13 @@ func (s *Socket) SendFile(file int, off *int64, n int) (int, error) {
 	return k, nil
 }
 
-// SpliceFrom moves up to n bytes from the read end of a pipe into the socket (splice(2),
-// SPLICE_F_MOVE, SPLICE_F_NONBLOCK).
+// SpliceFrom moves up to n bytes (n > 0) from the read end of a pipe into the socket
+// (splice(2), SPLICE_F_MOVE, SPLICE_F_NONBLOCK): an error matching unix.EAGAIN when the pipe
+// is empty or the socket full, 0 and nil when the pipe's write end is closed and it is empty.
 func (s *Socket) SpliceFrom(pipe int, n int) (int, error) {
+	if n <= 0 {
+		return 0, invalid("splice", "n", n, "want > 0 (0 bytes moved reads as the pipe's end)")
+	}
 	fd, err := s.incref("splice")
 	if err != nil {
 		return 0, err

@@ -89,6 +89,16 @@ func TestSendFileSpliceFrom(t *testing.T) {
 	if n, err := c.SpliceFrom(p[0], 100); n != 7 || err != nil {
 		t.Fatalf("SpliceFrom: %d, %v", n, err)
 	}
+	var ve *ValueError
+	if _, err := c.SendFile(int(f.Fd()), &off, 0); !errors.As(err, &ve) || off != 1100 {
+		t.Fatalf("SendFile of 0 bytes: %v (offset %d)", err, off)
+	}
+	if _, err := c.SpliceFrom(p[0], -1); !errors.As(err, &ve) {
+		t.Fatalf("SpliceFrom of -1 bytes: %v", err)
+	}
+	if _, err := c.SpliceFrom(int(f.Fd()), 10); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("SpliceFrom a file that is no pipe: %v", err)
+	}
 	c.Shutdown(unix.SHUT_WR)
 	got, err := io.ReadAll(readerOf(s))
 	if err != nil {
