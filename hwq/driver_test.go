@@ -36,4 +36,10 @@ func TestDriver(t *testing.T) {
 	if !errors.As(missing, &oe) || oe.Iface != "nosuchdev0" {
 		t.Fatalf("Driver of a missing device: %v", missing)
 	}
+	var ve *ValueError
+	for _, bad := range []string{"", "sixteen-bytes-xx"} {
+		if _, err := Driver(bad); !errors.As(err, &ve) {
+			t.Errorf("Driver(%q): %v, want a *ValueError", bad, err)
+		}
+	}
 }

@@ -142,6 +142,9 @@ func (c *Client) Ifindex(ifname string) (int, error) {
 // network namespace without a Client (one ioctl on a socket of its own), "" when the device
 // has no driver information (loopback).
 func Driver(ifname string) (string, error) {
+	if ifname == "" || len(ifname) >= unix.IFNAMSIZ {
+		return "", opErr("drvinfo", ifname, &ValueError{Name: "interface name", Value: ifname, Reason: "want 1..15 bytes"})
+	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return "", opErr("drvinfo", ifname, os.NewSyscallError("socket", err))
