@@ -61,6 +61,17 @@ lint: vet
 -include bench/bench.mk
 -include hwq/hwq.mk
 
+# The io_uring ABI (internal/uring/zabi_linux.go) is generated from the pinned Linux 7.3 uapi
+# headers (go generate ./internal/uring: types_uring.go names what is taken, mkabi.go writes
+# it); uring-abi-check regenerates it and fails on any difference from the committed file, and
+# fails when the headers cannot be had (make uapi73 says why).
+.PHONY: uring-abi-check
+uring-abi-check: uapi73
+	@bash .ci/need.sh gcc
+	cd internal/uring && ZCNET_UAPI73=$(UAPI73)/usr/include $(GO) run mkabi.go -check
+
+TEST_EXTRA += uring-abi-check
+
 test: vet gotest $(TEST_EXTRA)
 
 # make test as a machine that never ran it sees it: the committed tree (HEAD, not the working

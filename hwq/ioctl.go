@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // Layouts of include/uapi/linux/ethtool.h for the SIOCETHTOOL ioctl. Padding is spelled
@@ -82,18 +84,16 @@ func (c *Client) ethtoolIoctl(ifname string, data unsafe.Pointer) error {
 	copy(ifr.Name[:], ifname)
 	ifr.Data = data
 	return c.ioctl(func(fd int) error {
-		for {
+		e := eintr.Errno(func() unix.Errno {
 			_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), siocEthtool, uintptr(unsafe.Pointer(&ifr)))
-			runtime.KeepAlive(&ifr)
-			runtime.KeepAlive(data)
-			if e == unix.EINTR {
-				continue
-			}
-			if e != 0 {
-				return os.NewSyscallError("ioctl SIOCETHTOOL", e)
-			}
-			return nil
+			return e
+		})
+		runtime.KeepAlive(&ifr)
+		runtime.KeepAlive(data)
+		if e != 0 {
+			return os.NewSyscallError("ioctl SIOCETHTOOL", e)
 		}
+		return nil
 	})
 }
 
@@ -136,6 +136,28 @@ func (c *Client) ifindex(ifname string) (int, error) {
 func (c *Client) Ifindex(ifname string) (int, error) {
 	idx, err := c.ifindex(ifname)
 	return idx, opErr("ifindex", ifname, err)
+}
+
+// Driver returns the driver name (ETHTOOL_GDRVINFO) of ifname in the calling thread's
+// network namespace without a Client (one ioctl on a socket of its own), "" when the device
+// has no driver information (loopback).
+func Driver(ifname string) (string, error) {
+	if ifname == "" || len(ifname) >= unix.IFNAMSIZ {
+		return "", opErr("drvinfo", ifname, &ValueError{Name: "interface name", Value: ifname, Reason: "want 1..15 bytes"})
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", opErr("drvinfo", ifname, os.NewSyscallError("socket", err))
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlGetEthtoolDrvinfo(fd, ifname)
+	if notSupportedErrno(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", opErr("drvinfo", ifname, os.NewSyscallError("ioctl ETHTOOL_GDRVINFO", err))
+	}
+	return unix.ByteSliceToString(info.Driver[:]), nil
 }
 
 // Driver returns the device's driver name (ETHTOOL_GDRVINFO), "" when the device has no

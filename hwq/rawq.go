@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/internal/eintr"
 	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/internal/netns"
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -574,7 +576,7 @@ func (q *RawQueue) HardwareAddr() net.HardwareAddr { return q.mac }
 func (q *RawQueue) refill() {
 	room := q.fill.free()
 	if room > 0 {
-		n := q.region.ProvideTo(q.provide[:room], q.reserve)
+		n := memregops.ProvideTo(q.region, q.provide[:room], q.reserve)
 		idx := q.fill.local
 		for _, l := range q.provide[:n] {
 			q.loans[l.Index()] = l
@@ -607,7 +609,7 @@ func (q *RawQueue) take(frames []Frame) (int, error) {
 	for i := range n {
 		q.rxIdx[i] = int(q.rx.xdesc(q.rx.local+uint32(i)).Addr / q.bufSize)
 	}
-	n, err := q.region.ReceivedBatch(q.rxIdx[:n], q.rxBufs[:n])
+	n, err := memregops.ReceivedBatch(q.region, q.rxIdx[:n], q.rxBufs[:n])
 	if err != nil {
 		// A descriptor naming a buffer the kernel does not hold is a bug; stop there.
 		err = fmt.Errorf("RX descriptor %d: %w", n, err)
@@ -762,12 +764,11 @@ func (q *RawQueue) Receive(frames []Frame) (int, error) {
 			}
 			wait = min(wait, left)
 		}
-		ts := unix.NsecToTimespec(int64(wait))
-		ready, perr := unix.Ppoll(q.pfds[:], &ts, nil)
-		if perr != nil && perr != unix.EINTR {
-			return 0, opErr(op, q.ifname, os.NewSyscallError("ppoll", perr))
+		ready, perr := eintr.Poll(q.pfds[:], wait)
+		if perr != nil {
+			return 0, opErr(op, q.ifname, os.NewSyscallError("poll", perr))
 		}
-		if ready == 0 && perr == nil {
+		if ready == 0 {
 			// A period without a frame: is the interface still there? (Not read while
 			// frames flow: a system call per wait otherwise.)
 			if err := q.noDevice(sockErr(q.fd)); err != nil {
@@ -832,9 +833,8 @@ func (c rawConn) wait(f func(fd uintptr) bool, ev int16) error {
 			return nil
 		}
 		pfds := [2]unix.PollFd{{Fd: int32(q.fd), Events: ev}, {Fd: int32(q.closeFd), Events: unix.POLLIN}}
-		ts := unix.NsecToTimespec(int64(DeviceCheck))
-		if _, err := unix.Ppoll(pfds[:], &ts, nil); err != nil && err != unix.EINTR {
-			return os.NewSyscallError("ppoll", err)
+		if _, err := eintr.Poll(pfds[:], DeviceCheck); err != nil {
+			return os.NewSyscallError("poll", err)
 		}
 	}
 }

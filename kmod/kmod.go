@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/internal/eintr"
 	"github.com/zcnet/zcnet/internal/errs"
 	"os"
 	"strings"
@@ -134,12 +135,7 @@ func load(path, params string) error {
 		return fail(err)
 	}
 	defer f.Close()
-	for {
-		err = unix.FinitModule(int(f.Fd()), params, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
+	err = eintr.Retry(func() error { return unix.FinitModule(int(f.Fd()), params, 0) })
 	if err == nil {
 		return nil
 	}
@@ -165,13 +161,7 @@ func Unload() error {
 	if !moduleSupport() {
 		return fail(kindErr(errNoModules, unix.ENOSYS))
 	}
-	var err error
-	for {
-		err = unix.DeleteModule(ModuleName, unix.O_NONBLOCK)
-		if err != unix.EINTR {
-			break
-		}
-	}
+	err := eintr.Retry(func() error { return unix.DeleteModule(ModuleName, unix.O_NONBLOCK) })
 	if err == nil {
 		return nil
 	}

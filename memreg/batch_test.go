@@ -12,12 +12,12 @@ import (
 func TestBatch(t *testing.T) {
 	r := newRegion(t, Options{BufSize: 1024, Count: 8})
 	loans := make([]Loan, 8)
-	if n := r.ProvideTo(loans, 3); n != 5 || r.Free() != 3 || r.Lent() != 5 {
+	if n := r.provideTo(loans, 3); n != 5 || r.Free() != 3 || r.Lent() != 5 {
 		t.Fatalf("ProvideTo keeping 3: lent %d, free %d", n, r.Free())
 	}
 	idx := []int{loans[0].Index(), loans[1].Index(), loans[2].Index()}
 	bufs := make([]Buf, 3)
-	if n, err := r.ReceivedBatch(idx, bufs); n != 3 || err != nil {
+	if n, err := r.receivedBatch(idx, bufs); n != 3 || err != nil {
 		t.Fatalf("ReceivedBatch: %d, %v", n, err)
 	}
 	if r.Held() != 3 || r.Lent() != 2 {
@@ -29,10 +29,10 @@ func TestBatch(t *testing.T) {
 		}
 	}
 	got := make([]Buf, 2)
-	if n, err := r.ReceivedBatch([]int{loans[3].Index(), idx[0]}, got); n != 1 || !errors.Is(err, ErrStale) {
+	if n, err := r.receivedBatch([]int{loans[3].Index(), idx[0]}, got); n != 1 || !errors.Is(err, ErrStale) {
 		t.Fatalf("ReceivedBatch of a held buffer after a good one: %d, %v", n, err)
 	}
-	if n, err := r.ReceivedBatch([]int{99}, make([]Buf, 1)); n != 0 || !errors.Is(err, ErrStale) {
+	if n, err := r.receivedBatch([]int{99}, make([]Buf, 1)); n != 0 || !errors.Is(err, ErrStale) {
 		t.Fatalf("ReceivedBatch(99): %d, %v", n, err)
 	}
 	other := newRegion(t, Options{BufSize: 1024, Count: 2})

@@ -1,9 +1,11 @@
 // Package memreg owns the memory zcnet hands to the kernel: regions of mmap'd anonymous memory
 // (never Go heap), split into fixed-size buffers, and the lifetime of every buffer. Regions are
 // registered once with the kernel by their owner (the engine's io_uring driver keeps the
-// fixed-buffer table, the zcshim client the module's region table); HoldForKernel and
-// ReleaseFromKernel tell a region that a kernel table refers to it, so it is never unmapped
-// under the kernel. memreg itself knows no ring.
+// fixed-buffer table, the zcshim client the module's region table), which tell the region
+// while a kernel table refers to it, so it is never unmapped under the kernel. memreg itself
+// knows no ring. What only the module's own packages call on a region (the provided-buffer
+// rings' side, the kernel tables' holds, pool-wide buffer ids) is not here: it lives in the
+// module's internal/memregops.
 //
 // # Ownership
 //

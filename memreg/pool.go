@@ -38,7 +38,7 @@ type PoolOptions struct {
 // Pool is a set of regions with buffers of one size that starts small and grows with demand,
 // doubling, up to MaxBytes. Buffers keep pointing at their own region, so a buffer returns
 // where it came from. Buffers are numbered across the pool (region k's buffer i is
-// FirstIndex(k)+i), which is what a provided-buffer ring needs for its 16-bit ids.
+// the pool's buffer first(k)+i, first(k) being the buffers of the regions before it), which is what a provided-buffer ring needs for its 16-bit ids.
 type Pool struct {
 	opt PoolOptions
 
@@ -120,8 +120,8 @@ func (p *Pool) Regions() []*Region {
 // Owns reports whether r is one of the pool's regions.
 func (p *Pool) Owns(r *Region) bool { return r != nil && r.pool == p }
 
-// FirstIndex returns the pool-wide index of r's buffer 0.
-func (p *Pool) FirstIndex(r *Region) int {
+// firstIndex returns the pool-wide index of r's buffer 0.
+func (p *Pool) firstIndex(r *Region) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, x := range p.regions {
@@ -132,8 +132,8 @@ func (p *Pool) FirstIndex(r *Region) int {
 	return -1
 }
 
-// Locate maps a pool-wide buffer index to its region and the index inside it.
-func (p *Pool) Locate(idx int) (*Region, int, bool) {
+// locate maps a pool-wide buffer index to its region and the index inside it.
+func (p *Pool) locate(idx int) (*Region, int, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := len(p.regions) - 1; i >= 0; i-- {
@@ -234,7 +234,7 @@ func (p *Pool) grow(n int) error {
 	p.mu.Unlock()
 	if p.opt.OnGrow != nil {
 		if err := p.opt.OnGrow(r, first); err != nil {
-			r.Abandon()
+			r.abandon()
 			r.Close()
 			return err
 		}
@@ -242,7 +242,7 @@ func (p *Pool) grow(n int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		r.Abandon()
+		r.abandon()
 		r.Close()
 		return ErrClosed
 	}

@@ -41,12 +41,12 @@ func TestPoolGrowsToCap(t *testing.T) {
 	}
 	seen := map[int]bool{}
 	for _, b := range held {
-		idx := p.FirstIndex(b.Region()) + b.Index()
+		idx := p.firstIndex(b.Region()) + b.Index()
 		if seen[idx] {
 			t.Fatalf("index %d twice", idx)
 		}
 		seen[idx] = true
-		r, i, ok := p.Locate(idx)
+		r, i, ok := p.locate(idx)
 		if !ok || r != b.Region() || i != b.Index() {
 			t.Fatalf("Locate(%d) = %p %d %v", idx, r, i, ok)
 		}
@@ -54,7 +54,7 @@ func TestPoolGrowsToCap(t *testing.T) {
 			t.Fatal("Owns")
 		}
 	}
-	if _, _, ok := p.Locate(7); ok {
+	if _, _, ok := p.locate(7); ok {
 		t.Fatal("Locate past the end")
 	}
 	for _, b := range held {

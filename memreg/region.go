@@ -100,7 +100,7 @@ type Region struct {
 	// unmapped: the memory is gone. A region closed while the application still holds
 	// buffers stays mapped until the last of them is released (CloseWhenReleased).
 	unmapped bool
-	kernRefs int    // kernel tables that refer to the memory (HoldForKernel)
+	kernRefs int    // kernel tables that refer to the memory (holdForKernel)
 	pool     *Pool  // the pool the region belongs to, if any
 	onFree   func() // called (unlocked) when a buffer returns to the free list
 	// scrub, when set, runs (locked) on a buffer's memory as it returns to the free list, and
@@ -499,10 +499,10 @@ func (l Loan) Return() error {
 // completed and the caller wants to reuse the same buffer).
 func (l Loan) Reclaim() (Buf, error) { return l.settle(Held) }
 
-// Provide lends free buffers to the kernel for receiving: up to n buffers are taken from the
+// provide lends free buffers to the kernel for receiving: up to n buffers are taken from the
 // free list and passed to fn with their loans (fn adds them to a provided-buffer ring). It
 // returns how many were provided.
-func (r *Region) Provide(n int, fn func(l Loan)) int {
+func (r *Region) provide(n int, fn func(l Loan)) int {
 	r.mu.Lock()
 	var loans []Loan
 	for len(loans) < n && len(r.free) > 0 && !r.closed {
@@ -522,10 +522,10 @@ func (r *Region) Provide(n int, fn func(l Loan)) int {
 	return len(loans)
 }
 
-// ProvideTo is Provide without a callback and without allocating: it lends up to
+// provideTo is provide without a callback and without allocating: it lends up to
 // len(loans) free buffers to the kernel, leaving at least keep buffers on the free list, and
 // writes their loans to loans. It returns how many it lent (0 on a closed region).
-func (r *Region) ProvideTo(loans []Loan, keep int) int {
+func (r *Region) provideTo(loans []Loan, keep int) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
@@ -543,9 +543,9 @@ func (r *Region) ProvideTo(loans []Loan, keep int) int {
 	return n
 }
 
-// Received turns a buffer the kernel filled (provided-buffer ring id idx) into a handle the
-// application borrows; its Release goes to the recycler set with SetRecycler.
-func (r *Region) Received(idx int) (Buf, error) {
+// received turns a buffer the kernel filled (provided-buffer ring id idx) into a handle the
+// application borrows; its Release goes to the recycler set with setRecycler.
+func (r *Region) received(idx int) (Buf, error) {
 	if idx < 0 || idx >= r.count {
 		return Buf{}, fmt.Errorf("memreg: buffer id %d outside region of %d: %w", idx, r.count, ErrStale)
 	}
@@ -563,10 +563,10 @@ func (r *Region) Received(idx int) (Buf, error) {
 	return Buf{r: r, idx: int32(idx), gen: r.gen[idx]}, nil
 }
 
-// ReceivedBatch is Received for several buffers under one lock: out[i] becomes the handle
+// receivedBatch is received for several buffers under one lock: out[i] becomes the handle
 // of buffer idx[i]. It stops at the first index that is out of range or not in the
 // kernel's hands and returns how many it turned into handles, with that error.
-func (r *Region) ReceivedBatch(idx []int, out []Buf) (int, error) {
+func (r *Region) receivedBatch(idx []int, out []Buf) (int, error) {
 	n := min(len(idx), len(out))
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -711,9 +711,9 @@ func (r *Region) scrubFreedLocked(idx int32) {
 	}
 }
 
-// SetRecycler makes released buffers go to fn (with the buffer lent to the kernel again)
+// setRecycler makes released buffers go to fn (with the buffer lent to the kernel again)
 // instead of the free list. Used for receive regions feeding a provided-buffer ring.
-func (r *Region) SetRecycler(fn func(idx int)) { r.recycle = fn }
+func (r *Region) setRecycler(fn func(idx int)) { r.recycle = fn }
 
 // StateOf returns buffer idx's state (for tests and diagnostics).
 func (r *Region) StateOf(idx int) State {
@@ -723,8 +723,8 @@ func (r *Region) StateOf(idx int) State {
 }
 
 // Close unmaps the region. It refuses with ErrBusy while buffers are lent to the kernel or a
-// kernel table holds the region (HoldForKernel; release it first, or Abandon for a ring that
-// is gone). A second Close returns ErrClosed.
+// kernel table of its owner holds the region (the owner's rings keep it until they close).
+// A second Close returns ErrClosed.
 func (r *Region) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -775,7 +775,7 @@ func (r *Region) unmapIfDoneLocked() {
 }
 
 // CloseWhenReleased closes the region for its owner (a queue going away): no more Get, Lend or
-// Provide. Loans and registrations are forgotten (the caller guarantees the kernel is done
+// buffers provided to the kernel. Loans and registrations are forgotten (the caller guarantees the kernel is done
 // with them: its rings are closed). Buffers the application still holds stay valid: the
 // memory is unmapped when the last of them is released, never under the application.
 // It returns whether the region was unmapped now. Idempotent.
@@ -814,9 +814,9 @@ func (r *Region) Memory() []byte {
 	return r.mem
 }
 
-// Abandon forgets every loan and registration: call it only after the rings that held them are
+// abandon forgets every loan and registration: call it only after the rings that held them are
 // closed (the kernel has dropped its references). Close may follow.
-func (r *Region) Abandon() {
+func (r *Region) abandon() {
 	r.mu.Lock()
 	for i, s := range r.state {
 		if s == Kernel {

@@ -36,7 +36,7 @@ func newRegion(t testing.TB, opt Options) *Region {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		r.Abandon()
+		r.abandon()
 		r.Close()
 	})
 	return r
@@ -140,25 +140,25 @@ func TestLifecycle(t *testing.T) {
 func TestReceiveRecycle(t *testing.T) {
 	r := newRegion(t, Options{BufSize: 1024, Count: 8})
 	var ring []Loan
-	n := r.Provide(5, func(l Loan) { ring = append(ring, l) })
+	n := r.provide(5, func(l Loan) { ring = append(ring, l) })
 	if n != 5 || r.Lent() != 5 || r.Free() != 3 {
 		t.Fatalf("provided %d, lent %d, free %d", n, r.Lent(), r.Free())
 	}
 	recycled := []int{}
-	r.SetRecycler(func(idx int) { recycled = append(recycled, idx) })
-	b, err := r.Received(ring[2].Index())
+	r.setRecycler(func(idx int) { recycled = append(recycled, idx) })
+	b, err := r.received(ring[2].Index())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Received(ring[2].Index()); !errors.Is(err, ErrStale) {
+	if _, err := r.received(ring[2].Index()); !errors.Is(err, ErrStale) {
 		t.Fatalf("second Received of the same buffer = %v", err)
 	}
-	if _, err := r.Received(99); !errors.Is(err, ErrStale) {
+	if _, err := r.received(99); !errors.Is(err, ErrStale) {
 		t.Fatalf("Received(99) = %v", err)
 	}
 	for i := 0; i < r.Count(); i++ {
 		if r.StateOf(i) == Free {
-			if _, err := r.Received(i); !errors.Is(err, ErrStale) {
+			if _, err := r.received(i); !errors.Is(err, ErrStale) {
 				t.Fatalf("Received of free buffer %d = %v", i, err)
 			}
 			break
@@ -280,7 +280,7 @@ func TestZeroCopyLifetime(t *testing.T) {
 	}
 	r := newRegion(t, Options{BufSize: 64 << 10, Count: 2})
 	// Register the region by hand in slot 1 (internal/loop keeps the real table).
-	if err := r.HoldForKernel(); err != nil {
+	if err := r.holdForKernel(); err != nil {
 		t.Fatal(err)
 	}
 	mem := r.Memory()
@@ -349,7 +349,7 @@ func TestZeroCopyLifetime(t *testing.T) {
 	if _, err := ring.UpdateBuffers(1, make([]uring.Iovec, 1), nil); err != nil {
 		t.Fatal(err)
 	}
-	r.ReleaseFromKernel()
+	r.releaseFromKernel()
 }
 
 // TestMemlockError runs a child without CAP_IPC_LOCK under a 64 KiB RLIMIT_MEMLOCK and checks

@@ -6,11 +6,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HoldForKernel records that a kernel table (an io_uring fixed-buffer table, the zcshim
+// holdForKernel records that a kernel table (an io_uring fixed-buffer table, the zcshim
 // module's region table) refers to the region's memory: Close refuses with ErrBusy and the
-// memory stays mapped until the matching ReleaseFromKernel. It fails with ErrClosed after
+// memory stays mapped until the matching releaseFromKernel. It fails with ErrClosed after
 // Close. The table itself belongs to its owner (internal/loop keeps the io_uring one).
-func (r *Region) HoldForKernel() error {
+func (r *Region) holdForKernel() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -20,8 +20,8 @@ func (r *Region) HoldForKernel() error {
 	return nil
 }
 
-// ReleaseFromKernel undoes one HoldForKernel (the table no longer refers to the memory).
-func (r *Region) ReleaseFromKernel() {
+// releaseFromKernel undoes one holdForKernel (the table no longer refers to the memory).
+func (r *Region) releaseFromKernel() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.kernRefs > 0 {

@@ -86,9 +86,9 @@ func TestSharedRecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []int
-	r.SetRecycler(func(idx int) { got = append(got, idx) })
-	r.Provide(1, func(Loan) {})
-	b, err := r.Received(0)
+	r.setRecycler(func(idx int) { got = append(got, idx) })
+	r.provide(1, func(Loan) {})
+	b, err := r.received(0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestSharedRecycle(t *testing.T) {
 	if len(got) != 1 || r.StateOf(0) != Kernel {
 		t.Fatalf("recycled %v state %v", got, r.StateOf(0))
 	}
-	r.Abandon()
+	r.abandon()
 	r.Close()
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/eintr"
 	"github.com/zcnet/zcnet/internal/errs"
 )
 
@@ -182,18 +183,16 @@ func setsockoptBytes(fd, level, opt int, b []byte) error {
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
 	}
-	for {
+	e := eintr.Errno(func() unix.Errno {
 		_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
 			uintptr(p), uintptr(len(b)), 0)
-		runtime.KeepAlive(b)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return e
-		}
-		return nil
+		return e
+	})
+	runtime.KeepAlive(b)
+	if e != 0 {
+		return e
 	}
+	return nil
 }
 
 // needTLS is what kernel TLS needs, for errors that say so.
@@ -287,29 +286,27 @@ var cmsgSpace1 = unix.CmsgSpace(1)
 // errno; EINTR is retried.
 func RecvTLS(fd int, p []byte, flags int) (n int, recordType uint8, err error) {
 	oob := make([]byte, cmsgSpace1)
-	for {
-		var oobn int
+	var oobn int
+	err = eintr.Retry(func() (err error) {
 		n, oobn, _, _, err = unix.Recvmsg(fd, p, oob, flags)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return 0, 0, err
-		}
-		recordType = TLSRecordApplicationData
-		if oobn > 0 {
-			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-			if perr != nil {
-				return 0, 0, perr
-			}
-			for _, m := range msgs {
-				if m.Header.Level == solTLS && m.Header.Type == tlsGetRecordType && len(m.Data) >= 1 {
-					recordType = m.Data[0]
-				}
-			}
-		}
-		return n, recordType, nil
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
 	}
+	recordType = TLSRecordApplicationData
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr != nil {
+			return 0, 0, perr
+		}
+		for _, m := range msgs {
+			if m.Header.Level == solTLS && m.Header.Type == tlsGetRecordType && len(m.Data) >= 1 {
+				recordType = m.Data[0]
+			}
+		}
+	}
+	return n, recordType, nil
 }
 
 // SendTLSRecord sends p as one record of the given type (TLS_SET_RECORD_TYPE) on a socket
@@ -322,13 +319,7 @@ func SendTLSRecord(fd int, recordType uint8, p []byte, flags int) (int, error) {
 	h.Type = tlsSetRecordType
 	h.SetLen(unix.CmsgLen(1))
 	oob[unix.CmsgLen(0)] = recordType
-	for {
-		n, err := unix.SendmsgN(fd, p, oob, nil, flags|unix.MSG_NOSIGNAL)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		return n, err
-	}
+	return eintr.Retry1(func() (int, error) { return unix.SendmsgN(fd, p, oob, nil, flags|unix.MSG_NOSIGNAL) })
 }
 
 // TLSSupport is what ProbeTLS found: whether the kernel has TLS, and which ciphers it

@@ -10,24 +10,24 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // getsockopt is the one wrapper for getsockopt(2) with a raw buffer: it keeps
 // the buffer alive across the call and retries EINTR.
 func getsockopt(fd, level, opt int, p unsafe.Pointer, l *uint32) error {
-	for {
+	e := eintr.Errno(func() unix.Errno {
 		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
 			uintptr(p), uintptr(unsafe.Pointer(l)), 0)
-		runtime.KeepAlive(p)
-		runtime.KeepAlive(l)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return e
-		}
-		return nil
+		return e
+	})
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(l)
+	if e != 0 {
+		return e
 	}
+	return nil
 }
 
 func (s *Socket) setInt(op string, level, opt, v int) error {
@@ -358,6 +358,28 @@ func (s *Socket) IncomingCPU() (int, error) {
 func (s *Socket) IncomingNAPIID() (uint32, error) {
 	v, err := s.getInt("getsockopt SO_INCOMING_NAPI_ID", unix.SOL_SOCKET, unix.SO_INCOMING_NAPI_ID)
 	return uint32(v), err
+}
+
+// OutQueue returns the bytes in the send queue that the peer has not acknowledged yet
+// (SIOCOUTQ): what a reset would discard.
+func (s *Socket) OutQueue() (int, error) {
+	const op = "ioctl SIOCOUTQ"
+	fd, err := s.incref(op)
+	if err != nil {
+		return 0, err
+	}
+	defer s.decref()
+	v, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		return 0, opErr(op, fd, nil, sysErr("ioctl", err))
+	}
+	return v, nil
+}
+
+// SetV6Only sets IPV6_V6ONLY on an AF_INET6 socket, before Bind: true takes IPv6 only,
+// false IPv4 (as IPv4-mapped addresses) too.
+func (s *Socket) SetV6Only(on bool) error {
+	return s.setInt("setsockopt IPV6_V6ONLY", unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, boolInt(on))
 }
 
 // InQueue returns the bytes waiting in the receive queue (SIOCINQ).

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // Socket owns one TCP socket file descriptor (IPPROTO_TCP, never MPTCP).
@@ -398,15 +400,10 @@ func (s *Socket) SocketError() error {
 // waitFd polls one descriptor for events, retrying EINTR.
 func waitFd(fd int, events int16) error {
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: events}}
-	for {
-		_, err := unix.Poll(pfd, -1)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, unix.EINTR) {
-			return sysErr("poll", err)
-		}
+	if _, err := eintr.Poll(pfd, -1); err != nil {
+		return sysErr("poll", err)
 	}
+	return nil
 }
 
 // Read reads into p with read(2). It returns io.EOF (bare) at end of stream.
@@ -462,16 +459,11 @@ func (s *Socket) Send(p []byte, flags int) (int, error) {
 		return 0, err
 	}
 	defer s.decref()
-	for {
-		n, err := unix.SendmsgN(fd, p, nil, nil, flags|unix.MSG_NOSIGNAL)
-		if err == nil {
-			return n, nil
-		}
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
+	n, err := eintr.Retry1(func() (int, error) { return unix.SendmsgN(fd, p, nil, nil, flags|unix.MSG_NOSIGNAL) })
+	if err != nil {
 		return 0, opErr("write", fd, nil, s.closedOr(sysErr("sendmsg", err)))
 	}
+	return n, nil
 }
 
 // Shutdown shuts down the read side, the write side or both

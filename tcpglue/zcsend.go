@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // ZeroCopyTXReport is what the kernel said about a connection's MSG_ZEROCOPY sends: how many
@@ -99,8 +101,7 @@ func (s *Socket) zcWait(r *ZeroCopyTXReport, deadline time.Time, events int16) e
 	}
 	err := s.Control(func(fd int) error {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}} // POLLERR is always reported
-		_, err := unix.Poll(pfd, int(min(left, 100*time.Millisecond)/time.Millisecond)+1)
-		if err != nil && !errors.Is(err, unix.EINTR) {
+		if _, err := eintr.Poll(pfd, min(left, 100*time.Millisecond)); err != nil {
 			return os.NewSyscallError("poll", err)
 		}
 		return nil
@@ -116,12 +117,13 @@ func (s *Socket) zcDrain(r *ZeroCopyTXReport) error {
 	return s.Control(func(fd int) error {
 		var oob [256]byte
 		for {
-			_, oobn, _, _, err := unix.Recvmsg(fd, nil, oob[:], unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+			var oobn int
+			err := eintr.Retry(func() (err error) {
+				_, oobn, _, _, err = unix.Recvmsg(fd, nil, oob[:], unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+				return err
+			})
 			if errors.Is(err, unix.EAGAIN) {
 				return nil
-			}
-			if errors.Is(err, unix.EINTR) {
-				continue
 			}
 			if err != nil {
 				return os.NewSyscallError("recvmsg MSG_ERRQUEUE", err)

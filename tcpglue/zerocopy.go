@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // zcReceive is struct tcp_zerocopy_receive from <linux/tcp.h> (64 bytes; the
@@ -296,12 +298,10 @@ func (w *RecvWindow) once(fd int, copyBuf []byte) (RecvResult, error) {
 
 // recvFlags is the one recv(2) wrapper: it retries EINTR.
 func recvFlags(fd int, p []byte, flags int) (int, error) {
-	for {
+	return eintr.Retry1(func() (int, error) {
 		n, _, err := unix.Recvfrom(fd, p, flags)
-		if !errors.Is(err, unix.EINTR) {
-			return n, err
-		}
-	}
+		return n, err
+	})
 }
 
 // unmapStale releases window pages [from, to) with MADV_DONTNEED.

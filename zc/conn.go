@@ -13,8 +13,6 @@ import (
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
@@ -879,25 +877,9 @@ func (c *Conn) mayCopy(n int) bool {
 
 // directWrite writes p on the non-blocking socket; EAGAIN is not an error (0 written).
 func (c *Conn) directWrite(p []byte) (int, error) {
-	var n int
-	err := c.sock.Control(func(fd int) error {
-		for {
-			k, err := unix.Write(fd, p)
-			switch err {
-			case nil:
-				n = k
-				return nil
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return nil
-			}
-			return err
-		}
-	})
+	n, err := c.sock.TryWrite(p)
 	if err != nil {
-		var oe *tcpglue.OpError
-		if errors.As(err, &oe) && oe.Op == "control" {
+		if errors.Is(err, net.ErrClosed) {
 			return 0, ErrClosed
 		}
 		return 0, err

@@ -355,8 +355,8 @@ func (c *Conn) shortCause(def error) error {
 	if c.st.SockClosed() {
 		return def
 	}
-	if e, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil && e != 0 {
-		return errors.Join(def, unix.Errno(e))
+	if e := unix.Errno(0); errors.As(c.sock.SocketError(), &e) {
+		return errors.Join(def, e)
 	}
 	if ti, err := c.sock.TCPInfo(); err == nil && ti.State == tcpglue.StateClose {
 		return errors.Join(def, unix.ECONNRESET)
@@ -660,7 +660,7 @@ func (c *Conn) maybeShutdownWrite() {
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
 		c.st.ShutWrite()
-		unix.Shutdown(c.fd, unix.SHUT_WR)
+		c.sock.Shutdown(unix.SHUT_WR)
 	}
 }
 
@@ -812,7 +812,7 @@ func (c *Conn) kernelHeld() {
 	if c.st.SockClosed() {
 		return
 	}
-	if n, err := unix.IoctlGetInt(c.fd, unix.SIOCOUTQ); err == nil && n > 0 {
+	if n, err := c.sock.OutQueue(); err == nil && n > 0 {
 		c.cl.kernelHeld = n
 	}
 }
@@ -884,7 +884,7 @@ func (c *Conn) abortSends() {
 	}
 	c.dropProducer()
 	if !c.st.SockClosed() {
-		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		c.sock.SetLinger(0)
 	}
 	c.q.be.cancelSend(c) // a send waiting for room ends now: the socket can go, with its RST
 }

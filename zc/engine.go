@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue/netinfo"
@@ -64,26 +65,7 @@ func adjustProcs(delta int) {
 // report shows (SteeringInfo.QueueCPUs).
 func allowedCPUs() []int { return slices.Clone(startCPUs) }
 
-var startCPUs = threadCPUs()
-
-// threadCPUs lists the CPUs in the calling thread's affinity mask.
-func threadCPUs() []int {
-	var set unix.CPUSet
-	var cpus []int
-	if unix.SchedGetaffinity(0, &set) == nil {
-		for c := 0; c < 1024 && len(cpus) < set.Count(); c++ {
-			if set.IsSet(c) {
-				cpus = append(cpus, c)
-			}
-		}
-	}
-	if len(cpus) == 0 {
-		for c := 0; c < runtime.NumCPU(); c++ {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus
-}
+var startCPUs = loop.ThreadCPUs()
 
 // New creates an engine: its queues, each on its own locked OS thread. A bad Config is
 // refused with a *ConfigError (matching ErrInvalid); a backend that cannot start falls back
@@ -110,7 +92,7 @@ func (e *Engine) checkMemlock() {
 	if e.backend == BackendPlain {
 		return // plain sockets register nothing
 	}
-	limit, ok := memlockLimit()
+	limit, ok := memregops.MemlockLimit()
 	if !ok {
 		return
 	}
@@ -121,21 +103,6 @@ func (e *Engine) checkMemlock() {
 	e.memlockShort.Store(true)
 	e.reportLimit(&LimitError{What: "send pool", Queue: -1, Have: int(min(limit, 1<<62)), Want: int(min(want, 1<<62)),
 		Err: memreg.NewMemlockError(int(min(want, 1<<62)), unix.ENOMEM)})
-}
-
-// memlockLimit returns RLIMIT_MEMLOCK when it applies to registered memory (ok false for
-// CAP_IPC_LOCK or no limit).
-func memlockLimit() (uint64, bool) {
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) != nil || rl.Cur == unix.RLIM_INFINITY {
-		return 0, false
-	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if unix.Capget(&hdr, &data[0]) == nil && data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0 {
-		return 0, false
-	}
-	return rl.Cur, true
 }
 
 // reportLimit hands err to Config.OnLimit, which must not take the engine down.
@@ -281,7 +248,7 @@ func (e *Engine) onAnyLoop() bool {
 	if !maybe {
 		return false // every queue waits in the kernel: no system call needed to know
 	}
-	tid := int32(unix.Gettid())
+	tid := loop.CurrentTID()
 	for _, q := range e.queues {
 		if q.TID() == tid {
 			return true

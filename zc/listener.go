@@ -12,6 +12,7 @@ import (
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -172,11 +173,7 @@ func probeAddr(network string, ap netip.AddrPort) (*tcpglue.Socket, error) {
 		return nil, err
 	}
 	if s.Family() == unix.AF_INET6 {
-		v6only := 1
-		if network == "tcp" && ap.Addr().IsUnspecified() || ap.Addr().Is4In6() {
-			v6only = 0
-		}
-		s.Control(func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only) })
+		s.SetV6Only(!(network == "tcp" && ap.Addr().IsUnspecified() || ap.Addr().Is4In6()))
 	}
 	if err := s.Bind(ap); err != nil {
 		s.Close()
@@ -255,7 +252,7 @@ func (l *Listener) SetAcceptPaused(on bool) error {
 // accepted takes one accepted descriptor (loop only).
 func (p *lpart) accepted(fd int) {
 	if p.closing || p.l.e.closed.Load() {
-		unix.Close(fd)
+		rawfd.Close(fd)
 		return
 	}
 	p.backoff = 0
@@ -329,19 +326,19 @@ func (l *Listener) handoff(from *queue, fd int) {
 		return
 	}
 	if err := target.Post(func() { l.create(target, fd) }); err != nil {
-		unix.Close(fd)
+		rawfd.Close(fd)
 	}
 }
 
 // create makes the connection on its queue and asks the accept function for its handler.
 func (l *Listener) create(q *queue, fd int) {
 	if l.e.closed.Load() {
-		unix.Close(fd)
+		rawfd.Close(fd)
 		return
 	}
 	s, err := tcpglue.FromAcceptedFD(fd, l.family, true) // every backend: non-blocking
 	if err != nil {
-		unix.Close(fd)
+		rawfd.Close(fd)
 		return
 	}
 	c := newConn(l.e, q, s, fd, l.network)
@@ -452,7 +449,7 @@ func (l *Listener) closeSockets() {
 // fillAddrs reads the connection's addresses and sets TCP_NODELAY (as Go's net does).
 func (c *Conn) fillAddrs() {
 	if !c.e.cfg.Nagle {
-		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		c.sock.SetNoDelay(true)
 	}
 	if ap, err := c.sock.LocalAddr(); err == nil {
 		c.laddr = ap

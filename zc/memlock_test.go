@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -38,7 +39,7 @@ func memlockChild() int {
 		fmt.Println("setrlimit:", err)
 		return 1
 	}
-	if _, ok := memlockLimit(); !ok {
+	if _, ok := memregops.MemlockLimit(); !ok {
 		fmt.Println("the child still has CAP_IPC_LOCK or no limit")
 		return 1
 	}

@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -474,8 +473,7 @@ func (q *queue) memCapped() bool {
 	if last := q.memCapSeen.Load(); now-last < int64(time.Second) || !q.memCapSeen.CompareAndSwap(last, now) {
 		return true
 	}
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) == nil && rl.Cur != q.memCapAt.Load() {
+	if soft, err := memregops.MemlockSoft(); err == nil && soft != q.memCapAt.Load() {
 		q.memCap.Store(false) // someone raised (or lowered) it: try again
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
@@ -74,7 +75,7 @@ var errClosedByEngine = fmt.Errorf("the engine closed the connection: %w", net.E
 var errNotReadSelf = fmt.Errorf("the connection was not opened with ReadSelf (its bytes arrive as Data): %w", ErrInvalid)
 
 // dupFD duplicates a descriptor (a variable: tests make it fail as EMFILE would).
-var dupFD = func(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
+var dupFD = rawfd.Dup
 
 // readSelfSupported says why a ReadSelf connection cannot be made on e (nil: it can).
 func (e *Engine) readSelfSupported() error {
@@ -152,9 +153,9 @@ func (s *selfReader) finished(err error) {
 	}
 	pending := 0
 	rc.Control(func(fd uintptr) {
-		pending, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		pending, _ = rawfd.InQueue(int(fd))
 		if pending > 0 {
-			unix.Shutdown(int(fd), unix.SHUT_WR)
+			rawfd.ShutdownWrite(int(fd))
 		}
 	})
 	if pending <= 0 {
@@ -162,18 +163,7 @@ func (s *selfReader) finished(err error) {
 	}
 }
 
-func readOnce(fd uintptr, p []byte) (int, error) {
-	for {
-		k, err := unix.Read(int(fd), p)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			k = 0
-		}
-		return k, err
-	}
-}
+func readOnce(fd uintptr, p []byte) (int, error) { return rawfd.Read(int(fd), p) }
 
 // Read reads what has arrived into p, on the calling goroutine, for a connection opened
 // with ReadSelf (ListenOptions, DialOptions); on any other it fails with ErrInvalid. It

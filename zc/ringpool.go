@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -61,7 +62,7 @@ func newRingPool(u *loop.URing, q *loop.Queue, cfg ringPoolConfig) (*ringPool, e
 // onGrow feeds a new region's buffers to the ring and routes their releases back to it.
 func (p *ringPool) onGrow(reg *memreg.Region, first int) error {
 	q := p.q
-	reg.SetRecycler(func(idx int) {
+	memregops.SetRecycler(reg, func(idx int) {
 		p.out.Add(-1)
 		// After the queue stopped the buffer stays with the closed region. The return does
 		// not wake the loop unless a receiver waits for buffers.
@@ -69,13 +70,13 @@ func (p *ringPool) onGrow(reg *memreg.Region, first int) error {
 			q.Nudge()
 		}
 	})
-	reg.Provide(reg.Count(), func(l memreg.Loan) { p.rr.Add(reg.Addr(l.Index()), uint16(first+l.Index()), true) })
+	memregops.Provide(reg, reg.Count(), func(l memreg.Loan) { p.rr.Add(reg.Addr(l.Index()), uint16(first+l.Index()), true) })
 	return nil
 }
 
 // returned runs on the loop for a buffer the application released.
 func (p *ringPool) returned(bid int32) {
-	if reg, idx, ok := p.pool.Locate(int(bid)); ok {
+	if reg, idx, ok := memregops.Locate(p.pool, int(bid)); ok {
 		p.rr.Add(reg.Addr(idx), uint16(bid), false)
 	}
 }
@@ -97,11 +98,11 @@ func (p *ringPool) grow() bool {
 // received hands the buffers a recv CQE consumed to fn as borrowed buffers (loop only).
 func (p *ringPool) received(ev loop.Event, fn func(b memreg.Buf, n int)) {
 	p.rr.Received(ev, func(bid uint16, n int) {
-		reg, idx, ok := p.pool.Locate(int(bid))
+		reg, idx, ok := memregops.Locate(p.pool, int(bid))
 		if !ok {
 			return
 		}
-		b, err := reg.Received(idx)
+		b, err := memregops.Received(reg, idx)
 		if err != nil {
 			return
 		}
@@ -126,17 +127,17 @@ func (p *ringPool) stats() ringStats {
 }
 
 // registerFixed installs a send region in u's fixed-buffer table (loop only): the region
-// stays mapped while the table refers to it (memreg.Region.HoldForKernel).
+// stays mapped while the table refers to it (memregops.HoldForKernel).
 func registerFixed(u *loop.URing, r *memreg.Region) error {
 	mem := r.Memory()
 	if mem == nil {
 		return memreg.ErrClosed
 	}
-	if err := r.HoldForKernel(); err != nil {
+	if err := memregops.HoldForKernel(r); err != nil {
 		return err
 	}
-	if _, err := u.RegisterMem(mem, r.ReleaseFromKernel); err != nil {
-		r.ReleaseFromKernel()
+	if _, err := u.RegisterMem(mem, func() { memregops.ReleaseFromKernel(r) }); err != nil {
+		memregops.ReleaseFromKernel(r)
 		switch {
 		case errors.Is(err, unix.ENOMEM):
 			return memreg.NewMemlockError(len(mem), err)

@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/rawfd"
 )
 
 // SendFile queues n bytes of f, from offset off, for sending after what is already queued
@@ -56,7 +58,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 		return c.opErr("sendfile", err)
 	}
 	if off > size || n > size-off {
-		unix.Close(fd)
+		rawfd.Close(fd)
 		return c.opErr("sendfile", fmt.Errorf("bytes %d..%d beyond the file's %d (%w): %w", off, off+n, size, io.ErrUnexpectedEOF, ErrInvalid))
 	}
 	ref := &fileRef{fd: fd}
@@ -91,26 +93,24 @@ func dupFile(f *os.File) (int, int64, error) {
 		return fmt.Errorf("closed file (%w, %w): %w", err, os.ErrClosed, ErrInvalid)
 	}
 	fd := -1
-	var st unix.Stat_t
+	var size int64
 	cerr := rc.Control(func(s uintptr) {
-		if err = unix.Fstat(int(s), &st); err != nil {
+		var mode uint32
+		var fl int
+		if mode, size, fl, err = rawfd.FileInfo(int(s)); err != nil {
 			return
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		if mode != unix.S_IFREG {
 			err = fmt.Errorf("%s is not a regular file: %w", f.Name(), ErrInvalid)
 			return
 		}
 		// sendfile(2) reads the file: one opened write-only (or O_PATH) would fail only
 		// later, on the queue, with EBADF, after the call said it was queued.
-		var fl int
-		if fl, err = unix.FcntlInt(s, unix.F_GETFL, 0); err != nil {
-			return
-		}
 		if fl&unix.O_ACCMODE == unix.O_WRONLY || fl&unix.O_PATH != 0 {
 			err = fmt.Errorf("%s is not open for reading: %w", f.Name(), ErrInvalid)
 			return
 		}
-		fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+		fd, err = rawfd.Dup(int(s))
 	})
 	if cerr != nil {
 		return -1, 0, closedErr(cerr)
@@ -118,7 +118,7 @@ func dupFile(f *os.File) (int, int64, error) {
 	if err != nil {
 		return -1, 0, err
 	}
-	return fd, st.Size, nil
+	return fd, size, nil
 }
 
 // fileRef is a SendFile's duplicated descriptor, shared by its segments.
@@ -129,7 +129,7 @@ type fileRef struct {
 
 func (r *fileRef) put() {
 	if r.refs.Add(-1) == 0 {
-		unix.Close(r.fd)
+		rawfd.Close(r.fd)
 	}
 }
 
@@ -186,14 +186,12 @@ func (c *Conn) sendFileHead() {
 		var k int
 		var err error
 		if fs.pipe != nil {
-			k, err = spliceInt(unix.Splice(fs.pipe.p.r, nil, c.fd, nil, int(min(s.n-s.off, sendFileChunk)), spliceFlags))
+			k, err = c.sock.SpliceFrom(fs.pipe.p.r, int(min(s.n-s.off, sendFileChunk)))
 		} else {
-			k, err = unix.Sendfile(c.fd, fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
+			k, err = c.sock.SendFile(fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
 		}
 		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
+		case errors.Is(err, unix.EAGAIN):
 			if err := fs.wait(); err != nil {
 				c.fail(c.opErr("sendfile", err))
 			}
@@ -247,7 +245,7 @@ func (f *fileDone) Flush(*loop.Queue) {
 func (fs *fileSeg) wait() error {
 	c := fs.c
 	if fs.w == nil {
-		d, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+		d, err := c.sock.Dup()
 		if err != nil {
 			return err
 		}
@@ -290,7 +288,7 @@ func (fs *fileSeg) release(left int32) {
 		fs.w.stop()
 	}
 	if fs.wfd >= 0 {
-		unix.Close(fs.wfd)
+		rawfd.Close(fs.wfd)
 		fs.wfd = -1
 		fs.c.opEnded()
 	}
@@ -303,6 +301,3 @@ func (fs *fileSeg) release(left int32) {
 	}
 	fs.ref.put()
 }
-
-// spliceInt narrows splice(2)'s byte count.
-func spliceInt(n int64, err error) (int, error) { return int(n), err }

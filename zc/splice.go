@@ -4,6 +4,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/rawfd"
 )
 
 // Readiness-driven splice(2) from the queue goroutine: the relay's splice path (relay.go,
@@ -232,12 +233,12 @@ func (q *queue) getPipe(size int) (pipePair, error) {
 			return p, nil
 		}
 	}
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+	r, w, sized, err := rawfd.Pipe(size)
+	if err != nil {
 		return pipePair{}, err
 	}
-	p := pipePair{r: fds[0], w: fds[1], size: size}
-	if _, err := unix.FcntlInt(uintptr(p.w), unix.F_SETPIPE_SZ, size); err != nil {
+	p := pipePair{r: r, w: w, size: size}
+	if !sized {
 		// Above /proc/sys/fs/pipe-max-size, or the user's pipe pages are used up: the
 		// default size still works, just in smaller steps.
 		q.ctr.pipeSizeRefused.Add(1)
@@ -260,8 +261,8 @@ func (q *queue) putPipe(p pipePair, empty bool) {
 }
 
 func closePipe(q *queue, p pipePair) {
-	unix.Close(p.r)
-	unix.Close(p.w)
+	rawfd.Close(p.r)
+	rawfd.Close(p.w)
 	q.ctr.pipesOpen.Add(-1)
 }
 
@@ -302,14 +303,5 @@ func (q *queue) addRelay(r *spliceRelay) {
 // dupSocket duplicates a connection's descriptor (close-on-exec), for a watcher that outlives
 // nothing: the duplicate is the caller's to close.
 func dupSocket(c *Conn) (int, error) {
-	fd := -1
-	err := c.sock.Control(func(s int) error {
-		n, err := unix.FcntlInt(uintptr(s), unix.F_DUPFD_CLOEXEC, 0)
-		fd = n
-		return err
-	})
-	if err != nil {
-		return -1, err
-	}
-	return fd, nil
+	return c.sock.Dup()
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
@@ -192,8 +193,6 @@ func (r *spliceRelay) kick() {
 	}
 }
 
-const spliceFlags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
-
 // pump moves what it can (home queue).
 func (d *spliceDir) pump() {
 	r := d.r
@@ -210,11 +209,9 @@ func (d *spliceDir) pump() {
 	moved := 0
 	for {
 		if d.inPipe > 0 {
-			n, err := unix.Splice(d.p.r, nil, d.dfd, nil, d.inPipe, spliceFlags)
+			n, err := rawfd.Splice(d.p.r, d.dfd, d.inPipe)
 			r.home.ctr.relaySpliceCalls.Add(1)
 			switch {
-			case err == unix.EINTR:
-				continue
 			case err == unix.EAGAIN:
 				// The destination is full: wait until it takes more. The source is not read
 				// meanwhile: the pipe's bytes are all that is in flight.
@@ -246,11 +243,9 @@ func (d *spliceDir) pump() {
 			}
 			return
 		}
-		n, err := unix.Splice(d.sfd, nil, d.p.w, nil, d.p.size, spliceFlags)
+		n, err := rawfd.Splice(d.sfd, d.p.w, d.p.size)
 		r.home.ctr.relaySpliceCalls.Add(1)
 		switch {
-		case err == unix.EINTR:
-			continue
 		case err == unix.EAGAIN:
 			r.home.ctr.relayWaits.Add(1)
 			if err := d.in.arm(unix.POLLIN | unix.POLLRDHUP); err != nil {
@@ -372,11 +367,11 @@ func (r *spliceRelay) stop() {
 			d.out.stop()
 		}
 		if d.sfd >= 0 {
-			unix.Close(d.sfd)
+			rawfd.Close(d.sfd)
 			d.sfd = -1
 		}
 		if d.dfd >= 0 {
-			unix.Close(d.dfd)
+			rawfd.Close(d.dfd)
 			d.dfd = -1
 		}
 		if d.inPipe > 0 {

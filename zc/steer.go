@@ -15,7 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/loop"
 )
 
 // Steering of a listener: which queue owns each accepted connection, and (with
@@ -217,8 +219,7 @@ func (e *Engine) queueCPUs() []int {
 		if e.cfg.NoPin || tid <= 0 {
 			continue
 		}
-		var set unix.CPUSet
-		if unix.SchedGetaffinity(tid, &set) == nil && set.Count() == 1 && set.IsSet(q.cpu) {
+		if loop.PinnedTo(tid, q.cpu) {
 			out[i] = q.cpu
 		}
 	}
@@ -567,11 +568,6 @@ func (l *Listener) attachInterface(s *bpf.Steering, name string, index int, pinn
 // isVeth reports whether the interface's driver is veth (ETHTOOL_GDRVINFO, in the calling
 // thread's network namespace).
 func isVeth(name string) bool {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(fd)
-	info, err := unix.IoctlGetEthtoolDrvinfo(fd, name)
-	return err == nil && unix.ByteSliceToString(info.Driver[:]) == "veth"
+	d, err := hwq.Driver(name)
+	return err == nil && d == "veth"
 }

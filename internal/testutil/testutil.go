@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/eintr"
 	"github.com/zcnet/zcnet/internal/errs"
 )
 
@@ -127,10 +128,7 @@ func release() string {
 // after some bytes were copied, and EINTR before any.
 func WriteAll(fd int, p []byte) error {
 	for len(p) > 0 {
-		n, err := unix.Write(fd, p)
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := eintr.Retry1(func() (int, error) { return unix.Write(fd, p) })
 		if err != nil {
 			return err
 		}

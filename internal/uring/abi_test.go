@@ -2,6 +2,8 @@ package uring
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"unsafe"
 
@@ -31,8 +33,8 @@ func abiChecks() map[string]uint64 {
 		"offsetof(struct io_uring_cqe, flags)":          uint64(unsafe.Offsetof(cqe.Flags)),
 		"sizeof(struct io_uring_params)":                uint64(unsafe.Sizeof(p)),
 		"offsetof(struct io_uring_params, features)":    uint64(unsafe.Offsetof(p.Features)),
-		"offsetof(struct io_uring_params, sq_off)":      uint64(unsafe.Offsetof(p.sqOff)),
-		"offsetof(struct io_uring_params, cq_off)":      uint64(unsafe.Offsetof(p.cqOff)),
+		"offsetof(struct io_uring_params, sq_off)":      uint64(unsafe.Offsetof(p.SQOff)),
+		"offsetof(struct io_uring_params, cq_off)":      uint64(unsafe.Offsetof(p.CQOff)),
 		"sizeof(struct io_sqring_offsets)":              uint64(unsafe.Sizeof(sqringOffsets{})),
 		"sizeof(struct io_cqring_offsets)":              uint64(unsafe.Sizeof(cqringOffsets{})),
 		"offsetof(struct io_cqring_offsets, cqes)":      uint64(unsafe.Offsetof(cqringOffsets{}.CQEs)),
@@ -46,7 +48,7 @@ func abiChecks() map[string]uint64 {
 		"sizeof(struct io_uring_buf_reg)":               uint64(unsafe.Sizeof(bufReg{})),
 		"offsetof(struct io_uring_buf_reg, bgid)":       uint64(unsafe.Offsetof(bufReg{}.Bgid)),
 		"sizeof(struct io_uring_buf)":                   uint64(unsafe.Sizeof(bufEntry{})),
-		"offsetof(struct io_uring_buf_ring, tail)":      14,
+		"offsetof(struct io_uring_buf_ring, tail)":      bufRingTailOffset,
 		"sizeof(struct io_uring_getevents_arg)":         uint64(unsafe.Sizeof(geteventsArg{})),
 		"offsetof(struct io_uring_getevents_arg, ts)":   uint64(unsafe.Offsetof(geteventsArg{}.Ts)),
 		"IORING_SETUP_SQPOLL":                           SetupSQPoll, "IORING_SETUP_SQ_AFF": SetupSQAff,
@@ -109,6 +111,49 @@ func TestStructSizes(t *testing.T) {
 	} {
 		if c.got != c.want {
 			t.Errorf("sizeof(%s) = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestGeneratedUpToDate regenerates zabi_linux.go from the pinned 7.3 headers (mkabi.go
+// -check) and fails on any difference from the committed file. make uring-abi-check does the
+// same and fails when the headers are missing; here a missing header skips, like
+// TestZcrxLayoutAgainst73Header.
+func TestGeneratedUpToDate(t *testing.T) {
+	inc := uapi73Include()
+	if _, err := os.Stat(filepath.Join(inc, "linux", "io_uring", "zcrx.h")); err != nil {
+		t.Skipf("no Linux 7.3 uapi headers at %s (run make uapi73): %v", inc, err)
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc not installed")
+	}
+	abs, err := filepath.Abs(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "run", "mkabi.go", "-check")
+	cmd.Env = append(os.Environ(), "ZCNET_UAPI73="+abs)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go run mkabi.go -check: %v\n%s", err, out)
+	}
+}
+
+// TestGeneratedLayout checks the generated structures against the sizes cgo computed from
+// the same headers (a hand edit of zabi_linux.go that breaks a layout fails here even
+// without the headers) and the provided-buffer ring's tail against bufEntry.
+func TestGeneratedLayout(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"SQE", unsafe.Sizeof(SQE{}), sizeofSQE},
+		{"CQE", unsafe.Sizeof(CQE{}), sizeofCQE},
+		{"Params", unsafe.Sizeof(Params{}), sizeofParams},
+		{"io_uring_zcrx_cqe in CQE32.Big", unsafe.Sizeof(CQE32{}.Big), sizeofZcrxCqe},
+		{"io_uring_buf_ring.tail", unsafe.Offsetof(bufEntry{}.Resv), bufRingTailOffset},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)
 		}
 	}
 }

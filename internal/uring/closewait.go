@@ -1,13 +1,14 @@
 package uring
 
 import (
-	"errors"
 	"os"
 	"runtime"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // CloseWait is Close, and then waits, at most timeout, until the kernel has freed the ring.
@@ -61,14 +62,11 @@ func (r *Ring) CloseWait(timeout time.Duration) (bool, error) {
 			return false, err
 		}
 		pfd := []unix.PollFd{{Fd: int32(p[0]), Events: unix.POLLIN}}
-		n, perr := unix.Poll(pfd, int(min(left.Milliseconds()+1, 1<<30)))
-		if errors.Is(perr, unix.EINTR) {
-			continue
-		}
-		if perr != nil {
+		n, perr := eintr.Poll(pfd, left)
+		if perr != nil || n == 0 {
 			return false, err
 		}
-		if n > 0 && pfd[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {
+		if pfd[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0 {
 			return true, err
 		}
 	}

@@ -107,8 +107,8 @@ func (r *Ring) mmap(p *Params) error {
 		sqeSize *= 2
 		r.sqeShift = 1
 	}
-	sqSize := uintptr(p.sqOff.Array) + uintptr(p.SQEntries)*4
-	cqSize := uintptr(p.cqOff.CQEs) + uintptr(p.CQEntries)*cqeSize
+	sqSize := uintptr(p.SQOff.Array) + uintptr(p.SQEntries)*4
+	cqSize := uintptr(p.CQOff.CQEs) + uintptr(p.CQEntries)*cqeSize
 	single := p.Features&FeatSingleMmap != 0
 	if single {
 		sqSize = max(sqSize, cqSize)
@@ -131,26 +131,26 @@ func (r *Ring) mmap(p *Params) error {
 		return os.NewSyscallError("mmap(io_uring sqes)", err)
 	}
 	u32 := func(b []byte, off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
-	r.sqHead = u32(r.ringMem, p.sqOff.Head)
-	r.sqTail = u32(r.ringMem, p.sqOff.Tail)
-	r.sqFlags = u32(r.ringMem, p.sqOff.Flags)
-	r.sqDropped = u32(r.ringMem, p.sqOff.Dropped)
-	r.sqMask = *u32(r.ringMem, p.sqOff.RingMask)
-	r.sqEntries = *u32(r.ringMem, p.sqOff.RingEntries)
+	r.sqHead = u32(r.ringMem, p.SQOff.Head)
+	r.sqTail = u32(r.ringMem, p.SQOff.Tail)
+	r.sqFlags = u32(r.ringMem, p.SQOff.Flags)
+	r.sqDropped = u32(r.ringMem, p.SQOff.Dropped)
+	r.sqMask = *u32(r.ringMem, p.SQOff.RingMask)
+	r.sqEntries = *u32(r.ringMem, p.SQOff.RingEntries)
 	r.sqes = unsafe.Pointer(&r.sqeMem[0])
 	if p.Flags&SetupNoSQArray == 0 {
 		// Identity mapping, written once: SQE i sits in slot i.
-		arr := unsafe.Slice(u32(r.ringMem, p.sqOff.Array), r.sqEntries)
+		arr := unsafe.Slice(u32(r.ringMem, p.SQOff.Array), r.sqEntries)
 		for i := range arr {
 			arr[i] = uint32(i)
 		}
 	}
-	r.cqHead = u32(cq, p.cqOff.Head)
-	r.cqTail = u32(cq, p.cqOff.Tail)
-	r.cqOverflow = u32(cq, p.cqOff.Overflow)
-	r.cqMask = *u32(cq, p.cqOff.RingMask)
-	r.cqEntries = *u32(cq, p.cqOff.RingEntries)
-	r.cqes = unsafe.Pointer(&cq[p.cqOff.CQEs])
+	r.cqHead = u32(cq, p.CQOff.Head)
+	r.cqTail = u32(cq, p.CQOff.Tail)
+	r.cqOverflow = u32(cq, p.CQOff.Overflow)
+	r.cqMask = *u32(cq, p.CQOff.RingMask)
+	r.cqEntries = *u32(cq, p.CQOff.RingEntries)
+	r.cqes = unsafe.Pointer(&cq[p.CQOff.CQEs])
 	return nil
 }
 

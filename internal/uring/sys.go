@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/eintr"
 )
 
 // ErrNotSupported is returned (wrapped) when this kernel or this process cannot do what was
@@ -58,24 +60,33 @@ func setup(entries uint32, p *Params) (int, error) {
 // enter wraps io_uring_enter. EINTR is retried when nothing needs to be submitted (a wait);
 // otherwise it is returned (submission may have happened partially: the caller re-checks).
 func enter(fd int, toSubmit, minComplete, flags uint32, arg unsafe.Pointer, argSz uintptr) (int, error) {
-	for {
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
+	var n uintptr
+	call := func() (errno unix.Errno) {
+		n, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
 			uintptr(minComplete), uintptr(flags), uintptr(arg), argSz)
-		if errno == unix.EINTR && toSubmit == 0 {
-			continue
-		}
-		if errno != 0 {
-			return int(n), errno
-		}
-		return int(n), nil
+		return errno
 	}
+	var errno unix.Errno
+	if toSubmit == 0 {
+		errno = eintr.Errno(call)
+	} else {
+		errno = call()
+	}
+	if errno != 0 {
+		return int(n), errno
+	}
+	return int(n), nil
 }
 
 // register wraps io_uring_register. EINTR and EAGAIN (busy resource update) are retried.
 func register(fd int, op uint32, arg unsafe.Pointer, nr uint32) (int, error) {
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(fd), uintptr(op), uintptr(arg), uintptr(nr), 0, 0)
-		if errno == unix.EINTR || errno == unix.EAGAIN {
+		var n uintptr
+		errno := eintr.Errno(func() (errno unix.Errno) {
+			n, _, errno = unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(fd), uintptr(op), uintptr(arg), uintptr(nr), 0, 0)
+			return errno
+		})
+		if errno == unix.EAGAIN {
 			continue
 		}
 		if errno != 0 {

@@ -18,150 +18,20 @@ import (
 // lands in a registered area, and the application hands buffers back through a refill ring.
 // From Linux 7.1 a device-less instance (ZcrxConfig.NoDev) runs the same data path on any TCP
 // socket with the payload copied into the area. Structures and constants from
-// include/uapi/linux/io_uring/zcrx.h and io_uring/query.h (Linux 7.3); TestZcrxLayout checks
-// sizes and offsets, TestZcrxLayoutAgainst73Header compares them with the 7.3 header.
+// include/uapi/linux/io_uring/zcrx.h and io_uring/query.h (Linux 7.3), generated into
+// zabi_linux.go; TestZcrxLayout checks sizes and offsets, TestZcrxLayoutAgainst73Header
+// compares them with the 7.3 header.
 
-// Registration and control opcodes added after Linux 6.1 (io_uring_register).
+// Derived from the generated uapi values (zabi_linux.go), or not in the uapi headers.
 const (
-	RegisterResizeRings = 33
-	RegisterMemRegion   = 34
-	RegisterQuery       = 35 // Linux 6.18
-	RegisterZcrxCtrl    = 36 // Linux 7.0
-)
-
-// Setup flags and CQE flags for mixed-size CQ rings (Linux 6.18).
-const (
-	SetupCQEMixed = 1 << 18
-	SetupSQEMixed = 1 << 19
-	CQEFSkip      = 1 << 5
-	CQEF32        = 1 << 15
-)
-
-// zcrx uapi values.
-const (
-	// ZcrxAreaShift: the bits of a zcrx CQE's offset from this one up name the area.
-	ZcrxAreaShift = 48
-	// ZcrxAreaMask selects the area bits of an offset.
+	// ZcrxAreaMask selects the area bits of an offset (IORING_ZCRX_AREA_MASK, a C
+	// expression cgo -godefs does not evaluate; TestZcrxLayoutAgainst73Header compares it).
 	ZcrxAreaMask = ^uint64(1<<ZcrxAreaShift - 1)
 
-	ZcrxAreaDmabuf = 1 // io_uring_zcrx_area_reg.flags: dmabuf_fd names the memory
-
-	ZcrxRegImport = 1 // io_uring_zcrx_ifq_reg.flags: import an exported instance (if_idx = its fd)
-	ZcrxRegNodev  = 2 // device-less instance: every byte is copied (Linux 7.1+)
-
-	ZcrxFeatureRxPageSize = 1 << 0
-	ZcrxFeatureEvent      = 1 << 1
-
-	ZcrxEventAllocFail = 0
-	ZcrxEventCopy      = 1
-
-	zcrxEventDescFlagStats = 1 << 0
-
-	zcrxCtrlFlushRQ  = 0
-	zcrxCtrlExport   = 1
-	zcrxCtrlArmEvent = 2
-	zcrxCtrlAddArea  = 3
-
-	queryOpZcrx = 1
-
-	memRegionTypeUser = 1
-	zcrxMaxRQEntries  = 32768
+	// zcrxMaxRQEntries is the kernel's bound on a refill ring (IO_RQ_MAX_ENTRIES in
+	// io_uring/zcrx.c): not in the uapi headers.
+	zcrxMaxRQEntries = 32768
 )
-
-// zcrxOffsets is struct io_uring_zcrx_offsets (32 bytes).
-type zcrxOffsets struct {
-	Head, Tail, Rqes, Resv2 uint32
-	Resv                    [2]uint64
-}
-
-// zcrxAreaReg is struct io_uring_zcrx_area_reg (48 bytes).
-type zcrxAreaReg struct {
-	Addr        uint64
-	Len         uint64
-	RqAreaToken uint64
-	Flags       uint32
-	DmabufFd    uint32
-	Resv2       [2]uint64
-}
-
-// zcrxIfqReg is struct io_uring_zcrx_ifq_reg (96 bytes). EventDesc was reserved (zero) before
-// Linux 7.2.
-type zcrxIfqReg struct {
-	IfIdx     uint32
-	IfRxq     uint32
-	RqEntries uint32
-	Flags     uint32
-	AreaPtr   uint64
-	RegionPtr uint64
-	Offsets   zcrxOffsets
-	ZcrxID    uint32
-	RxBufLen  uint32
-	EventDesc uint64
-	Resv      [2]uint64
-}
-
-// regionDesc is struct io_uring_region_desc (64 bytes).
-type regionDesc struct {
-	UserAddr   uint64
-	Size       uint64
-	Flags      uint32
-	ID         uint32
-	MmapOffset uint64
-	Resv       [4]uint64
-}
-
-// zcrxEventDesc is struct zcrx_event_desc (96 bytes).
-type zcrxEventDesc struct {
-	UserData    uint64
-	TypeMask    uint32
-	Flags       uint32
-	StatsOffset uint64
-	Resv2       [9]uint64
-}
-
-// zcrxCtrl is struct zcrx_ctrl (72 bytes): a 48-byte union follows the header.
-type zcrxCtrl struct {
-	ZcrxID uint32
-	Op     uint32
-	Resv   [2]uint64
-	Arg    [6]uint64
-}
-
-// queryHdr is struct io_uring_query_hdr (40 bytes).
-type queryHdr struct {
-	NextEntry uint64
-	QueryData uint64
-	QueryOp   uint32
-	Size      uint32
-	Result    int32
-	Resv      [3]uint32
-}
-
-// ZcrxQuery is struct io_uring_query_zcrx (40 bytes): what this kernel's zcrx supports.
-type ZcrxQuery struct {
-	RegisterFlags  uint64 // ZcrxReg* flags
-	AreaFlags      uint64 // ZcrxArea* flags
-	NrCtrlOpcodes  uint32 // control operations (flush, export, arm event, add area, ...)
-	Features       uint32 // ZcrxFeature*
-	RqHdrSize      uint32 // refill ring header size
-	RqHdrAlignment uint32
-	resv2          uint64
-}
-
-// ZcrxStats is struct zcrx_stats (16 bytes): bytes the kernel had to copy into the area
-// instead of receiving them there directly (every byte of a device-less instance that arrived
-// in page fragments; the copies of a socket's linear data are not counted).
-type ZcrxStats struct {
-	CopyCount uint64 // completions filled by copying
-	CopyBytes uint64
-}
-
-// ZcrxRqe is struct io_uring_zcrx_rqe, a refill ring entry.
-type ZcrxRqe struct {
-	Off uint64
-	Len uint32
-	Pad uint32
-}
 
 // QueryZcrx asks the kernel what its zcrx supports (IORING_REGISTER_QUERY, Linux 6.18+). A
 // kernel without the query answers ErrNotSupported; so does one without zcrx.

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/zcnet/zcnet/internal/eintr"
 	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/kmod/internal/abi"
 	"golang.org/x/sys/unix"
@@ -129,16 +130,15 @@ type Queue struct {
 }
 
 func ioctl(fd int, req uint, arg unsafe.Pointer) (int, error) {
-	for {
-		r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return int(r), e
-		}
-		return int(r), nil
+	var r uintptr
+	e := eintr.Errno(func() (e unix.Errno) {
+		r, _, e = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg))
+		return e
+	})
+	if e != 0 {
+		return int(r), e
 	}
+	return int(r), nil
 }
 
 // Open opens /dev/zcshim and sets up its rings.
