@@ -128,14 +128,6 @@ type Config struct {
 	NoBundles bool // disable recv bundles
 	// RecvPath selects how received bytes reach handlers (default RecvRing).
 	RecvPath RecvPath
-	// NetConnRing makes the net.Conn face (NetListen, NetDial) receive through the queue's
-	// receive ring, as the event-loop API does: Read copies out of receive buffers, bounded
-	// by MaxRecvHeld. By default its Read calls read(2) on the reading goroutine and waits in
-	// Go's poller, as Go's net does: one copy instead of two and no hand-off to the queue's
-	// thread (Stats.Recv.BytesDirect); each such connection holds a second descriptor (a
-	// duplicate for the poller). The zcshim backend and the RecvMapped and RecvZcrx paths
-	// always receive through the queue.
-	NetConnRing bool
 	// ZcrxAreaSize is the zcrx receive area of each queue in bytes (RecvZcrx; default 4 MiB,
 	// rounded up to whole pages). It is mapped and registered at start and does not grow: it
 	// is the receive window of all the queue's connections together (each still bounded by

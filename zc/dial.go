@@ -14,13 +14,14 @@ import (
 
 // connectState is a connection that is still connecting.
 type connectState struct {
-	sa      *tcpglue.RawSockaddr
-	ctx     context.Context
-	stop    func() bool // stops the context watcher
-	h       Handler
-	done    func(*Conn, error)
-	cancel  bool // the context ended: the result is the context's error
-	started bool // the connect is under way
+	sa        *tcpglue.RawSockaddr
+	ctx       context.Context
+	stop      func() bool // stops the context watcher
+	h         Handler
+	done      func(*Conn, error)
+	cancel    bool // the context ended: the result is the context's error
+	started   bool // the connect is under way
+	exclusive bool // DialOptions.Exclusive
 }
 
 // Dial connects to address ("host:port", a literal IP; names are resolved once) and returns a
@@ -139,7 +140,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 			return fail(raddr, err)
 		}
 	}
-	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
+	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done, exclusive: opts.Exclusive}
 	c.connect = cs
 	// The watcher may fire before the connect starts: it marks the dial cancelled on the loop,
 	// and startDial looks at that first.
@@ -215,7 +216,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	c.h = cs.h
-	c.takeReader(c.h)
+	c.takeReader(cs.exclusive)
 	c.st.Open()
 	c.setupRecvPath()
 	c.armRecv()

@@ -13,19 +13,28 @@
 // kernel may still read it. Every buffer queued on a connection leaves in one kernel send
 // (SENDMSG with an iovec) while no send is in flight, so small sends cost what big ones cost.
 //
-// The net.Conn face (Engine.NetListen, Engine.NetDial) wraps the same connections in
-// net.Conn / net.Listener, copying where that interface demands it, with deadlines and
-// *net.OpError errors. Its Read does what Go's net does: read(2) into the caller's slice on
-// the reading goroutine, waiting in Go's poller (one copy; the queue is not involved), and
-// its Write writes directly while nothing is queued; queued sends, sendfile and splice
-// (io.ReaderFrom) and closing go through the queue. Config.NetConnRing makes Read take
-// bytes from the queue's receive ring instead, as the event-loop face does.
+// The net.Conn face (package zc/netconn: netconn.Listen, netconn.Dial) wraps the same
+// connections in net.Conn / net.Listener, copying where that interface demands it, with
+// deadlines and *net.OpError errors. Its Read does what Go's net does: read(2) into the
+// caller's slice on the reading goroutine, waiting in Go's poller (one copy; the queue is
+// not involved), and its Write writes directly while nothing is queued; queued sends,
+// sendfile and splice (io.ReaderFrom) and closing go through the queue. It is built on this
+// package's API only: a connection opened with ReadSelf (ListenOptions, DialOptions) is read
+// by the application with Conn.Read, and one opened Exclusive keeps its first handler as its
+// only reader.
+//
+// # The package map
+//
+// This package holds the Engine, Listener, Conn and Data, and what needs the connection
+// core: shared sends (Shared), FanOut, Relay, SendFile, timers. Layers built on its public
+// API live in their own packages: zc/netconn (the net.Conn face), zc/framed (a no-copy
+// Reader of framed protocols over received Data), zc/ztls (TLS with the kernel's records).
 //
 // # Handlers must not block
 //
 // A handler runs on a queue goroutine; a call that would wait for a queue goroutine returns
 // ErrWouldBlock there instead of deadlocking: Dial (use DialAsync), BufferWait (use Buffer),
-// Write over MaxQueuedBytes (send from OnWritable), a net.Conn Read with nothing to read.
+// Write over MaxQueuedBytes (send from OnWritable), a netconn Read with nothing to read.
 // Engine.Close and Listener.Close called from a handler return at once and finish in the
 // background (Engine.Done, Listener.Done). A panic in a handler closes only its connection,
 // with a *PanicError. Conn.AfterFunc schedules work on the connection's queue goroutine (an

@@ -458,7 +458,7 @@ type RecvStats struct {
 	BytesPlain uint64 // received with read(2) (plain backend)
 	BytesShim  uint64 // received through the zcshim module
 	// BytesDirect: read by Conn.Read on ReadSelf connections, with read(2) on the reading
-	// goroutine (the net.Conn face's default; Config.NetConnRing turns it off).
+	// goroutine (the net.Conn face's default, zc/netconn; its Options.Ring turns it off).
 	BytesDirect uint64
 	// BytesMapped / BytesMappedCopied: received through the mapped window (RecvMapped), as
 	// mapped pages / copied because they could not be mapped.

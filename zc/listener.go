@@ -18,18 +18,19 @@ import (
 // Listener accepts connections on every queue: one listening socket per queue in one
 // SO_REUSEPORT group (or a single socket, see SteeringMode).
 type Listener struct {
-	e        *Engine
-	network  string
-	addr     *net.TCPAddr
-	accept   func(*Conn) Handler
-	family   int
-	readSelf bool // ListenOptions.ReadSelf
-	socks    []*tcpglue.Socket
-	parts    []*lpart
-	closed   atomic.Bool
-	wg       sync.WaitGroup
-	rr       atomic.Uint32
-	done     chan struct{}
+	e         *Engine
+	network   string
+	addr      *net.TCPAddr
+	accept    func(*Conn) Handler
+	family    int
+	readSelf  bool // ListenOptions.ReadSelf
+	exclusive bool // ListenOptions.Exclusive
+	socks     []*tcpglue.Socket
+	parts     []*lpart
+	closed    atomic.Bool
+	wg        sync.WaitGroup
+	rr        atomic.Uint32
+	done      chan struct{}
 
 	acceptErrs atomic.Uint64
 	accepted   atomic.Uint64
@@ -129,7 +130,7 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 		return fail(net.TCPAddrFromAddrPort(ap), err)
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
-	l.readSelf = opts.ReadSelf
+	l.readSelf, l.exclusive = opts.ReadSelf, opts.Exclusive
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
@@ -390,7 +391,7 @@ func (l *Listener) create(q *queue, fd int) {
 	if c.h == nil {
 		c.h = h
 	}
-	c.takeReader(c.h)
+	c.takeReader(l.exclusive)
 	l.zcrxNICConn(c)
 	c.setupRecvPath()
 	c.armRecv()

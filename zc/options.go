@@ -48,8 +48,14 @@ type ListenOptions struct {
 	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
 	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
-	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	// *NotSupportedError). The net.Conn face (zc/netconn) reads this way by default.
 	ReadSelf bool
+	// Exclusive makes the connection's first handler (the one the accept function returns) its only reader for its
+	// whole life: SetHandler and Relay refuse the connection with ErrInvalid (nothing
+	// changes; a FanOut may still publish to it: its wrapper passes every event on to the
+	// handler). A layer that reads its connections itself sets it, so that nothing takes
+	// bytes from under its reader: the net.Conn face (zc/netconn) does.
+	Exclusive bool
 }
 
 // DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsyncWith; DialAsync
@@ -67,8 +73,14 @@ type DialOptions struct {
 	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
 	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
-	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	// *NotSupportedError). The net.Conn face (zc/netconn) reads this way by default.
 	ReadSelf bool
+	// Exclusive makes the connection's first handler (the h given to the dial) its only reader for its
+	// whole life: SetHandler and Relay refuse the connection with ErrInvalid (nothing
+	// changes; a FanOut may still publish to it: its wrapper passes every event on to the
+	// handler). A layer that reads its connections itself sets it, so that nothing takes
+	// bytes from under its reader: the net.Conn face (zc/netconn) does.
+	Exclusive bool
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:

@@ -24,9 +24,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/nettest"
+
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
-	"golang.org/x/net/nettest"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
 // probeBound is how long any wait of these tests may take before the test fails with a
@@ -1103,8 +1105,8 @@ func TestProbeS9Misuse(t *testing.T) {
 	})
 }
 
-// TestProbeS9NetFace: net/http over the net.Conn face on both ends (the server on
-// NetListen, the client's transport dialing with NetDial), concurrent requests with every
+// TestProbeS9NetFace: net/http over the net.Conn face (zc/netconn) on both ends (the server
+// on netconn.Listen, the client's transport dialing with netconn.Dial), concurrent requests with every
 // body checked, then Engine.Close under traffic: Serve returns, no goroutine is left.
 // nettest.TestConn runs on one engine of one queue whose send pool serves a few buffers.
 func TestProbeS9NetFace(t *testing.T) {
@@ -1114,7 +1116,7 @@ func TestProbeS9NetFace(t *testing.T) {
 		t.Run("nettest", func(t *testing.T) {
 			e := probeEngine(t, cfg)
 			nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-				ln, err := e.NetListen("tcp", "127.0.0.1:0")
+				ln, err := netconn.Listen(e, "tcp", "127.0.0.1:0")
 				if err != nil {
 					return nil, nil, nil, err
 				}
@@ -1123,7 +1125,7 @@ func TestProbeS9NetFace(t *testing.T) {
 					c, _ := ln.Accept()
 					acc <- c
 				}()
-				c1, err = e.NetDial(context.Background(), "tcp", ln.Addr().String())
+				c1, err = netconn.Dial(context.Background(), e, "tcp", ln.Addr().String())
 				if err != nil {
 					ln.Close()
 					return nil, nil, nil, err
@@ -1139,7 +1141,7 @@ func TestProbeS9NetFace(t *testing.T) {
 		})
 		t.Run("http", func(t *testing.T) {
 			e := probeEngine(t, cfg)
-			ln, err := e.NetListen("tcp", "127.0.0.1:0")
+			ln, err := netconn.Listen(e, "tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1151,7 +1153,7 @@ func TestProbeS9NetFace(t *testing.T) {
 				}))
 			}()
 			tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return e.NetDial(ctx, network, addr)
+				return netconn.Dial(ctx, e, network, addr)
 			}}
 			defer tr.CloseIdleConnections()
 			client := &http.Client{Transport: tr, Timeout: probeBound}

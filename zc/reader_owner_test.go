@@ -206,52 +206,6 @@ func dialSelf(t *testing.T, e *Engine) (*Conn, net.Conn) {
 	return c, p
 }
 
-// TestRelayOfFaceRefused: a net.Conn face's connection, reading its socket itself or (with
-// NetConnRing) through its handler, cannot be relayed nor get another handler (ErrInvalid);
-// the face goes on reading every byte.
-func TestRelayOfFaceRefused(t *testing.T) {
-	for _, ring := range []bool{false, true} {
-		t.Run(fmt.Sprintf("NetConnRing=%v", ring), func(t *testing.T) {
-			e := newEngine(t, Config{Queues: 1, NetConnRing: ring})
-			l, err := e.NetListen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			peer, err := net.Dial("tcp", l.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
-			nc, err := l.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			c := nc.(NetConn).Zc()
-			other := spareConn(t, e)
-			if _, err := Relay(c, other); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay of a face's connection: %v, want ErrInvalid", err)
-			}
-			if _, err := Relay(other, c); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay(other, face's connection): %v, want ErrInvalid", err)
-			}
-			if err := c.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("SetHandler on a face's connection: %v, want ErrInvalid", err)
-			}
-			peer.Write([]byte("face"))
-			nc.SetReadDeadline(time.Now().Add(time.Minute))
-			b := make([]byte, 4)
-			if _, err := io.ReadFull(nc, b); err != nil || string(b) != "face" {
-				t.Fatalf("the face read %q, %v", b, err)
-			}
-			if other.isClosing() {
-				t.Fatal("a refused relay closed the other connection")
-			}
-		})
-	}
-}
-
 // TestSetHandlerRacingRelay: a SetHandler from another goroutine, accepted while the
 // connection still had its own handler, whose install runs after a Relay took the
 // connection on its queue, gives way: the relay's handler stays, and the relay forwards.

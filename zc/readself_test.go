@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ReadSelf (readself.go) through the event-loop API, as an application that reads its
@@ -470,6 +472,49 @@ func TestReadSelfQueueNotBehindReader(t *testing.T) {
 			c.Close()
 			if err := waitHang(t, blocked, "the waiting Read at Close", nil); !errors.Is(err, ErrClosed) {
 				t.Fatalf("the waiting Read at Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// Out of descriptors for the duplicate of a ReadSelf connection (opened as the net.Conn
+// face, zc/netconn, opens its direct ones: ReadSelf and Exclusive): an accepted connection
+// is refused (counted in AcceptErrors; the peer sees it end), a dial fails with the errno;
+// nothing leaks. (The face turns the dial's *OpError into a *net.OpError of the same Err.)
+func TestReadSelfNoDescriptor(t *testing.T) {
+	old := dupFD
+	dupFD = func(int) (int, error) { return -1, unix.EMFILE }
+	defer func() { dupFD = old }()
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
+			opts := ListenOptions{ReadSelf: true, Exclusive: true}
+			ln, err := e.ListenWith(opts, "tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			s := dialPlain(t, ln.Addr().String())
+			s.SetNonblocking(false)
+			setRecvTimeout(s, hangBound)
+			k, rerr := s.Read(make([]byte, 8))
+			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
+				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
+			}
+			if n := e.Stats().Faults.AcceptErrors; n != 1 {
+				t.Errorf("AcceptErrors = %d, want 1", n)
+			}
+			nc, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true, Exclusive: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+			var oe *OpError
+			if err == nil || !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(err, unix.EMFILE) {
+				t.Fatalf("DialWith ReadSelf without a descriptor for the poller: %v, %v; want a dial *OpError matching EMFILE", nc, err)
+			}
+			deadline := time.Now().Add(hangBound)
+			for e.Stats().Conns > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d connections left after the refusals", e.Stats().Conns)
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		})
 	}

@@ -36,9 +36,6 @@ func TestShimReadSelfRefused(t *testing.T) {
 	if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{}); !errors.As(err, &ns) {
 		t.Fatalf("DialWith(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
 	}
-	if directReads(e) {
-		t.Fatal("the net.Conn face would read the shim's sockets itself")
-	}
 }
 
 func TestShimHandlerCannotHang(t *testing.T) {
@@ -61,13 +58,6 @@ func TestShimEngineCloseWithHeldMemory(t *testing.T) {
 func TestShimCallsAfterClose(t *testing.T) {
 	needShim(t)
 	testCallsAfterClose(t, shimCore())
-}
-
-func TestShimNetConnReadAfterEngineClose(t *testing.T) {
-	needShim(t)
-	for _, partial := range []bool{false, true} {
-		testNetConnReadAfterEngineClose(t, Config{Backend: BackendShim, Queues: 1, NoPin: true}, partial)
-	}
 }
 
 func TestShimHandlersSerialized(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/nettest"
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/kmod"
@@ -314,11 +313,6 @@ func TestShimWritable(t *testing.T) {
 func TestShimForeignBuffer(t *testing.T) {
 	needShim(t)
 	testForeignBuffers(t, shimCfg())
-}
-
-func TestShimNettest(t *testing.T) {
-	needShim(t)
-	nettest.TestConn(t, netPipe(t, shimCfg()))
 }
 
 // TestShimPeerCloses and TestShimPeerReset run the io_uring backend's tests over the shim.

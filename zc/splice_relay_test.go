@@ -504,10 +504,15 @@ func TestRelayPathDemand(t *testing.T) {
 	<-a.Done()
 	<-b.Done()
 
-	// A net.Conn face's connection reads its socket itself (ReadSelf): zc never receives
-	// for it, so no relay of either path could forward its bytes: ErrInvalid, and neither
-	// connection changes (RelayAuto used to fall back to SendData there and wait forever).
-	l, err := e.NetListen("tcp", "127.0.0.1:0")
+	// A connection the application reads itself (ReadSelf, as the net.Conn face opens its
+	// direct ones, Exclusive too): zc never receives for it, so no relay of either path
+	// could forward its bytes: ErrInvalid, and neither connection changes (RelayAuto used to
+	// fall back to SendData there and wait forever).
+	selfAcc := make(chan *Conn, 1)
+	l, err := e.ListenWith(ListenOptions{ReadSelf: true, Exclusive: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		selfAcc <- c
+		return HandlerFuncs{}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,20 +525,16 @@ func TestRelayPathDemand(t *testing.T) {
 				io.Copy(io.Discard, c)
 			}
 		}()
-		nc, err := l.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := nc.(NetConn).Zc()
+		c := recvEvent(t, selfAcc, "accept")
 		b, _ = dialPeer(t, e, HandlerFuncs{})
 		if _, err := RelayWith(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("relay (%v) of a net.Conn face's connection: %v, want ErrInvalid", path, err)
+			t.Fatalf("relay (%v) of a ReadSelf connection: %v, want ErrInvalid", path, err)
 		}
 		if b.isClosing() || c.isClosing() {
 			t.Errorf("relay (%v) refused: a connection was closed", path)
 		}
 		b.Close()
-		nc.Close()
+		c.Close()
 		<-b.Done()
 		<-c.Done()
 	}

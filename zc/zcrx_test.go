@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/nettest"
-
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/internal/zcrx"
 	"github.com/zcnet/zcnet/memreg"
@@ -536,15 +534,6 @@ func TestZcrxNICRefusal(t *testing.T) {
 		t.Fatalf("NoFallback listener on lo = %v, want a *ZcrxUnavailableError matching ErrNotSupported", err)
 	}
 	t.Log(err)
-}
-
-// TestZcrxNettest: the net.Conn face over RecvZcrx passes x/net/nettest's conformance tests
-// (reads copy out of the area and release at once; deadlines, close races, concurrency).
-func TestZcrxNettest(t *testing.T) {
-	zcrxExpected(t)
-	cfg := smallCfg(BackendIOUring)
-	cfg.RecvPath, cfg.ZcrxAreaSize = RecvZcrx, 256<<10
-	nettest.TestConn(t, netPipe(t, cfg))
 }
 
 // TestZcrxForwardRetained: the server sends every Data back as two slices of it (Slice:
