@@ -205,7 +205,7 @@ type Config struct {
 	// default (bpf.PolicyAuto) is bpf.PolicyCPU, a flow goes to the queue of the CPU that
 	// received its SYN (the CPU→queue map is filled from the queues' placement), where every
 	// queue runs pinned on a CPU of its own, and bpf.PolicyHash elsewhere (NoPin, more
-	// queues than CPUs), counted in Stats.Steering.PolicyFallbacks. Listener.SteeringInfo
+	// queues than CPUs), counted in Stats.Steering.PolicyFallbacks. Listener.Stats().Steering
 	// says which policy is in effect and why. bpf.PolicyHash asks for the hash explicitly.
 	SteerPolicy bpf.Policy
 	// OnFallback is called when the engine falls back to another backend (for logging).
@@ -227,7 +227,7 @@ type SteeringMode int
 
 const (
 	// SteerAuto: SteerBPF when the programs load (root: CAP_BPF and CAP_NET_ADMIN), else
-	// SteerReuseportHash, with the reason in Listener.SteeringFallback and Stats.
+	// SteerReuseportHash, with the reason in Listener.Stats().Steering.Fallback and Stats.
 	SteerAuto SteeringMode = iota
 	// SteerBPF: one listening socket per queue in a SO_REUSEPORT group with zcnet's
 	// sk_reuseport program: flow table first (Listener.Steering().SetFlow), then the policy,

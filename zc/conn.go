@@ -281,16 +281,12 @@ func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Co
 	return c
 }
 
-// LocalAddr returns the local address, a *net.TCPAddr, or nil if it is unknown (the
-// connection failed before its address was read).
+// LocalAddr returns the local address, a *net.TCPAddr (its AddrPort method gives the
+// netip form), or nil if it is unknown (the connection failed before its address was read).
 func (c *Conn) LocalAddr() net.Addr { return tcpAddr(c.laddr) }
 
 // RemoteAddr returns the peer's address, a *net.TCPAddr, or nil if it is unknown.
 func (c *Conn) RemoteAddr() net.Addr { return tcpAddr(c.raddr) }
-
-// LocalAddrPort and RemoteAddrPort return the addresses without allocating.
-func (c *Conn) LocalAddrPort() netip.AddrPort  { return c.laddr }
-func (c *Conn) RemoteAddrPort() netip.AddrPort { return c.raddr }
 
 // tcpAddr is ap as a net.Addr: a nil interface, not a nil *net.TCPAddr in one, when ap is
 // not valid (net.OpError and callers comparing with nil see "no address").
@@ -415,8 +411,10 @@ func (c *Conn) Stats() ConnStats {
 	return s
 }
 
-// Socket runs fn with the connection's socket (for options: TCP_INFO, congestion control,
-// pacing ...), holding a reference so the descriptor cannot be closed (and reused) during fn.
+// Socket runs fn with the connection's socket (for options: congestion control, pacing,
+// TCP_USER_TIMEOUT, DSCP/ECN, TCP_INFO ...: tcpglue.Socket's setters, for example
+// c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("bbr") })), holding a
+// reference so the descriptor cannot be closed (and reused) during fn.
 // fn must not close the socket or use it for I/O. After the connection closed it returns an
 // error wrapping ErrClosed.
 func (c *Conn) Socket(fn func(s *tcpglue.Socket) error) error {

@@ -187,23 +187,15 @@ func probeAddr(network string, ap netip.AddrPort) (*tcpglue.Socket, error) {
 }
 
 // Steering returns the listener's BPF steering (flow table, drain, statistics), or nil when
-// the listener uses plain SO_REUSEPORT hashing (see SteeringFallback and SteeringInfo).
+// the listener uses plain SO_REUSEPORT hashing (Stats().Steering says why).
 func (l *Listener) Steering() *bpf.Steering { return l.steer }
-
-// SteeringFallback returns why BPF steering is not in use ("" when it is, or was not asked).
-func (l *Listener) SteeringFallback() string {
-	if l.steerErr == nil {
-		return ""
-	}
-	return l.steerErr.Error()
-}
 
 // Addr returns the listening address.
 func (l *Listener) Addr() net.Addr { return l.addr }
 
-// FDs returns the listening sockets' descriptors, one per queue in queue order (for BPF
+// fds returns the listening sockets' descriptors, one per queue in queue order (for BPF
 // steering). They stay owned by the listener.
-func (l *Listener) FDs() []int {
+func (l *Listener) fds() []int {
 	fds := make([]int, len(l.socks))
 	for i, s := range l.socks {
 		fds[i] = s.Fd()
@@ -211,12 +203,31 @@ func (l *Listener) FDs() []int {
 	return fds
 }
 
-// Accepted returns how many connections were accepted; AcceptErrors how many accepts
-// failed; AcceptBackoffs how often accepting paused because the process (or system) ran out
-// of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
-func (l *Listener) Accepted() uint64       { return l.accepted.Load() }
-func (l *Listener) AcceptErrors() uint64   { return l.acceptErrs.Load() }
-func (l *Listener) AcceptBackoffs() uint64 { return l.backoffs.Load() }
+// ListenerStats are a listener's counters, and how it steers and receives (Listener.Stats).
+type ListenerStats struct {
+	Accepted     uint64 // connections accepted
+	AcceptErrors uint64 // accepts that failed (and ReadSelf connections refused: no descriptor)
+	// AcceptBackoffs counts the times accepting paused because the process (or system) ran
+	// out of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
+	AcceptBackoffs uint64
+	// Steering says how the listener spreads connections over the queues, and why;
+	// Steering.Fallback why BPF steering is not in use ("" when it is, or was not asked).
+	Steering SteeringInfo
+	// ZcrxNICFallback says why the listener's connections do not receive through the NIC
+	// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
+	// the queues' own receive path (Stats.Recv.ZcrxFallback says which).
+	ZcrxNICFallback string
+}
+
+// Stats returns the listener's counters and state (safe from any goroutine).
+func (l *Listener) Stats() ListenerStats {
+	s := ListenerStats{Accepted: l.accepted.Load(), AcceptErrors: l.acceptErrs.Load(),
+		AcceptBackoffs: l.backoffs.Load(), Steering: l.steeringInfo()}
+	if l.zx != nil && l.zx.err != nil {
+		s.ZcrxNICFallback = l.zx.err.Error()
+	}
+	return s
+}
 
 func (p *lpart) start() {
 	if p.closing {

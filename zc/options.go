@@ -27,7 +27,7 @@ type ListenOptions struct {
 	// table (explicit entries and the connections sk_reuseport placed) and are detached on
 	// Close. It needs BPF steering (SteerAuto or SteerBPF). Under SteerAuto an attachment
 	// that fails (or XDP without redirect, or XPS overriding tc) is left out, explained in
-	// SteeringInfo and counted in Stats.Steering.AttachFallbacks; under SteerBPF Listen fails
+	// ListenerStats.Steering and counted in Stats.Steering.AttachFallbacks; under SteerBPF Listen fails
 	// with the typed error. A name that is no interface fails Listen in both modes. An
 	// interface takes one XDP program: a second listener asking for the same interface gets
 	// the kernel's refusal. On veth the XDP program runs in generic (skb) mode: in driver
@@ -37,7 +37,7 @@ type ListenOptions struct {
 	// RecvZcrx): hwq.Bind dedicates a queue to the listener's address (header split, RSS
 	// carve-out, ntuple rule; undone when the listener closes) and the accepted connections
 	// receive through a zcrx instance bound to it, shared by every engine queue. Where the
-	// NIC or its driver cannot, they use the queues' own path, and Listener.ZcrxNICFallback
+	// NIC or its driver cannot, they use the queues' own path, and Listener.Stats().ZcrxNICFallback
 	// says why; with Config.NoFallback Listen fails instead. Not from a handler.
 	ZcrxNIC string
 	// ReadSelf leaves receiving to the application: zc never reads the socket (no Data,

@@ -70,7 +70,7 @@ func TestRelaySecondReaderRefused(t *testing.T) {
 				if r := refused.Load(); r != 6*conns {
 					t.Errorf("%d refusals, want %d", r, 6*conns)
 				}
-				if n := fo.Len(); n != 0 {
+				if n := fo.Stats().Subscribers; n != 0 {
 					t.Errorf("FanOut has %d subscribers, want 0", n)
 				}
 			})
@@ -142,7 +142,7 @@ func TestRelayOfSubscriberRefused(t *testing.T) {
 			buf := make([]byte, 5)
 			pb.SetReadDeadline(time.Now().Add(time.Minute))
 			if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "world" {
-				t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path(), rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
+				t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path, rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
 			}
 
 			// ReadSelf: the application reads it; a relay is refused, nothing changes.

@@ -421,8 +421,8 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 				t.Fatalf("DialAsyncWith from the accept function: %v", r.err)
 			}
 			defer r.c.Close()
-			if r.c.LocalAddrPort().Addr() != local.Addr() {
-				t.Errorf("local address %v, want %v", r.c.LocalAddrPort(), local.Addr())
+			if r.c.laddr.Addr() != local.Addr() {
+				t.Errorf("local address %v, want %v", r.c.laddr, local.Addr())
 			}
 			buf := make([]byte, 64)
 			r.c.SetReadDeadline(time.Now().Add(10 * time.Second))

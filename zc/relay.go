@@ -122,10 +122,10 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 			return nil, a.opErr("relay", err)
 		default:
 			path = RelaySendData
-			r.fallback = err
+			r.Fallback = err
 		}
 	}
-	r.path = path
+	r.Path = path
 	if path == RelaySplice {
 		if err := startSpliceRelay(r, a, b, opts.PipeSize); err != nil {
 			return nil, err
@@ -133,7 +133,7 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 		a.q.ctr.relaysSplice.Add(1)
 		return r, nil
 	}
-	if r.fallback != nil {
+	if r.Fallback != nil {
 		a.q.ctr.relayFallbacks.Add(1)
 	}
 	ha := &relaySide{r: r, peer: b, bytes: &r.AtoB}
@@ -187,11 +187,14 @@ type RelayStats struct {
 	// queued or held for it: that goes out first. (What the destination dropped is read from its
 	// ConnStats.BytesDropped when it closes, so bytes queued on it before the relay started
 	// count too.)
-	Lost     atomic.Uint64
+	Lost atomic.Uint64
+	// Path is the path the relay took, both ways: RelaySplice or RelaySendData. Fallback says
+	// why RelayAuto did not take the splice path (a *NotSupportedError); nil when it did, or
+	// when RelaySendData was asked for. Both are set before Relay returns and never change.
+	Path     RelayPath
+	Fallback error
 	ended    atomic.Int32 // directions that ended with EOF
 	closed   atomic.Int32 // connections that finished
-	path     RelayPath
-	fallback error
 	mu       sync.Mutex
 	err      error // the first failure that says why (mu)
 }
@@ -232,13 +235,6 @@ func (r *RelayStats) lose(n uint64, err error) {
 
 // Finished reports whether both connections of the relay closed (OnClose ran on both).
 func (r *RelayStats) Finished() bool { return r.closed.Load() == 2 }
-
-// Path returns the path the relay took, both ways: RelaySplice or RelaySendData.
-func (r *RelayStats) Path() RelayPath { return r.path }
-
-// Fallback says why RelayAuto did not take the splice path (a *NotSupportedError); nil when
-// it did, or when RelaySendData was asked for.
-func (r *RelayStats) Fallback() error { return r.fallback }
 
 // relaySide is the handler of one side of a SendData relay.
 type relaySide struct {

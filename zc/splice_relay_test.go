@@ -215,8 +215,8 @@ func (s *spliceEnv) checkRelays(t *testing.T, n int, atob, btoa int64) {
 		if s.opts.Path == RelaySendData {
 			want = RelaySendData
 		}
-		if rs.Path() != want {
-			t.Errorf("path %v (fallback %v), want %v", rs.Path(), rs.Fallback(), want)
+		if rs.Path != want {
+			t.Errorf("path %v (fallback %v), want %v", rs.Path, rs.Fallback, want)
 		}
 		if got := int64(rs.AtoB.Load()); got != atob {
 			t.Errorf("AtoB %d, want %d", got, atob)

@@ -40,12 +40,12 @@ import (
 // With Config.SteerPolicy left at its zero value (bpf.PolicyAuto) the listener uses the CPU
 // policy when it is exact: every queue's thread is pinned on a CPU of its own. Otherwise
 // (NoPin, pinning refused, more queues than CPUs, a single queue) it uses the hash, says why
-// in SteeringInfo and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
+// in ListenerStats.Steering and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
 // explicitly is used even when it cannot be exact (the map then names the CPUs the queues
 // would have been pinned on), and SteeringInfo.Exact says so.
 
 // SteeringInfo says how a listener spreads connections over the queues: what was asked,
-// what is in effect and why (Listener.SteeringInfo).
+// what is in effect and why (ListenerStats.Steering).
 type SteeringInfo struct {
 	// Mode is what Config.Steering asked for.
 	Mode SteeringMode
@@ -162,8 +162,8 @@ func (i SteeringInfo) clone() SteeringInfo {
 	return i
 }
 
-// SteeringInfo returns how the listener steers connections, and why.
-func (l *Listener) SteeringInfo() SteeringInfo {
+// steeringInfo returns how the listener steers connections, and why (ListenerStats.Steering).
+func (l *Listener) steeringInfo() SteeringInfo {
 	if l.info == nil {
 		return SteeringInfo{}
 	}
@@ -435,7 +435,7 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 		}
 		return nil
 	}
-	s, err := bpf.NewSteering(l.FDs(), &bpf.Options{Policy: policy})
+	s, err := bpf.NewSteering(l.fds(), &bpf.Options{Policy: policy})
 	if err != nil {
 		return fallback(err)
 	}

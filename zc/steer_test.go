@@ -34,7 +34,7 @@ func steerEngine(t *testing.T, mode SteeringMode) (*Engine, *Listener, *peerEven
 	e := newEngine(t, Config{Queues: 2, Steering: mode, NoPin: true})
 	l, ev := listenEvents(t, e)
 	if l.Steering() == nil {
-		t.Fatalf("no steering: %s", l.SteeringFallback())
+		t.Fatalf("no steering: %s", l.Stats().Steering.Fallback)
 	}
 	return e, l, ev
 }
@@ -146,11 +146,11 @@ func steerChild() int {
 		return 1
 	}
 	defer l.Close()
-	if l.Steering() != nil || l.SteeringFallback() == "" || e.Stats().Steering.Fallbacks != 1 {
+	if l.Steering() != nil || l.Stats().Steering.Fallback == "" || e.Stats().Steering.Fallbacks != 1 {
 		println("fallback not visible")
 		return 1
 	}
-	println("fallback:", l.SteeringFallback())
+	println("fallback:", l.Stats().Steering.Fallback)
 	// Interfaces asked for: reported and counted, not attached; the listener works.
 	li, err := e.ListenWith(ListenOptions{SteerInterfaces: []string{"lo"}}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
 	if err != nil {
@@ -158,7 +158,7 @@ func steerChild() int {
 		return 1
 	}
 	defer li.Close()
-	info := li.SteeringInfo()
+	info := li.Stats().Steering
 	if info.BPF || info.Fallback == "" || len(info.Interfaces) != 1 || info.Interfaces[0].XDP || info.Interfaces[0].TC ||
 		info.Interfaces[0].Reason == "" || e.Stats().Steering.AttachFallbacks != 1 || e.Stats().Steering.Fallbacks != 2 {
 		println("interface fallback not visible:", info.String())
@@ -376,7 +376,7 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 	cpus := pinnedCPUs(t, 2)
 	e := newEngine(t, Config{Queues: 2})
 	l, ev := listenEvents(t, e)
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	t.Logf("steering: %v", info)
 	if l.Steering() == nil || !info.BPF || info.Policy != bpf.PolicyCPU || !info.Exact {
 		t.Fatalf("default policy: %+v", info)
@@ -434,7 +434,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// NoPin + auto: the hash, visibly.
 	e := newEngine(t, Config{Queues: 2, NoPin: true})
 	l, _ := listenEvents(t, e)
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	if !info.BPF || info.Policy != bpf.PolicyHash || info.Exact || !strings.Contains(info.PolicyReason, "NoPin") || info.CPUQueues != nil {
 		t.Errorf("NoPin, auto: %+v", info)
 	}
@@ -450,7 +450,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// NoPin + PolicyCPU asked: used, not exact, and the map names the nominal CPUs.
 	e2 := newEngine(t, Config{Queues: 2, NoPin: true, SteerPolicy: bpf.PolicyCPU})
 	l2, _ := listenEvents(t, e2)
-	info = l2.SteeringInfo()
+	info = l2.Stats().Steering
 	if info.Policy != bpf.PolicyCPU || info.Exact || !strings.Contains(info.PolicyReason, "cannot be exact") || len(info.CPUQueues) == 0 {
 		t.Errorf("NoPin, PolicyCPU: %+v", info)
 	}
@@ -463,7 +463,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// PolicyHash asked: the hash, nothing counted as a fallback.
 	e3 := newEngine(t, Config{Queues: 2, SteerPolicy: bpf.PolicyHash})
 	l3, _ := listenEvents(t, e3)
-	info = l3.SteeringInfo()
+	info = l3.Stats().Steering
 	if info.Policy != bpf.PolicyHash || !strings.Contains(info.PolicyReason, "PolicyHash") {
 		t.Errorf("PolicyHash: %+v", info)
 	}
@@ -473,7 +473,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// Not asked at all.
 	e4 := newEngine(t, Config{Queues: 2, NoPin: true, Steering: SteerReuseportHash})
 	l4, _ := listenEvents(t, e4)
-	if info := l4.SteeringInfo(); info.BPF || info.Mode != SteerReuseportHash || !strings.Contains(info.String(), "reuseport hash") {
+	if info := l4.Stats().Steering; info.BPF || info.Mode != SteerReuseportHash || !strings.Contains(info.String(), "reuseport hash") {
 		t.Errorf("SteerReuseportHash: %+v", info)
 	}
 }
@@ -590,7 +590,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	t.Logf("steering: %v", info)
 	if len(info.Interfaces) != 1 {
 		t.Fatalf("interfaces %+v", info.Interfaces)
@@ -717,7 +717,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ia := la.SteeringInfo().Interfaces[0]
+	ia := la.Stats().Steering.Interfaces[0]
 	if ia.XDP || ia.XDPRedirect || !ia.TC || !strings.Contains(ia.Reason, "attach xdp") {
 		t.Fatalf("SteerAuto on a busy interface: %+v", ia)
 	}

@@ -362,7 +362,7 @@ type zcrxListener struct {
 
 // setupZcrxNIC binds the listener's flows to a NIC RX queue when ListenOptions.ZcrxNIC asks
 // for it. A refusal (hwq's, or the driver's at registration) leaves the listener on the
-// queues' own receive path, visibly (Listener.ZcrxNICFallback); with NoFallback it fails
+// queues' own receive path, visibly (Listener.Stats().ZcrxNICFallback); with NoFallback it fails
 // Listen.
 func (l *Listener) setupZcrxNIC(nic string) error {
 	if nic == "" {
@@ -449,18 +449,8 @@ func (l *Listener) closeZcrxNIC() {
 	}
 }
 
-// ZcrxNICFallback returns why the listener's connections do not receive through the NIC
-// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
-// the queues' own receive path (Stats.Recv.ZcrxFallback says which).
-func (l *Listener) ZcrxNICFallback() string {
-	if l.zx == nil || l.zx.err == nil {
-		return ""
-	}
-	return l.zx.err.Error()
-}
-
 // ZcrxNICBinding returns hwq's binding of the listener's address to a NIC RX queue, or nil
-// (see ZcrxNICFallback). It is undone when the listener closes.
+// (ListenerStats.ZcrxNICFallback says why). It is undone when the listener closes.
 func (l *Listener) ZcrxNICBinding() *hwq.Binding {
 	if l.zx == nil {
 		return nil

@@ -505,10 +505,10 @@ func TestZcrxNICRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if l.ZcrxNICFallback() == "" || l.ZcrxNICBinding() != nil {
-		t.Fatalf("lo got a NIC queue: binding %v, fallback %q", l.ZcrxNICBinding(), l.ZcrxNICFallback())
+	if l.Stats().ZcrxNICFallback == "" || l.ZcrxNICBinding() != nil {
+		t.Fatalf("lo got a NIC queue: binding %v, fallback %q", l.ZcrxNICBinding(), l.Stats().ZcrxNICFallback)
 	}
-	t.Logf("NIC fallback: %s", l.ZcrxNICFallback())
+	t.Logf("NIC fallback: %s", l.Stats().ZcrxNICFallback)
 	cli := newEngine(t, Config{Queues: 1})
 	const total = 1 << 20
 	k := newCollector(total)

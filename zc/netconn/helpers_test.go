@@ -55,7 +55,7 @@ func waitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string)
 // engineDump describes the engine for failure messages (its counters: what the public API
 // shows).
 func engineDump(e *zc.Engine) string {
-	return fmt.Sprintf("engine %v: %+v\n", e.Backend(), e.Stats())
+	return fmt.Sprintf("engine %v: %+v\n", e.Config().Backend, e.Stats())
 }
 
 var (

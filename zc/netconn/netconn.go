@@ -87,7 +87,8 @@ func signal(ch chan struct{}) {
 // direct reports whether the face's connections on e read the socket themselves: RecvRing
 // engines on a backend that lets them (io_uring, plain), unless o.Ring.
 func (o Options) direct(e *zc.Engine) bool {
-	return !o.Ring && e.Config().RecvPath == zc.RecvRing && e.Backend() != zc.BackendShim
+	cfg := e.Config()
+	return !o.Ring && cfg.RecvPath == zc.RecvRing && cfg.Backend != zc.BackendShim
 }
 
 // Handler side (loop goroutine).

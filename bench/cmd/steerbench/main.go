@@ -235,7 +235,7 @@ func runZC(setup string, ncpu int, report bool) (float64, time.Duration, time.Du
 		return 0, 0, 0, 0, err
 	}
 	defer l.Close()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	qcpu = info.QueueCPUs
 	if report {
 		fmt.Printf("%s steering: %v\n", setup, info)

@@ -264,12 +264,12 @@ func (q *queueCount) String() string {
 	return strings.Join(parts, " ")
 }
 
-// noteSteering records how a multi-core server's listener steered (Listener.SteeringInfo:
+// noteSteering records how a multi-core server's listener steered (Listener.Stats().Steering:
 // BPF with its policy, whether the CPU policy is exact and why, or the kernel's hash and
 // why) and the connections per queue.
 func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount) {
 	cfg := e.Config()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	var how string
 	switch {
 	case e.Stats().Queues == 1:
