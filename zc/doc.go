@@ -79,7 +79,7 @@
 // is that relay, with each side's end of stream passed on to the other, where it cannot
 // splice. Where it can (io_uring and plain backends, no RecvZcrx) Relay moves the bytes
 // socket → pipe → socket with splice(2) instead, never through user memory: the pipe is the
-// flow control (RelayWith demands a path; RelayStats says which one each byte took).
+// flow control (RelayOptions.Path demands a path; RelayStats says which one each byte took).
 //
 // # Shared sends and fan-out
 //

@@ -15,7 +15,6 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
-	"github.com/zcnet/zcnet/tcpglue/netinfo"
 )
 
 // Engine owns queues, listeners and connections.
@@ -38,11 +37,10 @@ type Engine struct {
 	steerCtr       steerCounters
 	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
-	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
-	dbg        *debugState    // Config.Debug (nil: no checks)
-	stopWatch  chan struct{}  // ends watchStalls
-	stalls     atomic.Uint64  // Stats.Loop.Stalls
-	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
+	addedProcs int           // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+	dbg        *debugState   // Config.Debug (nil: no checks)
+	stopWatch  chan struct{} // ends watchStalls
+	stalls     atomic.Uint64 // Stats.Loop.Stalls
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -385,11 +383,6 @@ wait:
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
 	e.dbg.close()
-	e.mu.Lock()
-	if e.stack != nil {
-		e.stack.Close()
-	}
-	e.mu.Unlock()
 }
 
 // Stats are engine-wide counters, by concern: Send, Recv, Forward, Memory, Loop, Faults,

@@ -58,7 +58,7 @@ func (c *Conn) socketClosed() {
 //
 //	Take(Self)    openSelf, before the loop first sees the connection
 //	Take(Face)    takeReader, when an Exclusive handler is installed (accept, dial)
-//	Take(Relay)   RelayWith; Untake when its other side was refused
+//	Take(Relay)   Relay; Untake when its other side was refused
 //	Wrap/Unwrap   FanOut.Add / FanOut.remove
 //
 // Every claim that is refused is an ErrInvalid that changes nothing (claimRelay,

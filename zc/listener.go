@@ -64,15 +64,16 @@ const (
 // Listen listens on address and serves accepted connections on the engine's queues. accept
 // runs on the owning queue's goroutine for each new connection and returns its Handler (nil
 // closes the connection). Listening on an address something else already listens on fails
-// with EADDRINUSE (see ListenOptions.Shared).
-func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (*Listener, error) {
-	return e.ListenWith(ListenOptions{}, network, address, accept)
-}
-
-// ListenWith is Listen with per-listener options.
-func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept func(c *Conn) Handler) (*Listener, error) {
+// with EADDRINUSE (see ListenOptions.Shared). opts, at most one, are per-listener settings
+// (ReadSelf, Exclusive, Shared, KeepAlive, Backlog, steering, ZcrxNIC); none is the zero
+// ListenOptions.
+func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, optv ...ListenOptions) (*Listener, error) {
 	fail := func(a net.Addr, err error) (*Listener, error) {
 		return nil, &OpError{Op: "listen", Net: network, Addr: a, Err: err}
+	}
+	opts, err := oneOption(optv, "listen", network)
+	if err != nil {
+		return nil, err
 	}
 	if e.closed.Load() {
 		return fail(nil, ErrClosed)

@@ -8,7 +8,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// ListenOptions are per-listener settings (Engine.ListenWith).
+// ListenOptions are per-listener settings (Engine.Listen's optional last argument).
 type ListenOptions struct {
 	// KeepAlive overrides Config.KeepAlive for the accepted connections (0: the engine's;
 	// negative: off).
@@ -58,8 +58,8 @@ type ListenOptions struct {
 	Exclusive bool
 }
 
-// DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsyncWith; DialAsync
-// dials with the zero DialOptions).
+// DialOptions are per-dial settings (the optional last argument of Engine.Dial and
+// Engine.DialAsync; none is the zero DialOptions).
 type DialOptions struct {
 	// KeepAlive overrides Config.KeepAlive (0: the engine's; negative: off).
 	KeepAlive time.Duration

@@ -28,6 +28,7 @@ import (
 
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/caps"
 	"github.com/zcnet/zcnet/zc/netconn"
 )
 
@@ -101,8 +102,8 @@ func probeEngine(t *testing.T, cfg zc.Config) *zc.Engine {
 func probeBackends(t *testing.T, fn func(t *testing.T, b zc.Backend)) {
 	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
-			if b == zc.BackendIOUring && zc.Probe().IOUring != nil {
-				t.Skip("io_uring unavailable:", zc.Probe().IOUring)
+			if b == zc.BackendIOUring && caps.Probe().IOUring != nil {
+				t.Skip("io_uring unavailable:", caps.Probe().IOUring)
 			}
 			fn(t, b)
 		})
@@ -169,14 +170,14 @@ func startFrameServer(t *testing.T, e *zc.Engine) *frameServer {
 			}
 		}
 	}
-	ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+	ln, err := e.Listen("tcp", "127.0.0.1:0",
 		func(c *zc.Conn) zc.Handler {
 			s.mu.Lock() // the race detector sees no order through the sockets
 			s.served.Add(1)
 			s.mu.Unlock()
 			go serve(c)
 			return zc.HandlerFuncs{}
-		})
+		}, zc.ListenOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,8 +574,8 @@ func TestProbeS9ReadFrom(t *testing.T) {
 					name := fmt.Sprintf("%s/readself=%v/%s", src.name, self, mode)
 					t.Run(name, func(t *testing.T) {
 						peer := newProbePeer(t)
-						c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self},
-							"tcp", peer.ln.Addr().String(), zc.HandlerFuncs{})
+						c, err := e.Dial(context.Background(),
+							"tcp", peer.ln.Addr().String(), zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: self})
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -660,7 +661,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 		peer := newProbePeer(t)
 		copied := make(chan error, 1)
 		var n int64
-		ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+		ln, err := e.Listen("tcp", "127.0.0.1:0",
 			func(c *zc.Conn) zc.Handler {
 				go func() {
 					defer c.Close()
@@ -674,7 +675,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 					copied <- err
 				}()
 				return zc.HandlerFuncs{}
-			})
+			}, zc.ListenOptions{ReadSelf: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -706,7 +707,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 				c.Close()
 			}
 		}()
-		c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: true}, "tcp", srv.Addr().String(), zc.HandlerFuncs{})
+		c, err := e.Dial(context.Background(), "tcp", srv.Addr().String(), zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -733,7 +734,7 @@ func probePairH(t *testing.T, e *zc.Engine, self bool, h zc.Handler) (*zc.Conn, 
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), h)
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, zc.DialOptions{ReadSelf: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -812,14 +813,14 @@ func TestProbeS9Misuse(t *testing.T) {
 				t.Error("OnQueue on the test goroutine")
 			}
 			// From an accept function, and from another connection's OnData.
-			ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+			ln, err := e.Listen("tcp", "127.0.0.1:0",
 				func(a *zc.Conn) zc.Handler {
 					n, err := a.Read(buf)
 					_, rf := a.ReadFrom(bytes.NewReader([]byte("x")))
 					got <- res{n, err, rf}
 					a.Close()
 					return zc.HandlerFuncs{}
-				})
+				}, zc.ListenOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1097,10 +1098,10 @@ func TestProbeS9Misuse(t *testing.T) {
 			c.Wake(make(chan struct{}, 1))
 			_ = c.OnQueue()
 			t.Logf("SetReadDeadline after Engine.Close: %v", c.SetReadDeadline(time.Now()))
-			_, err = e2.DialWith(context.Background(), zc.DialOptions{ReadSelf: true}, "tcp", "127.0.0.1:1", zc.HandlerFuncs{})
-			probeIs(t, "DialWith after Engine.Close", err, zc.ErrClosed)
-			_, err = e2.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(*zc.Conn) zc.Handler { return nil })
-			probeIs(t, "ListenWith after Engine.Close", err, zc.ErrClosed)
+			_, err = e2.Dial(context.Background(), "tcp", "127.0.0.1:1", zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: true})
+			probeIs(t, "Dial with options after Engine.Close", err, zc.ErrClosed)
+			_, err = e2.Listen("tcp", "127.0.0.1:0", func(*zc.Conn) zc.Handler { return nil }, zc.ListenOptions{ReadSelf: true})
+			probeIs(t, "Listen with options after Engine.Close", err, zc.ErrClosed)
 		})
 	})
 }

@@ -47,7 +47,7 @@ func TestRelaySecondReaderRefused(t *testing.T) {
 				hook := func(front, back *Conn) {
 					_, err := Relay(front, back)
 					check("Relay(front, back) again", err)
-					_, err = RelayWith(front, back, RelayOptions{Path: RelaySendData})
+					_, err = Relay(front, back, RelayOptions{Path: RelaySendData})
 					check("RelayWith(front, back, SendData) again", err)
 					_, err = Relay(front, spare)
 					check("Relay(front, spare)", err)
@@ -194,7 +194,7 @@ func dialSelf(t *testing.T, e *Engine) (*Conn, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestSetHandlerRacingRelay(t *testing.T) {
 			entered.Store(true)
 			<-gate
 			// On a's queue: the relay's handler is in place at once.
-			_, err := RelayWith(a, b, RelayOptions{Path: RelaySendData})
+			_, err := Relay(a, b, RelayOptions{Path: RelaySendData})
 			return err
 		})
 	}()

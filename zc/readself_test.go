@@ -26,7 +26,7 @@ func TestReadSelfEcho(t *testing.T) {
 			e := newEngine(t, smallCfg(b))
 			var onData atomic.Int64
 			h := HandlerFuncs{Data: func(c *Conn, d Data) { onData.Add(1); d.Release() }}
-			ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 				go func() { // echo with Read and Write, as over a *net.TCPConn
 					buf := make([]byte, 32<<10)
 					for {
@@ -46,12 +46,12 @@ func TestReadSelfEcho(t *testing.T) {
 					}
 				}()
 				return h
-			})
+			}, ListenOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), h)
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, DialOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -122,7 +122,7 @@ func TestReadSelfMisuse(t *testing.T) {
 			defer ln.Close()
 			var peer *Conn // the last dial's
 			dial := func(self bool) *Conn {
-				c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), HandlerFuncs{})
+				c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: self})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -271,7 +271,7 @@ func TestReadSelfAfterEngineClose(t *testing.T) {
 		io.Copy(io.Discard, pc)
 		pc.Close()
 	}()
-	c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", peer.Addr().String(), HandlerFuncs{})
+	c, err := e.Dial(context.Background(), "tcp", peer.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,12 +331,12 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 	dead := tmp.Addr().String()
 	tmp.Close()
 	var mode atomic.Int32
-	ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+	ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 		if mode.Load() == 1 {
 			panic("refused by panicking")
 		}
 		return nil
-	})
+	}, ListenOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 	}
 	before := settle()
 	for i := 0; i < 20; i++ {
-		if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", dead, HandlerFuncs{}); err == nil {
+		if _, err := e.Dial(context.Background(), "tcp", dead, HandlerFuncs{}, DialOptions{ReadSelf: true}); err == nil {
 			t.Fatal("dial to a closed port succeeded")
 		}
 		mode.Store(int32(i % 2))
@@ -375,7 +375,7 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 }
 
 // TestDialAsyncWithFromHandler: a handler dials with options (ReadSelf, LocalAddr) through
-// DialAsyncWith, as a proxy's accept function dials its backend; DialWith there would wait.
+// DialAsync with DialOptions, as a proxy's accept function dials its backend; Dial there would wait.
 func TestDialAsyncWithFromHandler(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
@@ -401,8 +401,8 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 			got := make(chan res, 1)
 			local := netip.MustParseAddrPort("127.0.0.1:0")
 			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				if err := e.DialAsyncWith(context.Background(), DialOptions{ReadSelf: true, LocalAddr: local}, "tcp", backend.Addr().String(), HandlerFuncs{},
-					func(bc *Conn, err error) { got <- res{bc, err} }); err != nil {
+				if err := e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{},
+					func(bc *Conn, err error) { got <- res{bc, err} }, DialOptions{ReadSelf: true, LocalAddr: local}); err != nil {
 					got <- res{nil, err}
 				}
 				return HandlerFuncs{}
@@ -416,9 +416,9 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer client.Close()
-			r := waitHang(t, got, "DialAsyncWith's done", nil)
+			r := waitHang(t, got, "DialAsync's done", nil)
 			if r.err != nil {
-				t.Fatalf("DialAsyncWith from the accept function: %v", r.err)
+				t.Fatalf("DialAsync with options from the accept function: %v", r.err)
 			}
 			defer r.c.Close()
 			if r.c.laddr.Addr() != local.Addr() {
@@ -430,8 +430,8 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 			if err != nil || string(buf[:n]) != "backend says hi" {
 				t.Fatalf("Read of the ReadSelf backend connection = %q, %v", buf[:n], err)
 			}
-			if err := e.DialAsyncWith(context.Background(), DialOptions{}, "tcp", backend.Addr().String(), HandlerFuncs{}, nil); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("DialAsyncWith with a nil done = %v, want ErrInvalid", err)
+			if err := e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{}, nil, DialOptions{}); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("DialAsync with options and a nil done = %v, want ErrInvalid", err)
 			}
 		})
 	}
@@ -449,7 +449,7 @@ func TestReadSelfQueueNotBehindReader(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -489,7 +489,7 @@ func TestReadSelfNoDescriptor(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
 			opts := ListenOptions{ReadSelf: true, Exclusive: true}
-			ln, err := e.ListenWith(opts, "tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} })
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} }, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -504,7 +504,7 @@ func TestReadSelfNoDescriptor(t *testing.T) {
 			if n := e.Stats().Faults.AcceptErrors; n != 1 {
 				t.Errorf("AcceptErrors = %d, want 1", n)
 			}
-			nc, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true, Exclusive: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+			nc, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true, Exclusive: true})
 			var oe *OpError
 			if err == nil || !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(err, unix.EMFILE) {
 				t.Fatalf("DialWith ReadSelf without a descriptor for the poller: %v, %v; want a dial *OpError matching EMFILE", nc, err)

@@ -11,7 +11,7 @@ import (
 )
 
 // Relay forwards a's received bytes to b and b's to a by the cheapest correct path this host
-// has (RelayWith with the zero RelayOptions: RelayAuto), until both directions ended:
+// has (the zero RelayOptions: RelayAuto), until both directions ended:
 //
 //   - flow control both ways: a slow side stops the other side's receiving, and nothing
 //     waits forever;
@@ -34,7 +34,18 @@ import (
 // relay, the application itself with ReadSelf, a net.Conn face) or is a FanOut subscriber;
 // and such a connection's handler can no longer be replaced (SetHandler: ErrInvalid).
 // RelayStats counts what went each way, and by which path.
-func Relay(a, b *Conn) (*RelayStats, error) { return RelayWith(a, b, RelayOptions{}) }
+//
+// opts, at most one, choose the path (and the splice path's pipe size); none is the zero
+// RelayOptions (RelayAuto). A bad option fails with ErrInvalid, and a path this host cannot
+// take with an error matching ErrNotSupported (both connections are then closed, as for any
+// failed Relay).
+func Relay(a, b *Conn, opts ...RelayOptions) (*RelayStats, error) {
+	o, err := oneOption(opts, "relay", "")
+	if err != nil {
+		return nil, err
+	}
+	return relay(a, b, o)
+}
 
 // RelayPath is how a relay moves bytes.
 type RelayPath uint8
@@ -70,7 +81,7 @@ func (p RelayPath) String() string {
 	return fmt.Sprintf("RelayPath(%d)", int(p))
 }
 
-// RelayOptions tune RelayWith. The zero value is Relay's behaviour.
+// RelayOptions tune a Relay (its optional last argument). The zero value is RelayAuto.
 type RelayOptions struct {
 	// Path demands a path; RelayAuto (the default) picks one. A demanded path this host
 	// cannot take fails with an error matching ErrNotSupported (a *NotSupportedError that
@@ -84,11 +95,8 @@ type RelayOptions struct {
 
 const defaultPipeSize = 1 << 20
 
-// RelayWith is Relay with options: which path to take, and the splice path's pipe size. It
-// fails with ErrInvalid for a bad option, and with an error matching ErrNotSupported when
-// opts.Path demands a path this host cannot take (both connections are then closed, as for
-// any failed Relay).
-func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
+// relay is Relay with its options.
+func relay(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	if a == nil || b == nil || a == b {
 		return nil, &OpError{Op: "relay", Err: ErrInvalid}
 	}

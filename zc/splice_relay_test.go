@@ -60,7 +60,7 @@ func newSpliceEnv(t *testing.T, cfg Config, opts RelayOptions, serve func(c *net
 				s.errs <- err
 				return
 			}
-			rs, err := RelayWith(front, back, s.opts)
+			rs, err := Relay(front, back, s.opts)
 			if err != nil {
 				s.errs <- err
 				return
@@ -491,14 +491,14 @@ func TestRelayPathDemand(t *testing.T) {
 	e := newEngine(t, Config{Queues: 1})
 	a, _ := dialPeer(t, e, HandlerFuncs{})
 	b, _ := dialPeer(t, e, HandlerFuncs{})
-	if _, err := RelayWith(a, b, RelayOptions{Path: RelayPath(9)}); !errors.Is(err, ErrInvalid) {
+	if _, err := Relay(a, b, RelayOptions{Path: RelayPath(9)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("unknown path: %v, want ErrInvalid", err)
 	}
 	<-a.Done()
 	<-b.Done()
 	a, _ = dialPeer(t, e, HandlerFuncs{})
 	b, _ = dialPeer(t, e, HandlerFuncs{})
-	if _, err := RelayWith(a, b, RelayOptions{PipeSize: -1}); !errors.Is(err, ErrInvalid) {
+	if _, err := Relay(a, b, RelayOptions{PipeSize: -1}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("negative pipe size: %v, want ErrInvalid", err)
 	}
 	<-a.Done()
@@ -509,10 +509,10 @@ func TestRelayPathDemand(t *testing.T) {
 	// could forward its bytes: ErrInvalid, and neither connection changes (RelayAuto used to
 	// fall back to SendData there and wait forever).
 	selfAcc := make(chan *Conn, 1)
-	l, err := e.ListenWith(ListenOptions{ReadSelf: true, Exclusive: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 		selfAcc <- c
 		return HandlerFuncs{}
-	})
+	}, ListenOptions{ReadSelf: true, Exclusive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestRelayPathDemand(t *testing.T) {
 		}()
 		c := recvEvent(t, selfAcc, "accept")
 		b, _ = dialPeer(t, e, HandlerFuncs{})
-		if _, err := RelayWith(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
+		if _, err := Relay(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("relay (%v) of a ReadSelf connection: %v, want ErrInvalid", path, err)
 		}
 		if b.isClosing() || c.isClosing() {

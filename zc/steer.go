@@ -388,7 +388,7 @@ func cpuQueueMap(qcpu []int, t cpuTopology) []int {
 	return m
 }
 
-// setupSteering decides and installs the listener's steering. It runs in ListenWith after
+// setupSteering decides and installs the listener's steering. It runs in Listen after
 // the sockets exist, on the caller's thread: interfaces are looked up in its network
 // namespace. An error fails Listen (the caller closes the sockets); l.steer is set only on
 // success.

@@ -152,7 +152,7 @@ func steerChild() int {
 	}
 	println("fallback:", l.Stats().Steering.Fallback)
 	// Interfaces asked for: reported and counted, not attached; the listener works.
-	li, err := e.ListenWith(ListenOptions{SteerInterfaces: []string{"lo"}}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+	li, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{SteerInterfaces: []string{"lo"}})
 	if err != nil {
 		println("listen with interfaces:", err.Error())
 		return 1
@@ -165,7 +165,7 @@ func steerChild() int {
 		return 1
 	}
 	println("interfaces:", info.String())
-	if _, err := e.ListenWith(ListenOptions{SteerInterfaces: []string{"zcnope0"}}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }); !errors.Is(err, ErrInvalid) {
+	if _, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{SteerInterfaces: []string{"zcnope0"}}); !errors.Is(err, ErrInvalid) {
 		println("unknown interface without BPF:", err)
 		return 1
 	}
@@ -317,7 +317,7 @@ func TestSteerInterfacesBadInput(t *testing.T) {
 	}
 	before := openFDCount(t)
 	for name, c := range cases {
-		l, err := c.e.ListenWith(ListenOptions{SteerInterfaces: c.names}, "tcp", "127.0.0.1:0", nop)
+		l, err := c.e.Listen("tcp", "127.0.0.1:0", nop, ListenOptions{SteerInterfaces: c.names})
 		if err == nil {
 			l.Close()
 			t.Errorf("%s: Listen succeeded", name)
@@ -580,7 +580,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		var l *Listener
 		err := netns.Do(v.srv.Fd(), func() error {
 			var err error
-			l, err = e.ListenWith(ListenOptions{SteerInterfaces: []string{steerSrvIf}}, "tcp", "10.213.7.1:0", accept)
+			l, err = e.Listen("tcp", "10.213.7.1:0", accept, ListenOptions{SteerInterfaces: []string{steerSrvIf}})
 			return err
 		})
 		return l, err

@@ -500,7 +500,7 @@ func TestZcrxNICRefusal(t *testing.T) {
 	testutil.RequireRoot(t)
 	want := zcrxExpected(t)
 	srv := newEngine(t, Config{Queues: 2, RecvPath: RecvZcrx, ZcrxAreaSize: 256 << 10})
-	l, err := srv.ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{ZcrxNIC: "lo"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,14 +521,14 @@ func TestZcrxNICRefusal(t *testing.T) {
 	<-c.Done()
 	checkZcrxStats(t, srv, want, 1, total)
 
-	if _, err := newEngine(t, Config{Queues: 1}).ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
+	if _, err := newEngine(t, Config{Queues: 1}).Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{ZcrxNIC: "lo"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("ZcrxNIC without RecvZcrx: %v", err)
 	}
 	if !want {
 		return // a NoFallback engine cannot start here
 	}
 	strict := newEngine(t, Config{Queues: 1, RecvPath: RecvZcrx, NoFallback: true, ZcrxAreaSize: 64 << 10})
-	_, err = strict.ListenWith(ListenOptions{ZcrxNIC: "lo"}, "tcp", "127.0.0.1:0", echoAccept)
+	_, err = strict.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{ZcrxNIC: "lo"})
 	var zu *ZcrxUnavailableError
 	if !errors.As(err, &zu) || !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("NoFallback listener on lo = %v, want a *ZcrxUnavailableError matching ErrNotSupported", err)

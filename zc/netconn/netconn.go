@@ -418,7 +418,7 @@ func Listen(e *zc.Engine, network, address string) (net.Listener, error) {
 // descriptors).
 func (o Options) Dial(ctx context.Context, e *zc.Engine, network, address string) (Conn, error) {
 	nc := newNetConn(nil, network, o.direct(e))
-	c, err := e.DialWith(ctx, zc.DialOptions{ReadSelf: nc.direct, Exclusive: true}, network, address, nc)
+	c, err := e.Dial(ctx, network, address, nc, zc.DialOptions{ReadSelf: nc.direct, Exclusive: true})
 	if err != nil {
 		var zerr *zc.OpError
 		if errors.As(err, &zerr) {
@@ -455,7 +455,7 @@ const acceptBacklog = 1024
 func (o Options) Listen(e *zc.Engine, network, address string) (net.Listener, error) {
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{}), network: network}
 	direct := o.direct(e)
-	l, err := e.ListenWith(zc.ListenOptions{ReadSelf: direct, Exclusive: true}, network, address, func(c *zc.Conn) zc.Handler {
+	l, err := e.Listen(network, address, func(c *zc.Conn) zc.Handler {
 		nc := newNetConn(c, network, direct)
 		nl.mu.Lock()
 		if nl.shut {
@@ -474,7 +474,7 @@ func (o Options) Listen(e *zc.Engine, network, address string) (net.Listener, er
 		}
 		signal(nl.ready)
 		return nc
-	})
+	}, zc.ListenOptions{ReadSelf: direct, Exclusive: true})
 	if err != nil {
 		var zerr *zc.OpError
 		if errors.As(err, &zerr) {

@@ -20,6 +20,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/caps"
 )
 
 func init() {
@@ -113,7 +114,7 @@ func (z ZC) Available() error {
 		}
 	}
 	if z.steer == zc.SteerBPF {
-		if err := zc.Probe().BPFSteering; err != nil {
+		if err := caps.Probe().BPFSteering; err != nil {
 			return fmt.Errorf("BPF steering: %w", err)
 		}
 	}
