@@ -62,7 +62,7 @@ const (
 	// io_uring rings with CQE32 and DEFER_TASKRUN. Where zcrx cannot be set up (an older
 	// kernel, no privilege, another backend) the queue receives through RecvRing: counted
 	// per connection in Stats.Recv.ZcrxFallbacks, with the reason in Stats.Recv.ZcrxFallback;
-	// with NoFallback New fails with a *ZcrxUnavailableError instead. Stats.Recv.BytesZcrx
+	// with NoFallback New fails with a *NotSupportedError instead (saying which queue, and why). Stats.Recv.BytesZcrx
 	// and Stats.Recv.BytesRing say which path each byte took.
 	RecvZcrx
 )

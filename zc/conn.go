@@ -24,6 +24,7 @@ import (
 
 // ConnStats are one connection's counters.
 type ConnStats struct {
+	Queue         int    // the index of the queue that owns the connection (for its whole life)
 	BytesSentZC   uint64 // sent with SEND_ZC and the kernel did not copy
 	BytesZCCopied uint64 // sent with SEND_ZC but the kernel copied
 	BytesSentCopy uint64 // sent by copying sends
@@ -297,9 +298,6 @@ func tcpAddr(ap netip.AddrPort) net.Addr {
 	return net.TCPAddrFromAddrPort(ap)
 }
 
-// Queue returns the index of the queue that owns the connection.
-func (c *Conn) Queue() int { return c.q.idx }
-
 // Done is closed once the connection is fully closed (OnClose has run).
 func (c *Conn) Done() <-chan struct{} { return c.doneChan() }
 
@@ -391,6 +389,7 @@ func (c *Conn) setHandler(h Handler, by connstate.Reader) error {
 // Stats returns the connection's counters.
 func (c *Conn) Stats() ConnStats {
 	s := ConnStats{
+		Queue:     c.q.idx,
 		BytesRecv: c.ctr.recv.Load(), BytesRecvMapped: c.ctr.recvMapped.Load(),
 		NotifsPending: int(c.notifsOut.Load()), RecvHeld: int(c.held.Load()),
 	}
@@ -411,10 +410,17 @@ func (c *Conn) Stats() ConnStats {
 	return s
 }
 
-// Socket runs fn with the connection's socket (for options: congestion control, pacing,
-// TCP_USER_TIMEOUT, DSCP/ECN, TCP_INFO ...: tcpglue.Socket's setters, for example
-// c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("bbr") })), holding a
-// reference so the descriptor cannot be closed (and reused) during fn.
+// Socket runs fn with the connection's socket, holding a reference so the descriptor cannot
+// be closed (and reused) during fn. The per-flow knobs of the kernel's TCP stack are
+// tcpglue.Socket's methods, run this way: TCPInfo (RTT, congestion window, retransmits,
+// delivery and pacing rates), SetCongestion ("cubic", "bbr", ... one of
+// tcpglue.AvailableCongestion), SetMaxPacingRate (SO_MAX_PACING_RATE, bytes per second),
+// SetUserTimeout (TCP_USER_TIMEOUT), SetTOS (IP_TOS / IPV6_TCLASS), for example
+//
+//	err := c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("bbr") })
+//
+// Bad values are *tcpglue.ValueError (ErrInvalid-like), what the kernel lacks matches
+// ErrNotSupported.
 // fn must not close the socket or use it for I/O. After the connection closed it returns an
 // error wrapping ErrClosed.
 func (c *Conn) Socket(fn func(s *tcpglue.Socket) error) error {

@@ -170,7 +170,7 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err == nil {
 		return e, nil
 	}
-	if zu := (*ZcrxUnavailableError)(nil); errors.As(err, &zu) {
+	if zu := (*zcrxRefused)(nil); errors.As(err, &zu) {
 		return nil, &OpError{Op: "new", Err: err} // io_uring works; zcrx does not
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {

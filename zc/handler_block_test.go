@@ -309,8 +309,8 @@ func testCrossQueueBuffer(t *testing.T, cfg Config) {
 			e.Close()
 			t.Fatal(err)
 		}
-		if on[c.Queue()] == nil {
-			on[c.Queue()] = c
+		if on[c.q.idx] == nil {
+			on[c.q.idx] = c
 		}
 	}
 	if on[0] == nil || on[1] == nil {

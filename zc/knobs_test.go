@@ -44,7 +44,7 @@ func TestConnKnobs(t *testing.T) {
 	}
 	var info tcpglue.TCPInfo
 	for i := 0; i < 100; i++ {
-		if info, err = c.TCPInfo(); err != nil {
+		if err = c.Socket(func(s *tcpglue.Socket) error { info, err = s.TCPInfo(); return err }); err != nil {
 			t.Fatal(err)
 		}
 		if info.BytesAcked >= 100<<10 {
@@ -62,7 +62,7 @@ func TestConnKnobs(t *testing.T) {
 	}
 	c.Close()
 	<-c.Done()
-	if _, err := c.TCPInfo(); !errors.Is(err, ErrClosed) {
+	if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.TCPInfo(); return err }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("TCPInfo after Close: %v, want ErrClosed", err)
 	}
 	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetTOS(0) }); !errors.Is(err, ErrClosed) {

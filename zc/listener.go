@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/tcpglue"
 )
@@ -216,16 +217,22 @@ type ListenerStats struct {
 	Steering SteeringInfo
 	// ZcrxNICFallback says why the listener's connections do not receive through the NIC
 	// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
-	// the queues' own receive path (Stats.Recv.ZcrxFallback says which).
+	// the queues' own receive path (Stats.Recv.ZcrxFallback says which). ZcrxNIC is hwq's
+	// binding of the listener's address to that NIC RX queue, nil without one (undone when
+	// the listener closes).
 	ZcrxNICFallback string
+	ZcrxNIC         *hwq.Binding
 }
 
 // Stats returns the listener's counters and state (safe from any goroutine).
 func (l *Listener) Stats() ListenerStats {
 	s := ListenerStats{Accepted: l.accepted.Load(), AcceptErrors: l.acceptErrs.Load(),
 		AcceptBackoffs: l.backoffs.Load(), Steering: l.steeringInfo()}
-	if l.zx != nil && l.zx.err != nil {
-		s.ZcrxNICFallback = l.zx.err.Error()
+	if l.zx != nil {
+		s.ZcrxNIC = l.zx.b
+		if l.zx.err != nil {
+			s.ZcrxNICFallback = l.zx.err.Error()
+		}
 	}
 	return s
 }

@@ -277,7 +277,7 @@ func TestReadSelfAfterEngineClose(t *testing.T) {
 	}
 	// Wait until the whole message is in the socket, then close the engine under it.
 	for {
-		if info, err := c.TCPInfo(); err == nil && info.BytesReceived >= uint64(len(msg)) {
+		if info, err := c.sock.TCPInfo(); err == nil && info.BytesReceived >= uint64(len(msg)) {
 			break
 		}
 		time.Sleep(time.Millisecond)

@@ -65,7 +65,7 @@ func TestShimEchoSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q := c.Queue(); q < 0 || q >= cli.Config().Queues {
+	if q := c.q.idx; q < 0 || q >= cli.Config().Queues {
 		t.Fatalf("conn on queue %d", q)
 	}
 	if _, err := c.Write([]byte("hello world")); err != nil {

@@ -99,7 +99,8 @@ type InterfaceSteering struct {
 // complete reports whether everything asked for the interface is in place.
 func (i InterfaceSteering) complete() bool { return i.XDPRedirect && i.TC && !i.XPS }
 
-func (i InterfaceSteering) String() string {
+// describe is the interface's part of SteeringInfo.String: "eth1: xdp redirect, tc egress".
+func (i InterfaceSteering) describe() string {
 	var parts []string
 	switch {
 	case i.XDPRedirect:
@@ -150,7 +151,7 @@ func (i SteeringInfo) String() string {
 	}
 	fmt.Fprintf(&b, "; queues on cpus %v", i.QueueCPUs)
 	for _, f := range i.Interfaces {
-		b.WriteString("; " + f.String())
+		b.WriteString("; " + f.describe())
 	}
 	return b.String()
 }

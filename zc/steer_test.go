@@ -63,8 +63,8 @@ func TestSteeringFlowTableAndDrain(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			dialFrom(t, c.peer+":0", srvAddr)
 			conn := recvEvent(t, ev.conn, "accept")
-			if conn.Queue() != c.queue {
-				t.Fatalf("flow from %s landed on queue %d, programmed %d", c.peer, conn.Queue(), c.queue)
+			if conn.q.idx != c.queue {
+				t.Fatalf("flow from %s landed on queue %d, programmed %d", c.peer, conn.q.idx, c.queue)
 			}
 		}
 	}
@@ -74,7 +74,7 @@ func TestSteeringFlowTableAndDrain(t *testing.T) {
 	}
 	for i := 0; i < 10; i++ {
 		dialFrom(t, "127.0.0.5:0", srvAddr)
-		if q := recvEvent(t, ev.conn, "accept").Queue(); q != 1 {
+		if q := recvEvent(t, ev.conn, "accept").q.idx; q != 1 {
 			t.Fatalf("connection landed on drained queue %d", q)
 		}
 	}
@@ -415,7 +415,7 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			if got := recvEvent(t, ev.conn, "accept").Queue(); got != q {
+			if got := recvEvent(t, ev.conn, "accept").q.idx; got != q {
 				t.Fatalf("SYN sent from CPU %d landed on queue %d, want %d (the queue pinned there)", cpu, got, q)
 			}
 		}
@@ -653,7 +653,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 			st, _ := srvSt.Stats()
 			t.Fatalf("flow from CPU %d: %v\nserver %+v", fromCPU, err, st)
 		}
-		if q := recvEvent(t, accepted, "accept").Queue(); q != wantQ {
+		if q := recvEvent(t, accepted, "accept").q.idx; q != wantQ {
 			t.Fatalf("flow from CPU %d accepted on queue %d, want %d", fromCPU, q, wantQ)
 		}
 		time.Sleep(50 * time.Millisecond) // let the FIN/ACKs pass

@@ -319,7 +319,7 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 		if accepted.Add(1) > int32(c.Conns) {
 			return nil // not ours: closed
 		}
-		perQueue.add(conn.Queue())
+		perQueue.add(conn.Stats().Queue)
 		return &zcServerConn{zcServer: srv, v: m.NewVerifier()}
 	})
 	if err != nil {
