@@ -68,11 +68,11 @@ const (
 // with EADDRINUSE (see ListenOptions.Shared). opts, at most one, are per-listener settings
 // (ReadSelf, Exclusive, Shared, KeepAlive, Backlog, steering, ZcrxNIC); none is the zero
 // ListenOptions.
-func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, optv ...ListenOptions) (*Listener, error) {
+func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, opts ...ListenOptions) (*Listener, error) {
 	fail := func(a net.Addr, err error) (*Listener, error) {
 		return nil, &OpError{Op: "listen", Net: network, Addr: a, Err: err}
 	}
-	opts, err := oneOption(optv, "listen", network)
+	o, err := oneOption(opts, "listen", network)
 	if err != nil {
 		return nil, err
 	}
@@ -82,16 +82,16 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 	if accept == nil {
 		return fail(nil, fmt.Errorf("nil accept func: %w", ErrInvalid))
 	}
-	if opts.Backlog < 0 {
-		return fail(nil, fmt.Errorf("negative backlog %d: %w", opts.Backlog, ErrInvalid))
+	if o.Backlog < 0 {
+		return fail(nil, fmt.Errorf("negative backlog %d: %w", o.Backlog, ErrInvalid))
 	}
-	if opts.Backlog == 0 {
-		opts.Backlog = 4096
+	if o.Backlog == 0 {
+		o.Backlog = 4096
 	}
-	if err := e.checkSteerOptions(&opts); err != nil {
+	if err := e.checkSteerOptions(&o); err != nil {
 		return fail(nil, err)
 	}
-	if opts.ReadSelf {
+	if o.ReadSelf {
 		if err := e.readSelfSupported(); err != nil {
 			return fail(nil, err)
 		}
@@ -104,8 +104,8 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 	if e.cfg.Steering == SteerSingleListener {
 		n = 1
 	}
-	ka := e.keepAliveFor(opts.KeepAlive)
-	lopts := tcpglue.ListenOptions{ReusePort: true, Backlog: opts.Backlog, Nonblock: true,
+	ka := e.keepAliveFor(o.KeepAlive)
+	lopts := tcpglue.ListenOptions{ReusePort: true, Backlog: o.Backlog, Nonblock: true,
 		Control: func(s *tcpglue.Socket) error {
 			if e.cfg.SocketOptions != nil {
 				if err := e.cfg.SocketOptions(s); err != nil {
@@ -115,7 +115,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 			return keepAlive(s, ka) // accepted sockets inherit it
 		}}
 	var probe *tcpglue.Socket
-	if !opts.Shared && ap.Port() != 0 {
+	if !o.Shared && ap.Port() != 0 {
 		// Our sockets join any SO_REUSEPORT group on the address; refuse instead, unless asked
 		// to share. The probe stays bound (not listening) until the group is up, so nobody can
 		// slip in between; with SO_REUSEADDR on both sides it does not conflict with ours.
@@ -132,15 +132,15 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 		return fail(net.TCPAddrFromAddrPort(ap), err)
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
-	l.readSelf, l.exclusive = opts.ReadSelf, opts.Exclusive
+	l.readSelf, l.exclusive = o.ReadSelf, o.Exclusive
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
-	if err := l.setupZcrxNIC(opts.ZcrxNIC); err != nil {
+	if err := l.setupZcrxNIC(o.ZcrxNIC); err != nil {
 		l.closeSockets()
 		return fail(l.addr, err)
 	}
-	if err := l.setupSteering(&opts); err != nil {
+	if err := l.setupSteering(&o); err != nil {
 		l.closeSockets()
 		return fail(l.addr, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -302,5 +303,29 @@ func TestSegmentKindNotNilChecks(t *testing.T) {
 	}
 	if kinds < 5 {
 		t.Fatalf("%d uses of seg.kind: the check would see nothing", kinds)
+	}
+}
+
+// TestRootAPIBound holds the zc root to issue 30's bound: at most 150 exported declarations
+// and methods (fields not counted), as doc/api.txt lists them (make lint keeps that file
+// equal to the source). Features built on the public API live in their own packages
+// (zc/netconn, zc/framed, zc/caps), not in the root.
+func TestRootAPIBound(t *testing.T) {
+	b, err := os.ReadFile("../doc/api.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(l, "github.com/zcnet/zcnet/zc: ")
+		if ok && !strings.HasPrefix(rest, "field ") && !strings.HasPrefix(rest, "embedded ") {
+			n++
+		}
+	}
+	if n < 50 {
+		t.Fatalf("doc/api.txt lists %d declarations of zc: the count reads nothing", n)
+	}
+	if n > 150 {
+		t.Fatalf("zc exports %d declarations and methods, over issue 30's bound of 150: move, merge or unexport (and say why in the notes)", n)
 	}
 }
