@@ -28,7 +28,8 @@
 // This package holds the Engine, Listener, Conn and Data, and what needs the connection
 // core: shared sends (Shared), FanOut, Relay, SendFile, timers. Layers built on its public
 // API live in their own packages: zc/netconn (the net.Conn face), zc/framed (a no-copy
-// Reader of framed protocols over received Data), zc/ztls (TLS with the kernel's records).
+// Reader of framed protocols over received Data), zc/ztls (TLS with the kernel's records),
+// zc/caps (what this machine can do for zcnet: the report zcprobe prints).
 //
 // # Handlers must not block
 //

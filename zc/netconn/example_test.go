@@ -68,7 +68,8 @@ func ExampleDial() {
 	go func() {
 		c, err := srv.Accept()
 		if err == nil {
-			io.Copy(c, c)
+			line, _ := bufio.NewReader(c).ReadString('\n') // an echo of one line
+			c.Write([]byte(line))
 			c.Close()
 		}
 	}()
