@@ -246,3 +246,54 @@ func TestSetHandlerRacingRelay(t *testing.T) {
 		t.Fatalf("relayed %q, %v", buf, err)
 	}
 }
+
+// TestExclusiveHandler: a connection opened Exclusive (ListenOptions, DialOptions: what the
+// net.Conn face, zc/netconn, opens) keeps its first handler as its reader: Relay (either
+// side) and SetHandler are ErrInvalid and change nothing, and the handler goes on receiving
+// every byte; without Exclusive the same SetHandler is taken.
+func TestExclusiveHandler(t *testing.T) {
+	for _, exclusive := range []bool{true, false} {
+		t.Run(fmt.Sprintf("Exclusive=%v", exclusive), func(t *testing.T) {
+			e := newEngine(t, Config{Queues: 1})
+			got := make(chan string, 16)
+			h := HandlerFuncs{Data: func(c *Conn, d Data) { got <- string(d.Bytes()); d.Release() }}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, DialOptions{Exclusive: exclusive})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			other := spareConn(t, e)
+			_, err1 := Relay(c, other)
+			_, err2 := Relay(other, c)
+			if exclusive {
+				if !errors.Is(err1, ErrInvalid) || !errors.Is(err2, ErrInvalid) {
+					t.Fatalf("Relay of an Exclusive connection: %v, %v; want ErrInvalid", err1, err2)
+				}
+				if err := c.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+					t.Fatalf("SetHandler on an Exclusive connection: %v, want ErrInvalid", err)
+				}
+				peer.Write([]byte("mine"))
+				if s := recvString(t, got, 4); s != "mine" {
+					t.Fatalf("the handler got %q", s)
+				}
+				if other.isClosing() || c.isClosing() {
+					t.Fatal("a refused call closed a connection")
+				}
+				return
+			}
+			if err1 != nil {
+				t.Fatalf("Relay of a connection opened without Exclusive: %v", err1)
+			}
+		})
+	}
+}

@@ -73,6 +73,9 @@ func newNetConn(c *zc.Conn, network string, direct bool) *netConn {
 	return n
 }
 
+// errNilEngine is Listen's and Dial's error without an engine.
+var errNilEngine = fmt.Errorf("nil engine: %w", zc.ErrInvalid)
+
 // errEngineClosedConn is what a ring connection's Read returns once the engine closed it
 // (after what had arrived), as zc.Conn.Read does for a direct one: it matches net.ErrClosed.
 var errEngineClosedConn = fmt.Errorf("the engine closed the connection: %w", net.ErrClosed)
@@ -417,6 +420,9 @@ func Listen(e *zc.Engine, network, address string) (net.Listener, error) {
 // poller, the connection is closed and Dial fails with the errno (EMFILE: out of
 // descriptors).
 func (o Options) Dial(ctx context.Context, e *zc.Engine, network, address string) (Conn, error) {
+	if e == nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: errNilEngine}
+	}
 	nc := newNetConn(nil, network, o.direct(e))
 	c, err := e.Dial(ctx, network, address, nc, zc.DialOptions{ReadSelf: nc.direct, Exclusive: true})
 	if err != nil {
@@ -453,6 +459,9 @@ const acceptBacklog = 1024
 // whose socket cannot be duplicated for Go's poller (out of descriptors) is closed and
 // counted in zc.Stats.Faults.AcceptErrors, as if its accept had failed.
 func (o Options) Listen(e *zc.Engine, network, address string) (net.Listener, error) {
+	if e == nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: errNilEngine}
+	}
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{}), network: network}
 	direct := o.direct(e)
 	l, err := e.Listen(network, address, func(c *zc.Conn) zc.Handler {

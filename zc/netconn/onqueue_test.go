@@ -78,3 +78,15 @@ func TestReadOnQueueWouldBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestNilEngine: Listen and Dial without an engine are a *net.OpError matching
+// zc.ErrInvalid, not a panic.
+func TestNilEngine(t *testing.T) {
+	var ne *net.OpError
+	if _, err := Listen(nil, "tcp", "127.0.0.1:0"); !errors.As(err, &ne) || !errors.Is(err, zc.ErrInvalid) {
+		t.Errorf("Listen(nil engine) = %v", err)
+	}
+	if _, err := Dial(context.Background(), nil, "tcp", "127.0.0.1:1"); !errors.As(err, &ne) || !errors.Is(err, zc.ErrInvalid) {
+		t.Errorf("Dial(nil engine) = %v", err)
+	}
+}
