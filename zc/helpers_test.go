@@ -60,11 +60,6 @@ func waitSendBuffersBack(t testing.TB, e *Engine) {
 	}
 }
 
-var (
-	timeNow         = time.Now
-	timeMillisecond = time.Millisecond
-)
-
 // smallCfg is a small engine config of backend b (2 queues, 64 buffers per pool).
 func smallCfg(b Backend) Config {
 	return Config{Queues: 2, SendBufs: 64, RecvBufs: 64, Backend: b, NoPin: true, MaxQueuedBytes: 1 << 20}
