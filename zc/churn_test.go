@@ -129,9 +129,9 @@ func testConnChurn(t *testing.T, b Backend, n int) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		t.Logf("%d connections accepted and %d dialed in %v (accepted counter %d)", n, n, time.Since(start).Round(time.Millisecond), l.Accepted())
-		if l.Accepted() != uint64(n) {
-			t.Errorf("listener accepted %d, want %d", l.Accepted(), n)
+		t.Logf("%d connections accepted and %d dialed in %v (accepted counter %d)", n, n, time.Since(start).Round(time.Millisecond), l.Stats().Accepted)
+		if l.Stats().Accepted != uint64(n) {
+			t.Errorf("listener accepted %d, want %d", l.Stats().Accepted, n)
 		}
 	}()
 	after := waitBack(t, before, "connection churn")

@@ -1,15 +1,11 @@
 package zc
 
 import (
-	"context"
 	"errors"
-	"net"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/zcnet/zcnet/tcpglue"
-	"golang.org/x/sys/unix"
 )
 
 // TestCloseTimeoutReported: a graceful Close whose peer went silent (it does not read and
@@ -118,75 +114,5 @@ func TestCloseTimeoutGracefulNil(t *testing.T) {
 	}
 	if got != total || c.Stats().BytesDropped != 0 {
 		t.Fatalf("peer got %d of %d, BytesDropped %d", got, total, c.Stats().BytesDropped)
-	}
-}
-
-// TestEngineCloseTimeoutNetConn: Engine.Close's graceful close of a net.Conn face whose peer
-// does not read gives up after CloseTimeout; Engine.Close, a Read blocked meanwhile and a
-// later Write say that bytes were dropped (ErrCloseTimeout, matching net.ErrClosed too), on
-// both receive paths of the face.
-func TestEngineCloseTimeoutNetConn(t *testing.T) {
-	for _, ring := range []bool{false, true} {
-		name := "direct"
-		if ring {
-			name = "ring"
-		}
-		t.Run(name, func(t *testing.T) {
-			e, err := New(Config{Queues: 1, NetConnRing: ring, CloseTimeout: 200 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-				var serr error
-				err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
-				return errors.Join(err, serr)
-			}}
-			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			c, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			peer, err := ln.Accept() // never reads
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
-			// A small send buffer: what the kernel cannot hold stays queued in the engine.
-			if err := c.Zc().Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(4096); return err }); err != nil {
-				t.Fatal(err)
-			}
-			const total = 1 << 20
-			if n, err := c.Write(make([]byte, total)); n != total || err != nil {
-				t.Fatalf("Write = %d, %v", n, err)
-			}
-			read := make(chan error, 1)
-			go func() {
-				_, err := c.Read(make([]byte, 10))
-				read <- err
-			}()
-			if err := e.Close(); !errors.Is(err, ErrCloseTimeout) {
-				t.Errorf("Engine.Close = %v, want ErrCloseTimeout", err)
-			}
-			select {
-			case err := <-read:
-				if !errors.Is(err, ErrCloseTimeout) || !errors.Is(err, net.ErrClosed) {
-					t.Errorf("Read at Engine.Close = %v, want ErrCloseTimeout and net.ErrClosed", err)
-				}
-			case <-time.After(time.Minute):
-				t.Fatal("Read not woken by Engine.Close")
-			}
-			if _, err := c.Write([]byte("x")); !errors.Is(err, ErrCloseTimeout) || !errors.Is(err, net.ErrClosed) {
-				t.Errorf("Write after Engine.Close = %v, want ErrCloseTimeout and net.ErrClosed", err)
-			}
-			if d := c.Zc().Stats().BytesDropped; d == 0 {
-				t.Errorf("BytesDropped 0 after the timed-out close")
-			}
-		})
 	}
 }

@@ -62,7 +62,7 @@ const (
 	// io_uring rings with CQE32 and DEFER_TASKRUN. Where zcrx cannot be set up (an older
 	// kernel, no privilege, another backend) the queue receives through RecvRing: counted
 	// per connection in Stats.Recv.ZcrxFallbacks, with the reason in Stats.Recv.ZcrxFallback;
-	// with NoFallback New fails with a *ZcrxUnavailableError instead. Stats.Recv.BytesZcrx
+	// with NoFallback New fails with a *NotSupportedError instead (saying which queue, and why). Stats.Recv.BytesZcrx
 	// and Stats.Recv.BytesRing say which path each byte took.
 	RecvZcrx
 )
@@ -128,14 +128,6 @@ type Config struct {
 	NoBundles bool // disable recv bundles
 	// RecvPath selects how received bytes reach handlers (default RecvRing).
 	RecvPath RecvPath
-	// NetConnRing makes the net.Conn face (NetListen, NetDial) receive through the queue's
-	// receive ring, as the event-loop API does: Read copies out of receive buffers, bounded
-	// by MaxRecvHeld. By default its Read calls read(2) on the reading goroutine and waits in
-	// Go's poller, as Go's net does: one copy instead of two and no hand-off to the queue's
-	// thread (Stats.Recv.BytesDirect); each such connection holds a second descriptor (a
-	// duplicate for the poller). The zcshim backend and the RecvMapped and RecvZcrx paths
-	// always receive through the queue.
-	NetConnRing bool
 	// ZcrxAreaSize is the zcrx receive area of each queue in bytes (RecvZcrx; default 4 MiB,
 	// rounded up to whole pages). It is mapped and registered at start and does not grow: it
 	// is the receive window of all the queue's connections together (each still bounded by
@@ -224,7 +216,7 @@ type Config struct {
 	// default (bpf.PolicyAuto) is bpf.PolicyCPU, a flow goes to the queue of the CPU that
 	// received its SYN (the CPU→queue map is filled from the queues' placement), where every
 	// queue runs pinned on a CPU of its own, and bpf.PolicyHash elsewhere (NoPin, more
-	// queues than CPUs), counted in Stats.Steering.PolicyFallbacks. Listener.SteeringInfo
+	// queues than CPUs), counted in Stats.Steering.PolicyFallbacks. Listener.Stats().Steering
 	// says which policy is in effect and why. bpf.PolicyHash asks for the hash explicitly.
 	SteerPolicy bpf.Policy
 	// OnFallback is called when the engine falls back to another backend (for logging).
@@ -246,7 +238,7 @@ type SteeringMode int
 
 const (
 	// SteerAuto: SteerBPF when the programs load (root: CAP_BPF and CAP_NET_ADMIN), else
-	// SteerReuseportHash, with the reason in Listener.SteeringFallback and Stats.
+	// SteerReuseportHash, with the reason in Listener.Stats().Steering.Fallback and Stats.
 	SteerAuto SteeringMode = iota
 	// SteerBPF: one listening socket per queue in a SO_REUSEPORT group with zcnet's
 	// sk_reuseport program: flow table first (Listener.Steering().SetFlow), then the policy,

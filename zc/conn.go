@@ -22,6 +22,7 @@ import (
 
 // ConnStats are one connection's counters.
 type ConnStats struct {
+	Queue         int    // the index of the queue that owns the connection (for its whole life)
 	BytesSentZC   uint64 // sent with SEND_ZC and the kernel did not copy
 	BytesZCCopied uint64 // sent with SEND_ZC but the kernel copied
 	BytesSentCopy uint64 // sent by copying sends
@@ -284,16 +285,12 @@ func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Co
 	return c
 }
 
-// LocalAddr returns the local address, a *net.TCPAddr, or nil if it is unknown (the
-// connection failed before its address was read).
+// LocalAddr returns the local address, a *net.TCPAddr (its AddrPort method gives the
+// netip form), or nil if it is unknown (the connection failed before its address was read).
 func (c *Conn) LocalAddr() net.Addr { return tcpAddr(c.laddr) }
 
 // RemoteAddr returns the peer's address, a *net.TCPAddr, or nil if it is unknown.
 func (c *Conn) RemoteAddr() net.Addr { return tcpAddr(c.raddr) }
-
-// LocalAddrPort and RemoteAddrPort return the addresses without allocating.
-func (c *Conn) LocalAddrPort() netip.AddrPort  { return c.laddr }
-func (c *Conn) RemoteAddrPort() netip.AddrPort { return c.raddr }
 
 // tcpAddr is ap as a net.Addr: a nil interface, not a nil *net.TCPAddr in one, when ap is
 // not valid (net.OpError and callers comparing with nil see "no address").
@@ -303,9 +300,6 @@ func tcpAddr(ap netip.AddrPort) net.Addr {
 	}
 	return net.TCPAddrFromAddrPort(ap)
 }
-
-// Queue returns the index of the queue that owns the connection.
-func (c *Conn) Queue() int { return c.q.idx }
 
 // Done is closed once the connection is fully closed (OnClose has run).
 func (c *Conn) Done() <-chan struct{} { return c.doneChan() }
@@ -398,6 +392,7 @@ func (c *Conn) setHandler(h Handler, by connstate.Reader) error {
 // Stats returns the connection's counters.
 func (c *Conn) Stats() ConnStats {
 	s := ConnStats{
+		Queue:     c.q.idx,
 		BytesRecv: c.ctr.recv.Load(), BytesRecvMapped: c.ctr.recvMapped.Load(),
 		NotifsPending: int(c.notifsOut.Load()), RecvHeld: int(c.held.Load()),
 	}
@@ -418,8 +413,17 @@ func (c *Conn) Stats() ConnStats {
 	return s
 }
 
-// Socket runs fn with the connection's socket (for options: TCP_INFO, congestion control,
-// pacing ...), holding a reference so the descriptor cannot be closed (and reused) during fn.
+// Socket runs fn with the connection's socket, holding a reference so the descriptor cannot
+// be closed (and reused) during fn. The per-flow knobs of the kernel's TCP stack are
+// tcpglue.Socket's methods, run this way: TCPInfo (RTT, congestion window, retransmits,
+// delivery and pacing rates), SetCongestion ("cubic", "bbr", ... one of
+// tcpglue.AvailableCongestion), SetMaxPacingRate (SO_MAX_PACING_RATE, bytes per second),
+// SetUserTimeout (TCP_USER_TIMEOUT), SetTOS (IP_TOS / IPV6_TCLASS), for example
+//
+//	err := c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("bbr") })
+//
+// Bad values are *tcpglue.ValueError (ErrInvalid-like), what the kernel lacks matches
+// ErrNotSupported.
 // fn must not close the socket or use it for I/O. After the connection closed it returns an
 // error wrapping ErrClosed.
 func (c *Conn) Socket(fn func(s *tcpglue.Socket) error) error {

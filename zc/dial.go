@@ -14,26 +14,27 @@ import (
 
 // connectState is a connection that is still connecting.
 type connectState struct {
-	sa      *tcpglue.RawSockaddr
-	ctx     context.Context
-	stop    func() bool // stops the context watcher
-	h       Handler
-	done    func(*Conn, error)
-	cancel  bool // the context ended: the result is the context's error
-	started bool // the connect is under way
+	sa        *tcpglue.RawSockaddr
+	ctx       context.Context
+	stop      func() bool // stops the context watcher
+	h         Handler
+	done      func(*Conn, error)
+	cancel    bool // the context ended: the result is the context's error
+	started   bool // the connect is under way
+	exclusive bool // DialOptions.Exclusive
 }
 
 // Dial connects to address ("host:port", a literal IP; names are resolved once) and returns a
 // connection served by one of the engine's queues; h receives its events (data may arrive
 // before Dial returns). The connect goes through the queue (io_uring CONNECT, or a
 // non-blocking connect). On a queue goroutine (in a handler) Dial returns ErrWouldBlock: use
-// DialAsync there.
-func (e *Engine) Dial(ctx context.Context, network, address string, h Handler) (*Conn, error) {
-	return e.DialWith(ctx, DialOptions{}, network, address, h)
-}
-
-// DialWith is Dial with per-dial options.
-func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, address string, h Handler) (*Conn, error) {
+// DialAsync there. opts, at most one, are per-dial settings (ReadSelf, Exclusive, KeepAlive,
+// LocalAddr); none is the zero DialOptions.
+func (e *Engine) Dial(ctx context.Context, network, address string, h Handler, opts ...DialOptions) (*Conn, error) {
+	o, err := oneOption(opts, "dial", network)
+	if err != nil {
+		return nil, err
+	}
 	if e.onAnyLoop() {
 		return nil, &OpError{Op: "dial", Net: network, Err: fmt.Errorf("Dial from a queue goroutine (use DialAsync): %w", ErrWouldBlock)}
 	}
@@ -42,9 +43,7 @@ func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, addres
 		err error
 	}
 	ch := make(chan result, 1)
-	if err := e.dialAsync(ctx, opts, network, address, h, func(c *Conn, err error) {
-		ch <- result{c, err}
-	}); err != nil {
+	if err := e.dialAsync(ctx, o, network, address, h, func(c *Conn, err error) { ch <- result{c, err} }); err != nil {
 		return nil, err
 	}
 	r := <-ch // every started dial reports exactly once: connected, failed, cancelled or closed
@@ -54,23 +53,33 @@ func (e *Engine) DialWith(ctx context.Context, opts DialOptions, network, addres
 // DialAsync starts connecting and returns at once; done runs on the connection's queue
 // goroutine with the connection, or with nil and the error (which wraps the context's error
 // when ctx ended first, ErrClosed when the engine closed). It is the form to use from a
-// handler. A panic in done is recovered like a handler's: counted in Stats.Faults.HandlerPanics,
-// and the connection (if any) closed with a *PanicError. An error returned by DialAsync itself (a bad address, a closed engine) means done
-// will not run.
-func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handler, done func(*Conn, error)) error {
+// handler (a proxy's accept function dialing its backend). A panic in done is recovered like
+// a handler's: counted in Stats.Faults.HandlerPanics, and the connection (if any) closed
+// with a *PanicError. An error returned by DialAsync itself (a bad address, a closed
+// engine) means done will not run. opts are Dial's.
+func (e *Engine) DialAsync(ctx context.Context, network, address string, h Handler, done func(*Conn, error), opts ...DialOptions) error {
+	o, err := oneOption(opts, "dial", network)
+	if err != nil {
+		return err
+	}
 	if done == nil {
 		return &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil done func: %w", ErrInvalid)}
 	}
-	return e.dialAsync(ctx, DialOptions{}, network, address, h, done)
+	return e.dialAsync(ctx, o, network, address, h, done)
 }
 
-// DialAsyncWith is DialAsync with per-dial options (ReadSelf, KeepAlive, LocalAddr): the
-// form of DialWith to use from a handler (a proxy's accept function dialing its backend).
-func (e *Engine) DialAsyncWith(ctx context.Context, opts DialOptions, network, address string, h Handler, done func(*Conn, error)) error {
-	if done == nil {
-		return &OpError{Op: "dial", Net: network, Err: fmt.Errorf("nil done func: %w", ErrInvalid)}
+// oneOption is the options a call was given (the zero value for none); more than one is
+// ErrInvalid.
+func oneOption[T any](opts []T, op, network string) (T, error) {
+	var o T
+	switch len(opts) {
+	case 0:
+	case 1:
+		o = opts[0]
+	default:
+		return o, &OpError{Op: op, Net: network, Err: fmt.Errorf("%d option structs (at most one): %w", len(opts), ErrInvalid)}
 	}
-	return e.dialAsync(ctx, opts, network, address, h, done)
+	return o, nil
 }
 
 func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, address string, h Handler, done func(*Conn, error)) error {
@@ -139,7 +148,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 			return fail(raddr, err)
 		}
 	}
-	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done}
+	cs := &connectState{sa: sa, ctx: ctx, h: h, done: done, exclusive: opts.Exclusive}
 	c.connect = cs
 	// The watcher may fire before the connect starts: it marks the dial cancelled on the loop,
 	// and startDial looks at that first.
@@ -215,7 +224,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	c.h = cs.h
-	c.takeReader(c.h)
+	c.takeReader(cs.exclusive)
 	c.st.Open()
 	c.setupRecvPath()
 	c.armRecv()

@@ -13,19 +13,29 @@
 // kernel may still read it. Every buffer queued on a connection leaves in one kernel send
 // (SENDMSG with an iovec) while no send is in flight, so small sends cost what big ones cost.
 //
-// The net.Conn face (Engine.NetListen, Engine.NetDial) wraps the same connections in
-// net.Conn / net.Listener, copying where that interface demands it, with deadlines and
-// *net.OpError errors. Its Read does what Go's net does: read(2) into the caller's slice on
-// the reading goroutine, waiting in Go's poller (one copy; the queue is not involved), and
-// its Write writes directly while nothing is queued; queued sends, sendfile and splice
-// (io.ReaderFrom) and closing go through the queue. Config.NetConnRing makes Read take
-// bytes from the queue's receive ring instead, as the event-loop face does.
+// The net.Conn face (package zc/netconn: netconn.Listen, netconn.Dial) wraps the same
+// connections in net.Conn / net.Listener, copying where that interface demands it, with
+// deadlines and *net.OpError errors. Its Read does what Go's net does: read(2) into the
+// caller's slice on the reading goroutine, waiting in Go's poller (one copy; the queue is
+// not involved), and its Write writes directly while nothing is queued; queued sends,
+// sendfile and splice (io.ReaderFrom) and closing go through the queue. It is built on this
+// package's API only: a connection opened with ReadSelf (ListenOptions, DialOptions) is read
+// by the application with Conn.Read, and one opened Exclusive keeps its first handler as its
+// only reader.
+//
+// # The package map
+//
+// This package holds the Engine, Listener, Conn and Data, and what needs the connection
+// core: shared sends (Shared), FanOut, Relay, SendFile, timers. Layers built on its public
+// API live in their own packages: zc/netconn (the net.Conn face), zc/framed (a no-copy
+// Reader of framed protocols over received Data), zc/ztls (TLS with the kernel's records),
+// zc/caps (what this machine can do for zcnet: the report zcprobe prints).
 //
 // # Handlers must not block
 //
 // A handler runs on a queue goroutine; a call that would wait for a queue goroutine returns
 // ErrWouldBlock there instead of deadlocking: Dial (use DialAsync), BufferWait (use Buffer),
-// Write over MaxQueuedBytes (send from OnWritable), a net.Conn Read with nothing to read.
+// Write over MaxQueuedBytes (send from OnWritable), a netconn Read with nothing to read.
 // Engine.Close and Listener.Close called from a handler return at once and finish in the
 // background (Engine.Done, Listener.Done). A panic in a handler closes only its connection,
 // with a *PanicError. Conn.AfterFunc schedules work on the connection's queue goroutine (an
@@ -70,7 +80,7 @@
 // is that relay, with each side's end of stream passed on to the other, where it cannot
 // splice. Where it can (io_uring and plain backends, no RecvZcrx) Relay moves the bytes
 // socket → pipe → socket with splice(2) instead, never through user memory: the pipe is the
-// flow control (RelayWith demands a path; RelayStats says which one each byte took).
+// flow control (RelayOptions.Path demands a path; RelayStats says which one each byte took).
 //
 // # Shared sends and fan-out
 //

@@ -81,17 +81,17 @@ func emfileChild(backend string) int {
 		return fail("stdin: %v", err)
 	}
 	time.Sleep(1500 * time.Millisecond) // out of descriptors all this time
-	errsLow, backoffsLow := l.AcceptErrors(), l.AcceptBackoffs()
+	errsLow, backoffsLow := l.Stats().AcceptErrors, l.Stats().AcceptBackoffs
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		return fail("setrlimit back: %v", err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for l.Accepted() < emfileConns && time.Now().Before(deadline) {
+	for l.Stats().Accepted < emfileConns && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	st := e.Stats()
 	fmt.Printf("RESULT accepted=%d errors=%d backoffs=%d errors_while_low=%d backoffs_while_low=%d stats_backoffs=%d stats_errors=%d\n",
-		l.Accepted(), l.AcceptErrors(), l.AcceptBackoffs(), errsLow, backoffsLow, st.Faults.AcceptBackoffs, st.Faults.AcceptErrors)
+		l.Stats().Accepted, l.Stats().AcceptErrors, l.Stats().AcceptBackoffs, errsLow, backoffsLow, st.Faults.AcceptBackoffs, st.Faults.AcceptErrors)
 	return 0
 }
 

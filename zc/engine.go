@@ -16,7 +16,6 @@ import (
 	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
-	"github.com/zcnet/zcnet/tcpglue/netinfo"
 )
 
 // Engine owns queues, listeners and connections.
@@ -39,11 +38,10 @@ type Engine struct {
 	steerCtr       steerCounters
 	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
-	addedProcs int            // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
-	dbg        *debugState    // Config.Debug (nil: no checks)
-	stopWatch  chan struct{}  // ends watchStalls
-	stalls     atomic.Uint64  // Stats.Loop.Stalls
-	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
+	addedProcs int           // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
+	dbg        *debugState   // Config.Debug (nil: no checks)
+	stopWatch  chan struct{} // ends watchStalls
+	stalls     atomic.Uint64 // Stats.Loop.Stalls
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -139,7 +137,7 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err == nil {
 		return e, nil
 	}
-	if zu := (*ZcrxUnavailableError)(nil); errors.As(err, &zu) {
+	if zu := (*zcrxRefused)(nil); errors.As(err, &zu) {
 		return nil, &OpError{Op: "new", Err: err} // io_uring works; zcrx does not
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
@@ -226,11 +224,13 @@ func (e *Engine) stopQueues() error {
 	return first
 }
 
-// Backend returns the backend in use.
-func (e *Engine) Backend() Backend { return e.backend }
-
-// Config returns the engine's configuration with defaults filled in.
-func (e *Engine) Config() Config { return e.cfg }
+// Config returns the engine's configuration with defaults filled in; its Backend is the
+// backend in use (where New fell back, Stats().Fallback says why).
+func (e *Engine) Config() Config {
+	cfg := e.cfg
+	cfg.Backend = e.backend
+	return cfg
+}
 
 func (e *Engine) pickQueue() *queue {
 	return e.queues[int(e.rr.Add(1)-1)%len(e.queues)]
@@ -350,14 +350,10 @@ wait:
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
 	e.dbg.close()
-	e.mu.Lock()
-	if e.stack != nil {
-		e.stack.Close()
-	}
-	e.mu.Unlock()
 }
 
-// Stats are engine-wide counters.
+// Stats are engine-wide counters, by concern: Send, Recv, Forward, Memory, Loop, Faults,
+// Debug, Steering (one type: what each group holds is documented where it is declared).
 type Stats struct {
 	Backend  string
 	Fallback string // why the engine fell back to another backend; "" when it did not
@@ -367,167 +363,158 @@ type Stats struct {
 	// them back.
 	AddedProcs int
 
-	Send     SendStats     // bytes sent by each path, send operations, zero-copy policy
-	Recv     RecvStats     // bytes received by each path, receive fallbacks and waits
-	Forward  ForwardStats  // Relay's splice path: bytes, calls, waits, pipes, fallbacks
-	Memory   MemoryStats   // the pools: mapped, caps, growth, RLIMIT_MEMLOCK
-	Loop     LoopStats     // the queues' event loops
-	Faults   FaultStats    // what went wrong and was handled: timeouts, panics, accept errors
-	Debug    DebugStats    // Config.Debug's findings
-	Steering SteeringStats // BPF steering and its fallbacks
-}
+	// Send: every byte sent, by the path it took, and the send operations.
+	Send struct {
+		BytesZC       uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
+		BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
+		BytesCopy     uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
+		// BytesSpliced: sent by ReadFrom (Conn's, which the net.Conn face's is) with
+		// sendfile(2) or splice(2), never through user memory.
+		BytesSpliced uint64
+		Ops          uint64 // copying send operations (one may carry many buffers)
+		ZCOps        uint64 // zero-copy send operations
+		// DirectWrites: Writes made with write(2) by the writing goroutine itself because nothing
+		// was queued (no hand-off to the queue; or, on a queue goroutine, no free buffer to stage
+		// in); the bytes count in BytesCopy.
+		DirectWrites uint64
+		ZCSwitches   uint64 // times an adaptive connection switched to copying sends
+		ZCProbes     uint64 // times an adaptive connection tried zero-copy again
+		// ZCSmallWindow: times an adaptive connection sent by copy instead of trying zero-copy
+		// because the peer's receive window cuts its segments below a page (see SendAdaptive).
+		ZCSmallWindow uint64
+		// NotifsPending: zero-copy notifications outstanding (never negative; Close waits for
+		// them). NotifsUnexpected: notifications for no known send (0 expected).
+		NotifsPending    int64
+		NotifsUnexpected uint64
+		// PoolWaits counts the times a connection was refused a send buffer (Buffer, Write or
+		// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
+		// an OnWritable when a buffer is free for it (or OnClose).
+		PoolWaits uint64
+		// BytesFile: sent by Conn.SendFile with sendfile(2) from the page cache, in FileOps
+		// system calls.
+		BytesFile, FileOps uint64
+		// Shared sends (Shared.Send, SendData of a retained Data): SharedSends sends of a buffer
+		// others may send too, BytesShared their bytes (no copy made for them). BytesDataCopied:
+		// bytes SendData copied into send buffers because their memory cannot be lent to a send
+		// (mapped Data; zcrx Data on the shim backend).
+		SharedSends     uint64
+		BytesShared     uint64
+		BytesDataCopied uint64
+		// BytesZcrxSent: zcrx Data that SendData sent from the zcrx area itself (no copy into
+		// send buffers: the area's buffer is held until the send is done).
+		BytesZcrxSent uint64
+	}
 
-// SendStats: every byte sent, by the path it took, and the send operations.
-type SendStats struct {
-	BytesZC       uint64 // sent with SEND_ZC (or the shim's zero-copy send), not copied by the kernel
-	BytesZCCopied uint64 // sent zero-copy, but the kernel reported it copied them
-	BytesCopy     uint64 // sent by copying sends (io_uring SEND/SENDMSG, writev)
-	// BytesSpliced: sent by ReadFrom (Conn's, which the net.Conn face's is) with
-	// sendfile(2) or splice(2), never through user memory.
-	BytesSpliced uint64
-	Ops          uint64 // copying send operations (one may carry many buffers)
-	ZCOps        uint64 // zero-copy send operations
-	// DirectWrites: Writes made with write(2) by the writing goroutine itself because nothing
-	// was queued (no hand-off to the queue; or, on a queue goroutine, no free buffer to stage
-	// in); the bytes count in BytesCopy.
-	DirectWrites uint64
-	ZCSwitches   uint64 // times an adaptive connection switched to copying sends
-	ZCProbes     uint64 // times an adaptive connection tried zero-copy again
-	// ZCSmallWindow: times an adaptive connection sent by copy instead of trying zero-copy
-	// because the peer's receive window cuts its segments below a page (see SendAdaptive).
-	ZCSmallWindow uint64
-	// NotifsPending: zero-copy notifications outstanding (never negative; Close waits for
-	// them). NotifsUnexpected: notifications for no known send (0 expected).
-	NotifsPending    int64
-	NotifsUnexpected uint64
-	// PoolWaits counts the times a connection was refused a send buffer (Buffer, Write or
-	// BufferWait on a queue goroutine found the pool empty) and queued for one: each is owed
-	// an OnWritable when a buffer is free for it (or OnClose).
-	PoolWaits uint64
-	// BytesFile: sent by Conn.SendFile with sendfile(2) from the page cache, in FileOps
-	// system calls.
-	BytesFile, FileOps uint64
-	// Shared sends (Shared.Send, SendData of a retained Data): SharedSends sends of a buffer
-	// others may send too, BytesShared their bytes (no copy made for them). BytesDataCopied:
-	// bytes SendData copied into send buffers because their memory cannot be lent to a send
-	// (mapped Data; zcrx Data on the shim backend).
-	SharedSends     uint64
-	BytesShared     uint64
-	BytesDataCopied uint64
-	// BytesZcrxSent: zcrx Data that SendData sent from the zcrx area itself (no copy into
-	// send buffers: the area's buffer is held until the send is done).
-	BytesZcrxSent uint64
-}
+	// Recv: every byte received, by the path it took, and what receiving waited for.
+	Recv struct {
+		BytesRing  uint64 // received through the provided-buffer ring
+		BytesPlain uint64 // received with read(2) (plain backend)
+		BytesShim  uint64 // received through the zcshim module
+		// BytesDirect: read by Conn.Read on ReadSelf connections, with read(2) on the reading
+		// goroutine (the net.Conn face's default, zc/netconn; its Options.Ring turns it off).
+		BytesDirect uint64
+		// BytesMapped / BytesMappedCopied: received through the mapped window (RecvMapped), as
+		// mapped pages / copied because they could not be mapped.
+		BytesMapped       uint64
+		BytesMappedCopied uint64
+		MappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
+		// BytesZcrx: received through zcrx (RecvZcrx), of which BytesZcrxCopied the kernel copied
+		// into the area (all of it on a device-less instance: no NIC delivers there). ZcrxQueues
+		// counts the queues with a device-less instance, ZcrxAreaStalls the times a connection
+		// waited because handlers held the whole area. ZcrxFallbacks counts the connections
+		// that wanted RecvZcrx and receive through the ring, ZcrxFallback says why.
+		BytesZcrx       uint64
+		BytesZcrxCopied uint64
+		ZcrxQueues      int
+		ZcrxAreaStalls  uint64
+		ZcrxFallbacks   uint64
+		ZcrxFallback    string
+		BufRingEmpty    uint64 // receives that found no receive buffer (the pool at its cap)
+		BundleMismatch  uint64
+		CreditPauses    uint64 // times a connection stopped receiving at MaxRecvHeld
+	}
 
-// RecvStats: every byte received, by the path it took, and what receiving waited for.
-type RecvStats struct {
-	BytesRing  uint64 // received through the provided-buffer ring
-	BytesPlain uint64 // received with read(2) (plain backend)
-	BytesShim  uint64 // received through the zcshim module
-	// BytesDirect: read by Conn.Read on ReadSelf connections, with read(2) on the reading
-	// goroutine (the net.Conn face's default; Config.NetConnRing turns it off).
-	BytesDirect uint64
-	// BytesMapped / BytesMappedCopied: received through the mapped window (RecvMapped), as
-	// mapped pages / copied because they could not be mapped.
-	BytesMapped       uint64
-	BytesMappedCopied uint64
-	MappedFallbacks   uint64 // connections that wanted RecvMapped and use the ring
-	// BytesZcrx: received through zcrx (RecvZcrx), of which BytesZcrxCopied the kernel copied
-	// into the area (all of it on a device-less instance: no NIC delivers there). ZcrxQueues
-	// counts the queues with a device-less instance, ZcrxAreaStalls the times a connection
-	// waited because handlers held the whole area. ZcrxFallbacks counts the connections
-	// that wanted RecvZcrx and receive through the ring, ZcrxFallback says why.
-	BytesZcrx       uint64
-	BytesZcrxCopied uint64
-	ZcrxQueues      int
-	ZcrxAreaStalls  uint64
-	ZcrxFallbacks   uint64
-	ZcrxFallback    string
-	BufRingEmpty    uint64 // receives that found no receive buffer (the pool at its cap)
-	BundleMismatch  uint64
-	CreditPauses    uint64 // times a connection stopped receiving at MaxRecvHeld
-}
+	// Forward: Relay's splice path (socket -> pipe -> socket, never through user memory).
+	Forward struct {
+		// BytesSpliced: forwarded by Relay's splice path (RelaySplice). SpliceRelays counts
+		// relays that took that path, Fallbacks relays that RelayAuto sent through SendData
+		// instead (RelayStats.Fallback says why), Errors splice relays ended by a failed system
+		// call (a reset).
+		BytesSpliced                    uint64
+		SpliceRelays, Fallbacks, Errors uint64
+		// SpliceCalls counts the splice relays' splice(2) calls (EAGAIN included), Waits their
+		// waits for readiness: bytes per call is what a splice relay's CPU goes to.
+		SpliceCalls, Waits uint64
+		// PipesOpen is the pipes the splice relays hold or keep for reuse; PipeSizeRefused
+		// counts pipes the kernel left at its default size (RelayOptions.PipeSize above the
+		// limit).
+		PipesOpen, PipeSizeRefused uint64
+	}
 
-// ForwardStats: Relay's splice path (socket -> pipe -> socket, never through user memory).
-type ForwardStats struct {
-	// BytesSpliced: forwarded by Relay's splice path (RelaySplice). SpliceRelays counts
-	// relays that took that path, Fallbacks relays that RelayAuto sent through SendData
-	// instead (RelayStats.Fallback says why), Errors splice relays ended by a failed system
-	// call (a reset).
-	BytesSpliced                    uint64
-	SpliceRelays, Fallbacks, Errors uint64
-	// SpliceCalls counts the splice relays' splice(2) calls (EAGAIN included), Waits their
-	// waits for readiness: bytes per call is what a splice relay's CPU goes to.
-	SpliceCalls, Waits uint64
-	// PipesOpen is the pipes the splice relays hold or keep for reuse; PipeSizeRefused
-	// counts pipes the kernel left at its default size (RelayOptions.PipeSize above the
-	// limit).
-	PipesOpen, PipeSizeRefused uint64
-}
+	// Memory: what the pools have mapped (send pools are registered with the kernel:
+	// pinned) and their caps; how often they grew and failed to.
+	Memory struct {
+		SendPoolBytes    uint64
+		SendPoolMax      uint64
+		RecvPoolBytes    uint64
+		RecvPoolMax      uint64
+		PoolGrows        uint64
+		PoolGrowFailures uint64
+		PoolGrowError    string // the last growth failure
+		// MemlockCaps counts the send pools whose growth RLIMIT_MEMLOCK refused (they stay at
+		// their size and senders wait); MemlockShort says the caps of all queues together do
+		// not fit under the limit (Config.OnLimit was told at New).
+		MemlockCaps  uint64
+		MemlockShort bool
+	}
 
-// MemoryStats: what the pools have mapped (send pools are registered with the kernel:
-// pinned) and their caps; how often they grew and failed to.
-type MemoryStats struct {
-	SendPoolBytes    uint64
-	SendPoolMax      uint64
-	RecvPoolBytes    uint64
-	RecvPoolMax      uint64
-	PoolGrows        uint64
-	PoolGrowFailures uint64
-	PoolGrowError    string // the last growth failure
-	// MemlockCaps counts the send pools whose growth RLIMIT_MEMLOCK refused (they stay at
-	// their size and senders wait); MemlockShort says the caps of all queues together do
-	// not fit under the limit (Config.OnLimit was told at New).
-	MemlockCaps  uint64
-	MemlockShort bool
-}
+	// Loop: the queues' event loops.
+	Loop struct {
+		Waits       uint64 // io_uring_enter / epoll_wait calls
+		BusyPolls   uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
+		Events      uint64 // completions and readiness events handled
+		Wakeups     uint64 // cross-goroutine wake-ups of sleeping queues
+		CQOverflows uint64
+		StrayEvents uint64 // events for operations already gone (a bug if it grows without closes)
+		// Stalls counts the times a queue was found running one piece of code (a handler, a
+		// posted function) for over 250 ms without returning to its loop: every other
+		// connection of the queue waited meanwhile. Handlers must not block.
+		Stalls uint64
+	}
 
-// LoopStats: the queues' event loops.
-type LoopStats struct {
-	Waits       uint64 // io_uring_enter / epoll_wait calls
-	BusyPolls   uint64 // non-blocking polls made while busy-polling (Config.BusyPoll)
-	Events      uint64 // completions and readiness events handled
-	Wakeups     uint64 // cross-goroutine wake-ups of sleeping queues
-	CQOverflows uint64
-	StrayEvents uint64 // events for operations already gone (a bug if it grows without closes)
-	// Stalls counts the times a queue was found running one piece of code (a handler, a
-	// posted function) for over 250 ms without returning to its loop: every other
-	// connection of the queue waited meanwhile. Handlers must not block.
-	Stalls uint64
-}
+	// Faults: failures the engine handled.
+	Faults struct {
+		CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
+		HandlerPanics  uint64 // handler methods that panicked (their connections were closed), and OnLimit/OnMisuse callbacks
+		AcceptErrors   uint64
+		AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
+	}
 
-// FaultStats: failures the engine handled.
-type FaultStats struct {
-	CloseTimeouts  uint64 // graceful closes that reset the connection after CloseTimeout
-	HandlerPanics  uint64 // handler methods that panicked (their connections were closed), and OnLimit/OnMisuse callbacks
-	AcceptErrors   uint64
-	AcceptBackoffs uint64 // accept paused because the process ran out of descriptors
-}
+	// Debug: Config.Debug's findings (each also reported to DebugOptions.OnMisuse): buffers
+	// written after Send or after Release, handler calls over SlowHandler, Data held over
+	// HeldData.
+	Debug struct {
+		Misuses          uint64
+		SlowHandlerCalls uint64
+		DataHeldLong     uint64
+	}
 
-// DebugStats: Config.Debug's findings (each also reported to DebugOptions.OnMisuse): buffers
-// written after Send or after Release, handler calls over SlowHandler, Data held over
-// HeldData.
-type DebugStats struct {
-	Misuses          uint64
-	SlowHandlerCalls uint64
-	DataHeldLong     uint64
-}
-
-// SteeringStats: BPF steering and its fallbacks.
-type SteeringStats struct {
-	// Fallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back to plain
-	// SO_REUSEPORT hashing (the reason: Listener.SteeringFallback).
-	Fallbacks uint64
-	// CPU counts listeners whose BPF steering places connections by CPU locality (PolicyCPU,
-	// the CPU→queue map filled from the queues' placement).
-	CPU uint64
-	// PolicyFallbacks counts multi-queue listeners with BPF steering whose default policy
-	// (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more queues
-	// than CPUs, pinning refused); Listener.SteeringInfo says why.
-	PolicyFallbacks uint64
-	// AttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto left
-	// incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
-	AttachFallbacks uint64
+	// Steering: BPF steering and its fallbacks.
+	Steering struct {
+		// Fallbacks counts listeners that wanted BPF steering (SteerAuto) and fell back to plain
+		// SO_REUSEPORT hashing (the reason: Listener.Stats().Steering.Fallback).
+		Fallbacks uint64
+		// CPU counts listeners whose BPF steering places connections by CPU locality (PolicyCPU,
+		// the CPU→queue map filled from the queues' placement).
+		CPU uint64
+		// PolicyFallbacks counts multi-queue listeners with BPF steering whose default policy
+		// (PolicyAuto) is the hash because the CPU policy could not be exact (NoPin, more queues
+		// than CPUs, pinning refused); Listener.Stats().Steering says why.
+		PolicyFallbacks uint64
+		// AttachFallbacks counts ListenOptions.SteerInterfaces entries that SteerAuto left
+		// incomplete (XDP or tc not attached, XDP without redirect, XPS overriding tc).
+		AttachFallbacks uint64
+	}
 }
 
 func (s *Stats) addCounters(c *counters) {

@@ -36,11 +36,11 @@ func ExampleListenOptions_readSelf() {
 			}
 		}
 	}
-	ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+	ln, err := e.Listen("tcp", "127.0.0.1:0",
 		func(c *zc.Conn) zc.Handler {
 			go serve(c)
 			return zc.HandlerFuncs{}
-		})
+		}, zc.ListenOptions{ReadSelf: true})
 	// readself:end
 	if err != nil {
 		fmt.Println(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 
 	"github.com/zcnet/zcnet/zc"
 )
@@ -77,41 +76,4 @@ func ExampleConn_Send() {
 	conn.Close() // the queued bytes go out first, then the FIN
 	fmt.Println(<-got)
 	// Output: hello from registered memory <nil>
-}
-
-// net/http on the net.Conn face, as the README writes it.
-func Example_netListen() {
-	e, err := zc.New(zc.Config{Queues: 1})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer e.Close()
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "hello over zc\n")
-	})
-
-	// netlisten:begin
-	ln, err := e.NetListen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	go http.Serve(ln, handler) // returns once ln (or the engine) is closed
-	// netlisten:end
-	defer ln.Close()
-
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Get("http://" + ln.Addr().String() + "/")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	fmt.Print(string(body))
-	fmt.Println(err)
-	// Output:
-	// hello over zc
-	// <nil>
 }

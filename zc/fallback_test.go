@@ -66,8 +66,8 @@ func seccompChild() int {
 	}
 	defer cli.Close()
 	st := srv.Stats()
-	if srv.Backend() != BackendPlain || st.Fallback == "" || reported == nil {
-		fmt.Printf("fallback not visible: backend %v, stats %+v, reported %v\n", srv.Backend(), st, reported)
+	if srv.Config().Backend != BackendPlain || st.Fallback == "" || reported == nil {
+		fmt.Printf("fallback not visible: backend %v, stats %+v, reported %v\n", srv.Config().Backend, st, reported)
 		return 1
 	}
 	fmt.Println("fallback reason:", st.Fallback)

@@ -57,7 +57,7 @@ type FanOutOptions struct {
 
 // FanOutStats are a FanOut's counters.
 type FanOutStats struct {
-	Subscribers int
+	Subscribers int    // subscribers now
 	Published   uint64 // messages published (queued for at least one subscriber, or none)
 	Deliveries  uint64 // message × subscriber sends queued
 	Drops       uint64 // message × subscriber skipped by FanOutDrop
@@ -283,13 +283,6 @@ func (f *FanOut) drained(s *fanSub) {
 	}
 }
 
-// Len returns the number of subscribers.
-func (f *FanOut) Len() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.subs)
-}
-
 // Publish sends the first n bytes of b to every subscriber, one buffer shared by all
 // (b must come from the engine's send pool: Conn.Buffer). It takes ownership of b, except
 // when it returns ErrWouldBlock (FanOutPause: a subscriber is at its bound; nothing was
@@ -477,8 +470,11 @@ func (f *FanOut) Close() error {
 
 // Stats returns the FanOut's counters.
 func (f *FanOut) Stats() FanOutStats {
+	f.mu.Lock()
+	n := len(f.subs)
+	f.mu.Unlock()
 	return FanOutStats{
-		Subscribers: f.Len(),
+		Subscribers: n,
 		Published:   f.published.Load(), Deliveries: f.deliveries.Load(), Drops: f.drops.Load(),
 		Closes: f.closes.Load(), Gone: f.gone.Load(), Pauses: f.pauses.Load(),
 		BytesShared: f.shared.Load(),

@@ -340,8 +340,8 @@ func TestFanOutChurn(t *testing.T) {
 		t.Errorf("Add after Close = %v", err)
 	}
 	t.Logf("%+v, %d subscribers saw EOF", f.Stats(), eofs.Load())
-	if f.Len() != 0 {
-		t.Errorf("%d subscribers after Close", f.Len())
+	if f.Stats().Subscribers != 0 {
+		t.Errorf("%d subscribers after Close", f.Stats().Subscribers)
 	}
 	// Handlers are their own again.
 	for _, c := range conns {

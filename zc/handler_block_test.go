@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -191,30 +190,6 @@ func testHandlerCannotHang(t *testing.T, base Config) {
 				t.Fatalf("peer read %q, %v", buf[:n], err)
 			}
 		})
-		t.Run("NetConnRead/"+site, func(t *testing.T) {
-			e := newEngine(t, base)
-			// A net.Conn on the same (only) queue, with nothing to read.
-			quiet, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer quiet.Close()
-			nc, err := e.NetDial(context.Background(), "tcp", quiet.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			got := make(chan error, 1)
-			runOnQueue(t, e, site, func(_ *Listener, c *Conn) {
-				_, err := nc.Read(make([]byte, 16))
-				got <- err
-			}, nil)
-			err = waitHang(t, got, "NetConn.Read from "+site, func() string { return engineDump(e) })
-			var ne *net.OpError
-			if !errors.Is(err, ErrWouldBlock) || !errors.As(err, &ne) {
-				t.Fatalf("NetConn.Read with no data from %s = %v, want a *net.OpError matching ErrWouldBlock", site, err)
-			}
-		})
 		t.Run("BufferWait/"+site, func(t *testing.T) {
 			cfg := base
 			cfg.SendBufs, cfg.SendBufSize, cfg.SendPoolMax = 4, 4096, 4*4096 // cannot grow
@@ -334,8 +309,8 @@ func testCrossQueueBuffer(t *testing.T, cfg Config) {
 			e.Close()
 			t.Fatal(err)
 		}
-		if on[c.Queue()] == nil {
-			on[c.Queue()] = c
+		if on[c.q.idx] == nil {
+			on[c.q.idx] = c
 		}
 	}
 	if on[0] == nil || on[1] == nil {

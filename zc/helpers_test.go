@@ -2,30 +2,11 @@ package zc
 
 import (
 	"fmt"
-	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/zcnet/zcnet/tcpglue"
 )
-
-// netAccepted listens on e's net.Listener face, connects a plain socket to it and accepts:
-// the peer and the accepted net.Conn (the listener closes with the test).
-func netAccepted(t *testing.T, e *Engine) (*tcpglue.Socket, net.Conn) {
-	t.Helper()
-	ln, err := e.NetListen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	s := dialPlain(t, ln.Addr().String())
-	nc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, nc
-}
 
 // engineDump describes every queue's connections (for failure messages), gathered on each
 // loop.
@@ -79,7 +60,18 @@ func waitSendBuffersBack(t testing.TB, e *Engine) {
 	}
 }
 
-var (
-	timeNow         = time.Now
-	timeMillisecond = time.Millisecond
-)
+// smallCfg is a small engine config of backend b (2 queues, 64 buffers per pool).
+func smallCfg(b Backend) Config {
+	return Config{Queues: 2, SendBufs: 64, RecvBufs: 64, Backend: b, NoPin: true, MaxQueuedBytes: 1 << 20}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// payload is n bytes of a pattern that does not repeat within 64 KiB.
+func payload(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(i*131 + i>>11)
+	}
+	return p
+}

@@ -75,15 +75,15 @@ func testKeepAlive(t *testing.T, b Backend) {
 			cfg.Backend, cfg.Queues, cfg.NoPin = b, 1, true
 			e := newEngine(t, cfg)
 			acc := make(chan *Conn, 1)
-			l, err := e.ListenWith(tc.lopts, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 				acc <- c
 				return HandlerFuncs{}
-			})
+			}, tc.lopts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			d, err := e.DialWith(context.Background(), tc.dopts, "tcp", l.Addr().String(), HandlerFuncs{})
+			d, err := e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{}, tc.dopts)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,22 +21,22 @@ func TestConnKnobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetCongestion("reno"); err != nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("reno") }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetPacingRate(10 << 20); err != nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetMaxPacingRate(10 << 20) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetUserTimeout(3 * time.Second); err != nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetUserTimeout(3 * time.Second) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetTOS(0x20); err != nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetTOS(0x20) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetTOS(300); err == nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetTOS(300) }); err == nil {
 		t.Fatal("TOS 300 accepted")
 	}
-	if err := c.SetCongestion("no-such-algorithm"); err == nil {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetCongestion("no-such-algorithm") }); err == nil {
 		t.Fatal("unknown congestion control accepted")
 	}
 	if _, err := c.Write(make([]byte, 100<<10)); err != nil {
@@ -44,7 +44,7 @@ func TestConnKnobs(t *testing.T) {
 	}
 	var info tcpglue.TCPInfo
 	for i := 0; i < 100; i++ {
-		if info, err = c.TCPInfo(); err != nil {
+		if err = c.Socket(func(s *tcpglue.Socket) error { info, err = s.TCPInfo(); return err }); err != nil {
 			t.Fatal(err)
 		}
 		if info.BytesAcked >= 100<<10 {
@@ -62,10 +62,10 @@ func TestConnKnobs(t *testing.T) {
 	}
 	c.Close()
 	<-c.Done()
-	if _, err := c.TCPInfo(); !errors.Is(err, ErrClosed) {
+	if err := c.Socket(func(s *tcpglue.Socket) error { _, err := s.TCPInfo(); return err }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("TCPInfo after Close: %v, want ErrClosed", err)
 	}
-	if err := c.SetTOS(0); !errors.Is(err, ErrClosed) {
+	if err := c.Socket(func(s *tcpglue.Socket) error { return s.SetTOS(0) }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("SetTOS after Close: %v, want ErrClosed", err)
 	}
 }

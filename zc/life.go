@@ -57,26 +57,21 @@ func (c *Conn) socketClosed() {
 // goroutine (each is one compare-and-swap):
 //
 //	Take(Self)    openSelf, before the loop first sees the connection
-//	Take(Face)    takeReader, when a face's handler is installed (accept, dial)
-//	Take(Relay)   RelayWith; Untake when its other side was refused
+//	Take(Face)    takeReader, when an Exclusive handler is installed (accept, dial)
+//	Take(Relay)   Relay; Untake when its other side was refused
 //	Wrap/Unwrap   FanOut.Add / FanOut.remove
 //
 // Every claim that is refused is an ErrInvalid that changes nothing (claimRelay,
 // FanOut.Add, SetHandler): two relays of one connection, a relay of a subscriber or of a
 // connection the application or the face reads, cannot happen.
 
-// receiveTaker is a handler that reads its connection for good (the net.Conn face): the
-// connection's reader becomes what it says when the handler is installed.
-type receiveTaker interface{ takesReceive() connstate.Reader }
-
-// takesReceive: the net.Conn face's handler is the connection's reader (its Read copies out
-// of the Data it queues, or reads the socket itself).
-func (*netConn) takesReceive() connstate.Reader { return connstate.ReadFace }
-
-// takeReader makes h's claim on c when h is installed as c's first handler (accept, dial).
-func (c *Conn) takeReader(h Handler) {
-	if t, ok := h.(receiveTaker); ok {
-		c.rd.Take(t.takesReceive())
+// takeReader makes the first handler's claim on c when it is installed (accept, dial): an
+// Exclusive handler (ListenOptions/DialOptions.Exclusive: the net.Conn face's) is the
+// connection's reader for good (connstate's Face: its Read copies out of the Data it
+// queues, or reads the socket itself after ReadSelf's claim).
+func (c *Conn) takeReader(exclusive bool) {
+	if exclusive {
+		c.rd.Take(connstate.ReadFace)
 	}
 }
 
@@ -86,7 +81,7 @@ func (c *Conn) readerErr() error {
 	case connstate.ReadSelf:
 		return fmt.Errorf("the application reads the connection itself (ReadSelf): %w", ErrInvalid)
 	case connstate.ReadFace:
-		return fmt.Errorf("a net.Conn face reads the connection: %w", ErrInvalid)
+		return fmt.Errorf("its handler reads the connection for good (Exclusive: a net.Conn face): %w", ErrInvalid)
 	case connstate.ReadRelay:
 		return fmt.Errorf("a Relay reads the connection: %w", ErrInvalid)
 	}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -313,130 +311,6 @@ func testCallsAfterClose(t *testing.T, cfg Config) {
 			}
 		})
 	}
-}
-
-// TestNetConnReadAfterEngineClose: unread data queued in a net.Conn when the engine closes is
-// still read (also when the first buffer was partly read), then Read returns an error; no
-// spin, no panic, bounded time.
-func TestNetConnReadAfterEngineClose(t *testing.T) {
-	for _, b := range lifetimeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			for _, ring := range []bool{false, true} {
-				for _, partial := range []bool{false, true} {
-					name := "direct"
-					if ring {
-						name = "ring"
-					}
-					if partial {
-						name += "/partly-read"
-					} else {
-						name += "/unread"
-					}
-					t.Run(name, func(t *testing.T) {
-						testNetConnReadAfterEngineClose(t, Config{Backend: b, Queues: 1, NoPin: true, NetConnRing: ring}, partial)
-					})
-				}
-			}
-		})
-	}
-}
-
-func testNetConnReadAfterEngineClose(t *testing.T, cfg Config, partial bool) {
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	s, nc := netAccepted(t, e)
-	msg := make([]byte, 200<<10) // several receive buffers
-	direct := false
-	if directReads(e) {
-		// Direct reads: "received" is what the socket holds, which is within its buffer.
-		msg = msg[:60<<10]
-		direct = true
-	}
-	for i := range msg {
-		msg[i] = byte(i * 7)
-	}
-	if _, err := s.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	s.Shutdown(unix.SHUT_WR)
-	// Wait until everything arrived: queued in the net.Conn (ring: the engine received it
-	// all) or in the socket (direct reads).
-	zconn := nc.(NetConn).Zc()
-	if nc.(*netConn).direct != direct {
-		t.Fatalf("the connection reads directly: %v, the engine says %v", nc.(*netConn).direct, direct)
-	}
-	arrived := func() uint64 {
-		if !direct {
-			return zconn.Stats().BytesRecv
-		}
-		inq := 0
-		zconn.Socket(func(s *tcpglue.Socket) error {
-			return s.Control(func(fd int) error {
-				var err error
-				inq, err = unix.IoctlGetInt(fd, unix.SIOCINQ)
-				return err
-			})
-		})
-		return zconn.Stats().BytesRecv + uint64(inq)
-	}
-	deadline := time.Now().Add(hangBound)
-	for arrived() < uint64(len(msg)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d bytes arrived", arrived(), len(msg))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	var got []byte
-	if partial {
-		p := make([]byte, 100)
-		n, err := nc.Read(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, p[:n]...)
-	}
-	closed := make(chan error, 1)
-	go func() { closed <- e.Close() }()
-	if err := waitHang(t, closed, "Engine.Close", func() string { return "" }); err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		data []byte
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		var data []byte
-		p := make([]byte, 3000) // odd size: reads end inside buffers
-		for i := 0; ; i++ {
-			nc.SetReadDeadline(time.Now().Add(hangBound))
-			n, err := nc.Read(p)
-			data = append(data, p[:n]...)
-			if err != nil || i > 10000 {
-				done <- result{data, err}
-				return
-			}
-		}
-	}()
-	r := waitHang(t, done, "NetConn.Read after Engine.Close", func() string { return "" })
-	got = append(got, r.data...)
-	if !bytes.Equal(got, msg) {
-		t.Errorf("read %d of %d bytes after Engine.Close, equal %v", len(got), len(msg), bytes.Equal(got, msg))
-	}
-	if r.err == nil {
-		t.Errorf("Read after the data ended: %v, want an error", r.err)
-	}
-	var ne net.Error
-	if errors.As(r.err, &ne) && ne.Timeout() {
-		t.Errorf("Read after Engine.Close ended by its deadline (%v): it should end with the connection", r.err)
-	}
-	if r.err != io.EOF && !errors.Is(r.err, ErrClosed) {
-		t.Logf("Read after the data: %v", r.err)
-	}
-	nc.Close()
 }
 
 // TestDialAfterEngineClose: DialAsync on a closed engine fails at once, typed, and its done

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/bpf"
+	"github.com/zcnet/zcnet/hwq"
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -19,18 +20,19 @@ import (
 // Listener accepts connections on every queue: one listening socket per queue in one
 // SO_REUSEPORT group (or a single socket, see SteeringMode).
 type Listener struct {
-	e        *Engine
-	network  string
-	addr     *net.TCPAddr
-	accept   func(*Conn) Handler
-	family   int
-	readSelf bool // ListenOptions.ReadSelf
-	socks    []*tcpglue.Socket
-	parts    []*lpart
-	closed   atomic.Bool
-	wg       sync.WaitGroup
-	rr       atomic.Uint32
-	done     chan struct{}
+	e         *Engine
+	network   string
+	addr      *net.TCPAddr
+	accept    func(*Conn) Handler
+	family    int
+	readSelf  bool // ListenOptions.ReadSelf
+	exclusive bool // ListenOptions.Exclusive
+	socks     []*tcpglue.Socket
+	parts     []*lpart
+	closed    atomic.Bool
+	wg        sync.WaitGroup
+	rr        atomic.Uint32
+	done      chan struct{}
 
 	acceptErrs atomic.Uint64
 	accepted   atomic.Uint64
@@ -64,15 +66,16 @@ const (
 // Listen listens on address and serves accepted connections on the engine's queues. accept
 // runs on the owning queue's goroutine for each new connection and returns its Handler (nil
 // closes the connection). Listening on an address something else already listens on fails
-// with EADDRINUSE (see ListenOptions.Shared).
-func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler) (*Listener, error) {
-	return e.ListenWith(ListenOptions{}, network, address, accept)
-}
-
-// ListenWith is Listen with per-listener options.
-func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept func(c *Conn) Handler) (*Listener, error) {
+// with EADDRINUSE (see ListenOptions.Shared). opts, at most one, are per-listener settings
+// (ReadSelf, Exclusive, Shared, KeepAlive, Backlog, steering, ZcrxNIC); none is the zero
+// ListenOptions.
+func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, opts ...ListenOptions) (*Listener, error) {
 	fail := func(a net.Addr, err error) (*Listener, error) {
 		return nil, &OpError{Op: "listen", Net: network, Addr: a, Err: err}
+	}
+	o, err := oneOption(opts, "listen", network)
+	if err != nil {
+		return nil, err
 	}
 	if e.closed.Load() {
 		return fail(nil, ErrClosed)
@@ -80,16 +83,16 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	if accept == nil {
 		return fail(nil, fmt.Errorf("nil accept func: %w", ErrInvalid))
 	}
-	if opts.Backlog < 0 {
-		return fail(nil, fmt.Errorf("negative backlog %d: %w", opts.Backlog, ErrInvalid))
+	if o.Backlog < 0 {
+		return fail(nil, fmt.Errorf("negative backlog %d: %w", o.Backlog, ErrInvalid))
 	}
-	if opts.Backlog == 0 {
-		opts.Backlog = 4096
+	if o.Backlog == 0 {
+		o.Backlog = 4096
 	}
-	if err := e.checkSteerOptions(&opts); err != nil {
+	if err := e.checkSteerOptions(&o); err != nil {
 		return fail(nil, err)
 	}
-	if opts.ReadSelf {
+	if o.ReadSelf {
 		if err := e.readSelfSupported(); err != nil {
 			return fail(nil, err)
 		}
@@ -102,8 +105,8 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	if e.cfg.Steering == SteerSingleListener {
 		n = 1
 	}
-	ka := e.keepAliveFor(opts.KeepAlive)
-	lopts := tcpglue.ListenOptions{ReusePort: true, Backlog: opts.Backlog, Nonblock: true,
+	ka := e.keepAliveFor(o.KeepAlive)
+	lopts := tcpglue.ListenOptions{ReusePort: true, Backlog: o.Backlog, Nonblock: true,
 		Control: func(s *tcpglue.Socket) error {
 			if e.cfg.SocketOptions != nil {
 				if err := e.cfg.SocketOptions(s); err != nil {
@@ -113,7 +116,7 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 			return keepAlive(s, ka) // accepted sockets inherit it
 		}}
 	var probe *tcpglue.Socket
-	if !opts.Shared && ap.Port() != 0 {
+	if !o.Shared && ap.Port() != 0 {
 		// Our sockets join any SO_REUSEPORT group on the address; refuse instead, unless asked
 		// to share. The probe stays bound (not listening) until the group is up, so nobody can
 		// slip in between; with SO_REUSEADDR on both sides it does not conflict with ours.
@@ -130,15 +133,15 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 		return fail(net.TCPAddrFromAddrPort(ap), err)
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
-	l.readSelf = opts.ReadSelf
+	l.readSelf, l.exclusive = o.ReadSelf, o.Exclusive
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
-	if err := l.setupZcrxNIC(opts.ZcrxNIC); err != nil {
+	if err := l.setupZcrxNIC(o.ZcrxNIC); err != nil {
 		l.closeSockets()
 		return fail(l.addr, err)
 	}
-	if err := l.setupSteering(&opts); err != nil {
+	if err := l.setupSteering(&o); err != nil {
 		l.closeSockets()
 		return fail(l.addr, err)
 	}
@@ -183,23 +186,15 @@ func probeAddr(network string, ap netip.AddrPort) (*tcpglue.Socket, error) {
 }
 
 // Steering returns the listener's BPF steering (flow table, drain, statistics), or nil when
-// the listener uses plain SO_REUSEPORT hashing (see SteeringFallback and SteeringInfo).
+// the listener uses plain SO_REUSEPORT hashing (Stats().Steering says why).
 func (l *Listener) Steering() *bpf.Steering { return l.steer }
-
-// SteeringFallback returns why BPF steering is not in use ("" when it is, or was not asked).
-func (l *Listener) SteeringFallback() string {
-	if l.steerErr == nil {
-		return ""
-	}
-	return l.steerErr.Error()
-}
 
 // Addr returns the listening address.
 func (l *Listener) Addr() net.Addr { return l.addr }
 
-// FDs returns the listening sockets' descriptors, one per queue in queue order (for BPF
+// fds returns the listening sockets' descriptors, one per queue in queue order (for BPF
 // steering). They stay owned by the listener.
-func (l *Listener) FDs() []int {
+func (l *Listener) fds() []int {
 	fds := make([]int, len(l.socks))
 	for i, s := range l.socks {
 		fds[i] = s.Fd()
@@ -207,12 +202,37 @@ func (l *Listener) FDs() []int {
 	return fds
 }
 
-// Accepted returns how many connections were accepted; AcceptErrors how many accepts
-// failed; AcceptBackoffs how often accepting paused because the process (or system) ran out
-// of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
-func (l *Listener) Accepted() uint64       { return l.accepted.Load() }
-func (l *Listener) AcceptErrors() uint64   { return l.acceptErrs.Load() }
-func (l *Listener) AcceptBackoffs() uint64 { return l.backoffs.Load() }
+// ListenerStats are a listener's counters, and how it steers and receives (Listener.Stats).
+type ListenerStats struct {
+	Accepted     uint64 // connections accepted
+	AcceptErrors uint64 // accepts that failed (and ReadSelf connections refused: no descriptor)
+	// AcceptBackoffs counts the times accepting paused because the process (or system) ran
+	// out of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
+	AcceptBackoffs uint64
+	// Steering says how the listener spreads connections over the queues, and why;
+	// Steering.Fallback why BPF steering is not in use ("" when it is, or was not asked).
+	Steering SteeringInfo
+	// ZcrxNICFallback says why the listener's connections do not receive through the NIC
+	// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
+	// the queues' own receive path (Stats.Recv.ZcrxFallback says which). ZcrxNIC is hwq's
+	// binding of the listener's address to that NIC RX queue, nil without one (undone when
+	// the listener closes).
+	ZcrxNICFallback string
+	ZcrxNIC         *hwq.Binding
+}
+
+// Stats returns the listener's counters and state (safe from any goroutine).
+func (l *Listener) Stats() ListenerStats {
+	s := ListenerStats{Accepted: l.accepted.Load(), AcceptErrors: l.acceptErrs.Load(),
+		AcceptBackoffs: l.backoffs.Load(), Steering: l.steeringInfo()}
+	if l.zx != nil {
+		s.ZcrxNIC = l.zx.b
+		if l.zx.err != nil {
+			s.ZcrxNICFallback = l.zx.err.Error()
+		}
+	}
+	return s
+}
 
 func (p *lpart) start() {
 	if p.closing {
@@ -387,7 +407,7 @@ func (l *Listener) create(q *queue, fd int) {
 	if c.h == nil {
 		c.h = h
 	}
-	c.takeReader(c.h)
+	c.takeReader(l.exclusive)
 	l.zcrxNICConn(c)
 	c.setupRecvPath()
 	c.armRecv()

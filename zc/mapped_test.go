@@ -41,7 +41,7 @@ func TestMappedReceive(t *testing.T) {
 				h := k.handler().(HandlerFuncs)
 				inner := h.Data
 				h.Data = func(c *Conn, d Data) {
-					if d.Mapped() {
+					if d.mapped() {
 						held++
 					}
 					inner(c, d)

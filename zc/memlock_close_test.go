@@ -54,7 +54,7 @@ func memlockCloseChild() int {
 			failed = append(failed, fmt.Sprintf("round %d: %v", i, err))
 			continue
 		}
-		if b := e.Backend(); b != BackendIOUring {
+		if b := e.Config().Backend; b != BackendIOUring {
 			failed = append(failed, fmt.Sprintf("round %d: backend %v", i, b))
 		}
 		open := vmPin()

@@ -185,7 +185,7 @@ func testMisuse(t *testing.T, cfg Config) {
 		if _, err := e.Dial(context.Background(), "tcp", "0.0.0.0:80", HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Dial of 0.0.0.0 = %v, want ErrInvalid", err)
 		}
-		if _, err := e.ListenWith(ListenOptions{Backlog: -1}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
+		if _, err := e.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{Backlog: -1}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Listen with a negative backlog = %v", err)
 		}
 		// Post(nil) was accepted and then closed the connection with a *PanicError (the
@@ -403,7 +403,7 @@ func testListenAddrInUse(t *testing.T, cfg Config) {
 			t.Fatalf("Listen on a held address (%s) = %v, want an *OpError matching EADDRINUSE", tc.name, err)
 		}
 		// Shared: joins the group.
-		sl, err := tc.e.ListenWith(ListenOptions{Shared: true}, "tcp", addr, accept("shared"))
+		sl, err := tc.e.Listen("tcp", addr, accept("shared"), ListenOptions{Shared: true})
 		if err != nil {
 			t.Fatalf("Listen Shared on %s (%s) = %v", addr, tc.name, err)
 		}
@@ -453,3 +453,37 @@ func testListenAddrInUse(t *testing.T, cfg Config) {
 		t.Fatalf("Addr is %T", first.Addr())
 	}
 }
+
+// TestTwoOptionStructs: Listen, Dial, DialAsync and Relay take at most one options struct;
+// two are ErrInvalid, and nothing is opened or changed.
+func TestTwoOptionStructs(t *testing.T) {
+	e := newEngine(t, Config{Queues: 1})
+	if _, err := e.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{}, ListenOptions{Shared: true}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Listen with two ListenOptions = %v, want ErrInvalid", err)
+	}
+	l, err := e.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := e.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{}, DialOptions{}, DialOptions{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Dial with two DialOptions = %v, want ErrInvalid", err)
+	}
+	err = e.DialAsync(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{}, func(*Conn, error) { t.Error("done ran") }, DialOptions{}, DialOptions{})
+	if !errors.Is(err, ErrInvalid) {
+		t.Errorf("DialAsync with two DialOptions = %v, want ErrInvalid", err)
+	}
+	a, _ := dialPeer(t, e, HandlerFuncs{})
+	b, _ := dialPeer(t, e, HandlerFuncs{})
+	if _, err := Relay(a, b, RelayOptions{}, RelayOptions{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Relay with two RelayOptions = %v, want ErrInvalid", err)
+	}
+	if closing(a) || closing(b) {
+		t.Error("a refused Relay closed a connection")
+	}
+	if st := l.Stats(); st.Accepted != 0 {
+		t.Errorf("accepted %d: a refused Dial connected", st.Accepted)
+	}
+}
+
+func closing(c *Conn) bool { return c.isClosing() }

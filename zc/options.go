@@ -8,7 +8,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// ListenOptions are per-listener settings (Engine.ListenWith).
+// ListenOptions are per-listener settings (Engine.Listen's optional last argument).
 type ListenOptions struct {
 	// KeepAlive overrides Config.KeepAlive for the accepted connections (0: the engine's;
 	// negative: off).
@@ -27,8 +27,8 @@ type ListenOptions struct {
 	// table (explicit entries and the connections sk_reuseport placed) and are detached on
 	// Close. It needs BPF steering (SteerAuto or SteerBPF). Under SteerAuto an attachment
 	// that fails (or XDP without redirect, or XPS overriding tc) is left out, explained in
-	// SteeringInfo and counted in Stats.Steering.AttachFallbacks; under SteerBPF Listen fails
-	// with the typed error. A name that is no interface fails Listen in both modes. An
+	// ListenerStats.Steering and counted in Stats.Steering.AttachFallbacks; under SteerBPF
+	// Listen fails with the typed error. A name that is no interface fails Listen in both modes. An
 	// interface takes one XDP program: a second listener asking for the same interface gets
 	// the kernel's refusal. On veth the XDP program runs in generic (skb) mode: in driver
 	// mode the redirect would lose the checksum state of the peer's packets.
@@ -37,8 +37,9 @@ type ListenOptions struct {
 	// RecvZcrx): hwq.Bind dedicates a queue to the listener's address (header split, RSS
 	// carve-out, ntuple rule; undone when the listener closes) and the accepted connections
 	// receive through a zcrx instance bound to it, shared by every engine queue. Where the
-	// NIC or its driver cannot, they use the queues' own path, and Listener.ZcrxNICFallback
-	// says why; with Config.NoFallback Listen fails instead. Not from a handler.
+	// NIC or its driver cannot, they use the queues' own path, and
+	// ListenerStats.ZcrxNICFallback says why; with Config.NoFallback Listen fails instead.
+	// Not from a handler.
 	ZcrxNIC string
 	// ReadSelf leaves receiving to the application: zc never reads the socket (no Data,
 	// OnData or OnEOF; MaxRecvHeld and SetReceivePaused do not apply) and the application
@@ -48,12 +49,18 @@ type ListenOptions struct {
 	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
 	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
-	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	// *NotSupportedError). The net.Conn face (zc/netconn) reads this way by default.
 	ReadSelf bool
+	// Exclusive makes the connection's first handler (the one the accept function returns)
+	// its only reader for its whole life: SetHandler and Relay refuse the connection with
+	// ErrInvalid (nothing changes; a FanOut may still publish to it: its wrapper passes every
+	// event on to the handler). A layer that reads its connections itself sets it, so that
+	// nothing takes bytes from under its reader: the net.Conn face (zc/netconn) does.
+	Exclusive bool
 }
 
-// DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsyncWith; DialAsync
-// dials with the zero DialOptions).
+// DialOptions are per-dial settings (the optional last argument of Engine.Dial and
+// Engine.DialAsync; none is the zero DialOptions).
 type DialOptions struct {
 	// KeepAlive overrides Config.KeepAlive (0: the engine's; negative: off).
 	KeepAlive time.Duration
@@ -67,8 +74,14 @@ type DialOptions struct {
 	// connection holds a second descriptor (the socket's duplicate in Go's poller) until
 	// Close, or until Read returned what was left after the engine closed it. It needs
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
-	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
+	// *NotSupportedError). The net.Conn face (zc/netconn) reads this way by default.
 	ReadSelf bool
+	// Exclusive makes the connection's first handler (the h given to the dial)
+	// its only reader for its whole life: SetHandler and Relay refuse the connection with
+	// ErrInvalid (nothing changes; a FanOut may still publish to it: its wrapper passes every
+	// event on to the handler). A layer that reads its connections itself sets it, so that
+	// nothing takes bytes from under its reader: the net.Conn face (zc/netconn) does.
+	Exclusive bool
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:

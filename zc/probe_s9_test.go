@@ -24,9 +24,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/nettest"
+
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
-	"golang.org/x/net/nettest"
+	"github.com/zcnet/zcnet/zc/caps"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
 // probeBound is how long any wait of these tests may take before the test fails with a
@@ -99,8 +102,8 @@ func probeEngine(t *testing.T, cfg zc.Config) *zc.Engine {
 func probeBackends(t *testing.T, fn func(t *testing.T, b zc.Backend)) {
 	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
-			if b == zc.BackendIOUring && zc.Probe().IOUring != nil {
-				t.Skip("io_uring unavailable:", zc.Probe().IOUring)
+			if b == zc.BackendIOUring && caps.Probe().IOUring != nil {
+				t.Skip("io_uring unavailable:", caps.Probe().IOUring)
 			}
 			fn(t, b)
 		})
@@ -167,14 +170,14 @@ func startFrameServer(t *testing.T, e *zc.Engine) *frameServer {
 			}
 		}
 	}
-	ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+	ln, err := e.Listen("tcp", "127.0.0.1:0",
 		func(c *zc.Conn) zc.Handler {
 			s.mu.Lock() // the race detector sees no order through the sockets
 			s.served.Add(1)
 			s.mu.Unlock()
 			go serve(c)
 			return zc.HandlerFuncs{}
-		})
+		}, zc.ListenOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -571,8 +574,8 @@ func TestProbeS9ReadFrom(t *testing.T) {
 					name := fmt.Sprintf("%s/readself=%v/%s", src.name, self, mode)
 					t.Run(name, func(t *testing.T) {
 						peer := newProbePeer(t)
-						c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self},
-							"tcp", peer.ln.Addr().String(), zc.HandlerFuncs{})
+						c, err := e.Dial(context.Background(),
+							"tcp", peer.ln.Addr().String(), zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: self})
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -658,7 +661,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 		peer := newProbePeer(t)
 		copied := make(chan error, 1)
 		var n int64
-		ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+		ln, err := e.Listen("tcp", "127.0.0.1:0",
 			func(c *zc.Conn) zc.Handler {
 				go func() {
 					defer c.Close()
@@ -672,7 +675,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 					copied <- err
 				}()
 				return zc.HandlerFuncs{}
-			})
+			}, zc.ListenOptions{ReadSelf: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -704,7 +707,7 @@ func TestProbeS9CopyFromReadSelf(t *testing.T) {
 				c.Close()
 			}
 		}()
-		c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: true}, "tcp", srv.Addr().String(), zc.HandlerFuncs{})
+		c, err := e.Dial(context.Background(), "tcp", srv.Addr().String(), zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -731,7 +734,7 @@ func probePairH(t *testing.T, e *zc.Engine, self bool, h zc.Handler) (*zc.Conn, 
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c, err := e.DialWith(context.Background(), zc.DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), h)
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, zc.DialOptions{ReadSelf: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -810,14 +813,14 @@ func TestProbeS9Misuse(t *testing.T) {
 				t.Error("OnQueue on the test goroutine")
 			}
 			// From an accept function, and from another connection's OnData.
-			ln, err := e.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0",
+			ln, err := e.Listen("tcp", "127.0.0.1:0",
 				func(a *zc.Conn) zc.Handler {
 					n, err := a.Read(buf)
 					_, rf := a.ReadFrom(bytes.NewReader([]byte("x")))
 					got <- res{n, err, rf}
 					a.Close()
 					return zc.HandlerFuncs{}
-				})
+				}, zc.ListenOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1095,16 +1098,16 @@ func TestProbeS9Misuse(t *testing.T) {
 			c.Wake(make(chan struct{}, 1))
 			_ = c.OnQueue()
 			t.Logf("SetReadDeadline after Engine.Close: %v", c.SetReadDeadline(time.Now()))
-			_, err = e2.DialWith(context.Background(), zc.DialOptions{ReadSelf: true}, "tcp", "127.0.0.1:1", zc.HandlerFuncs{})
-			probeIs(t, "DialWith after Engine.Close", err, zc.ErrClosed)
-			_, err = e2.ListenWith(zc.ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(*zc.Conn) zc.Handler { return nil })
-			probeIs(t, "ListenWith after Engine.Close", err, zc.ErrClosed)
+			_, err = e2.Dial(context.Background(), "tcp", "127.0.0.1:1", zc.HandlerFuncs{}, zc.DialOptions{ReadSelf: true})
+			probeIs(t, "Dial with options after Engine.Close", err, zc.ErrClosed)
+			_, err = e2.Listen("tcp", "127.0.0.1:0", func(*zc.Conn) zc.Handler { return nil }, zc.ListenOptions{ReadSelf: true})
+			probeIs(t, "Listen with options after Engine.Close", err, zc.ErrClosed)
 		})
 	})
 }
 
-// TestProbeS9NetFace: net/http over the net.Conn face on both ends (the server on
-// NetListen, the client's transport dialing with NetDial), concurrent requests with every
+// TestProbeS9NetFace: net/http over the net.Conn face (zc/netconn) on both ends (the server
+// on netconn.Listen, the client's transport dialing with netconn.Dial), concurrent requests with every
 // body checked, then Engine.Close under traffic: Serve returns, no goroutine is left.
 // nettest.TestConn runs on one engine of one queue whose send pool serves a few buffers.
 func TestProbeS9NetFace(t *testing.T) {
@@ -1114,7 +1117,7 @@ func TestProbeS9NetFace(t *testing.T) {
 		t.Run("nettest", func(t *testing.T) {
 			e := probeEngine(t, cfg)
 			nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
-				ln, err := e.NetListen("tcp", "127.0.0.1:0")
+				ln, err := netconn.Listen(e, "tcp", "127.0.0.1:0")
 				if err != nil {
 					return nil, nil, nil, err
 				}
@@ -1123,7 +1126,7 @@ func TestProbeS9NetFace(t *testing.T) {
 					c, _ := ln.Accept()
 					acc <- c
 				}()
-				c1, err = e.NetDial(context.Background(), "tcp", ln.Addr().String())
+				c1, err = netconn.Dial(context.Background(), e, "tcp", ln.Addr().String())
 				if err != nil {
 					ln.Close()
 					return nil, nil, nil, err
@@ -1139,7 +1142,7 @@ func TestProbeS9NetFace(t *testing.T) {
 		})
 		t.Run("http", func(t *testing.T) {
 			e := probeEngine(t, cfg)
-			ln, err := e.NetListen("tcp", "127.0.0.1:0")
+			ln, err := netconn.Listen(e, "tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1151,7 +1154,7 @@ func TestProbeS9NetFace(t *testing.T) {
 				}))
 			}()
 			tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				return e.NetDial(ctx, network, addr)
+				return netconn.Dial(ctx, e, network, addr)
 			}}
 			defer tr.CloseIdleConnections()
 			client := &http.Client{Transport: tr, Timeout: probeBound}

@@ -62,7 +62,7 @@ type queue struct {
 	memCapAt   atomic.Uint64
 	memCapSeen atomic.Int64 // when memCapped last read the limit (UnixNano)
 
-	timers map[*Conn][]*Timer // pending AfterFunc timers (loop only)
+	timers map[*Conn][]*timer // pending AfterFunc timers (loop only)
 
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64

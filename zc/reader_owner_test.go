@@ -47,7 +47,7 @@ func TestRelaySecondReaderRefused(t *testing.T) {
 				hook := func(front, back *Conn) {
 					_, err := Relay(front, back)
 					check("Relay(front, back) again", err)
-					_, err = RelayWith(front, back, RelayOptions{Path: RelaySendData})
+					_, err = Relay(front, back, RelayOptions{Path: RelaySendData})
 					check("RelayWith(front, back, SendData) again", err)
 					_, err = Relay(front, spare)
 					check("Relay(front, spare)", err)
@@ -70,7 +70,7 @@ func TestRelaySecondReaderRefused(t *testing.T) {
 				if r := refused.Load(); r != 6*conns {
 					t.Errorf("%d refusals, want %d", r, 6*conns)
 				}
-				if n := fo.Len(); n != 0 {
+				if n := fo.Stats().Subscribers; n != 0 {
 					t.Errorf("FanOut has %d subscribers, want 0", n)
 				}
 			})
@@ -142,7 +142,7 @@ func TestRelayOfSubscriberRefused(t *testing.T) {
 			buf := make([]byte, 5)
 			pb.SetReadDeadline(time.Now().Add(time.Minute))
 			if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "world" {
-				t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path(), rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
+				t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path, rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
 			}
 
 			// ReadSelf: the application reads it; a relay is refused, nothing changes.
@@ -194,7 +194,7 @@ func dialSelf(t *testing.T, e *Engine) (*Conn, net.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+	c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,52 +204,6 @@ func dialSelf(t *testing.T, e *Engine) (*Conn, net.Conn) {
 	}
 	t.Cleanup(func() { p.Close(); c.Close() })
 	return c, p
-}
-
-// TestRelayOfFaceRefused: a net.Conn face's connection, reading its socket itself or (with
-// NetConnRing) through its handler, cannot be relayed nor get another handler (ErrInvalid);
-// the face goes on reading every byte.
-func TestRelayOfFaceRefused(t *testing.T) {
-	for _, ring := range []bool{false, true} {
-		t.Run(fmt.Sprintf("NetConnRing=%v", ring), func(t *testing.T) {
-			e := newEngine(t, Config{Queues: 1, NetConnRing: ring})
-			l, err := e.NetListen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			peer, err := net.Dial("tcp", l.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
-			nc, err := l.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			c := nc.(NetConn).Zc()
-			other := spareConn(t, e)
-			if _, err := Relay(c, other); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay of a face's connection: %v, want ErrInvalid", err)
-			}
-			if _, err := Relay(other, c); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay(other, face's connection): %v, want ErrInvalid", err)
-			}
-			if err := c.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("SetHandler on a face's connection: %v, want ErrInvalid", err)
-			}
-			peer.Write([]byte("face"))
-			nc.SetReadDeadline(time.Now().Add(time.Minute))
-			b := make([]byte, 4)
-			if _, err := io.ReadFull(nc, b); err != nil || string(b) != "face" {
-				t.Fatalf("the face read %q, %v", b, err)
-			}
-			if other.isClosing() {
-				t.Fatal("a refused relay closed the other connection")
-			}
-		})
-	}
 }
 
 // TestSetHandlerRacingRelay: a SetHandler from another goroutine, accepted while the
@@ -267,7 +221,7 @@ func TestSetHandlerRacingRelay(t *testing.T) {
 			entered.Store(true)
 			<-gate
 			// On a's queue: the relay's handler is in place at once.
-			_, err := RelayWith(a, b, RelayOptions{Path: RelaySendData})
+			_, err := Relay(a, b, RelayOptions{Path: RelaySendData})
 			return err
 		})
 	}()
@@ -290,5 +244,56 @@ func TestSetHandlerRacingRelay(t *testing.T) {
 	pb.SetReadDeadline(time.Now().Add(time.Minute))
 	if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "raced" {
 		t.Fatalf("relayed %q, %v", buf, err)
+	}
+}
+
+// TestExclusiveHandler: a connection opened Exclusive (ListenOptions, DialOptions: what the
+// net.Conn face, zc/netconn, opens) keeps its first handler as its reader: Relay (either
+// side) and SetHandler are ErrInvalid and change nothing, and the handler goes on receiving
+// every byte; without Exclusive the same SetHandler is taken.
+func TestExclusiveHandler(t *testing.T) {
+	for _, exclusive := range []bool{true, false} {
+		t.Run(fmt.Sprintf("Exclusive=%v", exclusive), func(t *testing.T) {
+			e := newEngine(t, Config{Queues: 1})
+			got := make(chan string, 16)
+			h := HandlerFuncs{Data: func(c *Conn, d Data) { got <- string(d.Bytes()); d.Release() }}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, DialOptions{Exclusive: exclusive})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			other := spareConn(t, e)
+			_, err1 := Relay(c, other)
+			_, err2 := Relay(other, c)
+			if exclusive {
+				if !errors.Is(err1, ErrInvalid) || !errors.Is(err2, ErrInvalid) {
+					t.Fatalf("Relay of an Exclusive connection: %v, %v; want ErrInvalid", err1, err2)
+				}
+				if err := c.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+					t.Fatalf("SetHandler on an Exclusive connection: %v, want ErrInvalid", err)
+				}
+				peer.Write([]byte("mine"))
+				if s := recvString(t, got, 4); s != "mine" {
+					t.Fatalf("the handler got %q", s)
+				}
+				if other.isClosing() || c.isClosing() {
+					t.Fatal("a refused call closed a connection")
+				}
+				return
+			}
+			if err1 != nil {
+				t.Fatalf("Relay of a connection opened without Exclusive: %v", err1)
+			}
+		})
 	}
 }

@@ -16,8 +16,8 @@ func TestReadmeExamples(t *testing.T) {
 	}
 	blocks := map[string]string{"echo": "example_echo_test.go", "relay": "example_relay_test.go",
 		"fanout": "example_fanout_test.go", "publish": "example_fanout_test.go",
-		"sendfile": "example_sendfile_test.go", "reader": "example_reader_test.go",
-		"new": "example_send_test.go", "send": "example_send_test.go", "netlisten": "example_send_test.go",
+		"sendfile": "example_sendfile_test.go", "reader": "framed/example_test.go",
+		"new": "example_send_test.go", "send": "example_send_test.go", "netlisten": "netconn/example_test.go",
 		"readself": "example_readself_test.go"}
 	for name, file := range blocks {
 		src, err := os.ReadFile(file)

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ReadSelf (readself.go) through the event-loop API, as an application that reads its
@@ -24,7 +26,7 @@ func TestReadSelfEcho(t *testing.T) {
 			e := newEngine(t, smallCfg(b))
 			var onData atomic.Int64
 			h := HandlerFuncs{Data: func(c *Conn, d Data) { onData.Add(1); d.Release() }}
-			ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 				go func() { // echo with Read and Write, as over a *net.TCPConn
 					buf := make([]byte, 32<<10)
 					for {
@@ -44,12 +46,12 @@ func TestReadSelfEcho(t *testing.T) {
 					}
 				}()
 				return h
-			})
+			}, ListenOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), h)
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), h, DialOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +122,7 @@ func TestReadSelfMisuse(t *testing.T) {
 			defer ln.Close()
 			var peer *Conn // the last dial's
 			dial := func(self bool) *Conn {
-				c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: self}, "tcp", ln.Addr().String(), HandlerFuncs{})
+				c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: self})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -269,13 +271,13 @@ func TestReadSelfAfterEngineClose(t *testing.T) {
 		io.Copy(io.Discard, pc)
 		pc.Close()
 	}()
-	c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", peer.Addr().String(), HandlerFuncs{})
+	c, err := e.Dial(context.Background(), "tcp", peer.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Wait until the whole message is in the socket, then close the engine under it.
 	for {
-		if info, err := c.TCPInfo(); err == nil && info.BytesReceived >= uint64(len(msg)) {
+		if info, err := c.sock.TCPInfo(); err == nil && info.BytesReceived >= uint64(len(msg)) {
 			break
 		}
 		time.Sleep(time.Millisecond)
@@ -329,12 +331,12 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 	dead := tmp.Addr().String()
 	tmp.Close()
 	var mode atomic.Int32
-	ln, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+	ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 		if mode.Load() == 1 {
 			panic("refused by panicking")
 		}
 		return nil
-	})
+	}, ListenOptions{ReadSelf: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +356,7 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 	}
 	before := settle()
 	for i := 0; i < 20; i++ {
-		if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", dead, HandlerFuncs{}); err == nil {
+		if _, err := e.Dial(context.Background(), "tcp", dead, HandlerFuncs{}, DialOptions{ReadSelf: true}); err == nil {
 			t.Fatal("dial to a closed port succeeded")
 		}
 		mode.Store(int32(i % 2))
@@ -373,7 +375,7 @@ func TestReadSelfNoLeakOnRefusal(t *testing.T) {
 }
 
 // TestDialAsyncWithFromHandler: a handler dials with options (ReadSelf, LocalAddr) through
-// DialAsyncWith, as a proxy's accept function dials its backend; DialWith there would wait.
+// DialAsync with DialOptions, as a proxy's accept function dials its backend; Dial there would wait.
 func TestDialAsyncWithFromHandler(t *testing.T) {
 	for _, b := range []Backend{BackendIOUring, BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
@@ -399,8 +401,8 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 			got := make(chan res, 1)
 			local := netip.MustParseAddrPort("127.0.0.1:0")
 			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				if err := e.DialAsyncWith(context.Background(), DialOptions{ReadSelf: true, LocalAddr: local}, "tcp", backend.Addr().String(), HandlerFuncs{},
-					func(bc *Conn, err error) { got <- res{bc, err} }); err != nil {
+				if err := e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{},
+					func(bc *Conn, err error) { got <- res{bc, err} }, DialOptions{ReadSelf: true, LocalAddr: local}); err != nil {
 					got <- res{nil, err}
 				}
 				return HandlerFuncs{}
@@ -414,13 +416,13 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer client.Close()
-			r := waitHang(t, got, "DialAsyncWith's done", nil)
+			r := waitHang(t, got, "DialAsync's done", nil)
 			if r.err != nil {
-				t.Fatalf("DialAsyncWith from the accept function: %v", r.err)
+				t.Fatalf("DialAsync with options from the accept function: %v", r.err)
 			}
 			defer r.c.Close()
-			if r.c.LocalAddrPort().Addr() != local.Addr() {
-				t.Errorf("local address %v, want %v", r.c.LocalAddrPort(), local.Addr())
+			if r.c.laddr.Addr() != local.Addr() {
+				t.Errorf("local address %v, want %v", r.c.laddr, local.Addr())
 			}
 			buf := make([]byte, 64)
 			r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -428,8 +430,8 @@ func TestDialAsyncWithFromHandler(t *testing.T) {
 			if err != nil || string(buf[:n]) != "backend says hi" {
 				t.Fatalf("Read of the ReadSelf backend connection = %q, %v", buf[:n], err)
 			}
-			if err := e.DialAsyncWith(context.Background(), DialOptions{}, "tcp", backend.Addr().String(), HandlerFuncs{}, nil); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("DialAsyncWith with a nil done = %v, want ErrInvalid", err)
+			if err := e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{}, nil, DialOptions{}); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("DialAsync with options and a nil done = %v, want ErrInvalid", err)
 			}
 		})
 	}
@@ -447,7 +449,7 @@ func TestReadSelfQueueNotBehindReader(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			c, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{})
+			c, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -470,6 +472,49 @@ func TestReadSelfQueueNotBehindReader(t *testing.T) {
 			c.Close()
 			if err := waitHang(t, blocked, "the waiting Read at Close", nil); !errors.Is(err, ErrClosed) {
 				t.Fatalf("the waiting Read at Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// Out of descriptors for the duplicate of a ReadSelf connection (opened as the net.Conn
+// face, zc/netconn, opens its direct ones: ReadSelf and Exclusive): an accepted connection
+// is refused (counted in AcceptErrors; the peer sees it end), a dial fails with the errno;
+// nothing leaks. (The face turns the dial's *OpError into a *net.OpError of the same Err.)
+func TestReadSelfNoDescriptor(t *testing.T) {
+	old := dupFD
+	dupFD = func(int) (int, error) { return -1, unix.EMFILE }
+	defer func() { dupFD = old }()
+	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
+			opts := ListenOptions{ReadSelf: true, Exclusive: true}
+			ln, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} }, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			s := dialPlain(t, ln.Addr().String())
+			s.SetNonblocking(false)
+			setRecvTimeout(s, hangBound)
+			k, rerr := s.Read(make([]byte, 8))
+			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
+				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
+			}
+			if n := e.Stats().Faults.AcceptErrors; n != 1 {
+				t.Errorf("AcceptErrors = %d, want 1", n)
+			}
+			nc, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true, Exclusive: true})
+			var oe *OpError
+			if err == nil || !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(err, unix.EMFILE) {
+				t.Fatalf("DialWith ReadSelf without a descriptor for the poller: %v, %v; want a dial *OpError matching EMFILE", nc, err)
+			}
+			deadline := time.Now().Add(hangBound)
+			for e.Stats().Conns > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d connections left after the refusals", e.Stats().Conns)
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 		})
 	}

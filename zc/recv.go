@@ -45,9 +45,10 @@ func (d Data) Bytes() []byte {
 // Len returns the number of bytes received.
 func (d Data) Len() int { return d.n }
 
-// Mapped reports whether the bytes are pages of the socket's receive queue mapped into the
-// connection's window (RecvMapped), rather than a copy in a receive buffer.
-func (d Data) Mapped() bool {
+// mapped reports whether the bytes are pages of the socket's receive queue mapped into the
+// connection's window (RecvMapped), rather than a copy in a receive buffer
+// (Stats.Recv.BytesMapped and ConnStats.BytesRecvMapped count them).
+func (d Data) mapped() bool {
 	m, ok := d.src.(*mappedData)
 	return ok && m.mapped
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // Relay forwards a's received bytes to b and b's to a by the cheapest correct path this host
-// has (RelayWith with the zero RelayOptions: RelayAuto), until both directions ended:
+// has (the zero RelayOptions: RelayAuto), until both directions ended:
 //
 //   - flow control both ways: a slow side stops the other side's receiving, and nothing
 //     waits forever;
@@ -34,7 +34,18 @@ import (
 // relay, the application itself with ReadSelf, a net.Conn face) or is a FanOut subscriber;
 // and such a connection's handler can no longer be replaced (SetHandler: ErrInvalid).
 // RelayStats counts what went each way, and by which path.
-func Relay(a, b *Conn) (*RelayStats, error) { return RelayWith(a, b, RelayOptions{}) }
+//
+// opts, at most one, choose the path (and the splice path's pipe size); none is the zero
+// RelayOptions (RelayAuto). A bad option fails with ErrInvalid, and a path this host cannot
+// take with an error matching ErrNotSupported (both connections are then closed, as for any
+// failed Relay).
+func Relay(a, b *Conn, opts ...RelayOptions) (*RelayStats, error) {
+	o, err := oneOption(opts, "relay", "")
+	if err != nil {
+		return nil, err
+	}
+	return relay(a, b, o)
+}
 
 // RelayPath is how a relay moves bytes.
 type RelayPath uint8
@@ -70,7 +81,7 @@ func (p RelayPath) String() string {
 	return fmt.Sprintf("RelayPath(%d)", int(p))
 }
 
-// RelayOptions tune RelayWith. The zero value is Relay's behaviour.
+// RelayOptions tune a Relay (its optional last argument). The zero value is RelayAuto.
 type RelayOptions struct {
 	// Path demands a path; RelayAuto (the default) picks one. A demanded path this host
 	// cannot take fails with an error matching ErrNotSupported (a *NotSupportedError that
@@ -84,11 +95,8 @@ type RelayOptions struct {
 
 const defaultPipeSize = 1 << 20
 
-// RelayWith is Relay with options: which path to take, and the splice path's pipe size. It
-// fails with ErrInvalid for a bad option, and with an error matching ErrNotSupported when
-// opts.Path demands a path this host cannot take (both connections are then closed, as for
-// any failed Relay).
-func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
+// relay is Relay with its options.
+func relay(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 	if a == nil || b == nil || a == b {
 		return nil, &OpError{Op: "relay", Err: ErrInvalid}
 	}
@@ -122,10 +130,10 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 			return nil, a.opErr("relay", err)
 		default:
 			path = RelaySendData
-			r.fallback = err
+			r.Fallback = err
 		}
 	}
-	r.path = path
+	r.Path = path
 	if path == RelaySplice {
 		if err := startSpliceRelay(r, a, b, opts.PipeSize); err != nil {
 			return nil, err
@@ -133,7 +141,7 @@ func RelayWith(a, b *Conn, opts RelayOptions) (*RelayStats, error) {
 		a.q.ctr.relaysSplice.Add(1)
 		return r, nil
 	}
-	if r.fallback != nil {
+	if r.Fallback != nil {
 		a.q.ctr.relayFallbacks.Add(1)
 	}
 	ha := &relaySide{r: r, peer: b, bytes: &r.AtoB}
@@ -187,11 +195,14 @@ type RelayStats struct {
 	// queued or held for it: that goes out first. (What the destination dropped is read from its
 	// ConnStats.BytesDropped when it closes, so bytes queued on it before the relay started
 	// count too.)
-	Lost     atomic.Uint64
+	Lost atomic.Uint64
+	// Path is the path the relay took, both ways: RelaySplice or RelaySendData. Fallback says
+	// why RelayAuto did not take the splice path (a *NotSupportedError); nil when it did, or
+	// when RelaySendData was asked for. Both are set before Relay returns and never change.
+	Path     RelayPath
+	Fallback error
 	ended    atomic.Int32 // directions that ended with EOF
 	closed   atomic.Int32 // connections that finished
-	path     RelayPath
-	fallback error
 	mu       sync.Mutex
 	err      error // the first failure that says why (mu)
 }
@@ -232,13 +243,6 @@ func (r *RelayStats) lose(n uint64, err error) {
 
 // Finished reports whether both connections of the relay closed (OnClose ran on both).
 func (r *RelayStats) Finished() bool { return r.closed.Load() == 2 }
-
-// Path returns the path the relay took, both ways: RelaySplice or RelaySendData.
-func (r *RelayStats) Path() RelayPath { return r.path }
-
-// Fallback says why RelayAuto did not take the splice path (a *NotSupportedError); nil when
-// it did, or when RelaySendData was asked for.
-func (r *RelayStats) Fallback() error { return r.fallback }
 
 // relaySide is the handler of one side of a SendData relay.
 type relaySide struct {

@@ -50,8 +50,8 @@ func testRelaySendDataLost(t *testing.T, be Backend, how string) {
 	case err := <-s.errs:
 		t.Fatal(err)
 	}
-	if rs.Path() != RelaySendData {
-		t.Fatalf("path %v", rs.Path())
+	if rs.Path != RelaySendData {
+		t.Fatalf("path %v", rs.Path)
 	}
 	waitFor(t, func() bool { return front.Load() != nil }, "the relay's hook")
 	f := front.Load()

@@ -272,7 +272,7 @@ func TestCloseWithZeroCopyInFlight(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("close with zero-copy sends in flight did not finish")
 	}
-	q := cli.queues[c.Queue()]
+	q := cli.queues[c.q.idx]
 	if free := q.send.Free(); free != q.send.Buffers() {
 		t.Fatalf("%d of %d send buffers came back", free, q.send.Buffers())
 	}
@@ -550,8 +550,8 @@ func testForeignBuffers(t *testing.T, cfg Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Queue() == other.Queue() {
-		t.Fatalf("both connections on queue %d", c.Queue())
+	if c.q.idx == other.q.idx {
+		t.Fatalf("both connections on queue %d", c.q.idx)
 	}
 	want := sha256.New()
 	for i := 0; i < rounds; i++ {

@@ -165,10 +165,8 @@ func NewShared(b memreg.Buf, n int) (*Shared, error) {
 	return &Shared{ref: x, n: n, tag: b.Region().Pool().Tag()}, nil
 }
 
-// Len returns the number of bytes each Send sends.
-func (s *Shared) Len() int { return s.n }
-
-// Bytes returns the shared bytes (read only), or nil after Release.
+// Bytes returns the shared bytes (read only: what each Send sends, len(Bytes()) of them), or
+// nil after Release.
 func (s *Shared) Bytes() []byte {
 	b := s.ref.Bytes()
 	if b == nil {

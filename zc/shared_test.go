@@ -64,7 +64,7 @@ func subscribers(t *testing.T, e *Engine, n int, h func() Handler) ([]*Conn, []n
 	conns := make([]*Conn, n)
 	for range clients {
 		c := recvEvent(t, acc, "accept")
-		conns[byPort[int(c.RemoteAddrPort().Port())]] = c
+		conns[byPort[int(c.raddr.Port())]] = c
 	}
 	return conns, clients
 }

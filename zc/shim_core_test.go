@@ -25,19 +25,16 @@ func TestShimReadSelfRefused(t *testing.T) {
 	needShim(t)
 	e := newEngine(t, shimCore())
 	var ns *NotSupportedError
-	if _, err := e.ListenWith(ListenOptions{ReadSelf: true}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }); !errors.As(err, &ns) {
-		t.Fatalf("ListenWith(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
+	if _, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{ReadSelf: true}); !errors.As(err, &ns) {
+		t.Fatalf("Listen(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
 	}
 	ln, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	if _, err := e.DialWith(context.Background(), DialOptions{ReadSelf: true}, "tcp", ln.Addr().String(), HandlerFuncs{}); !errors.As(err, &ns) {
-		t.Fatalf("DialWith(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
-	}
-	if directReads(e) {
-		t.Fatal("the net.Conn face would read the shim's sockets itself")
+	if _, err := e.Dial(context.Background(), "tcp", ln.Addr().String(), HandlerFuncs{}, DialOptions{ReadSelf: true}); !errors.As(err, &ns) {
+		t.Fatalf("Dial(ReadSelf) on the shim = %v, want a *NotSupportedError", err)
 	}
 }
 
@@ -61,13 +58,6 @@ func TestShimEngineCloseWithHeldMemory(t *testing.T) {
 func TestShimCallsAfterClose(t *testing.T) {
 	needShim(t)
 	testCallsAfterClose(t, shimCore())
-}
-
-func TestShimNetConnReadAfterEngineClose(t *testing.T) {
-	needShim(t)
-	for _, partial := range []bool{false, true} {
-		testNetConnReadAfterEngineClose(t, Config{Backend: BackendShim, Queues: 1, NoPin: true}, partial)
-	}
 }
 
 func TestShimHandlersSerialized(t *testing.T) {

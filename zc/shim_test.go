@@ -35,8 +35,8 @@ func TestShimDemanded(t *testing.T) {
 		t.Fatalf("the module is usable but New(BackendShim): %v", err)
 	}
 	defer e.Close()
-	if e.Backend() != BackendShim || e.Stats().Backend != "shim" {
-		t.Fatalf("backend %v, stats %+v", e.Backend(), e.Stats())
+	if e.Config().Backend != BackendShim || e.Stats().Backend != "shim" {
+		t.Fatalf("backend %v, stats %+v", e.Config().Backend, e.Stats())
 	}
 }
 
@@ -91,8 +91,8 @@ func shimFallbackChild() error {
 		want = BackendShim
 	}
 	st := cli.Stats()
-	if cli.Backend() != want || st.Backend != want.String() || st.Fallback == "" || reported == nil {
-		return fmt.Errorf("want a visible fallback to %v: backend %v, stats %+v, reported %v", want, cli.Backend(), st, reported)
+	if cli.Config().Backend != want || st.Backend != want.String() || st.Fallback == "" || reported == nil {
+		return fmt.Errorf("want a visible fallback to %v: backend %v, stats %+v, reported %v", want, cli.Config().Backend, st, reported)
 	}
 	fmt.Println("fallback reason:", st.Fallback)
 	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/nettest"
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/kmod"
@@ -66,7 +65,7 @@ func TestShimEchoSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q := c.Queue(); q < 0 || q >= cli.Config().Queues {
+	if q := c.q.idx; q < 0 || q >= cli.Config().Queues {
 		t.Fatalf("conn on queue %d", q)
 	}
 	if _, err := c.Write([]byte("hello world")); err != nil {
@@ -314,11 +313,6 @@ func TestShimWritable(t *testing.T) {
 func TestShimForeignBuffer(t *testing.T) {
 	needShim(t)
 	testForeignBuffers(t, shimCfg())
-}
-
-func TestShimNettest(t *testing.T) {
-	needShim(t)
-	nettest.TestConn(t, netPipe(t, shimCfg()))
 }
 
 // TestShimPeerCloses and TestShimPeerReset run the io_uring backend's tests over the shim.

@@ -60,7 +60,7 @@ func newSpliceEnv(t *testing.T, cfg Config, opts RelayOptions, serve func(c *net
 				s.errs <- err
 				return
 			}
-			rs, err := RelayWith(front, back, s.opts)
+			rs, err := Relay(front, back, s.opts)
 			if err != nil {
 				s.errs <- err
 				return
@@ -215,8 +215,8 @@ func (s *spliceEnv) checkRelays(t *testing.T, n int, atob, btoa int64) {
 		if s.opts.Path == RelaySendData {
 			want = RelaySendData
 		}
-		if rs.Path() != want {
-			t.Errorf("path %v (fallback %v), want %v", rs.Path(), rs.Fallback(), want)
+		if rs.Path != want {
+			t.Errorf("path %v (fallback %v), want %v", rs.Path, rs.Fallback, want)
 		}
 		if got := int64(rs.AtoB.Load()); got != atob {
 			t.Errorf("AtoB %d, want %d", got, atob)
@@ -491,23 +491,28 @@ func TestRelayPathDemand(t *testing.T) {
 	e := newEngine(t, Config{Queues: 1})
 	a, _ := dialPeer(t, e, HandlerFuncs{})
 	b, _ := dialPeer(t, e, HandlerFuncs{})
-	if _, err := RelayWith(a, b, RelayOptions{Path: RelayPath(9)}); !errors.Is(err, ErrInvalid) {
+	if _, err := Relay(a, b, RelayOptions{Path: RelayPath(9)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("unknown path: %v, want ErrInvalid", err)
 	}
 	<-a.Done()
 	<-b.Done()
 	a, _ = dialPeer(t, e, HandlerFuncs{})
 	b, _ = dialPeer(t, e, HandlerFuncs{})
-	if _, err := RelayWith(a, b, RelayOptions{PipeSize: -1}); !errors.Is(err, ErrInvalid) {
+	if _, err := Relay(a, b, RelayOptions{PipeSize: -1}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("negative pipe size: %v, want ErrInvalid", err)
 	}
 	<-a.Done()
 	<-b.Done()
 
-	// A net.Conn face's connection reads its socket itself (ReadSelf): zc never receives
-	// for it, so no relay of either path could forward its bytes: ErrInvalid, and neither
-	// connection changes (RelayAuto used to fall back to SendData there and wait forever).
-	l, err := e.NetListen("tcp", "127.0.0.1:0")
+	// A connection the application reads itself (ReadSelf, as the net.Conn face opens its
+	// direct ones, Exclusive too): zc never receives for it, so no relay of either path
+	// could forward its bytes: ErrInvalid, and neither connection changes (RelayAuto used to
+	// fall back to SendData there and wait forever).
+	selfAcc := make(chan *Conn, 1)
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		selfAcc <- c
+		return HandlerFuncs{}
+	}, ListenOptions{ReadSelf: true, Exclusive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,20 +525,16 @@ func TestRelayPathDemand(t *testing.T) {
 				io.Copy(io.Discard, c)
 			}
 		}()
-		nc, err := l.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := nc.(NetConn).Zc()
+		c := recvEvent(t, selfAcc, "accept")
 		b, _ = dialPeer(t, e, HandlerFuncs{})
-		if _, err := RelayWith(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("relay (%v) of a net.Conn face's connection: %v, want ErrInvalid", path, err)
+		if _, err := Relay(c, b, RelayOptions{Path: path}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("relay (%v) of a ReadSelf connection: %v, want ErrInvalid", path, err)
 		}
 		if b.isClosing() || c.isClosing() {
 			t.Errorf("relay (%v) refused: a connection was closed", path)
 		}
 		b.Close()
-		nc.Close()
+		c.Close()
 		<-b.Done()
 		<-c.Done()
 	}

@@ -42,12 +42,12 @@ import (
 // With Config.SteerPolicy left at its zero value (bpf.PolicyAuto) the listener uses the CPU
 // policy when it is exact: every queue's thread is pinned on a CPU of its own. Otherwise
 // (NoPin, pinning refused, more queues than CPUs, a single queue) it uses the hash, says why
-// in SteeringInfo and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
+// in ListenerStats.Steering and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
 // explicitly is used even when it cannot be exact (the map then names the CPUs the queues
 // would have been pinned on), and SteeringInfo.Exact says so.
 
 // SteeringInfo says how a listener spreads connections over the queues: what was asked,
-// what is in effect and why (Listener.SteeringInfo).
+// what is in effect and why (ListenerStats.Steering).
 type SteeringInfo struct {
 	// Mode is what Config.Steering asked for.
 	Mode SteeringMode
@@ -101,7 +101,8 @@ type InterfaceSteering struct {
 // complete reports whether everything asked for the interface is in place.
 func (i InterfaceSteering) complete() bool { return i.XDPRedirect && i.TC && !i.XPS }
 
-func (i InterfaceSteering) String() string {
+// describe is the interface's part of SteeringInfo.String: "eth1: xdp redirect, tc egress".
+func (i InterfaceSteering) describe() string {
 	var parts []string
 	switch {
 	case i.XDPRedirect:
@@ -152,7 +153,7 @@ func (i SteeringInfo) String() string {
 	}
 	fmt.Fprintf(&b, "; queues on cpus %v", i.QueueCPUs)
 	for _, f := range i.Interfaces {
-		b.WriteString("; " + f.String())
+		b.WriteString("; " + f.describe())
 	}
 	return b.String()
 }
@@ -164,8 +165,8 @@ func (i SteeringInfo) clone() SteeringInfo {
 	return i
 }
 
-// SteeringInfo returns how the listener steers connections, and why.
-func (l *Listener) SteeringInfo() SteeringInfo {
+// steeringInfo returns how the listener steers connections, and why (ListenerStats.Steering).
+func (l *Listener) steeringInfo() SteeringInfo {
 	if l.info == nil {
 		return SteeringInfo{}
 	}
@@ -389,7 +390,7 @@ func cpuQueueMap(qcpu []int, t cpuTopology) []int {
 	return m
 }
 
-// setupSteering decides and installs the listener's steering. It runs in ListenWith after
+// setupSteering decides and installs the listener's steering. It runs in Listen after
 // the sockets exist, on the caller's thread: interfaces are looked up in its network
 // namespace. An error fails Listen (the caller closes the sockets); l.steer is set only on
 // success.
@@ -436,7 +437,7 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 		}
 		return nil
 	}
-	s, err := bpf.NewSteering(l.FDs(), &bpf.Options{Policy: policy})
+	s, err := bpf.NewSteering(l.fds(), &bpf.Options{Policy: policy})
 	if err != nil {
 		return fallback(err)
 	}

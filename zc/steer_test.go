@@ -34,7 +34,7 @@ func steerEngine(t *testing.T, mode SteeringMode) (*Engine, *Listener, *peerEven
 	e := newEngine(t, Config{Queues: 2, Steering: mode, NoPin: true})
 	l, ev := listenEvents(t, e)
 	if l.Steering() == nil {
-		t.Fatalf("no steering: %s", l.SteeringFallback())
+		t.Fatalf("no steering: %s", l.Stats().Steering.Fallback)
 	}
 	return e, l, ev
 }
@@ -63,8 +63,8 @@ func TestSteeringFlowTableAndDrain(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			dialFrom(t, c.peer+":0", srvAddr)
 			conn := recvEvent(t, ev.conn, "accept")
-			if conn.Queue() != c.queue {
-				t.Fatalf("flow from %s landed on queue %d, programmed %d", c.peer, conn.Queue(), c.queue)
+			if conn.q.idx != c.queue {
+				t.Fatalf("flow from %s landed on queue %d, programmed %d", c.peer, conn.q.idx, c.queue)
 			}
 		}
 	}
@@ -74,7 +74,7 @@ func TestSteeringFlowTableAndDrain(t *testing.T) {
 	}
 	for i := 0; i < 10; i++ {
 		dialFrom(t, "127.0.0.5:0", srvAddr)
-		if q := recvEvent(t, ev.conn, "accept").Queue(); q != 1 {
+		if q := recvEvent(t, ev.conn, "accept").q.idx; q != 1 {
 			t.Fatalf("connection landed on drained queue %d", q)
 		}
 	}
@@ -146,26 +146,26 @@ func steerChild() int {
 		return 1
 	}
 	defer l.Close()
-	if l.Steering() != nil || l.SteeringFallback() == "" || e.Stats().Steering.Fallbacks != 1 {
+	if l.Steering() != nil || l.Stats().Steering.Fallback == "" || e.Stats().Steering.Fallbacks != 1 {
 		println("fallback not visible")
 		return 1
 	}
-	println("fallback:", l.SteeringFallback())
+	println("fallback:", l.Stats().Steering.Fallback)
 	// Interfaces asked for: reported and counted, not attached; the listener works.
-	li, err := e.ListenWith(ListenOptions{SteerInterfaces: []string{"lo"}}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} })
+	li, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{SteerInterfaces: []string{"lo"}})
 	if err != nil {
 		println("listen with interfaces:", err.Error())
 		return 1
 	}
 	defer li.Close()
-	info := li.SteeringInfo()
+	info := li.Stats().Steering
 	if info.BPF || info.Fallback == "" || len(info.Interfaces) != 1 || info.Interfaces[0].XDP || info.Interfaces[0].TC ||
 		info.Interfaces[0].Reason == "" || e.Stats().Steering.AttachFallbacks != 1 || e.Stats().Steering.Fallbacks != 2 {
 		println("interface fallback not visible:", info.String())
 		return 1
 	}
 	println("interfaces:", info.String())
-	if _, err := e.ListenWith(ListenOptions{SteerInterfaces: []string{"zcnope0"}}, "tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }); !errors.Is(err, ErrInvalid) {
+	if _, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{SteerInterfaces: []string{"zcnope0"}}); !errors.Is(err, ErrInvalid) {
 		println("unknown interface without BPF:", err)
 		return 1
 	}
@@ -317,7 +317,7 @@ func TestSteerInterfacesBadInput(t *testing.T) {
 	}
 	before := openFDCount(t)
 	for name, c := range cases {
-		l, err := c.e.ListenWith(ListenOptions{SteerInterfaces: c.names}, "tcp", "127.0.0.1:0", nop)
+		l, err := c.e.Listen("tcp", "127.0.0.1:0", nop, ListenOptions{SteerInterfaces: c.names})
 		if err == nil {
 			l.Close()
 			t.Errorf("%s: Listen succeeded", name)
@@ -376,7 +376,7 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 	cpus := pinnedCPUs(t, 2)
 	e := newEngine(t, Config{Queues: 2})
 	l, ev := listenEvents(t, e)
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	t.Logf("steering: %v", info)
 	if l.Steering() == nil || !info.BPF || info.Policy != bpf.PolicyCPU || !info.Exact {
 		t.Fatalf("default policy: %+v", info)
@@ -415,7 +415,7 @@ func TestSteeringDefaultCPUPolicy(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			if got := recvEvent(t, ev.conn, "accept").Queue(); got != q {
+			if got := recvEvent(t, ev.conn, "accept").q.idx; got != q {
 				t.Fatalf("SYN sent from CPU %d landed on queue %d, want %d (the queue pinned there)", cpu, got, q)
 			}
 		}
@@ -434,7 +434,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// NoPin + auto: the hash, visibly.
 	e := newEngine(t, Config{Queues: 2, NoPin: true})
 	l, _ := listenEvents(t, e)
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	if !info.BPF || info.Policy != bpf.PolicyHash || info.Exact || !strings.Contains(info.PolicyReason, "NoPin") || info.CPUQueues != nil {
 		t.Errorf("NoPin, auto: %+v", info)
 	}
@@ -450,7 +450,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// NoPin + PolicyCPU asked: used, not exact, and the map names the nominal CPUs.
 	e2 := newEngine(t, Config{Queues: 2, NoPin: true, SteerPolicy: bpf.PolicyCPU})
 	l2, _ := listenEvents(t, e2)
-	info = l2.SteeringInfo()
+	info = l2.Stats().Steering
 	if info.Policy != bpf.PolicyCPU || info.Exact || !strings.Contains(info.PolicyReason, "cannot be exact") || len(info.CPUQueues) == 0 {
 		t.Errorf("NoPin, PolicyCPU: %+v", info)
 	}
@@ -463,7 +463,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// PolicyHash asked: the hash, nothing counted as a fallback.
 	e3 := newEngine(t, Config{Queues: 2, SteerPolicy: bpf.PolicyHash})
 	l3, _ := listenEvents(t, e3)
-	info = l3.SteeringInfo()
+	info = l3.Stats().Steering
 	if info.Policy != bpf.PolicyHash || !strings.Contains(info.PolicyReason, "PolicyHash") {
 		t.Errorf("PolicyHash: %+v", info)
 	}
@@ -473,7 +473,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// Not asked at all.
 	e4 := newEngine(t, Config{Queues: 2, NoPin: true, Steering: SteerReuseportHash})
 	l4, _ := listenEvents(t, e4)
-	if info := l4.SteeringInfo(); info.BPF || info.Mode != SteerReuseportHash || !strings.Contains(info.String(), "reuseport hash") {
+	if info := l4.Stats().Steering; info.BPF || info.Mode != SteerReuseportHash || !strings.Contains(info.String(), "reuseport hash") {
 		t.Errorf("SteerReuseportHash: %+v", info)
 	}
 }
@@ -580,7 +580,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		var l *Listener
 		err := netns.Do(v.srv.Fd(), func() error {
 			var err error
-			l, err = e.ListenWith(ListenOptions{SteerInterfaces: []string{steerSrvIf}}, "tcp", "10.213.7.1:0", accept)
+			l, err = e.Listen("tcp", "10.213.7.1:0", accept, ListenOptions{SteerInterfaces: []string{steerSrvIf}})
 			return err
 		})
 		return l, err
@@ -590,7 +590,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	t.Logf("steering: %v", info)
 	if len(info.Interfaces) != 1 {
 		t.Fatalf("interfaces %+v", info.Interfaces)
@@ -653,7 +653,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 			st, _ := srvSt.Stats()
 			t.Fatalf("flow from CPU %d: %v\nserver %+v", fromCPU, err, st)
 		}
-		if q := recvEvent(t, accepted, "accept").Queue(); q != wantQ {
+		if q := recvEvent(t, accepted, "accept").q.idx; q != wantQ {
 			t.Fatalf("flow from CPU %d accepted on queue %d, want %d", fromCPU, q, wantQ)
 		}
 		time.Sleep(50 * time.Millisecond) // let the FIN/ACKs pass
@@ -717,7 +717,7 @@ func TestSteerInterfacesVeth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ia := la.SteeringInfo().Interfaces[0]
+	ia := la.Stats().Steering.Interfaces[0]
 	if ia.XDP || ia.XDPRedirect || !ia.TC || !strings.Contains(ia.Reason, "attach xdp") {
 		t.Fatalf("SteerAuto on a busy interface: %+v", ia)
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 )
 
-// Timer is a function scheduled on a connection's queue goroutine by Conn.AfterFunc.
-type Timer struct {
+// timer is a function scheduled on a connection's queue goroutine by Conn.AfterFunc.
+type timer struct {
 	c     *Conn
 	fn    func()
 	state atomic.Int32 // timerPending, timerFired, timerStopped
@@ -27,14 +27,19 @@ const (
 // away with the connection. A panic in fn closes the connection with a *PanicError, as a
 // handler's does. Call it from any goroutine; it fails with ErrClosed once the connection is
 // closing, and with ErrInvalid for a nil fn.
-func (c *Conn) AfterFunc(d time.Duration, fn func()) (*Timer, error) {
+//
+// stop cancels the timer (as context.AfterFunc's stop does): it reports whether it stopped
+// it, false when fn already ran (or runs now) or the timer was stopped before. Call it from
+// any goroutine; on the connection's queue goroutine the loop forgets the timer at once,
+// elsewhere when it was due.
+func (c *Conn) AfterFunc(d time.Duration, fn func()) (stop func() bool, err error) {
 	if fn == nil {
 		return nil, c.opErr("afterfunc", ErrInvalid)
 	}
 	if c.isClosing() {
 		return nil, c.opErr("afterfunc", ErrClosed)
 	}
-	t := &Timer{c: c, fn: fn}
+	t := &timer{c: c, fn: fn}
 	arm := func() {
 		if c.inClose() || t.state.Load() != timerPending {
 			t.state.CompareAndSwap(timerPending, timerStopped)
@@ -45,16 +50,16 @@ func (c *Conn) AfterFunc(d time.Duration, fn func()) (*Timer, error) {
 	}
 	if c.q.OnLoop() {
 		arm()
-		return t, nil
+		return t.stop, nil
 	}
 	if err := c.q.Post(arm); err != nil {
 		return nil, c.opErr("afterfunc", ErrClosed)
 	}
-	return t, nil
+	return t.stop, nil
 }
 
 // fire runs on the loop when the timer is due.
-func (t *Timer) fire() {
+func (t *timer) fire() {
 	t.c.q.dropTimer(t.c, t)
 	if !t.state.CompareAndSwap(timerPending, timerFired) {
 		return
@@ -65,10 +70,8 @@ func (t *Timer) fire() {
 	t.c.callPosted(t.fn)
 }
 
-// Stop cancels the timer. It reports whether it stopped it: false when fn already ran (or
-// runs now) or the timer was stopped before. Call it from any goroutine; on the connection's
-// queue goroutine the loop forgets the timer at once, elsewhere when it was due.
-func (t *Timer) Stop() bool {
+// stop is AfterFunc's stop.
+func (t *timer) stop() bool {
 	if t == nil || !t.state.CompareAndSwap(timerPending, timerStopped) {
 		return false
 	}
@@ -81,14 +84,14 @@ func (t *Timer) Stop() bool {
 
 // addTimer / dropTimer keep the connections' pending timers (loop only), so that a finished
 // connection's timers leave the loop with it (stopTimers).
-func (q *queue) addTimer(c *Conn, t *Timer) {
+func (q *queue) addTimer(c *Conn, t *timer) {
 	if q.timers == nil {
-		q.timers = map[*Conn][]*Timer{}
+		q.timers = map[*Conn][]*timer{}
 	}
 	q.timers[c] = append(q.timers[c], t)
 }
 
-func (q *queue) dropTimer(c *Conn, t *Timer) {
+func (q *queue) dropTimer(c *Conn, t *timer) {
 	ts := q.timers[c]
 	for i, x := range ts {
 		if x == t {

@@ -33,7 +33,7 @@ func TestAfterFunc(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !t1.Stop() || t1.Stop() {
+			if !t1() || t1() {
 				t.Fatal("Stop of a pending timer: want true once, then false")
 			}
 			later := make(chan struct{})
@@ -46,7 +46,7 @@ func TestAfterFunc(t *testing.T) {
 			chain := make(chan struct{})
 			c.Post(func() {
 				t2, _ := c.AfterFunc(time.Hour, func() { t.Error("stopped on the loop, ran") })
-				if !t2.Stop() {
+				if !t2() {
 					t.Error("Stop on the loop returned false")
 				}
 				c.AfterFunc(0, func() { close(chain) })
@@ -89,8 +89,8 @@ func TestAfterFunc(t *testing.T) {
 }
 
 // timersOf returns c's pending timers, read on the loop.
-func (q *queue) timersOf(c *Conn) []*Timer {
-	var ts []*Timer
+func (q *queue) timersOf(c *Conn) []*timer {
+	var ts []*timer
 	q.Do(func() error { ts = append(ts, q.timers[c]...); return nil })
 	return ts
 }

@@ -84,10 +84,10 @@ func TestV3Sentinels(t *testing.T) {
 		t.Fatalf("New with KeepAlive 32768s = %v, want a *ConfigError for KeepAlive", err)
 	}
 	e := newEngine(t, Config{Queues: 1, KeepAlive: 32767 * time.Second})
-	if _, err := e.ListenWith(ListenOptions{KeepAlive: 40000 * time.Second}, "tcp", "127.0.0.1:0", echoAccept); !errors.Is(err, ErrInvalid) {
+	if _, err := e.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{KeepAlive: 40000 * time.Second}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Listen with KeepAlive 40000s = %v, want ErrInvalid", err)
 	}
-	if _, err := e.DialWith(context.Background(), DialOptions{KeepAlive: 40000 * time.Second}, "tcp", dialablePort(t), HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+	if _, err := e.Dial(context.Background(), "tcp", dialablePort(t), HandlerFuncs{}, DialOptions{KeepAlive: 40000 * time.Second}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Dial with KeepAlive 40000s = %v, want ErrInvalid", err)
 	}
 	c, _ := dialPeer(t, e, HandlerFuncs{}) // the longest KeepAlive works
@@ -106,10 +106,6 @@ func TestV3Sentinels(t *testing.T) {
 	//lint:ignore SA1012 the misuse under test
 	if _, err := c.WriteContext(nil, []byte("x")); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("WriteContext(nil) = %v", err)
-	}
-	//lint:ignore SA1012 the misuse under test
-	if _, err := c.Path(nil); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("Path(nil) = %v", err)
 	}
 	//lint:ignore SA1012 the misuse under test
 	if err := e.CloseContext(nil); !errors.Is(err, ErrInvalid) {

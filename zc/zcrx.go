@@ -37,30 +37,32 @@ type zcrxQueue struct {
 	nic []*zcrx.Receiver // instances bound to NIC queues (listeners' ZcrxNIC), for Stats
 }
 
-// ZcrxUnavailableError is New's error when Config.RecvPath is RecvZcrx, Config.NoFallback
-// forbids the fallback to RecvRing, and zcrx cannot be set up: Err says why (it matches
-// ErrNotSupported when the kernel, the privileges or the backend lack what zcrx needs).
-type ZcrxUnavailableError struct {
-	Queue int // the queue that could not set it up, -1 for the whole engine
-	Err   error
-}
+// zcrxRefused is New's (or Listen's, for ListenOptions.ZcrxNIC) error when Config.RecvPath
+// is RecvZcrx, Config.NoFallback forbids the fallback to RecvRing, and zcrx cannot be set
+// up: a *NotSupportedError that says where (the engine, a queue, a NIC) and why. The engine
+// does not fall back to another backend for it (io_uring works; zcrx does not).
+type zcrxRefused struct{ err error }
 
-func (e *ZcrxUnavailableError) Error() string {
-	where := "engine"
-	if e.Queue >= 0 {
-		where = fmt.Sprintf("queue %d", e.Queue)
+func (z *zcrxRefused) Error() string { return z.err.Error() }
+func (z *zcrxRefused) Unwrap() error { return z.err }
+
+// zcrxUnavailable is the refusal of zcrx on queue (-1: the engine, or the NIC's queue) for
+// cause.
+func zcrxUnavailable(queue int, cause error) error {
+	where := "the engine"
+	if queue >= 0 {
+		where = fmt.Sprintf("queue %d", queue)
 	}
-	return fmt.Sprintf("receive path zcrx unavailable on %s (fallback forbidden): %v", where, e.Err)
+	return &zcrxRefused{&NotSupportedError{What: "zcrx receive path on " + where + " (fallback forbidden)",
+		Need: "device-less zcrx (Linux 7.1+) or a NIC queue bound to the ring, CAP_NET_ADMIN, the io_uring backend", Err: cause}}
 }
-
-func (e *ZcrxUnavailableError) Unwrap() error { return e.Err }
 
 // checkZcrxBackend refuses RecvZcrx with NoFallback on a backend without io_uring.
 func (e *Engine) checkZcrxBackend() error {
 	if e.cfg.RecvPath != RecvZcrx || !e.cfg.NoFallback || e.backend == BackendIOUring {
 		return nil
 	}
-	return &ZcrxUnavailableError{Queue: -1, Err: errs.NotSupported("zcrx receive path", "the io_uring backend", fmt.Errorf("backend %v", e.backend))}
+	return zcrxUnavailable(-1, errs.NotSupported("zcrx receive path", "the io_uring backend", fmt.Errorf("backend %v", e.backend)))
 }
 
 // zcrxWanted says whether a new io_uring queue's ring needs 32-byte completions: RecvZcrx
@@ -99,7 +101,7 @@ func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 		err = *p
 	}
 	if err != nil && q.e.cfg.NoFallback {
-		return &ZcrxUnavailableError{Queue: q.idx, Err: err}
+		return zcrxUnavailable(q.idx, err)
 	}
 	return nil
 }
@@ -362,7 +364,7 @@ type zcrxListener struct {
 
 // setupZcrxNIC binds the listener's flows to a NIC RX queue when ListenOptions.ZcrxNIC asks
 // for it. A refusal (hwq's, or the driver's at registration) leaves the listener on the
-// queues' own receive path, visibly (Listener.ZcrxNICFallback); with NoFallback it fails
+// queues' own receive path, visibly (Listener.Stats().ZcrxNICFallback); with NoFallback it fails
 // Listen.
 func (l *Listener) setupZcrxNIC(nic string) error {
 	if nic == "" {
@@ -382,7 +384,7 @@ func (l *Listener) setupZcrxNIC(nic string) error {
 	}
 	l.zx.err = err
 	if e.cfg.NoFallback {
-		return &ZcrxUnavailableError{Queue: -1, Err: err}
+		return zcrxUnavailable(-1, err)
 	}
 	return nil
 }
@@ -447,23 +449,4 @@ func (l *Listener) closeZcrxNIC() {
 	if l.zx != nil && l.zx.b != nil {
 		l.zx.b.Close()
 	}
-}
-
-// ZcrxNICFallback returns why the listener's connections do not receive through the NIC
-// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
-// the queues' own receive path (Stats.Recv.ZcrxFallback says which).
-func (l *Listener) ZcrxNICFallback() string {
-	if l.zx == nil || l.zx.err == nil {
-		return ""
-	}
-	return l.zx.err.Error()
-}
-
-// ZcrxNICBinding returns hwq's binding of the listener's address to a NIC RX queue, or nil
-// (see ZcrxNICFallback). It is undone when the listener closes.
-func (l *Listener) ZcrxNICBinding() *hwq.Binding {
-	if l.zx == nil {
-		return nil
-	}
-	return l.zx.b
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
 // TestBadInput: every bad argument gets a typed error and leaves nothing
@@ -228,7 +229,7 @@ func equalBytes(a, b []byte) bool { return string(a) == string(b) }
 
 // longFlow is a connected client whose exchanges echo.
 type longFlow struct {
-	conn  zc.NetConn
+	conn  netconn.Conn
 	local netip.AddrPort
 }
 
@@ -238,7 +239,7 @@ func newLongFlow(t *testing.T, v *testutil.VethPair, e *zc.Engine, to netip.Addr
 	v.In(t, v.Cli, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		f.conn, err = e.NetDial(ctx, "tcp", to.String())
+		f.conn, err = netconn.Dial(ctx, e, "tcp", to.String())
 		return err
 	})
 	t.Cleanup(func() { f.conn.Close() })
@@ -365,7 +366,7 @@ func TestLoopback(t *testing.T) {
 	e := zcEngine(t)
 	var ln net.Listener
 	v.In(t, v.Srv, func() (err error) {
-		ln, err = e.NetListen("tcp", "127.0.0.1:0")
+		ln, err = netconn.Listen(e, "tcp", "127.0.0.1:0")
 		return err
 	})
 	defer ln.Close()
@@ -383,7 +384,7 @@ func TestLoopback(t *testing.T) {
 	var f *longFlow
 	v.In(t, v.Srv, func() (err error) {
 		f = &longFlow{}
-		f.conn, err = e.NetDial(context.Background(), "tcp", srv.String())
+		f.conn, err = netconn.Dial(context.Background(), e, "tcp", srv.String())
 		return err
 	})
 	payload := randomBytes(300 << 10)

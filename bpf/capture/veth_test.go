@@ -27,6 +27,7 @@ import (
 	"github.com/zcnet/zcnet/internal/netns"
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
 // zcEngine starts a zc engine for a test. Its listeners use the kernel's
@@ -49,7 +50,7 @@ func echoListener(t *testing.T, v *testutil.VethPair, e *zc.Engine) netip.AddrPo
 	t.Helper()
 	var ln net.Listener
 	v.In(t, v.Srv, func() (err error) {
-		ln, err = e.NetListen("tcp", netip.AddrPortFrom(v.SrvAddr, 0).String())
+		ln, err = netconn.Listen(e, "tcp", netip.AddrPortFrom(v.SrvAddr, 0).String())
 		return err
 	})
 	t.Cleanup(func() { ln.Close() })
@@ -91,11 +92,11 @@ func echoConn(c net.Conn) {
 // while reading the echo, and checks every byte came back. It returns the
 // connection's local address.
 func echoExchange(t *testing.T, v *testutil.VethPair, e *zc.Engine, to netip.AddrPort, payload []byte) (netip.AddrPort, error) {
-	var c zc.NetConn
+	var c netconn.Conn
 	err := netns.Do(v.Cli.Fd(), func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err = e.NetDial(ctx, "tcp", to.String())
+		c, err = netconn.Dial(ctx, e, "tcp", to.String())
 		return err
 	})
 	if err != nil {
@@ -438,11 +439,11 @@ func TestRingFull(t *testing.T) {
 // echo and checking every byte of it against the same stream. It returns
 // the number of bytes that went both ways.
 func streamExchange(v *testutil.VethPair, e *zc.Engine, to netip.AddrPort, stop <-chan struct{}) (int64, error) {
-	var c zc.NetConn
+	var c netconn.Conn
 	err := netns.Do(v.Cli.Fd(), func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err = e.NetDial(ctx, "tcp", to.String())
+		c, err = netconn.Dial(ctx, e, "tcp", to.String())
 		return err
 	})
 	if err != nil {

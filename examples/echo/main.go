@@ -41,7 +41,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer l.Close()
-	log.Printf("echo on %s (backend %s, steering: %s)", l.Addr(), e.Backend(), steering(l))
+	log.Printf("echo on %s (backend %s, steering: %s)", l.Addr(), e.Config().Backend, steering(l))
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig
@@ -52,7 +52,7 @@ func steering(l *zc.Listener) string {
 	if l.Steering() != nil {
 		return "bpf"
 	}
-	if r := l.SteeringFallback(); r != "" {
+	if r := l.Stats().Steering.Fallback; r != "" {
 		return "reuseport hash (" + r + ")"
 	}
 	return "reuseport hash"

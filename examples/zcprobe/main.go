@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/tcpglue"
-	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/caps"
 )
 
 func main() {
@@ -41,7 +41,7 @@ func main() {
 		}
 		return
 	}
-	fmt.Print(zc.Probe())
+	fmt.Print(caps.Probe())
 	sup, err := tcpglue.ProbeTLS()
 	switch {
 	case err != nil:

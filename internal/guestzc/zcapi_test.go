@@ -462,7 +462,7 @@ func TestRelayAcrossPair(t *testing.T) {
 			defer cs.Close()
 			a := <-accepted
 			b := dial(t, e, backendAddr, zc.HandlerFuncs{})
-			rs, err := zc.RelayWith(a, b, zc.RelayOptions{Path: path})
+			rs, err := zc.Relay(a, b, zc.RelayOptions{Path: path})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -491,8 +491,8 @@ func TestRelayAcrossPair(t *testing.T) {
 			fmt.Printf("MEASURE zc-relay-%s: %d + %d bytes relayed, %d spliced; engine: zero-copy %d, zero-copy but copied %d, copied %d bytes; %d SEND_ZC ops, %d copying ops, %d switches, %d probes\n",
 				tc.name, rs.AtoB.Load(), rs.BtoA.Load(), rs.SplicedAtoB.Load()+rs.SplicedBtoA.Load(), st.Send.BytesZC, st.Send.BytesZCCopied, st.Send.BytesCopy,
 				st.Send.ZCOps, st.Send.Ops, st.Send.ZCSwitches, st.Send.ZCProbes)
-			if rs.Path() != path || rs.AtoB.Load() != up || rs.BtoA.Load() != down || rs.Lost.Load() != 0 || rs.Err() != nil {
-				t.Fatalf("relay: path %v, %d and %d bytes, %d lost, %v", rs.Path(), rs.AtoB.Load(), rs.BtoA.Load(), rs.Lost.Load(), rs.Err())
+			if rs.Path != path || rs.AtoB.Load() != up || rs.BtoA.Load() != down || rs.Lost.Load() != 0 || rs.Err() != nil {
+				t.Fatalf("relay: path %v, %d and %d bytes, %d lost, %v", rs.Path, rs.AtoB.Load(), rs.BtoA.Load(), rs.Lost.Load(), rs.Err())
 			}
 			if path == zc.RelaySendData && tc.send == zc.SendZeroCopy && st.Send.BytesZC == 0 {
 				t.Fatalf("the SendData relay's zero-copy sends of received buffers were all copied: %+v", st.Send)

@@ -30,6 +30,11 @@ var forbidden = []struct {
 	{"internal/zcrx", []string{"zc"}},
 	// the TLS face: crypto/tls, tcpglue's socket options and zc's public API only
 	{"zc/ztls", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "memreg", "hwq", "bpf", "zc/internal"}},
+	// the net.Conn face and the framed Reader: zc's public API only (issue 30)
+	{"zc/netconn", []string{"internal", "kmod", "memreg", "hwq", "bpf", "tcpglue", "zc/internal", "zc/framed", "zc/caps"}},
+	{"zc/framed", []string{"internal", "kmod", "memreg", "hwq", "bpf", "tcpglue", "zc/internal", "zc/netconn", "zc/caps"}},
+	// the capability report probes the layers below; it needs no engine
+	{"zc/caps", []string{"internal/loop", "internal/zcrx", "memreg", "zc/internal", "zc/netconn", "zc/framed", "zc/ztls"}},
 	// the connection state machine is a leaf: it imports nothing of the module
 	{"zc/internal/connstate", []string{"internal", "memreg", "hwq", "tcpglue", "bpf", "kmod", "zc"}},
 }

@@ -51,6 +51,7 @@ import (
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/bpf/capture"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
 var (
@@ -221,7 +222,7 @@ func runOne(srvNS *os.File, ifindex int, addr netip.AddrPort, v variant, load fu
 // serve listens on the server address with zc's net.Listener face and
 // runs handle for each connection.
 func serve(e *zc.Engine, handle func(net.Conn)) (netip.AddrPort, error) {
-	ln, err := e.NetListen("tcp", netns.ServerIP+":0")
+	ln, err := netconn.Listen(e, "tcp", netns.ServerIP+":0")
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
@@ -262,12 +263,12 @@ func echo(c net.Conn) {
 	io.Copy(c, c)
 }
 
-func dial(e *zc.Engine, ns *os.File, addr netip.AddrPort) (zc.NetConn, error) {
-	var c zc.NetConn
+func dial(e *zc.Engine, ns *os.File, addr netip.AddrPort) (netconn.Conn, error) {
+	var c netconn.Conn
 	err := inNS(ns, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err = e.NetDial(ctx, "tcp", addr.String())
+		c, err = netconn.Dial(ctx, e, "tcp", addr.String())
 		return err
 	})
 	return c, err
@@ -322,7 +323,7 @@ func bulk(e *zc.Engine, ns *os.File, addr netip.AddrPort) (result, error) {
 // echoLoad: -conns connections, each with one 64-byte message in flight,
 // for -d; every echoed message is checked.
 func echoLoad(e *zc.Engine, ns *os.File, addr netip.AddrPort) (result, error) {
-	cs := make([]zc.NetConn, *conns)
+	cs := make([]netconn.Conn, *conns)
 	for i := range cs {
 		c, err := dial(e, ns, addr)
 		if err != nil {

@@ -225,7 +225,7 @@ func runZC(setup string, ncpu int, report bool) (float64, time.Duration, time.Du
 	var servedBy sync.Map // client port -> CPU of the queue serving it
 	var qcpu []int
 	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
-		servedBy.Store(c.RemoteAddr().(*net.TCPAddr).Port, qcpu[c.Queue()])
+		servedBy.Store(c.RemoteAddr().(*net.TCPAddr).Port, qcpu[c.Stats().Queue])
 		return zc.HandlerFuncs{
 			Data: func(c *zc.Conn, d zc.Data) { c.SendData(d) },
 			EOF:  func(c *zc.Conn, err error) { c.Close() },
@@ -235,7 +235,7 @@ func runZC(setup string, ncpu int, report bool) (float64, time.Duration, time.Du
 		return 0, 0, 0, 0, err
 	}
 	defer l.Close()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	qcpu = info.QueueCPUs
 	if report {
 		fmt.Printf("%s steering: %v\n", setup, info)

@@ -20,6 +20,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/caps"
 )
 
 func init() {
@@ -113,7 +114,7 @@ func (z ZC) Available() error {
 		}
 	}
 	if z.steer == zc.SteerBPF {
-		if err := zc.Probe().BPFSteering; err != nil {
+		if err := caps.Probe().BPFSteering; err != nil {
 			return fmt.Errorf("BPF steering: %w", err)
 		}
 	}
@@ -264,12 +265,12 @@ func (q *queueCount) String() string {
 	return strings.Join(parts, " ")
 }
 
-// noteSteering records how a multi-core server's listener steered (Listener.SteeringInfo:
+// noteSteering records how a multi-core server's listener steered (Listener.Stats().Steering:
 // BPF with its policy, whether the CPU policy is exact and why, or the kernel's hash and
 // why) and the connections per queue.
 func noteSteering(m *harness.Meter, e *zc.Engine, l *zc.Listener, q *queueCount) {
 	cfg := e.Config()
-	info := l.SteeringInfo()
+	info := l.Stats().Steering
 	var how string
 	switch {
 	case e.Stats().Queues == 1:
@@ -318,7 +319,7 @@ func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready fu
 		if accepted.Add(1) > int32(c.Conns) {
 			return nil // not ours: closed
 		}
-		perQueue.add(conn.Queue())
+		perQueue.add(conn.Stats().Queue)
 		return &zcServerConn{zcServer: srv, v: m.NewVerifier()}
 	})
 	if err != nil {

@@ -7,16 +7,17 @@ import (
 
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/netconn"
 )
 
-// ZCNet ("zc-net") is zc's net.Conn face (Engine.NetListen / Engine.NetDial) driven by
+// ZCNet ("zc-net") is zc's net.Conn face (zc/netconn: Listen / Dial) driven by
 // the very code that drives Go net (blocking.go): what a program that keeps its
 // net.Conn code gets by switching to zc. It runs the scenarios of issue 10's goal 5:
-// net/http on NetListen (HTTP), a file sent with io.Copy from an *os.File (FileSend:
+// net/http on netconn.Listen (HTTP), a file sent with io.Copy from an *os.File (FileSend:
 // io.Copy uses the connection's io.ReaderFrom when it has one), and idle connections.
 // The engine is configured like "zc"'s (io_uring, fallback forbidden, NoPin). Its Read is
 // read(2) on the reading goroutine (zc's default); "zc-net-ring" (Ring) reads through the
-// queue's receive ring instead (Config.NetConnRing), side by side for HTTP and file send.
+// queue's receive ring instead (netconn.Options.Ring), side by side for HTTP and file send.
 type ZCNet struct{ Ring bool }
 
 var zcNetScenarios = []harness.Scenario{harness.FileSend, harness.HTTP, harness.Idle, harness.HTTPWrk}
@@ -47,10 +48,11 @@ func (z ZCNet) FDsPerConn() int {
 func (ZCNet) Available() error { return ZC{path: zc.SendAdaptive}.Available() }
 
 func (z ZCNet) config(c harness.Case, server bool) zc.Config {
-	cfg := ZC{path: zc.SendAdaptive}.config(c, server)
-	cfg.NetConnRing = z.Ring
-	return cfg
+	return ZC{path: zc.SendAdaptive}.config(c, server)
 }
+
+// face is the face's options: Ring reads through the queue's receive ring.
+func (z ZCNet) face() netconn.Options { return netconn.Options{Ring: z.Ring} }
 
 // Server implements harness.Mode.
 func (z ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
@@ -59,7 +61,7 @@ func (z ZCNet) Server(_ context.Context, c harness.Case, m *harness.Meter, ready
 		return err
 	}
 	defer e.Close()
-	ln, err := e.NetListen("tcp", c.Addr)
+	ln, err := z.face().Listen(e, "tcp", c.Addr)
 	if err != nil {
 		return err
 	}
@@ -80,7 +82,7 @@ func (z ZCNet) Client(ctx context.Context, c harness.Case, m *harness.Meter) err
 		return err
 	}
 	defer e.Close()
-	err = drive(c, m, 0, func() (stream, error) { return e.NetDial(ctx, "tcp", c.Addr) })
+	err = drive(c, m, 0, func() (stream, error) { return z.face().Dial(ctx, e, "tcp", c.Addr) })
 	m.Stop()
 	addZCStats(m, e)
 	return err

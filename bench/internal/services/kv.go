@@ -18,6 +18,7 @@ import (
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/framed"
 )
 
 // The key-value protocol. Request: [op u8 'G' or 'S'][key length u8][value length u32]
@@ -109,7 +110,7 @@ func kvNet(ctx context.Context, c harness.Case, m *harness.Meter, ready func(str
 }
 
 // kvZC is the key-value server in zc's event-loop style, the way zc's docs teach a
-// request/response protocol: requests framed with a zc.Reader over the received Data
+// request/response protocol: requests framed with a framed.Reader over the received Data
 // (parsed in place from Reader.Span when a request lies in one receive buffer, the usual
 // case; Peek for the rare one split between buffers: nothing is carried or copied to
 // frame), the responses of one OnData built in registered send buffers (Conn.Buffer) and
@@ -249,7 +250,7 @@ func (s *kvStore) setShared(c *zc.Conn, e *kvEntry, n int, fill func(p []byte)) 
 
 type kvConn struct {
 	store   *kvStore
-	r       zc.Reader
+	r       framed.Reader
 	out     []byte // responses waiting for a send buffer
 	buf     memreg.Buf
 	bb      []byte // buf's bytes

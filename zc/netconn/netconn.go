@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"context"
 	"errors"
 	"fmt"
@@ -12,34 +14,34 @@ import (
 	"time"
 )
 
-// The net.Conn face, with deadlines and *net.OpError errors, built on the public API only
-// (TestNetConnFacePublicOnly holds it to that): anything it needs, an application writing
-// its own face could use too. By default its connections read the socket themselves
-// (ListenOptions.ReadSelf, Conn.Read: read(2) on the reading goroutine, waiting in Go's
-// poller, one copy kernel to p, as in Go's net). With Config.NetConnRing (and where reading
-// the socket yourself is not possible: the zcshim backend, RecvZcrx) the Handler queues
-// received Data for Read, which copies out of it; flow control is then the engine's: the
-// queued Data counts toward MaxRecvHeld, so a reader that falls behind stops the
-// connection's receiving, not the queue's. Write is Conn.Write (direct write(2) when
-// nothing is queued), ReadFrom is Conn.ReadFrom (sendfile, splice).
+// How the face reads. By default its connections read the socket themselves
+// (zc.ListenOptions.ReadSelf, zc.Conn.Read: read(2) on the reading goroutine, waiting in
+// Go's poller, one copy kernel to p, as in Go's net). With Options.Ring (and where reading
+// the socket yourself is not possible: the zcshim backend, RecvZcrx, RecvMapped) the
+// handler queues received Data for Read, which copies out of it; flow control is then the
+// engine's: the queued Data counts toward zc.Config.MaxRecvHeld, so a reader that falls behind
+// stops the connection's receiving, not the queue's. Write is zc.Conn.Write (direct
+// write(2) when nothing is queued), ReadFrom is zc.Conn.ReadFrom (sendfile, splice). Every
+// connection is opened Exclusive: its handler is its reader for good, so a zc.Relay or
+// SetHandler of it is refused.
 
 type netConn struct {
-	c       *Conn
+	c       *zc.Conn
 	network string
 
 	wmu     sync.Mutex // serializes Write and ReadFrom (a write is never interleaved)
 	mu      sync.Mutex
-	rq      []Data
+	rq      []zc.Data
 	roff    int
 	rerr    error
 	closed  atomic.Bool // Close ran (set under mu, read anywhere)
 	readyCh chan struct{}
 
-	direct bool // the connection reads the socket itself (Conn.Read); fixed at creation
+	direct bool // the connection reads the socket itself (zc.Conn.Read); fixed at creation
 
 	addrs atomic.Pointer[[2]net.Addr] // local, remote: made on first use (errors, LocalAddr)
 
-	// The ring path's read waits (direct connections wait in Conn.Read).
+	// The ring path's read waits (direct connections wait in zc.Conn.Read).
 	readers atomic.Int32 // goroutines waiting in Read
 	rdl     atomic.Pointer[time.Time]
 	dlMu    sync.Mutex
@@ -61,8 +63,8 @@ func (n *netConn) deadlineWatch() <-chan struct{} {
 	return n.dlCh
 }
 
-func newNetConn(e *Engine, c *Conn, network string) *netConn {
-	n := &netConn{c: c, network: network, direct: directReads(e)}
+func newNetConn(c *zc.Conn, network string, direct bool) *netConn {
+	n := &netConn{c: c, network: network, direct: direct}
 	if !n.direct {
 		// The ring path's wake-ups; a direct connection waits in the poller and carries
 		// neither (signal on a nil channel does nothing).
@@ -71,8 +73,11 @@ func newNetConn(e *Engine, c *Conn, network string) *netConn {
 	return n
 }
 
+// errNilEngine is Listen's and Dial's error without an engine.
+var errNilEngine = fmt.Errorf("nil engine: %w", zc.ErrInvalid)
+
 // errEngineClosedConn is what a ring connection's Read returns once the engine closed it
-// (after what had arrived), as Conn.Read does for a direct one: it matches net.ErrClosed.
+// (after what had arrived), as zc.Conn.Read does for a direct one: it matches net.ErrClosed.
 var errEngineClosedConn = fmt.Errorf("the engine closed the connection: %w", net.ErrClosed)
 
 func signal(ch chan struct{}) {
@@ -82,16 +87,16 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// directReads reports whether net.Conn faces of e read the socket themselves: RecvRing
-// engines on a backend that lets them (io_uring, plain), unless Config.NetConnRing.
-func directReads(e *Engine) bool {
+// direct reports whether the face's connections on e read the socket themselves: RecvRing
+// engines on a backend that lets them (io_uring, plain), unless o.Ring.
+func (o Options) direct(e *zc.Engine) bool {
 	cfg := e.Config()
-	return !cfg.NetConnRing && cfg.RecvPath == RecvRing && e.Backend() != BackendShim
+	return !o.Ring && cfg.RecvPath == zc.RecvRing && cfg.Backend != zc.BackendShim
 }
 
 // Handler side (loop goroutine).
 
-func (n *netConn) OnData(c *Conn, d Data) {
+func (n *netConn) OnData(c *zc.Conn, d zc.Data) {
 	n.mu.Lock()
 	if n.closed.Load() {
 		n.mu.Unlock()
@@ -107,7 +112,7 @@ func (n *netConn) OnData(c *Conn, d Data) {
 	}
 }
 
-func (n *netConn) OnEOF(c *Conn, err error) {
+func (n *netConn) OnEOF(c *zc.Conn, err error) {
 	n.mu.Lock()
 	if n.rerr == nil {
 		n.rerr = err
@@ -116,7 +121,7 @@ func (n *netConn) OnEOF(c *Conn, err error) {
 	signal(n.readyCh)
 }
 
-func (n *netConn) OnClose(c *Conn, err error) {
+func (n *netConn) OnClose(c *zc.Conn, err error) {
 	n.mu.Lock()
 	if n.rerr == nil {
 		if err == nil {
@@ -132,10 +137,10 @@ func (n *netConn) opErr(op string, err error) error {
 	if err == io.EOF {
 		return err
 	}
-	if zerr, ok := err.(*OpError); ok {
-		err = zerr.Err // what the Conn returns (no reflection: net/http meets one a request)
+	if zerr, ok := err.(*zc.OpError); ok {
+		err = zerr.Err // what the zc.Conn returns (no reflection: net/http meets one a request)
 	} else {
-		var zerr *OpError
+		var zerr *zc.OpError
 		if errors.As(err, &zerr) {
 			err = zerr.Err
 		}
@@ -163,7 +168,7 @@ func deadlineOf(p *atomic.Pointer[time.Time]) time.Time {
 }
 
 // Read reads received bytes, blocking until some arrive, the deadline passes or the
-// connection closes. On a queue goroutine it returns ErrWouldBlock instead of waiting.
+// connection closes. On a queue goroutine it returns zc.ErrWouldBlock instead of waiting.
 func (n *netConn) Read(p []byte) (int, error) {
 	if n.direct {
 		if n.isClosed() {
@@ -191,7 +196,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 				if b == nil || n.roff >= len(b) {
 					// Released elsewhere or consumed: drop it (never spin on it).
 					n.rq[0].Release()
-					n.rq[0] = Data{}
+					n.rq[0] = zc.Data{}
 					n.rq = n.rq[1:]
 					n.roff = 0
 					continue
@@ -201,7 +206,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 				n.roff += k
 				if n.roff == len(b) {
 					n.rq[0].Release()
-					n.rq[0] = Data{}
+					n.rq[0] = zc.Data{}
 					n.rq = n.rq[1:]
 					n.roff = 0
 				}
@@ -227,7 +232,7 @@ func (n *netConn) Read(p []byte) (int, error) {
 			return 0, nil
 		}
 		if n.c.OnQueue() {
-			return 0, n.opErr("read", ErrWouldBlock)
+			return 0, n.opErr("read", zc.ErrWouldBlock)
 		}
 		if err := n.wait(n.readyCh, &n.rdl); err != nil {
 			return 0, n.opErr("read", err)
@@ -264,7 +269,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	}
 }
 
-// Write queues p for sending (Conn.Write). It blocks while the connection has too much
+// Write queues p for sending (zc.Conn.Write). It blocks while the connection has too much
 // queued, bounded by the write deadline.
 func (n *netConn) Write(p []byte) (int, error) {
 	n.wmu.Lock()
@@ -282,20 +287,20 @@ func (n *netConn) Write(p []byte) (int, error) {
 // writeErr is the face's error for a failed Write or ReadFrom.
 func (n *netConn) writeErr(err error) error {
 	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, ErrCloseTimeout):
-		// ErrCloseTimeout: Engine.Close's graceful close gave up: say that queued bytes
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, zc.ErrCloseTimeout):
+		// zc.ErrCloseTimeout: Engine.Close's graceful close gave up: say that queued bytes
 		// were dropped.
-	case errors.Is(err, ErrClosed) && !n.isClosed():
+	case errors.Is(err, zc.ErrClosed) && !n.isClosed():
 		err = io.ErrClosedPipe
 	}
 	return n.opErr("write", err)
 }
 
 // Close closes the connection gracefully and returns at once, as net.TCPConn's Close does:
-// queued bytes still go out, bounded by Config.CloseTimeout. A close that then gives up
+// queued bytes still go out, bounded by zc.Config.CloseTimeout. A close that then gives up
 // cannot be reported here; Zc().Stats().BytesDropped counts what it dropped. When
-// Engine.Close's close gives up instead, Read and Write return an error matching
-// ErrCloseTimeout (and net.ErrClosed).
+// zc.Engine.Close's close gives up instead, Read and Write return an error matching
+// zc.ErrCloseTimeout (and net.ErrClosed).
 func (n *netConn) Close() error {
 	n.mu.Lock()
 	if n.closed.Load() {
@@ -312,7 +317,7 @@ func (n *netConn) Close() error {
 	err := n.c.Close() // a direct Read waiting in the poller wakes
 	signal(n.readyCh)
 	n.deadlineChanged()
-	if err != nil && !errors.Is(err, ErrClosed) {
+	if err != nil && !errors.Is(err, zc.ErrClosed) {
 		return n.opErr("close", err)
 	}
 	return nil
@@ -370,31 +375,58 @@ func (n *netConn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// setWriteDeadline sets the deadline of Write and ReadFrom (the Conn's). After the engine
+// setWriteDeadline sets the deadline of Write and ReadFrom (the zc.Conn's). After the engine
 // closed the connection there is nothing left to bound: its error is not the face's.
 func (n *netConn) setWriteDeadline(t time.Time) { n.c.SetWriteDeadline(t) }
 
 // Zc returns the underlying connection (counters, socket options).
-func (n *netConn) Zc() *Conn { return n.c }
+func (n *netConn) Zc() *zc.Conn { return n.c }
 
-// NetConn is the net.Conn face of a connection; it also exposes the zc Conn (counters,
-// socket options, sends). Where the face reads directly (the default, see
-// Config.NetConnRing), the Conn's receive side is unused: SetReceivePaused and MaxRecvHeld
-// have no effect, and the socket's receive buffer is the flow control, as in Go's net.
-type NetConn interface {
+// Conn is the net.Conn face of a zc connection; it also exposes the zc.Conn (counters,
+// socket options, sends). Where the face reads directly (the default, see Options.Ring), the
+// zc.Conn's receive side is unused: SetReceivePaused and MaxRecvHeld have no effect, and the
+// socket's receive buffer is the flow control, as in Go's net.
+type Conn interface {
 	net.Conn
-	CloseWrite() error
-	Zc() *Conn
+	CloseWrite() error // shuts down the sending side after queued data is sent
+	Zc() *zc.Conn
 }
 
-// NetDial dials like Dial and returns a net.Conn. Where the connection reads directly (the
-// default, see Config.NetConnRing) and its socket cannot be duplicated for Go's poller, the
-// connection is closed and NetDial fails with the errno (EMFILE: out of descriptors).
-func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn, error) {
-	nc := newNetConn(e, nil, network)
-	c, err := e.DialWith(ctx, DialOptions{ReadSelf: nc.direct}, network, address, nc)
+// Options choose how the face's connections receive. The zero value is the default
+// (Listen, Dial).
+type Options struct {
+	// Ring makes the face receive through the engine queue's receive ring, as the
+	// event-loop API does: Read copies out of receive buffers, bounded by
+	// zc.Config.MaxRecvHeld. By default Read calls read(2) on the reading goroutine and waits
+	// in Go's poller, as Go's net does: one copy instead of two and no hand-off to the
+	// queue's thread (zc.Stats.Recv.BytesDirect); each such connection holds a second
+	// descriptor (a duplicate for the poller). The zcshim backend and the RecvMapped and
+	// RecvZcrx paths always receive through the queue.
+	Ring bool
+}
+
+// Dial dials address on e with the default Options (see Options.Dial).
+func Dial(ctx context.Context, e *zc.Engine, network, address string) (Conn, error) {
+	return Options{}.Dial(ctx, e, network, address)
+}
+
+// Listen listens on address with e and the default Options (see Options.Listen).
+func Listen(e *zc.Engine, network, address string) (net.Listener, error) {
+	return Options{}.Listen(e, network, address)
+}
+
+// Dial dials like zc.Engine.Dial and returns a net.Conn (errors are *net.OpError). Where
+// the connection reads directly (the default) and its socket cannot be duplicated for Go's
+// poller, the connection is closed and Dial fails with the errno (EMFILE: out of
+// descriptors).
+func (o Options) Dial(ctx context.Context, e *zc.Engine, network, address string) (Conn, error) {
+	if e == nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: errNilEngine}
+	}
+	nc := newNetConn(nil, network, o.direct(e))
+	c, err := e.Dial(ctx, network, address, nc, zc.DialOptions{ReadSelf: nc.direct, Exclusive: true})
 	if err != nil {
-		var zerr *OpError
+		var zerr *zc.OpError
 		if errors.As(err, &zerr) {
 			return nil, &net.OpError{Op: "dial", Net: network, Addr: zerr.Addr, Err: zerr.Err}
 		}
@@ -408,7 +440,7 @@ func (e *Engine) NetDial(ctx context.Context, network, address string) (NetConn,
 // when acceptBacklog of them wait, the listener stops accepting (the kernel's backlog holds
 // the rest) until Accept catches up: a slow Accept never makes zc refuse connections.
 type netListener struct {
-	l       *Listener
+	l       *zc.Listener
 	network string
 	mu      sync.Mutex
 	q       []*netConn
@@ -422,15 +454,18 @@ type netListener struct {
 
 const acceptBacklog = 1024
 
-// NetListen listens like Listen and returns a net.Listener whose Accept returns net.Conns.
-// Where the connections read directly (the default, see Config.NetConnRing), one whose socket
-// cannot be duplicated for Go's poller (out of descriptors) is closed and counted in
-// Stats.Faults.AcceptErrors, as if its accept had failed.
-func (e *Engine) NetListen(network, address string) (net.Listener, error) {
+// Listen listens like zc.Engine.Listen and returns a net.Listener whose Accept returns
+// Conns (errors are *net.OpError). Where the connections read directly (the default), one
+// whose socket cannot be duplicated for Go's poller (out of descriptors) is closed and
+// counted in zc.Stats.Faults.AcceptErrors, as if its accept had failed.
+func (o Options) Listen(e *zc.Engine, network, address string) (net.Listener, error) {
+	if e == nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: errNilEngine}
+	}
 	nl := &netListener{ready: make(chan struct{}, 1), closed: make(chan struct{}), network: network}
-	direct := directReads(e)
-	l, err := e.ListenWith(ListenOptions{ReadSelf: direct}, network, address, func(c *Conn) Handler {
-		nc := newNetConn(e, c, network)
+	direct := o.direct(e)
+	l, err := e.Listen(network, address, func(c *zc.Conn) zc.Handler {
+		nc := newNetConn(c, network, direct)
 		nl.mu.Lock()
 		if nl.shut {
 			nl.mu.Unlock()
@@ -448,9 +483,9 @@ func (e *Engine) NetListen(network, address string) (net.Listener, error) {
 		}
 		signal(nl.ready)
 		return nc
-	})
+	}, zc.ListenOptions{ReadSelf: direct, Exclusive: true})
 	if err != nil {
-		var zerr *OpError
+		var zerr *zc.OpError
 		if errors.As(err, &zerr) {
 			return nil, &net.OpError{Op: "listen", Net: network, Addr: zerr.Addr, Err: zerr.Err}
 		}
@@ -486,7 +521,7 @@ func (nl *netListener) Accept() (net.Conn, error) {
 		case <-nl.ready:
 		case <-nl.closed:
 			return nil, &net.OpError{Op: "accept", Net: nl.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
-		case <-nl.l.Done(): // Engine.Close closed the listener under us
+		case <-nl.l.Done(): // zc.Engine.Close closed the listener under us
 			return nil, &net.OpError{Op: "accept", Net: nl.network, Addr: nl.l.Addr(), Err: net.ErrClosed}
 		}
 	}

@@ -1,4 +1,4 @@
-package zc
+package caps
 
 import (
 	"strings"

@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"context"
 	"errors"
 	"net"
@@ -9,14 +11,14 @@ import (
 	"time"
 )
 
-// TestEngineCloseWakesAccept: http.Server.Serve on NetListen returns when the engine
+// TestEngineCloseWakesAccept: http.Server.Serve on Listen returns when the engine
 // closes, with an error matching net.ErrClosed.
 func TestEngineCloseWakesAccept(t *testing.T) {
-	e, err := New(Config{Queues: 1})
+	e, err := zc.New(zc.Config{Queues: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := e.NetListen("tcp", "127.0.0.1:0")
+	ln, err := Listen(e, "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func TestEngineCloseWakesAccept(t *testing.T) {
 	}
 }
 
-// TestEngineCloseWakesRead: a NetConn Read blocked when the engine closes returns an error
+// TestEngineCloseWakesRead: a Conn's Read blocked when the engine closes returns an error
 // matching net.ErrClosed (not io.EOF: the peer did not end the stream), on both receive
 // paths.
 func TestEngineCloseWakesRead(t *testing.T) {
@@ -53,7 +55,7 @@ func TestEngineCloseWakesRead(t *testing.T) {
 			name = "ring"
 		}
 		t.Run(name, func(t *testing.T) {
-			e, err := New(Config{Queues: 1, NetConnRing: ring})
+			e, err := zc.New(zc.Config{Queues: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,7 +65,7 @@ func TestEngineCloseWakesRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			c, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())
+			c, err := Options{Ring: ring}.Dial(context.Background(), e, "tcp", ln.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}

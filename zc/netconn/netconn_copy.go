@@ -1,12 +1,14 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"errors"
 	"io"
 	"net"
 )
 
-// ReadFrom implements io.ReaderFrom (Conn.ReadFrom: sendfile from a regular file, splice
+// ReadFrom implements io.ReaderFrom (zc.Conn.ReadFrom: sendfile from a regular file, splice
 // from a socket, otherwise reads into send buffers), so io.Copy to the face moves bytes as it
 // does to a *net.TCPConn.
 func (n *netConn) ReadFrom(r io.Reader) (int64, error) {
@@ -17,7 +19,7 @@ func (n *netConn) ReadFrom(r io.Reader) (int64, error) {
 	}
 	k, err := n.c.ReadFrom(r)
 	if err != nil {
-		var oe *OpError
+		var oe *zc.OpError
 		if errors.As(err, &oe) {
 			return k, n.writeErr(err)
 		}
@@ -36,12 +38,12 @@ func (n *netConn) WriteTo(w io.Writer) (int64, error) {
 		n.mu.Lock()
 		if n.closed.Load() {
 			n.mu.Unlock()
-			return total, n.opErr("read", ErrClosed)
+			return total, n.opErr("read", zc.ErrClosed)
 		}
 		if len(n.rq) > 0 {
 			d := n.rq[0]
 			off := n.roff
-			n.rq[0] = Data{}
+			n.rq[0] = zc.Data{}
 			n.rq = n.rq[1:]
 			n.roff = 0
 			n.mu.Unlock()
@@ -67,7 +69,7 @@ func (n *netConn) WriteTo(w io.Writer) (int64, error) {
 			return total, n.opErr("read", rerr)
 		}
 		if n.c.OnQueue() {
-			return total, n.opErr("read", ErrWouldBlock)
+			return total, n.opErr("read", zc.ErrWouldBlock)
 		}
 		if err := n.wait(n.readyCh, &n.rdl); err != nil {
 			return total, n.opErr("read", err)

@@ -1,6 +1,8 @@
-package zc
+package netconn
 
-import "io"
+import (
+	"io"
+)
 
 // writeToDirect is WriteTo on a direct connection: Read into one buffer, write it to w.
 func (n *netConn) writeToDirect(w io.Writer) (int64, error) {

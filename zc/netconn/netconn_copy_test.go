@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -37,9 +39,9 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 	if err := os.WriteFile(file, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
-			mk := netPipe(t, smallCfg(b))
+			mk := netPipe(t, smallCfg(b), Options{})
 			type source struct {
 				name string
 				open func(t *testing.T) (io.Reader, int)
@@ -91,7 +93,8 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 					}
 					defer stop()
 					r, n := src.open(t)
-					e := c1.(NetConn).Zc().e
+					ev, _ := engines.Load(c1)
+					e := ev.(*zc.Engine)
 					before := e.Stats().Send.BytesSpliced
 					got := make(chan []byte, 1)
 					go func() {
@@ -106,7 +109,7 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 					if err != nil || k != int64(n) {
 						t.Fatalf("io.Copy = %d, %v; want %d", k, err, n)
 					}
-					if err := c1.(NetConn).CloseWrite(); err != nil {
+					if err := c1.(Conn).CloseWrite(); err != nil {
 						t.Fatal(err)
 					}
 					g := <-got
@@ -125,7 +128,7 @@ func TestNetConnReadFromWriteTo(t *testing.T) {
 
 // A write deadline bounds a ReadFrom whose peer does not read.
 func TestNetConnReadFromDeadline(t *testing.T) {
-	c1, c2, stop, err := netPipe(t, smallCfg(BackendIOUring))()
+	c1, c2, stop, err := netPipe(t, smallCfg(zc.BackendIOUring), Options{})()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +167,7 @@ func TestNetConnSendfileStalled(t *testing.T) {
 				name = "ring/" + how
 			}
 			t.Run(name, func(t *testing.T) {
-				cfg := smallCfg(BackendIOUring)
-				cfg.NetConnRing = ring
-				c1, _, stop, err := netPipe(t, cfg)()
+				c1, _, stop, err := netPipe(t, smallCfg(zc.BackendIOUring), Options{Ring: ring})()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -225,16 +226,16 @@ func TestNetConnSendfileNoThreadPerWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	// (With NetConnRing on the server, 48 of the process's threads sat in poll(2).)
-	srv, cli := newEngine(t, smallCfg(BackendIOUring)), newEngine(t, smallCfg(BackendIOUring))
-	ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+	// (With Options.Ring on the server, 48 of the process's threads sat in poll(2).)
+	srv, cli := newEngine(t, smallCfg(zc.BackendIOUring)), newEngine(t, smallCfg(zc.BackendIOUring))
+	ln, err := Listen(srv, "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	const conns = 48
 	for i := 0; i < conns; i++ {
-		c, err := cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+		c, err := Dial(context.Background(), cli, "tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"context"
 	"io"
 	"testing"
@@ -12,14 +14,14 @@ import (
 // reset. (io_uring gave up sends on non-blocking sockets with EAGAIN under a full send buffer,
 // and the core took it for an error: the connection was reset.)
 func TestHalfCloseEchoNoReset(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHalfCloseEcho(t, Config{Backend: b, Queues: 2}) })
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
+		t.Run(b.String(), func(t *testing.T) { testHalfCloseEcho(t, zc.Config{Backend: b, Queues: 2}) })
 	}
 }
 
-func testHalfCloseEcho(t *testing.T, cfg Config) {
+func testHalfCloseEcho(t *testing.T, cfg zc.Config) {
 	srv, cli := newPair(t, cfg)
-	ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+	ln, err := Listen(srv, "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +49,13 @@ func testHalfCloseEcho(t *testing.T, cfg Config) {
 						break
 					}
 				}
-				c.(NetConn).CloseWrite()
+				c.(Conn).CloseWrite()
 				c.Close()
 			}()
 		}
 	}()
 	for round := 0; round < 20; round++ {
-		c, err := cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+		c, err := Dial(context.Background(), cli, "tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -13,24 +15,25 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/net/nettest"
 )
 
-func netPipe(t *testing.T, cfg Config) nettest.MakePipe {
+func netPipe(t *testing.T, cfg zc.Config, o Options) nettest.MakePipe {
 	return func() (c1, c2 net.Conn, stop func(), err error) {
-		srv, err := New(cfg)
+		srv, err := zc.New(cfg)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		cli, err := New(cfg)
+		cli, err := zc.New(cfg)
 		if err != nil {
 			srv.Close()
 			return nil, nil, nil, err
 		}
-		ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+		ln, err := o.Listen(srv, "tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -43,12 +46,14 @@ func netPipe(t *testing.T, cfg Config) nettest.MakePipe {
 			}
 			done <- c
 		}()
-		c1, err = cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+		c1, err = o.Dial(context.Background(), cli, "tcp", ln.Addr().String())
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		c2 = <-done
+		engines.Store(c1, cli)
 		stop = func() {
+			engines.Delete(c1)
 			c1.Close()
 			c2.Close()
 			ln.Close()
@@ -59,28 +64,30 @@ func netPipe(t *testing.T, cfg Config) nettest.MakePipe {
 	}
 }
 
-func smallCfg(b Backend) Config {
-	return Config{Queues: 2, SendBufs: 64, RecvBufs: 64, Backend: b, NoPin: true, MaxQueuedBytes: 1 << 20}
+// engines holds the engine of each dialed side netPipe made (for tests that read its
+// counters).
+var engines sync.Map
+
+func smallCfg(b zc.Backend) zc.Config {
+	return zc.Config{Queues: 2, SendBufs: 64, RecvBufs: 64, Backend: b, NoPin: true, MaxQueuedBytes: 1 << 20}
 }
 
 func TestNettestConn(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
-			nettest.TestConn(t, netPipe(t, smallCfg(b)))
+			nettest.TestConn(t, netPipe(t, smallCfg(b), Options{}))
 		})
-		t.Run(b.String()+"/NetConnRing", func(t *testing.T) {
-			cfg := smallCfg(b)
-			cfg.NetConnRing = true
-			nettest.TestConn(t, netPipe(t, cfg))
+		t.Run(b.String()+"/Ring", func(t *testing.T) {
+			nettest.TestConn(t, netPipe(t, smallCfg(b), Options{Ring: true}))
 		})
 	}
 }
 
 func TestHTTPServer(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
 			e := newEngine(t, smallCfg(b))
-			ln, err := e.NetListen("tcp", "127.0.0.1:0")
+			ln, err := Listen(e, "tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,9 +139,9 @@ func selfSigned(t *testing.T) tls.Certificate {
 }
 
 func TestTLS(t *testing.T) {
-	e := newEngine(t, smallCfg(BackendIOUring))
+	e := newEngine(t, smallCfg(zc.BackendIOUring))
 	cert := selfSigned(t)
-	ln, err := e.NetListen("tcp", "127.0.0.1:0")
+	ln, err := Listen(e, "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +162,7 @@ func TestTLS(t *testing.T) {
 	pool := x509.NewCertPool()
 	leaf, _ := x509.ParseCertificate(cert.Certificate[0])
 	pool.AddCert(leaf)
-	raw, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())
+	raw, err := Dial(context.Background(), e, "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,28 @@
-package zc
+// Package caps reports what this kernel and process can do for zcnet, decided by probing
+// (the report zcprobe prints): io_uring and its features, zero-copy send and receive, BPF
+// steering, the zcshim module, and a per-NIC section (hwq). A nil error in the report means
+// available; otherwise the error says why not, matching zc.ErrNotSupported (the sentinel
+// every zcnet package shares) when the kernel lacks the feature. zc.New probes again at every
+// call on its own: this report is for people and for tests that decide what to expect.
+package caps
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/hwq"
+	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/internal/uring"
+	"github.com/zcnet/zcnet/kmod/shim"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Capabilities says what this kernel and process can do for zcnet, decided by probing. A nil
-// error means available; otherwise the error says why not (matching ErrNotSupported when the
-// kernel lacks the feature).
-type Capabilities struct {
+// Report says what this kernel and process can do for zcnet. A nil error means available;
+// otherwise the error says why not (matching ErrNotSupported when the kernel lacks the
+// feature).
+type Report struct {
 	IOUring        error  // io_uring can be set up
 	IOUringFeature uint32 // IORING_FEAT_* word
 	SendZC         error  // IORING_OP_SEND_ZC
@@ -36,34 +45,34 @@ type Capabilities struct {
 }
 
 // Probe probes the machine once per call (io_uring's part is cached per process).
-func Probe() Capabilities {
-	var c Capabilities
+func Probe() Report {
+	var c Report
 	u := uring.DetectCapabilities()
 	c.IOUring = u.Err
 	c.IOUringFeature = u.Features
 	if u.Err == nil {
 		c.SendZC = u.NeedOp(uring.OpSendZC, "SEND_ZC", "6.0")
 		if !u.Has(uring.FeatRecvsendBundle) {
-			c.RecvBundle = fmt.Errorf("io_uring recv bundles (Linux 6.10+): %w", ErrNotSupported)
+			c.RecvBundle = fmt.Errorf("io_uring recv bundles (Linux 6.10+): %w", errs.ErrNotSupported)
 		}
 		if !u.RecvMultishotLimit {
-			c.RecvLimit = fmt.Errorf("a total limit on multishot io_uring recv (Linux 6.17+): %w", ErrNotSupported)
+			c.RecvLimit = fmt.Errorf("a total limit on multishot io_uring recv (Linux 6.17+): %w", errs.ErrNotSupported)
 		}
 		if !u.SetupOK(uring.SetupSingleIssuer | uring.SetupDeferTaskrun) {
-			c.DeferTaskrun = fmt.Errorf("IORING_SETUP_DEFER_TASKRUN (Linux 6.1+): %w", ErrNotSupported)
+			c.DeferTaskrun = fmt.Errorf("IORING_SETUP_DEFER_TASKRUN (Linux 6.1+): %w", errs.ErrNotSupported)
 		}
 	} else {
 		c.SendZC, c.RecvBundle, c.RecvLimit, c.DeferTaskrun = u.Err, u.Err, u.Err, u.Err
 	}
 	c.MappedRecv = tcpglue.ProbeZeroCopyReceive()
 	c.BPFSteering = bpf.Probe()
-	c.Shim = shimAvailable()
+	c.Shim = shimProbe()
 	c.NICs, c.NICsErr = hwq.ProbeAll()
 	return c
 }
 
 // String is a human-readable report, one line per capability.
-func (c Capabilities) String() string {
+func (c Report) String() string {
 	var b strings.Builder
 	line := func(name string, err error) {
 		if err == nil {
@@ -90,4 +99,14 @@ func (c Capabilities) String() string {
 		fmt.Fprintf(&b, "nic %s", n)
 	}
 	return b.String()
+}
+
+// shimProbe is the zcshim module's probe, its "cannot" errors matching ErrNotSupported (as
+// zc's backend choice sees them).
+func shimProbe() error {
+	err := shim.Probe()
+	if err != nil && errors.Is(err, shim.ErrABIMismatch) && !errors.Is(err, errs.ErrNotSupported) {
+		return fmt.Errorf("%w: %w", errs.ErrNotSupported, err)
+	}
+	return err
 }

@@ -1,4 +1,4 @@
-package zc_test
+package framed_test
 
 import (
 	"encoding/binary"
@@ -7,15 +7,16 @@ import (
 	"net"
 
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/framed"
 )
 
-// framed is a handler for a length-prefixed protocol (a 4-byte big-endian length, then the
-// payload) that answers each message with its payload: parsed with a zc.Reader wherever the
+// echoFrames is a handler for a length-prefixed protocol (a 4-byte big-endian length, then the
+// payload) that answers each message with its payload: parsed with a framed.Reader wherever the
 // receive buffers split the messages, and sent back as references to the received buffers.
-type framed struct{ r zc.Reader }
+type echoFrames struct{ r framed.Reader }
 
 // reader:begin
-func (h *framed) OnData(c *zc.Conn, d zc.Data) {
+func (h *echoFrames) OnData(c *zc.Conn, d zc.Data) {
 	h.r.Push(d) // the Reader owns d now
 	var hdr [4]byte
 	for h.r.Peek(hdr[:]) == len(hdr) {
@@ -36,23 +37,23 @@ func (h *framed) OnData(c *zc.Conn, d zc.Data) {
 	}
 }
 
-func (h *framed) OnEOF(c *zc.Conn, err error) { c.Close() }
+func (h *echoFrames) OnEOF(c *zc.Conn, err error) { c.Close() }
 
-func (h *framed) OnClose(c *zc.Conn, err error) { h.r.Release() }
+func (h *echoFrames) OnClose(c *zc.Conn, err error) { h.r.Release() }
 
 // reader:end
 
 // A framed protocol parsed without copying its payloads: messages split across receive
 // buffers (here: sent a few bytes at a time) come out whole, and each reply is the
 // message's own received memory.
-func Example_reader() {
+func Example() {
 	e, err := zc.New(zc.Config{Queues: 1})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer e.Close()
-	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler { return &framed{} })
+	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler { return &echoFrames{} })
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -1,6 +1,8 @@
-package zc
+package netconn
 
 import (
+	"github.com/zcnet/zcnet/zc"
+
 	"bytes"
 	"context"
 	"errors"
@@ -16,12 +18,12 @@ import (
 )
 
 // Direct reads (netconn_direct.go): the net.Conn face reads the socket itself by default,
-// through the ring with Config.NetConnRing; both carry every byte, the counters say which
+// through the ring with Options.Ring; both carry every byte, the counters say which
 // path carried them, and the descriptors come and go with the connections (TestMain counts
 // them).
 
 func TestNetConnReadPaths(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		for _, ring := range []bool{false, true} {
 			name := b.String() + "/direct"
 			if ring {
@@ -29,9 +31,9 @@ func TestNetConnReadPaths(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				cfg := smallCfg(b)
-				cfg.NetConnRing = ring
+				o := Options{Ring: ring}
 				srv, cli := newEngine(t, cfg), newEngine(t, cfg)
-				ln, err := srv.NetListen("tcp", "127.0.0.1:0")
+				ln, err := o.Listen(srv, "tcp", "127.0.0.1:0")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -44,15 +46,15 @@ func TestNetConnReadPaths(t *testing.T) {
 						return
 					}
 					io.Copy(c, c)
-					c.(NetConn).CloseWrite()
+					c.(Conn).CloseWrite()
 					c.Close()
 				}()
-				c, err := cli.NetDial(context.Background(), "tcp", ln.Addr().String())
+				c, err := o.Dial(context.Background(), cli, "tcp", ln.Addr().String())
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer c.Close()
-				// Misuse: asking the Conn underneath to receive must not start the ring
+				// Misuse: asking the zc.Conn underneath to receive must not start the ring
 				// beside the face's own reads (the counters below would show it).
 				if err := c.Zc().SetReceivePaused(false); err != nil {
 					t.Fatal(err)
@@ -87,10 +89,10 @@ func TestNetConnReadPaths(t *testing.T) {
 				if !bytes.Equal(got, msg) {
 					t.Fatalf("echoed %d bytes (crc %08x), sent %d (crc %08x)", len(got), crc32.ChecksumIEEE(got), len(msg), crc32.ChecksumIEEE(msg))
 				}
-				for side, e := range map[string]*Engine{"server": srv, "client": cli} {
+				for side, e := range map[string]*zc.Engine{"server": srv, "client": cli} {
 					st := e.Stats()
 					if ring && (st.Recv.BytesDirect != 0 || st.Recv.BytesRing+st.Recv.BytesPlain < uint64(len(msg))) {
-						t.Errorf("%s with NetConnRing: %d bytes read directly, %d through the queue", side, st.Recv.BytesDirect, st.Recv.BytesRing+st.Recv.BytesPlain)
+						t.Errorf("%s with Options.Ring: %d bytes read directly, %d through the queue", side, st.Recv.BytesDirect, st.Recv.BytesRing+st.Recv.BytesPlain)
 					}
 					if !ring && (st.Recv.BytesDirect != uint64(len(msg)) || st.Recv.BytesRing+st.Recv.BytesPlain != 0) {
 						t.Errorf("%s: %d bytes read directly, %d through the queue; want %d and 0", side, st.Recv.BytesDirect, st.Recv.BytesRing+st.Recv.BytesPlain, len(msg))
@@ -108,16 +110,16 @@ func TestNetConnReadPaths(t *testing.T) {
 // (net.ErrClosed), when the engine closes it (the peer sees the close, the reader an error),
 // and at its deadline, moved while it waits.
 func TestNetConnDirectReadWakes(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
 			for _, how := range []string{"Close", "Engine.Close", "deadline"} {
 				t.Run(how, func(t *testing.T) {
-					e, err := New(Config{Backend: b, Queues: 1, NoPin: true})
+					e, err := zc.New(zc.Config{Backend: b, Queues: 1, NoPin: true})
 					if err != nil {
 						t.Fatal(err)
 					}
 					defer e.Close()
-					s, nc := netAccepted(t, e)
+					s, nc := netAccepted(t, e, Options{})
 					defer nc.Close()
 					got := make(chan error, 1)
 					go func() {
@@ -150,12 +152,11 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 							}
 						}
 					case "Engine.Close":
-						if err != io.EOF && !errors.Is(err, ErrClosed) {
-							t.Fatalf("Read after Engine.Close: %v, want io.EOF or ErrClosed", err)
+						if err != io.EOF && !errors.Is(err, zc.ErrClosed) {
+							t.Fatalf("Read after Engine.Close: %v, want io.EOF or zc.ErrClosed", err)
 						}
 						// The peer sees the close (FIN), and nothing keeps the socket open.
-						s.SetNonblocking(false)
-						setRecvTimeout(s, hangBound)
+						s.SetReadDeadline(time.Now().Add(hangBound)) // a bound for a hang only
 						k, rerr := s.Read(make([]byte, 8))
 						if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
 							t.Fatalf("peer after Engine.Close: read %d, %v; want the end of the stream", k, rerr)
@@ -174,58 +175,18 @@ func TestNetConnDirectReadWakes(t *testing.T) {
 	}
 }
 
-// Out of descriptors for the duplicate: an accepted connection is refused (counted in
-// AcceptErrors; the peer sees it end), NetDial fails with the errno; nothing leaks.
-func TestNetConnDirectNoDescriptor(t *testing.T) {
-	old := dupFD
-	dupFD = func(int) (int, error) { return -1, unix.EMFILE }
-	defer func() { dupFD = old }()
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
-			ln, err := e.NetListen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			s := dialPlain(t, ln.Addr().String())
-			s.SetNonblocking(false)
-			setRecvTimeout(s, hangBound)
-			k, rerr := s.Read(make([]byte, 8))
-			if k != 0 || (rerr != nil && rerr != io.EOF && !errors.Is(rerr, unix.ECONNRESET)) {
-				t.Fatalf("peer of a refused connection: read %d, %v; want its end", k, rerr)
-			}
-			if n := e.Stats().Faults.AcceptErrors; n != 1 {
-				t.Errorf("AcceptErrors = %d, want 1", n)
-			}
-			nc, err := e.NetDial(context.Background(), "tcp", ln.Addr().String())
-			var oe *net.OpError
-			if err == nil || !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(err, unix.EMFILE) {
-				t.Fatalf("NetDial without a descriptor for the poller: %v, %v; want a dial *net.OpError matching EMFILE", nc, err)
-			}
-			deadline := time.Now().Add(hangBound)
-			for e.Stats().Conns > 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("%d connections left after the refusals", e.Stats().Conns)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
-	}
-}
-
 // Races on direct connections: readers, deadline changes, Close and the engine's close
 // arrive in any order; every call returns (no hang, no panic), and the descriptors come
 // back (TestMain counts them).
 func TestNetConnDirectRaces(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
 		t.Run(b.String(), func(t *testing.T) {
 			for round := 0; round < 3; round++ {
-				e, err := New(Config{Backend: b, Queues: 2, NoPin: true})
+				e, err := zc.New(zc.Config{Backend: b, Queues: 2, NoPin: true})
 				if err != nil {
 					t.Fatal(err)
 				}
-				ln, err := e.NetListen("tcp", "127.0.0.1:0")
+				ln, err := Listen(e, "tcp", "127.0.0.1:0")
 				if err != nil {
 					t.Fatal(err)
 				}
