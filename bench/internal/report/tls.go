@@ -84,8 +84,8 @@ func tlsTable(w io.Writer, rows []Row) {
 // pair's noise like every goal (UNDECIDED when a check's rounds straddle its target or it
 // lies within the noise):
 //
-//	14. TLS file send: ztls server CPU s/GB ≤ 0.6× net-tls's at ≥ 1.0× its Gbit/s (1 and 8 clients);
-//	15. HTTPS small (64 B bodies, 32 connections): ztls server CPU per request ≤ 1.0× net-tls's.
+//  14. TLS file send: ztls server CPU s/GB ≤ 0.6× net-tls's at ≥ 1.0× its Gbit/s (1 and 8 clients);
+//  15. HTTPS small (64 B bodies, 32 connections): ztls server CPU per request ≤ 1.0× net-tls's.
 //
 // kernelErr is why the ztls mode cannot run here (nil when it can): the goals are then NOT
 // RUN with that reason, never MET. Each goal's note gives ztls-user / net-tls, what the
