@@ -206,10 +206,17 @@ func filesTLS(c harness.Case, m *harness.Meter, ln net.Listener, ready func(stri
 	defer ln.Close()
 	ready(ln.Addr().String())
 	fail := newFirstErr()
+	// The first failure (ztls refusing a connection it cannot move into the kernel) ends
+	// the case now: no waiting for clients that will not come.
+	fail.onErr = func() { ln.Close() }
 	var wg sync.WaitGroup
 	for range c.Conns {
 		conn, err := ln.Accept()
 		if err != nil {
+			wg.Wait()
+			if ferr := fail.get(); ferr != nil {
+				return ferr
+			}
 			return err
 		}
 		m.Start()
