@@ -2,6 +2,7 @@ package report
 
 import (
 	"errors"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -160,6 +161,9 @@ func TestTLSTable(t *testing.T) {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
+	}
+	if err := WritePNG(filepath.Join(t.TempDir(), "tls.png"), rows, "TLS only"); err != nil {
+		t.Errorf("a run of the TLS scenarios alone has its panels: %v", err)
 	}
 	// ztls with one client: 1.10× net-tls's Gbit/s, 0.50× its CPU per GB
 	if !regexp.MustCompile(`ztls +1 +11\.00 \[11\.00–11\.00\] +1\.10 +0\.500 \[0\.500–0\.500\] +0\.50 `).MatchString(out) {
