@@ -66,6 +66,9 @@ func tlsTable(w io.Writer, rows []Row) {
 			if h := notes(r)["ztls_handshakes"]; h != "" {
 				suite += " (ztls handshakes: " + h + ")"
 			}
+			if why := notes(r)["ztls_refused"]; why != "" {
+				suite += " refused: " + why
+			}
 			switch sc {
 			case harness.HTTPSWrk:
 				fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, SizeString(r.Size), r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
