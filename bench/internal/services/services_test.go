@@ -98,9 +98,9 @@ func TestFanoutZCWaitsForBuffers(t *testing.T) {
 	runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return fanoutZC(c, m, ready) })
 }
 
-// runTLS runs one files-tls case of mode in this process and returns the server's and the
-// client's errors and the server's notes.
-func runTLS(t *testing.T, mode string, conns int) (srvErr, cliErr error, notes map[string]string) {
+// runTLS runs one files-tls case of mode in this process and returns the server's notes
+// and the server's and the client's errors.
+func runTLS(t *testing.T, mode string, conns int) (notes map[string]string, srvErr, cliErr error) {
 	t.Helper()
 	file, err := harness.MakeFrameFile(t.TempDir(), 64<<10, 4<<20, -1)
 	if err != nil {
@@ -119,7 +119,7 @@ func runTLS(t *testing.T, mode string, conns int) (srvErr, cliErr error, notes m
 	select {
 	case c.Addr = <-ready:
 	case err := <-done:
-		return err, nil, nil
+		return nil, err, nil
 	}
 	cm := harness.NewMeter(c, true)
 	cliErr = m.Client(context.Background(), c, cm)
@@ -133,7 +133,7 @@ func runTLS(t *testing.T, mode string, conns int) (srvErr, cliErr error, notes m
 			t.Fatal(got)
 		}
 	}
-	return srvErr, cliErr, sm.Notes()
+	return sm.Notes(), srvErr, cliErr
 }
 
 // files-tls with crypto/tls and with ztls's user-space path: every byte of every client's
@@ -141,7 +141,7 @@ func runTLS(t *testing.T, mode string, conns int) (srvErr, cliErr error, notes m
 // negotiated, and ztls-user's handshakes all stayed in user space.
 func TestFilesTLSUserSpace(t *testing.T) {
 	for _, mode := range []string{NetTLS, ZTLSUser} {
-		srvErr, cliErr, notes := runTLS(t, mode, 3)
+		notes, srvErr, cliErr := runTLS(t, mode, 3)
 		if srvErr != nil || cliErr != nil {
 			t.Fatalf("%s: server %v, client %v", mode, srvErr, cliErr)
 		}
@@ -172,7 +172,7 @@ func TestZTLSModeNoSilentFallback(t *testing.T) {
 			t.Errorf("Available does not say CONFIG_TLS is not set: %v", avail)
 		}
 	}
-	srvErr, cliErr, notes := runTLS(t, ZTLS, 2)
+	notes, srvErr, cliErr := runTLS(t, ZTLS, 2)
 	if avail == nil {
 		if srvErr != nil || cliErr != nil || notes["ztls_handshakes"] != "kernel 2, user 0, refused 0" {
 			t.Fatalf("with kernel TLS: server %v, client %v, handshakes %q", srvErr, cliErr, notes["ztls_handshakes"])
