@@ -97,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.idleConns, "idle-conns", 10000, "idle: connections held open (RLIMIT_NOFILE is raised for them when it can be)")
 	fs.Int64Var(&cfg.fileSize, "file-size", 0, "filesend: file size in bytes (default 1 GiB, 256 MiB with -quick)")
 	fs.StringVar(&cfg.fileDir, "file-dir", "", "filesend: where the frame file is made (default /dev/shm, else the temp dir)")
-	fs.BoolVar(&cfg.services, "services", true, "run the services suite (relay, relay-hc, fanout, files, kv, mq, wrk, and the TLS scenarios https, files-tls) with the other scenarios; -scenarios services picks it alone")
+	fs.BoolVar(&cfg.services, "services", true, "run the services suite (relay, relay-hc, fanout, files, kv, mq, wrk, and the TLS scenarios https, files-tls, relay-tls) with the other scenarios; -scenarios services picks it alone")
 	fs.DurationVar(&cfg.svcDur, "svc-d", 0, "services: traffic time of one repetition of fanout, kv and mq (default 500ms, 300ms with -quick; wrk runs whole seconds)")
 	fs.Int64Var(&cfg.relayBytes, "relay-bytes", 0, "relay: bytes each connection carries each way (default 64 MiB, 4 MiB with -quick)")
 	fs.Int64Var(&cfg.filesTotal, "files-total", 0, "files: bytes all clients of one repetition receive together (default half the -file-size)")
@@ -231,7 +231,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cfg.useNetns {
-		for _, s := range []harness.Scenario{harness.Relay, harness.RelayHalfClose} {
+		for _, s := range []harness.Scenario{harness.Relay, harness.RelayHalfClose, harness.RelayTLS} {
 			if wantScenario(cfg, s) {
 				skipped[s] = "the relay's backend runs in the client's namespace: loopback only"
 			}
@@ -420,7 +420,7 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 	case harness.MultiQueue:
 		// the multi-core echo, with its server's queues and the load on the same CPUs
 		c.Scenario, c.Queues = harness.MultiCore, mqQueues
-	case harness.Relay, harness.RelayHalfClose:
+	case harness.Relay, harness.RelayHalfClose, harness.RelayTLS:
 		c.Total = cfg.relayBytes
 		c.Limit = bound(2 * cfg.relayBytes * int64(v.Conns))
 		port, err := freePort(env.ServerHost)
@@ -519,7 +519,7 @@ func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 		switch v.Scenario {
 		case harness.Idle, harness.MultiCore:
 			need = max(need, v.Conns*modeFDs(v.Mode))
-		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV, harness.HTTPSWrk, harness.FilesTLS:
+		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV, harness.HTTPSWrk, harness.FilesTLS, harness.RelayTLS:
 			// the services' clients hold their connections (the relay's client also the
 			// backend's ends): counted, not shrunk
 			need = max(need, 2*v.Conns+2)
@@ -800,6 +800,8 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 			for _, n := range report.TLSFileConns {
 				add(s, report.ServiceFrame, n)
 			}
+		case harness.RelayTLS:
+			add(s, report.ServiceFrame, report.TLSRelayConns)
 		}
 	}
 	if len(vs) == 0 {

@@ -308,6 +308,7 @@ func TestServicesCorrupt(t *testing.T) {
 		{"mq", "zc", "payload CRC-32C"},
 		{"wrk", "zc-net", "responses were not the"},
 		{"files-tls", "net-tls", "payload CRC-32C"},
+		{"relay-tls", "ztls-user", "payload CRC-32C"},
 		{"https", "ztls-user", "responses were not the"},
 	} {
 		t.Run(tc.scen, func(t *testing.T) {
@@ -353,6 +354,7 @@ func TestPlanServices(t *testing.T) {
 		{Scenario: harness.HTTPSWrk, Mode: "ztls-user", Size: 64, Conns: 32},
 		{Scenario: harness.FilesTLS, Mode: "net-tls-aa", Size: 64 << 10, Conns: 1},
 		{Scenario: harness.FilesTLS, Mode: "ztls-user", Size: 64 << 10, Conns: 8},
+		{Scenario: harness.RelayTLS, Mode: "net-tls", Size: 64 << 10, Conns: 8},
 	} {
 		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
 			t.Errorf("plan lacks %+v", v)
@@ -392,20 +394,22 @@ func TestPlanServices(t *testing.T) {
 	}
 }
 
-// The TLS scenarios run tiny on any host: net-tls, its A/A copy and ztls-user always;
+// The TLS scenarios (https, files-tls, relay-tls) run tiny on any host: net-tls, its A/A
+// copy and ztls-user always;
 // ztls where the kernel has TLS, and where it has not, a note says so ("not available
 // here: kernel TLS ...") and goals 14 and 15 are NOT RUN with that reason, never MET.
 func TestTLSRun(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "r.json")
 	var out, errs strings.Builder
-	code := run(append([]string{"-scenarios", "https,files-tls", "-json", jsonPath}, tinyServices...), &out, &errs)
+	code := run(append([]string{"-scenarios", "https,files-tls,relay-tls", "-json", jsonPath}, tinyServices...), &out, &errs)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
 	}
 	kernelErr := services.KernelTLSAvailable()
 	wrk := harness.WrkAvailable() == nil
-	for _, s := range []string{"FILE STREAMING OVER TLS", "GOALS (issue 28, TLS)", "14. TLS file send", "15. HTTPS small responses",
+	for _, s := range []string{"FILE STREAMING OVER TLS", "TLS-TERMINATING RELAY", "GOALS (issue 28, TLS)", "14. TLS file send",
+		"15. HTTPS small responses", "16. TLS-terminating relay",
 		"ztls-user / net-tls server CPU"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("output lacks %q:\n%s", s, out.String())
@@ -443,7 +447,7 @@ func TestTLSRun(t *testing.T) {
 	seen := map[string]bool{}
 	for _, r := range doc.Results {
 		seen[r.Scenario+" "+r.Mode] = true
-		if r.Reps != 1 || r.SrvUs == nil || *r.SrvUs <= 0 || (r.Scenario == "files-tls" && (r.SrvSGB == nil || *r.SrvSGB <= 0)) {
+		if r.Reps != 1 || r.SrvUs == nil || *r.SrvUs <= 0 || (r.Scenario != "https" && (r.SrvSGB == nil || *r.SrvSGB <= 0)) {
 			t.Errorf("%s %s %d: reps %d, µs/unit %v, s/GB %v", r.Scenario, r.Mode, r.Size, r.Reps, r.SrvUs, r.SrvSGB)
 		}
 		if !strings.HasPrefix(r.Notes["tls"], "TLS 1.3 TLS_") {
@@ -453,13 +457,13 @@ func TestTLSRun(t *testing.T) {
 			t.Errorf("A/A copy ran https %d", r.Size)
 		}
 	}
-	want := []string{"files-tls net-tls", "files-tls net-tls-aa", "files-tls ztls-user"}
+	want := []string{"files-tls net-tls", "files-tls net-tls-aa", "files-tls ztls-user", "relay-tls net-tls", "relay-tls ztls-user"}
 	if wrk {
 		want = append(want, "https net-tls", "https net-tls-aa", "https ztls-user")
 	}
 	if kernelErr == nil {
 		want = append(want, "files-tls ztls")
-	} else if seen["files-tls ztls"] || seen["https ztls"] {
+	} else if seen["files-tls ztls"] || seen["https ztls"] || seen["relay-tls ztls"] {
 		t.Error("ztls ran without kernel TLS")
 	}
 	for _, w := range want {
@@ -469,7 +473,7 @@ func TestTLSRun(t *testing.T) {
 	}
 	ids := 0
 	for _, g := range doc.Goals {
-		if g.ID != 14 && g.ID != 15 {
+		if g.ID < 14 || g.ID > 16 {
 			continue
 		}
 		ids++
@@ -480,7 +484,7 @@ func TestTLSRun(t *testing.T) {
 			t.Errorf("goal 14's note lacks the fallback's cost: %s", g.Note)
 		}
 	}
-	if ids != 2 {
+	if ids != 3 {
 		t.Errorf("goals: %+v", doc.Goals)
 	}
 }

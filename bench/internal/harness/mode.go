@@ -87,14 +87,17 @@ const (
 	// FilesTLS: FileStream over TLS: each client asks for its slice of Case.File through
 	// a TLS connection and checks every byte.
 	FilesTLS Scenario = "files-tls"
+	// RelayTLS: Relay with TLS between the clients and the server (a TLS-terminating
+	// relay); the backend is plain TCP.
+	RelayTLS Scenario = "relay-tls"
 )
 
 // Scenarios lists all scenarios in report order.
 var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream, MultiCore, HTTP, FileSend, Idle,
-	Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk, HTTPSWrk, FilesTLS}
+	Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk, HTTPSWrk, FilesTLS, RelayTLS}
 
 // TLSScenarios are the TLS scenarios (issue 28); they run with the services suite.
-var TLSScenarios = []Scenario{HTTPSWrk, FilesTLS}
+var TLSScenarios = []Scenario{HTTPSWrk, FilesTLS, RelayTLS}
 
 // ServiceScenarios are the scenarios of the services suite (issue 20).
 var ServiceScenarios = []Scenario{Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk}
@@ -184,7 +187,7 @@ func (c Case) Deadline() time.Duration {
 func (c Case) Validate() error {
 	switch c.Scenario {
 	case Bulk, Stream, Echo, PingPong, MultiCore, HTTP, FileSend, Idle,
-		Relay, RelayHalfClose, FanOut, FileStream, KV, HTTPWrk, HTTPSWrk, FilesTLS:
+		Relay, RelayHalfClose, FanOut, FileStream, KV, HTTPWrk, HTTPSWrk, FilesTLS, RelayTLS:
 	default:
 		return fmt.Errorf("unknown scenario %q", c.Scenario)
 	}
@@ -197,7 +200,7 @@ func (c Case) Validate() error {
 	if c.Scenario.OneWay() && c.Conns != 1 {
 		return fmt.Errorf("%s runs on one connection, not %d", c.Scenario, c.Conns)
 	}
-	if (c.Scenario == Relay || c.Scenario == RelayHalfClose) && (c.Backend == "" || c.Total < 1) {
+	if (c.Scenario == Relay || c.Scenario == RelayHalfClose || c.Scenario == RelayTLS) && (c.Backend == "" || c.Total < 1) {
 		return fmt.Errorf("%s needs a backend address and a size", c.Scenario)
 	}
 	if (c.Scenario == FileStream || c.Scenario == FilesTLS) && (c.File == "" || c.Total < 1) {

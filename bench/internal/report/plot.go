@@ -434,7 +434,8 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			for _, n := range TLSFileConns {
 				cs = append(cs, category{fmt.Sprintf("files-tls ×%d", n), harness.FilesTLS, ServiceFrame, n, SrvCPUPerGB})
 			}
-			return add(categoryPlot(rows, st, cs, "TLS: file streaming, server CPU per GB (goal 14)",
+			cs = append(cs, category{fmt.Sprintf("relay-tls ×%d", TLSRelayConns), harness.RelayTLS, ServiceFrame, TLSRelayConns, SrvCPUPerGB})
+			return add(categoryPlot(rows, st, cs, "TLS: file streaming and relay, server CPU per GB (goals 14, 16)",
 				"server CPU s/GB (median, bars min–max)", false))
 		},
 	}

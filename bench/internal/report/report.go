@@ -67,7 +67,7 @@ func (r Row) Sum(f Figure) stats.Summary {
 // higher is better.
 func Headline(s harness.Scenario) (Figure, string, bool) {
 	switch s {
-	case harness.Bulk, harness.FileSend, harness.Relay, harness.RelayHalfClose, harness.FileStream, harness.FilesTLS:
+	case harness.Bulk, harness.FileSend, harness.Relay, harness.RelayHalfClose, harness.FileStream, harness.FilesTLS, harness.RelayTLS:
 		return Gbps, "gbps", true
 	case harness.PingPong:
 		return P99, "p99_us", false

@@ -22,8 +22,9 @@ const (
 
 // The TLS scenarios' geometry the goals judge (zcbench plans the same).
 var (
-	HTTPSConns   = 32
-	TLSFileConns = []int{1, 8}
+	HTTPSConns    = 32
+	TLSFileConns  = []int{1, 8}
+	TLSRelayConns = 8
 )
 
 // Units of the TLS goals, each measured by the TLS A/A pair (net-tls-aa / net-tls).
@@ -38,6 +39,7 @@ const (
 const (
 	TLSFileGoalID  = 14
 	TLSSmallGoalID = 15
+	TLSRelayGoalID = 16
 )
 
 // tlsTable prints the TLS scenarios: server CPU per unit and throughput against net-tls,
@@ -59,6 +61,8 @@ func tlsTable(w io.Writer, rows []Row) {
 			fmt.Fprintln(tw, "HTTPS UNDER WRK (net/http GET over TLS, keep-alive)\tbody\tconns\treq/s median [min–max]\t×net-tls\tsrv CPU µs/req [min–max]\t×net-tls\tnegotiated (last rep)\t")
 		case harness.FilesTLS:
 			fmt.Fprintln(tw, "FILE STREAMING OVER TLS (page-cache file to N clients)\tclients\tGbit/s median [min–max]\t×net-tls\tsrv CPU s/GB [min–max]\t×net-tls\tnegotiated (last rep)\t")
+		case harness.RelayTLS:
+			fmt.Fprintln(tw, "TLS-TERMINATING RELAY (TLS clients → server → plain backend, both ways)\tconns\tGbit/s median [min–max]\t×net-tls\trelay CPU s/GB [min–max]\t×net-tls\tnegotiated (last rep)\t")
 		}
 		for _, r := range rs {
 			base := Find(rows, r.Scenario, NetTLS, r.Size, r.Conns)
@@ -73,7 +77,7 @@ func tlsTable(w io.Writer, rows []Row) {
 			case harness.HTTPSWrk:
 				fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, SizeString(r.Size), r.Conns, spread(r.Sum(MsgsPerS), "%.0f"),
 					ratio(r.Sum(MsgsPerS), sumOf(base, MsgsPerS)), spread(r.Sum(SrvCPUPerMsg), "%.2f"), ratio(r.Sum(SrvCPUPerMsg), sumOf(base, SrvCPUPerMsg)), suite)
-			case harness.FilesTLS:
+			case harness.FilesTLS, harness.RelayTLS:
 				fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Mode, r.Conns, spread(r.Sum(Gbps), "%.2f"), ratio(r.Sum(Gbps), sumOf(base, Gbps)),
 					spread(r.Sum(SrvCPUPerGB), "%.3f"), ratio(r.Sum(SrvCPUPerGB), sumOf(base, SrvCPUPerGB)), suite)
 			}
@@ -88,7 +92,8 @@ func tlsTable(w io.Writer, rows []Row) {
 // lies within the noise):
 //
 //  14. TLS file send: ztls server CPU s/GB ≤ 0.6× net-tls's at ≥ 1.0× its Gbit/s (1 and 8 clients);
-//  15. HTTPS small (64 B bodies, 32 connections): ztls server CPU per request ≤ 1.0× net-tls's.
+//  15. HTTPS small (64 B bodies, 32 connections): ztls server CPU per request ≤ 1.0× net-tls's;
+//  16. TLS-terminating relay (8 connections): ztls relay CPU s/GB ≤ 0.6× net-tls's.
 //
 // kernelErr is why the ztls mode cannot run here (nil when it can): the goals are then NOT
 // RUN with that reason, never MET. Each goal's note gives ztls-user / net-tls, what the
@@ -128,6 +133,16 @@ func TLSGoals(rows []Row, skipped map[harness.Scenario]string, kernelErr error) 
 		checks = append(checks, compare("64 B: ztls / net-tls", z, nt, SrvCPUPerMsg, unitTLSSrvUs, 1.0, false))
 	}
 	gs = append(gs, goalOf(TLSSmallGoalID, name, checks, why))
+
+	name = fmt.Sprintf("TLS-terminating relay (%d conns): ztls relay CPU s/GB ≤ 0.6× net-tls", TLSRelayConns)
+	checks, why = nil, ""
+	z, nt = Find(rows, harness.RelayTLS, ZTLS, ServiceFrame, TLSRelayConns), Find(rows, harness.RelayTLS, NetTLS, ServiceFrame, TLSRelayConns)
+	if z == nil || nt == nil {
+		why = missing(harness.RelayTLS, fmt.Sprintf("relay-tls ×%d of ztls and net-tls", TLSRelayConns))
+	} else {
+		checks = append(checks, compare(fmt.Sprintf("×%d CPU/GB: ztls / net-tls", TLSRelayConns), z, nt, SrvCPUPerGB, unitTLSSrvSGB, 0.6, false))
+	}
+	gs = append(gs, goalOf(TLSRelayGoalID, name, checks, why))
 	applyNoise(gs, rows)
 
 	// Not judged: 64 KiB responses with the kernel, and the fallback's cost.
@@ -136,10 +151,7 @@ func TLSGoals(rows []Row, skipped map[harness.Scenario]string, kernelErr error) 
 		info = append(info, "https 64 KiB: "+ratioText("ztls / net-tls server CPU per request", a, b, SrvCPUPerMsg))
 	}
 	for i := range gs {
-		scen := harness.FilesTLS
-		if gs[i].ID == TLSSmallGoalID {
-			scen = harness.HTTPSWrk
-		}
+		scen := map[int]harness.Scenario{TLSFileGoalID: harness.FilesTLS, TLSSmallGoalID: harness.HTTPSWrk, TLSRelayGoalID: harness.RelayTLS}[gs[i].ID]
 		var fb []string
 		for _, l := range TLSFallback(rows) {
 			if strings.HasPrefix(l, string(scen)+" ") {
@@ -172,7 +184,7 @@ func TLSFallback(rows []Row) []string {
 		}
 		label := fmt.Sprintf("%s %s ×%d", r.Scenario, SizeString(r.Size), r.Conns)
 		cpu, cpuUnit, rate, rateUnit := SrvCPUPerMsg, unitTLSSrvUs, MsgsPerS, unitTLSReqs
-		if r.Scenario == harness.FilesTLS {
+		if r.Scenario == harness.FilesTLS || r.Scenario == harness.RelayTLS {
 			label = fmt.Sprintf("%s ×%d", r.Scenario, r.Conns)
 			cpu, cpuUnit, rate, rateUnit = SrvCPUPerGB, unitTLSSrvSGB, Gbps, unitTLSGbps
 		}

@@ -12,7 +12,11 @@ import (
 
 // tlsFiles is a files-tls row: one repetition per (server CPU s/GB, Gbit/s) pair.
 func tlsFiles(mode string, conns int, sgbGbps ...[2]float64) Row {
-	r := Row{Variant: harness.Variant{Scenario: harness.FilesTLS, Mode: mode, Size: ServiceFrame, Conns: conns}}
+	return tlsGB(harness.FilesTLS, mode, conns, sgbGbps...)
+}
+
+func tlsGB(s harness.Scenario, mode string, conns int, sgbGbps ...[2]float64) Row {
+	r := Row{Variant: harness.Variant{Scenario: s, Mode: mode, Size: ServiceFrame, Conns: conns}}
 	for i, p := range sgbGbps {
 		rep := nanRep(i)
 		rep.SrvCPUPerGB, rep.Gbps, rep.MsgsPerS, rep.SrvCPUusPerMsg = p[0], p[1], p[1]*1e9/8/float64(ServiceFrame), 1
@@ -31,9 +35,17 @@ func same(n int, sgb, gbps float64) [][2]float64 {
 }
 
 // The rows of a run with kernel TLS: net-tls 1 s/GB at 10 Gbit/s, its A/A copy within ±2%
-// (files-tls) and ±2% (https), ztls-user as net-tls; ztls as given.
-func tlsRows(ztlsFiles [][2]float64, ztlsSmall []float64) []Row {
+// (files-tls) and ±2% (https), ztls-user as net-tls; ztls as given (relay-tls: ztlsRelay s/GB
+// at 10 Gbit/s).
+func tlsRows(ztlsFiles [][2]float64, ztlsSmall []float64, ztlsRelay ...float64) []Row {
+	var relay [][2]float64
+	for _, x := range ztlsRelay {
+		relay = append(relay, [2]float64{x, 10})
+	}
 	return []Row{
+		tlsGB(harness.RelayTLS, NetTLS, TLSRelayConns, same(3, 1, 10)...),
+		tlsGB(harness.RelayTLS, ZTLSUser, TLSRelayConns, same(3, 1, 10)...),
+		tlsGB(harness.RelayTLS, ZTLS, TLSRelayConns, relay...),
 		tlsFiles(NetTLS, 1, same(3, 1, 10)...),
 		tlsFiles(NetTLSAA, 1, [2]float64{1.02, 10.2}, [2]float64{0.98, 9.8}, [2]float64{1, 10}),
 		tlsFiles(ZTLSUser, 1, same(3, 1, 10)...),
@@ -74,10 +86,10 @@ func TestTLSGoals(t *testing.T) {
 		}
 	}
 	gs := TLSGoals(rows, nil, noKTLS)
-	if len(gs) != 2 {
+	if len(gs) != 3 {
 		t.Fatalf("goals %+v", gs)
 	}
-	for _, id := range []int{TLSFileGoalID, TLSSmallGoalID} {
+	for _, id := range []int{TLSFileGoalID, TLSSmallGoalID, TLSRelayGoalID} {
 		g := byID(gs, id)
 		if g.Status != StatusNotRun+" (ztls: "+noKTLS.Error()+")" {
 			t.Errorf("goal %d without kernel TLS: %s", id, g.Status)
@@ -91,6 +103,9 @@ func TestTLSGoals(t *testing.T) {
 	if n := byID(gs, TLSSmallGoalID).Note; !strings.Contains(n, "https 64 B ×32: ztls-user / net-tls server CPU 1.30× [rounds 1.30–1.30] (13 vs 10) NOT ≈1.0 (every round on one side, outside the A/A noise ±2.0%)") {
 		t.Errorf("goal 15's note: %s", n)
 	}
+	if n := byID(gs, TLSRelayGoalID).Note; !strings.Contains(n, "relay-tls ×8: ztls-user / net-tls server CPU 1.00×") {
+		t.Errorf("goal 16's note: %s", n)
+	}
 	// A skipped scenario's reason wins (wrk not installed).
 	gs = TLSGoals(nil, map[harness.Scenario]string{harness.HTTPSWrk: "wrk not installed"}, nil)
 	if g := byID(gs, TLSSmallGoalID); g.Status != StatusNotRun+" (wrk not installed)" {
@@ -101,21 +116,26 @@ func TestTLSGoals(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		name         string
-		files        [][2]float64
-		small        []float64
-		file, small_ string
+		name               string
+		files              [][2]float64
+		small, relay       []float64
+		file, small_, rlay string
 	}{
-		// 0.5 s/GB at 11 Gbit/s, 9 µs per request: every check met outside the noise.
-		{"met", same(3, 0.5, 11), []float64{9, 9, 9}, StatusMet, StatusMet},
+		// 0.5 s/GB at 11 Gbit/s, 9 µs per request, relay 0.5×: every check met outside the noise.
+		{"met", same(3, 0.5, 11), []float64{9, 9, 9}, []float64{0.5, 0.5, 0.5}, StatusMet, StatusMet, StatusMet},
 		// CPU per GB 0.8×: a clear miss; 12 µs: a clear miss.
-		{"missed", same(3, 0.8, 11), []float64{12, 12, 12}, StatusMissed, StatusMissed},
-		// CPU 0.5× but the throughput's rounds straddle 1.0 (0.9–1.2); 1.01× within ±2%.
-		{"undecided", [][2]float64{{0.5, 9}, {0.5, 12}, {0.5, 11}}, []float64{10.1, 10.1, 10.1}, StatusUndecided, StatusUndecided},
-		// the small requests' rounds straddle 1.0 (0.9–1.1) though the median is 0.9.
-		{"straddle", same(3, 0.5, 11), []float64{9, 11, 9}, StatusMet, StatusUndecided},
+		{"missed", same(3, 0.8, 11), []float64{12, 12, 12}, []float64{0.8, 0.8, 0.8}, StatusMissed, StatusMissed, StatusMissed},
+		// CPU 0.5× but the throughput's rounds straddle 1.0 (0.9–1.2); 1.01× within ±2%;
+		// the relay at 0.59×, within ±2% of 0.6.
+		{"undecided", [][2]float64{{0.5, 9}, {0.5, 12}, {0.5, 11}}, []float64{10.1, 10.1, 10.1}, []float64{0.59, 0.59, 0.59},
+			StatusUndecided, StatusUndecided, StatusUndecided},
+		// rounds straddling the target though the median meets it (small 0.9–1.1, relay 0.5–0.7).
+		{"straddle", same(3, 0.5, 11), []float64{9, 11, 9}, []float64{0.5, 0.7, 0.5}, StatusMet, StatusUndecided, StatusUndecided},
 	} {
-		gs := TLSGoals(tlsRows(tc.files, tc.small), nil, nil)
+		gs := TLSGoals(tlsRows(tc.files, tc.small, tc.relay...), nil, nil)
+		if g := byID(gs, TLSRelayGoalID); g.Status != tc.rlay || len(g.Checks) != 1 || g.Checks[0].Unit != unitTLSSrvSGB {
+			t.Errorf("%s: goal 16 %s, want %s (%+v; %s)", tc.name, g.Status, tc.rlay, g.Checks, g.Note)
+		}
 		if g := byID(gs, TLSFileGoalID); g.Status != tc.file || len(g.Checks) != 4 {
 			t.Errorf("%s: goal 14 %s, want %s (%+v; %s)", tc.name, g.Status, tc.file, g.Checks, g.Note)
 		}
@@ -130,7 +150,7 @@ func TestTLSGoals(t *testing.T) {
 
 	// Without the A/A pair a check cannot be decided (no noise to read it against).
 	var noAA []Row
-	for _, r := range tlsRows(same(3, 0.5, 11), []float64{9, 9, 9}) {
+	for _, r := range tlsRows(same(3, 0.5, 11), []float64{9, 9, 9}, 0.5, 0.5, 0.5) {
 		if r.Mode != NetTLSAA {
 			noAA = append(noAA, r)
 		}
@@ -145,7 +165,7 @@ func TestTLSGoals(t *testing.T) {
 // The TLS tables: both scenarios, ratios against net-tls, the negotiated suite and
 // ztls's handshake counts.
 func TestTLSTable(t *testing.T) {
-	rows := tlsRows(same(3, 0.5, 11), []float64{9, 9, 9})
+	rows := tlsRows(same(3, 0.5, 11), []float64{9, 9, 9}, 0.5, 0.5, 0.5)
 	for i := range rows {
 		for j := range rows[i].Reps {
 			rows[i].Reps[j].Server.Notes = map[string]string{"tls": "TLS 1.3 TLS_AES_128_GCM_SHA256"}
@@ -157,7 +177,7 @@ func TestTLSTable(t *testing.T) {
 	var b strings.Builder
 	Table(&b, rows)
 	out := b.String()
-	for _, s := range []string{"HTTPS UNDER WRK", "FILE STREAMING OVER TLS", "TLS 1.3 TLS_AES_128_GCM_SHA256 (ztls handshakes: kernel 32, user 0, refused 0)"} {
+	for _, s := range []string{"HTTPS UNDER WRK", "FILE STREAMING OVER TLS", "TLS-TERMINATING RELAY", "TLS 1.3 TLS_AES_128_GCM_SHA256 (ztls handshakes: kernel 32, user 0, refused 0)"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}

@@ -106,8 +106,14 @@ func runTLS(t *testing.T, mode string, conns int) (notes map[string]string, srvE
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := harness.Case{Scenario: harness.FilesTLS, Mode: mode, Size: 64 << 10, Conns: conns, RecvBuf: 64 << 10,
-		Duration: time.Second, CorruptSeq: -1, Addr: "127.0.0.1:0", File: file, Total: 2 << 20}
+	return runTLSCase(t, harness.Case{Scenario: harness.FilesTLS, Mode: mode, Size: 64 << 10, Conns: conns, RecvBuf: 64 << 10,
+		Duration: time.Second, CorruptSeq: -1, Addr: "127.0.0.1:0", File: file, Total: 2 << 20})
+}
+
+// runTLSCase runs one case of a TLS mode in this process (see runTLS).
+func runTLSCase(t *testing.T, c harness.Case) (notes map[string]string, srvErr, cliErr error) {
+	t.Helper()
+	mode := c.Mode
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +156,28 @@ func TestFilesTLSUserSpace(t *testing.T) {
 		}
 		if mode == ZTLSUser && notes["ztls_handshakes"] != "kernel 0, user 3, refused 0" {
 			t.Errorf("ztls-user handshakes: %q", notes["ztls_handshakes"])
+		}
+	}
+}
+
+// relay-tls with crypto/tls and ztls-user: 4 TLS clients through the relay to the plain
+// backend, 1 MiB each way on each, every frame checked at both ends to the last (the
+// relay passes each direction's end on: CloseWrite, close_notify towards the client).
+func TestRelayTLSUserSpace(t *testing.T) {
+	for _, mode := range []string{NetTLS, ZTLSUser} {
+		bl, err := listenNet(context.Background(), "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		backend := bl.Addr().String()
+		bl.Close() // the client process listens there
+		notes, srvErr, cliErr := runTLSCase(t, harness.Case{Scenario: harness.RelayTLS, Mode: mode, Size: 64 << 10, Conns: 4,
+			RecvBuf: 64 << 10, Duration: time.Second, CorruptSeq: -1, Addr: "127.0.0.1:0", Backend: backend, Total: 1 << 20})
+		if srvErr != nil || cliErr != nil {
+			t.Fatalf("%s: server %v, client %v", mode, srvErr, cliErr)
+		}
+		if !strings.HasPrefix(notes["tls"], "TLS 1.3 TLS_") {
+			t.Errorf("%s: negotiated %q", mode, notes["tls"])
 		}
 	}
 }

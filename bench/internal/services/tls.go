@@ -1,6 +1,7 @@
 package services
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -118,6 +119,8 @@ func (m TLSMode) Server(ctx context.Context, c harness.Case, mt *harness.Meter, 
 		err = harness.ServeHTTP(c, mt, tl, ready)
 	case harness.FilesTLS:
 		err = filesTLS(c, mt, tl, ready)
+	case harness.RelayTLS:
+		err = serveTLS(c, mt, tl, ready, func(front net.Conn) error { return relayFront(ctx, c, front) })
 	default:
 		ln.Close()
 		return fmt.Errorf("services: no %s server for %s", m.name, c.Scenario)
@@ -146,10 +149,24 @@ func (m TLSMode) Server(ctx context.Context, c harness.Case, mt *harness.Meter, 
 
 // Client implements harness.Mode: files-tls's (https's client is wrk, the harness's).
 func (m TLSMode) Client(ctx context.Context, c harness.Case, mt *harness.Meter) error {
+	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} // the server's certificate is self-signed
+	if c.Scenario == harness.RelayTLS {
+		return relayClientDial(ctx, c, mt, func(ctx context.Context) (halfCloser, error) {
+			raw, err := dialNet(ctx, c.Addr)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(raw, cfg)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, fmt.Errorf("handshake: %w", err)
+			}
+			return tc, nil
+		})
+	}
 	if c.Scenario != harness.FilesTLS {
 		return fmt.Errorf("services: no %s client for %s", m.name, c.Scenario)
 	}
-	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} // the server's certificate is self-signed
 	return filesClientDial(ctx, c, mt, func(ctx context.Context) (net.Conn, error) {
 		raw, err := dialNet(ctx, c.Addr)
 		if err != nil {
@@ -217,6 +234,45 @@ func selfSigned() (tls.Certificate, error) {
 // 16 KiB); ztls's ReadFrom gives the file to the socket's sendfile under kernel TLS and
 // runs the same io.Copy loop in user space.
 func filesTLS(c harness.Case, m *harness.Meter, ln net.Listener, ready func(string)) error {
+	return serveTLS(c, m, ln, ready, func(conn net.Conn) error { return sendSlice(conn, c.File) })
+}
+
+// relayFront is the TLS-terminating relay as Go users write it (relayNet's shape): dial
+// the backend, a goroutine per direction, io.Copy, CloseWrite when a direction ends.
+// Towards the client, io.Copy(front, back) is the TLS connection's ReadFrom where it has
+// one (ztls: splice from the backend socket into the kernel-TLS socket, the kernel
+// encrypts) and io.Copy's 32 KiB loop otherwise (crypto/tls); from the client,
+// io.Copy(back, front) is the backend socket's ReadFrom, which copies through a buffer
+// from a TLS connection (decrypted by crypto/tls, or by the kernel in ztls's Read).
+func relayFront(ctx context.Context, c harness.Case, front net.Conn) error {
+	defer front.Close()
+	back, err := dialNet(ctx, c.Backend)
+	if err != nil {
+		return err
+	}
+	defer back.Close()
+	fw, ok := front.(interface{ CloseWrite() error })
+	if !ok {
+		return fmt.Errorf("relay-tls: %T cannot half-close", front)
+	}
+	errs := make(chan error, 2)
+	go func() {
+		_, err := io.Copy(back, front)
+		back.CloseWrite()
+		errs <- err
+	}()
+	go func() {
+		_, err := io.Copy(front, back)
+		fw.CloseWrite()
+		errs <- err
+	}()
+	return cmp.Or(<-errs, <-errs)
+}
+
+// serveTLS accepts c.Conns connections from the TLS listener and serves each with serve
+// on a goroutine of its own, as Go servers do; the meter runs from the first accept to
+// the end of the last connection.
+func serveTLS(c harness.Case, m *harness.Meter, ln net.Listener, ready func(string), serve func(net.Conn) error) error {
 	defer ln.Close()
 	ready(ln.Addr().String())
 	fail := newFirstErr()
@@ -237,7 +293,7 @@ func filesTLS(c harness.Case, m *harness.Meter, ln net.Listener, ready func(stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fail.set(sendSlice(conn, c.File))
+			fail.set(serve(conn))
 		}()
 	}
 	wg.Wait()
