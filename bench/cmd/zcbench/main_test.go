@@ -395,9 +395,9 @@ func TestPlanServices(t *testing.T) {
 }
 
 // The TLS scenarios (https, files-tls, relay-tls) run tiny on any host: net-tls, its A/A
-// copy and ztls-user always;
-// ztls where the kernel has TLS, and where it has not, a note says so ("not available
-// here: kernel TLS ...") and goals 14 and 15 are NOT RUN with that reason, never MET.
+// copy and ztls-user always; ztls where the kernel has TLS, and where it has not, a note
+// says so ("not available here: kernel TLS ...") and goals 14–16 are NOT RUN with that
+// reason, never MET.
 func TestTLSRun(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "r.json")
