@@ -12,7 +12,7 @@ echo /sbin/modprobe > /proc/sys/kernel/modprobe
 modprobe tls && echo "ZCVM: tls loaded"
 modprobe gcm; modprobe aesni-intel; modprobe ghash-clmulni-intel
 echo "ZCVM: zcbench begin"
-/zcbench -scenarios https,files-tls -reps 3 -svc-d 2s -file-size 16777216 -file-dir /tmp -json /tmp/r.json; echo "ZCVM: zcbench rc=$?"; echo "ZCVM: json begin"; cat /tmp/r.json; echo; echo "ZCVM: json end"
+/zcbench -scenarios https,files-tls,relay-tls -relay-bytes 1048576 -reps 3 -svc-d 2s -file-size 16777216 -file-dir /tmp -json /tmp/r.json; echo "ZCVM: zcbench rc=$?"; echo "ZCVM: json begin"; cat /tmp/r.json; echo; echo "ZCVM: json end"
 cat /proc/net/tls_stat
 echo "ZCVM: dmesg begin"; dmesg | grep -E 'BUG|WARNING|Oops|Call Trace' | head; echo "ZCVM: dmesg end"
 sync
