@@ -152,14 +152,22 @@ func TLSGoals(rows []Row, skipped map[harness.Scenario]string, kernelErr error) 
 	}
 	for i := range gs {
 		scen := map[int]harness.Scenario{TLSFileGoalID: harness.FilesTLS, TLSSmallGoalID: harness.HTTPSWrk, TLSRelayGoalID: harness.RelayTLS}[gs[i].ID]
-		var fb []string
+		var fb, ku []string
 		for _, l := range TLSFallback(rows) {
 			if strings.HasPrefix(l, string(scen)+" ") {
 				fb = append(fb, l)
 			}
 		}
+		for _, l := range kernelVsUser(rows) {
+			if strings.HasPrefix(l, string(scen)+" ") {
+				ku = append(ku, l)
+			}
+		}
 		if len(fb) > 0 {
 			gs[i].Note = strings.TrimPrefix(gs[i].Note+"; ", "; ") + "not judged, the user-space fallback against crypto/tls (should be ≈1.0×): " + strings.Join(fb, "; ")
+		}
+		if len(ku) > 0 {
+			gs[i].Note = strings.TrimPrefix(gs[i].Note+"; ", "; ") + "not judged, the kernel against the fallback (where it loses, the issue wants user space as the shape's default): " + strings.Join(ku, "; ")
 		}
 		if gs[i].ID == TLSSmallGoalID && len(info) > 0 {
 			gs[i].Note = strings.TrimPrefix(gs[i].Note+"; ", "; ") + "not judged: " + strings.Join(info, "; ")
@@ -190,6 +198,32 @@ func TLSFallback(rows []Row) []string {
 		}
 		out = append(out, label+": ztls-user / net-tls server CPU "+fallbackText(rows, &r, nt, cpu, cpuUnit)+
 			"; "+rateUnit+" "+fallbackText(rows, &r, nt, rate, rateUnit))
+	}
+	return out
+}
+
+// kernelVsUser compares ztls (records in the kernel) with ztls-user (its user-space path)
+// in every TLS case where both ran: server CPU per unit, ratio of medians with its rounds.
+func kernelVsUser(rows []Row) []string {
+	var out []string
+	for _, r := range rows {
+		if r.Mode != ZTLS || len(r.Reps) == 0 {
+			continue
+		}
+		u := Find(rows, r.Scenario, ZTLSUser, r.Size, r.Conns)
+		if u == nil || len(u.Reps) == 0 {
+			continue
+		}
+		label, cpu, unit := fmt.Sprintf("%s %s ×%d", r.Scenario, SizeString(r.Size), r.Conns), SrvCPUPerMsg, "µs/req"
+		if r.Scenario == harness.FilesTLS || r.Scenario == harness.RelayTLS {
+			label, cpu, unit = fmt.Sprintf("%s ×%d", r.Scenario, r.Conns), SrvCPUPerGB, "s/GB"
+		}
+		ma, mb := r.Sum(cpu).Median, u.Sum(cpu).Median
+		t := fmt.Sprintf("%s: ztls / ztls-user server CPU = %.2f×", label, ma/mb)
+		if lo, hi, ok := roundRatios(&r, u, cpu); ok {
+			t += fmt.Sprintf(" [rounds %.2f–%.2f]", lo, hi)
+		}
+		out = append(out, t+fmt.Sprintf(" (%s vs %s %s)", fmtNum(ma), fmtNum(mb), unit))
 	}
 	return out
 }

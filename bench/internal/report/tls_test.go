@@ -143,6 +143,9 @@ func TestTLSGoals(t *testing.T) {
 		if g.Status != tc.small_ || len(g.Checks) != 1 || g.Checks[0].Unit != unitTLSSrvUs {
 			t.Errorf("%s: goal 15 %s, want %s (%+v; %s)", tc.name, g.Status, tc.small_, g.Checks, g.Note)
 		}
+		if !strings.Contains(g.Note, "the kernel against the fallback") || !strings.Contains(g.Note, "https 64 B ×32: ztls / ztls-user server CPU = ") {
+			t.Errorf("%s: goal 15's note lacks ztls / ztls-user: %s", tc.name, g.Note)
+		}
 		if !strings.Contains(g.Note, "https 64 KiB: ztls / net-tls server CPU per request = 0.80×") {
 			t.Errorf("%s: goal 15's note lacks the 64 KiB ratio: %s", tc.name, g.Note)
 		}
