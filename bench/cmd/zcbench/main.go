@@ -97,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.idleConns, "idle-conns", 10000, "idle: connections held open (RLIMIT_NOFILE is raised for them when it can be)")
 	fs.Int64Var(&cfg.fileSize, "file-size", 0, "filesend: file size in bytes (default 1 GiB, 256 MiB with -quick)")
 	fs.StringVar(&cfg.fileDir, "file-dir", "", "filesend: where the frame file is made (default /dev/shm, else the temp dir)")
-	fs.BoolVar(&cfg.services, "services", true, "run the services suite (relay, relay-hc, fanout, files, kv, mq, wrk) with the other scenarios; -scenarios services picks it alone")
+	fs.BoolVar(&cfg.services, "services", true, "run the services suite (relay, relay-hc, fanout, files, kv, mq, wrk, and the TLS scenarios https, files-tls, relay-tls) with the other scenarios; -scenarios services picks it alone")
 	fs.DurationVar(&cfg.svcDur, "svc-d", 0, "services: traffic time of one repetition of fanout, kv and mq (default 500ms, 300ms with -quick; wrk runs whole seconds)")
 	fs.Int64Var(&cfg.relayBytes, "relay-bytes", 0, "relay: bytes each connection carries each way (default 64 MiB, 4 MiB with -quick)")
 	fs.Int64Var(&cfg.filesTotal, "files-total", 0, "files: bytes all clients of one repetition receive together (default half the -file-size)")
@@ -225,11 +225,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if mcErr != nil && wantScenario(cfg, harness.MultiCore) {
 		skipped[harness.MultiCore] = mcErr.Error()
 	}
-	if err := harness.WrkAvailable(); err != nil && wantScenario(cfg, harness.HTTPWrk) {
-		skipped[harness.HTTPWrk] = err.Error()
+	for _, s := range []harness.Scenario{harness.HTTPWrk, harness.HTTPSWrk} {
+		if err := harness.WrkAvailable(); err != nil && wantScenario(cfg, s) {
+			skipped[s] = err.Error()
+		}
 	}
 	if cfg.useNetns {
-		for _, s := range []harness.Scenario{harness.Relay, harness.RelayHalfClose} {
+		for _, s := range []harness.Scenario{harness.Relay, harness.RelayHalfClose, harness.RelayTLS} {
 			if wantScenario(cfg, s) {
 				skipped[s] = "the relay's backend runs in the client's namespace: loopback only"
 			}
@@ -263,7 +265,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cfg.dur = perRun(cfg.budget, timed*cfg.reps, fixed*time.Duration(cfg.reps))
 	}
 	runs := harness.Interleave(variants, cfg.reps, func(v harness.Variant) bool {
-		return v.Mode == report.ZCCopyAA || v.Mode == report.NetAA
+		return v.Mode == report.ZCCopyAA || v.Mode == report.NetAA || v.Mode == report.NetTLSAA
 	})
 	// The largest services cases run fewer repetitions.
 	runs = slices.DeleteFunc(runs, func(r harness.Run) bool { return bigCase(r.Variant) && r.Rep >= cfg.bigReps })
@@ -347,6 +349,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		report.PrintServiceGoals(stdout, sg)
 		goals = append(goals, sg...)
 	}
+	if slices.ContainsFunc(variants, func(v harness.Variant) bool { return slices.Contains(harness.TLSScenarios, v.Scenario) }) {
+		tg := report.TLSGoals(rows, skipped, services.KernelTLSAvailable())
+		report.PrintTLSGoals(stdout, tg)
+		goals = append(goals, tg...)
+	}
 	lg := report.LimitGoals(rows, skipped)
 	report.PrintLimitGoals(stdout, lg)
 	goals = append(goals, lg...)
@@ -413,7 +420,7 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 	case harness.MultiQueue:
 		// the multi-core echo, with its server's queues and the load on the same CPUs
 		c.Scenario, c.Queues = harness.MultiCore, mqQueues
-	case harness.Relay, harness.RelayHalfClose:
+	case harness.Relay, harness.RelayHalfClose, harness.RelayTLS:
 		c.Total = cfg.relayBytes
 		c.Limit = bound(2 * cfg.relayBytes * int64(v.Conns))
 		port, err := freePort(env.ServerHost)
@@ -421,7 +428,7 @@ func runOne(ctx context.Context, env *harness.Env, cfg config, v harness.Variant
 			return harness.Rep{}, fmt.Errorf("backend port: %w", err)
 		}
 		c.Backend = net.JoinHostPort(env.ServerHost, port)
-	case harness.FileStream:
+	case harness.FileStream, harness.FilesTLS:
 		f, err := files.get(v.Size)
 		if err != nil {
 			return harness.Rep{}, fmt.Errorf("frame file: %w", err)
@@ -462,7 +469,9 @@ func bigCase(v harness.Variant) bool {
 
 // allModes is every mode a child may be asked to run: the scenarios' modes, then the
 // services' own (harness.Supports tells them apart).
-func allModes() []harness.Mode { return append(modes.All(), services.Modes()...) }
+func allModes() []harness.Mode {
+	return append(append(modes.All(), services.Modes()...), services.TLSModes()...)
+}
 
 // frameFiles makes the FileSend files (one per frame size, on first use) and removes
 // them at the end.
@@ -510,7 +519,7 @@ func fdLimit(vs []harness.Variant) ([]harness.Variant, string) {
 		switch v.Scenario {
 		case harness.Idle, harness.MultiCore:
 			need = max(need, v.Conns*modeFDs(v.Mode))
-		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV:
+		case harness.FanOut, harness.Relay, harness.MultiQueue, harness.HTTPWrk, harness.FileStream, harness.KV, harness.HTTPSWrk, harness.FilesTLS, harness.RelayTLS:
 			// the services' clients hold their connections (the relay's client also the
 			// backend's ends): counted, not shrunk
 			need = max(need, 2*v.Conns+2)
@@ -670,7 +679,11 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 		}
 		if err := m.Available(); err != nil {
 			if !unavailable[m.Name()] {
-				notes = append(notes, fmt.Sprintf("mode %s: not available: %v", m.Name(), err))
+				msg := fmt.Sprintf("mode %s: not available: %v", m.Name(), err)
+				if strings.HasPrefix(err.Error(), "not available") { // ztls: "not available here: kernel TLS ..."
+					msg = fmt.Sprintf("mode %s: %v", m.Name(), err)
+				}
+				notes = append(notes, msg)
 			}
 			unavailable[m.Name()] = true
 			continue
@@ -701,6 +714,9 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 			}
 			if m.Name() == report.NetAA && !(s == harness.Relay && conns == 8 || s == harness.KV && size == 64) {
 				continue // the services' A/A pair: relay ×8 and key-value small only
+			}
+			if m.Name() == report.NetTLSAA && !(s == harness.HTTPSWrk && size == 64 || s == harness.FilesTLS && conns == report.TLSFileConns[0]) {
+				continue // the TLS A/A pair: https 64 B and files-tls with one client
 			}
 			if harness.Supports(m, cs) {
 				vs = append(vs, harness.Variant{Scenario: s, Mode: m.Name(), Size: size, Conns: conns})
@@ -776,6 +792,16 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 					add(s, size, n)
 				}
 			}
+		case harness.HTTPSWrk:
+			for _, size := range report.WrkSizes {
+				add(s, size, report.HTTPSConns)
+			}
+		case harness.FilesTLS:
+			for _, n := range report.TLSFileConns {
+				add(s, report.ServiceFrame, n)
+			}
+		case harness.RelayTLS:
+			add(s, report.ServiceFrame, report.TLSRelayConns)
 		}
 	}
 	if len(vs) == 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zcnet/zcnet/bench/internal/harness"
+	"github.com/zcnet/zcnet/bench/internal/services"
 )
 
 func TestMain(m *testing.M) {
@@ -306,9 +307,12 @@ func TestServicesCorrupt(t *testing.T) {
 		{"kv", "zc", "not what was stored"},
 		{"mq", "zc", "payload CRC-32C"},
 		{"wrk", "zc-net", "responses were not the"},
+		{"files-tls", "net-tls", "payload CRC-32C"},
+		{"relay-tls", "ztls-user", "payload CRC-32C"},
+		{"https", "ztls-user", "responses were not the"},
 	} {
 		t.Run(tc.scen, func(t *testing.T) {
-			if tc.scen == "wrk" && harness.WrkAvailable() != nil {
+			if (tc.scen == "wrk" || tc.scen == "https") && harness.WrkAvailable() != nil {
 				t.Skip(harness.WrkAvailable())
 			}
 			var out, errs strings.Builder
@@ -345,6 +349,12 @@ func TestPlanServices(t *testing.T) {
 		{Scenario: harness.MultiQueue, Mode: "netpoll", Size: 64, Conns: 512},
 		{Scenario: harness.MultiQueue, Mode: "c-uring", Size: 64, Conns: 512},
 		{Scenario: harness.HTTPWrk, Mode: "zc-net", Size: 64 << 10, Conns: 512},
+		{Scenario: harness.HTTPSWrk, Mode: "net-tls", Size: 64 << 10, Conns: 32},
+		{Scenario: harness.HTTPSWrk, Mode: "net-tls-aa", Size: 64, Conns: 32},
+		{Scenario: harness.HTTPSWrk, Mode: "ztls-user", Size: 64, Conns: 32},
+		{Scenario: harness.FilesTLS, Mode: "net-tls-aa", Size: 64 << 10, Conns: 1},
+		{Scenario: harness.FilesTLS, Mode: "ztls-user", Size: 64 << 10, Conns: 8},
+		{Scenario: harness.RelayTLS, Mode: "net-tls", Size: 64 << 10, Conns: 8},
 	} {
 		if !has(v.Scenario, v.Mode, v.Size, v.Conns) {
 			t.Errorf("plan lacks %+v", v)
@@ -363,6 +373,16 @@ func TestPlanServices(t *testing.T) {
 		if v.Scenario == harness.HTTPWrk && v.Mode != "net" && v.Mode != "zc-net" {
 			t.Errorf("wrk planned with %s", v.Mode)
 		}
+		tlsMode := strings.HasPrefix(v.Mode, "net-tls") || strings.HasPrefix(v.Mode, "ztls")
+		if tlsMode != slices.Contains(harness.TLSScenarios, v.Scenario) {
+			t.Errorf("planned %+v", v)
+		}
+		if v.Mode == "net-tls-aa" && !(v.Scenario == harness.HTTPSWrk && v.Size == 64 || v.Scenario == harness.FilesTLS && v.Conns == 1) {
+			t.Errorf("TLS A/A copy planned for %+v", v)
+		}
+		if v.Mode == "ztls" && services.KernelTLSAvailable() != nil {
+			t.Errorf("ztls planned without kernel TLS: %+v", v)
+		}
 	}
 	cfg.scenarios, cfg.services = "", false
 	vs, _, err = plan(cfg, nil)
@@ -371,5 +391,100 @@ func TestPlanServices(t *testing.T) {
 	}
 	if slices.ContainsFunc(vs, func(v harness.Variant) bool { return v.Scenario.Service() }) {
 		t.Error("-services=false planned services")
+	}
+}
+
+// The TLS scenarios (https, files-tls, relay-tls) run tiny on any host: net-tls, its A/A
+// copy and ztls-user always; ztls where the kernel has TLS, and where it has not, a note
+// says so ("not available here: kernel TLS ...") and goals 14–16 are NOT RUN with that
+// reason, never MET.
+func TestTLSRun(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "r.json")
+	var out, errs strings.Builder
+	code := run(append([]string{"-scenarios", "https,files-tls,relay-tls", "-json", jsonPath}, tinyServices...), &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
+	}
+	kernelErr := services.KernelTLSAvailable()
+	wrk := harness.WrkAvailable() == nil
+	for _, s := range []string{"FILE STREAMING OVER TLS", "TLS-TERMINATING RELAY", "GOALS (issue 28, TLS)", "14. TLS file send",
+		"15. HTTPS small responses", "16. TLS-terminating relay",
+		"ztls-user / net-tls server CPU"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("output lacks %q:\n%s", s, out.String())
+		}
+	}
+	if wrk != strings.Contains(out.String(), "HTTPS UNDER WRK") {
+		t.Errorf("wrk available %v, but the https table printed %v", wrk, !wrk)
+	}
+	if kernelErr != nil && !strings.Contains(out.String(), "mode ztls: "+kernelErr.Error()) {
+		t.Errorf("no note that ztls is not available here (%v):\n%s", kernelErr, out.String())
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Results []struct {
+			Scenario string            `json:"scenario"`
+			Mode     string            `json:"mode"`
+			Size     int               `json:"size"`
+			Reps     int               `json:"reps"`
+			SrvUs    *float64          `json:"srv_cpu_us_per_msg"`
+			SrvSGB   *float64          `json:"srv_cpu_s_per_gb"`
+			Notes    map[string]string `json:"notes"`
+		} `json:"results"`
+		Goals []struct {
+			ID     int    `json:"id"`
+			Status string `json:"status"`
+			Note   string `json:"note"`
+		} `json:"goals"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range doc.Results {
+		seen[r.Scenario+" "+r.Mode] = true
+		if r.Reps != 1 || r.SrvUs == nil || *r.SrvUs <= 0 || (r.Scenario != "https" && (r.SrvSGB == nil || *r.SrvSGB <= 0)) {
+			t.Errorf("%s %s %d: reps %d, µs/unit %v, s/GB %v", r.Scenario, r.Mode, r.Size, r.Reps, r.SrvUs, r.SrvSGB)
+		}
+		if !strings.HasPrefix(r.Notes["tls"], "TLS 1.3 TLS_") {
+			t.Errorf("%s %s: negotiated %q", r.Scenario, r.Mode, r.Notes["tls"])
+		}
+		if r.Mode == "net-tls-aa" && r.Scenario == "https" && r.Size != 64 {
+			t.Errorf("A/A copy ran https %d", r.Size)
+		}
+	}
+	want := []string{"files-tls net-tls", "files-tls net-tls-aa", "files-tls ztls-user", "relay-tls net-tls", "relay-tls ztls-user"}
+	if wrk {
+		want = append(want, "https net-tls", "https net-tls-aa", "https ztls-user")
+	}
+	if kernelErr == nil {
+		want = append(want, "files-tls ztls")
+	} else if seen["files-tls ztls"] || seen["https ztls"] || seen["relay-tls ztls"] {
+		t.Error("ztls ran without kernel TLS")
+	}
+	for _, w := range want {
+		if !seen[w] {
+			t.Errorf("no result for %s", w)
+		}
+	}
+	ids := 0
+	for _, g := range doc.Goals {
+		if g.ID < 14 || g.ID > 16 {
+			continue
+		}
+		ids++
+		if kernelErr != nil && g.Status != "NOT RUN (ztls: "+kernelErr.Error()+")" && !(g.ID == 15 && !wrk) {
+			t.Errorf("goal %d without kernel TLS: %s", g.ID, g.Status)
+		}
+		if g.ID == 14 && !strings.Contains(g.Note, "files-tls ×1: ztls-user / net-tls server CPU") {
+			t.Errorf("goal 14's note lacks the fallback's cost: %s", g.Note)
+		}
+	}
+	if ids != 3 {
+		t.Errorf("goals: %+v", doc.Goals)
 	}
 }

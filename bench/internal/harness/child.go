@@ -133,7 +133,7 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 			err = idleClient(ctx, c, meter, os.Stdin)
 		case HTTP:
 			err = httpClient(ctx, c, meter)
-		case HTTPWrk:
+		case HTTPWrk, HTTPSWrk:
 			err = wrkClient(ctx, c, meter)
 		default:
 			err = m.Client(ctx, c, meter)

@@ -296,7 +296,7 @@ func ServeHTTP(c Case, m *Meter, ln net.Listener, ready func(string)) error {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = w.Write(body)
 	})
-	if c.Scenario == HTTPWrk {
+	if c.Scenario == HTTPWrk || c.Scenario == HTTPSWrk {
 		body := WrkBody(c.Size)
 		var served atomic.Int64
 		mux.HandleFunc("GET "+wrkPath, func(w http.ResponseWriter, _ *http.Request) {

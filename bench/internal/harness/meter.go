@@ -187,6 +187,13 @@ func (m *Meter) Note(key, value string) {
 	m.mu.Unlock()
 }
 
+// Notes returns a copy of what Note recorded.
+func (m *Meter) Notes() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.notes)
+}
+
 // NewRecorder returns the round-trip latency recorder of one client connection.
 func (m *Meter) NewRecorder() *stats.Recorder {
 	r := &stats.Recorder{}

@@ -78,23 +78,41 @@ const (
 	// HTTPWrk: net/http on the mode's listener, GETs of a Case.Size byte body, with wrk
 	// (an outside C load generator) on Case.Conns keep-alive connections.
 	HTTPWrk Scenario = "wrk"
+
+	// The TLS scenarios (issue 28), run by the TLS modes only (Go's crypto/tls, zc/ztls
+	// with the records in the kernel or in user space).
+
+	// HTTPSWrk: HTTPWrk over TLS: net/http on the mode's TLS listener, wrk GETs over https.
+	HTTPSWrk Scenario = "https"
+	// FilesTLS: FileStream over TLS: each client asks for its slice of Case.File through
+	// a TLS connection and checks every byte.
+	FilesTLS Scenario = "files-tls"
+	// RelayTLS: Relay with TLS between the clients and the server (a TLS-terminating
+	// relay); the backend is plain TCP.
+	RelayTLS Scenario = "relay-tls"
 )
 
 // Scenarios lists all scenarios in report order.
 var Scenarios = []Scenario{Bulk, Echo, PingPong, Stream, MultiCore, HTTP, FileSend, Idle,
-	Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk}
+	Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk, HTTPSWrk, FilesTLS, RelayTLS}
+
+// TLSScenarios are the TLS scenarios (issue 28); they run with the services suite.
+var TLSScenarios = []Scenario{HTTPSWrk, FilesTLS, RelayTLS}
 
 // ServiceScenarios are the scenarios of the services suite (issue 20).
 var ServiceScenarios = []Scenario{Relay, RelayHalfClose, FanOut, FileStream, KV, MultiQueue, HTTPWrk}
 
 // Service reports whether s belongs to the services suite.
-func (s Scenario) Service() bool { return slices.Contains(ServiceScenarios, s) }
+func (s Scenario) Service() bool {
+	return slices.Contains(ServiceScenarios, s) || slices.Contains(TLSScenarios, s)
+}
 
 // OwnModes reports whether s is run only by modes written for it (ServiceMode): the
 // services whose server and client are specific to the service (relay, fan-out, file
 // streaming, key-value). MultiQueue runs the MultiCore servers, HTTPWrk the HTTP ones.
 func (s Scenario) OwnModes() bool {
-	return s == Relay || s == RelayHalfClose || s == FanOut || s == FileStream || s == KV
+	return s == Relay || s == RelayHalfClose || s == FanOut || s == FileStream || s == KV ||
+		slices.Contains(TLSScenarios, s)
 }
 
 // RequestResponse reports whether s is a request/response scenario (Echo, PingPong,
@@ -110,7 +128,7 @@ func (s Scenario) OneWay() bool { return s == Bulk || s == Stream || s == FileSe
 // (mode-independent) client rather than the mode's: the multi-core load generator, the
 // net/http client and the idle-connection opener. Only the server differs by mode.
 func (s Scenario) HarnessClient() bool {
-	return s == MultiCore || s == Idle || s == HTTP || s == HTTPWrk
+	return s == MultiCore || s == Idle || s == HTTP || s == HTTPWrk || s == HTTPSWrk
 }
 
 // StallTimeout is how long a FileStream client may go without a byte before the case
@@ -169,7 +187,7 @@ func (c Case) Deadline() time.Duration {
 func (c Case) Validate() error {
 	switch c.Scenario {
 	case Bulk, Stream, Echo, PingPong, MultiCore, HTTP, FileSend, Idle,
-		Relay, RelayHalfClose, FanOut, FileStream, KV, HTTPWrk:
+		Relay, RelayHalfClose, FanOut, FileStream, KV, HTTPWrk, HTTPSWrk, FilesTLS, RelayTLS:
 	default:
 		return fmt.Errorf("unknown scenario %q", c.Scenario)
 	}
@@ -182,10 +200,10 @@ func (c Case) Validate() error {
 	if c.Scenario.OneWay() && c.Conns != 1 {
 		return fmt.Errorf("%s runs on one connection, not %d", c.Scenario, c.Conns)
 	}
-	if (c.Scenario == Relay || c.Scenario == RelayHalfClose) && (c.Backend == "" || c.Total < 1) {
+	if (c.Scenario == Relay || c.Scenario == RelayHalfClose || c.Scenario == RelayTLS) && (c.Backend == "" || c.Total < 1) {
 		return fmt.Errorf("%s needs a backend address and a size", c.Scenario)
 	}
-	if c.Scenario == FileStream && (c.File == "" || c.Total < 1) {
+	if (c.Scenario == FileStream || c.Scenario == FilesTLS) && (c.File == "" || c.Total < 1) {
 		return fmt.Errorf("%s needs a file and a size", c.Scenario)
 	}
 	if c.Scenario == FileSend && c.File == "" {

@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -77,6 +78,10 @@ func wrkClient(ctx context.Context, c Case, m *Meter) error {
 	if err := os.WriteFile(script, []byte(fmt.Sprintf(wrkScript, c.Size)), 0o644); err != nil {
 		return err
 	}
+	scheme := "http://"
+	if c.Scenario == HTTPSWrk {
+		scheme = "https://" // wrk does not verify the server's certificate
+	}
 	secs := max(1, int(c.Duration.Round(time.Second)/time.Second))
 	threads := max(1, min(len(AllowedCPUs()), c.Conns))
 	var out, errb bytes.Buffer
@@ -90,7 +95,7 @@ func wrkClient(ctx context.Context, c Case, m *Meter) error {
 		out.Reset()
 		errb.Reset()
 		cmd := exec.CommandContext(ctx, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(c.Conns),
-			"-d", fmt.Sprintf("%ds", secs), "--timeout", "5s", "-s", script, "http://"+c.Addr+wrkPath)
+			"-d", fmt.Sprintf("%ds", secs), "--timeout", "5s", "-s", script, scheme+c.Addr+wrkPath)
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		runErr = cmd.Run()
 		g = wrkLine.FindStringSubmatch(out.String())
@@ -103,7 +108,7 @@ func wrkClient(ctx context.Context, c Case, m *Meter) error {
 		secs *= 2
 	}
 	m.Stop()
-	quitErr := wrkQuit(ctx, c.Addr)
+	quitErr := wrkQuit(ctx, scheme, c.Addr)
 	if runErr != nil {
 		return fmt.Errorf("wrk: %w: %s%s", runErr, out.String(), errb.String())
 	}
@@ -125,11 +130,14 @@ func wrkClient(ctx context.Context, c Case, m *Meter) error {
 	return quitErr
 }
 
-func wrkQuit(ctx context.Context, addr string) error {
+func wrkQuit(ctx context.Context, scheme, addr string) error {
 	var d net.Dialer
 	d.SetMultipathTCP(false)
-	cl := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 10 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+httpQuitPath, nil)
+	// https: the server's certificate is a self-signed one it made at start
+	tr := &http.Transport{DialContext: d.DialContext, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+addr+httpQuitPath, nil)
 	if err != nil {
 		return err
 	}

@@ -421,6 +421,23 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 			return add(categoryPlot(rows, st, svcWrk, "Services: HTTP under wrk, server CPU per request (goal 12)",
 				"µs per request (median, bars min–max)", false))
 		},
+		func() error {
+			var cs []category
+			for _, size := range WrkSizes {
+				cs = append(cs, category{fmt.Sprintf("https %s ×%d", SizeString(size), HTTPSConns), harness.HTTPSWrk, size, HTTPSConns, SrvCPUPerMsg})
+			}
+			return add(categoryPlot(rows, st, cs, "TLS: HTTPS under wrk, server CPU per request (goal 15)",
+				"µs per request (median, bars min–max)", false))
+		},
+		func() error {
+			var cs []category
+			for _, n := range TLSFileConns {
+				cs = append(cs, category{fmt.Sprintf("files-tls ×%d", n), harness.FilesTLS, ServiceFrame, n, SrvCPUPerGB})
+			}
+			cs = append(cs, category{fmt.Sprintf("relay-tls ×%d", TLSRelayConns), harness.RelayTLS, ServiceFrame, TLSRelayConns, SrvCPUPerGB})
+			return add(categoryPlot(rows, st, cs, "TLS: file streaming and relay, server CPU per GB (goals 14, 16)",
+				"server CPU s/GB (median, bars min–max)", false))
+		},
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {

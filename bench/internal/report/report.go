@@ -67,7 +67,7 @@ func (r Row) Sum(f Figure) stats.Summary {
 // higher is better.
 func Headline(s harness.Scenario) (Figure, string, bool) {
 	switch s {
-	case harness.Bulk, harness.FileSend, harness.Relay, harness.RelayHalfClose, harness.FileStream:
+	case harness.Bulk, harness.FileSend, harness.Relay, harness.RelayHalfClose, harness.FileStream, harness.FilesTLS, harness.RelayTLS:
 		return Gbps, "gbps", true
 	case harness.PingPong:
 		return P99, "p99_us", false
@@ -354,6 +354,7 @@ func Table(w io.Writer, rows []Row) {
 	}
 	tw.Flush()
 	servicesTable(w, rows)
+	tlsTable(w, rows)
 	mappedTable(w, rows)
 }
 
@@ -661,6 +662,11 @@ var noiseSources = map[string]struct {
 	unitSrvUs:   {harness.KV, SrvCPUPerMsg},
 	unitSrvSGB:  {harness.Relay, SrvCPUPerGB},
 	unitSvcGbps: {harness.Relay, Gbps},
+	// the TLS A/A pair (net-tls-aa / net-tls)
+	unitTLSSrvUs:  {harness.HTTPSWrk, SrvCPUPerMsg},
+	unitTLSReqs:   {harness.HTTPSWrk, MsgsPerS},
+	unitTLSSrvSGB: {harness.FilesTLS, SrvCPUPerGB},
+	unitTLSGbps:   {harness.FilesTLS, Gbps},
 }
 
 // AANoise is this run's noise in a unit of the goals: over every A/A pair that measures it
@@ -702,6 +708,10 @@ func NoiseFloor(rows []Row) []Check {
 			figs, units = []Figure{SrvCPUPerMsg}, []string{unitSrvUs}
 		case harness.Relay:
 			figs, units = []Figure{Gbps, SrvCPUPerGB}, []string{unitSvcGbps, unitSrvSGB}
+		case harness.HTTPSWrk:
+			figs, units = []Figure{MsgsPerS, SrvCPUPerMsg}, []string{unitTLSReqs, unitTLSSrvUs}
+		case harness.FilesTLS:
+			figs, units = []Figure{Gbps, SrvCPUPerGB}, []string{unitTLSGbps, unitTLSSrvSGB}
 		}
 		for i, f := range figs {
 			what := fmt.Sprintf("%s %s: %s / %s", p[0].Scenario, SizeString(p[0].Size), p[0].Mode, p[1].Mode)
@@ -738,12 +748,15 @@ func aaPairs(rows []Row) [][2]*Row {
 	var ps [][2]*Row
 	for i := range rows {
 		aa := &rows[i]
-		if (aa.Mode != ZCCopyAA && aa.Mode != NetAA) || len(aa.Reps) == 0 {
+		if (aa.Mode != ZCCopyAA && aa.Mode != NetAA && aa.Mode != NetTLSAA) || len(aa.Reps) == 0 {
 			continue
 		}
 		base := ZCCopy
-		if aa.Mode == NetAA {
+		switch aa.Mode {
+		case NetAA:
 			base = "net"
+		case NetTLSAA:
+			base = NetTLS
 		}
 		if cp := Find(rows, aa.Scenario, base, aa.Size, aa.Conns); cp != nil {
 			ps = append(ps, [2]*Row{aa, cp})
@@ -817,7 +830,7 @@ func PrintNoise(w io.Writer, rows []Row) {
 	if len(checks) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "NOISE (A/A): zc-copy-aa is zc-copy run again as a variant of its own (net-aa: the services' net), at a position in each round that moves over the rounds; the ratio of the two, round by round:")
+	fmt.Fprintln(w, "NOISE (A/A): zc-copy-aa is zc-copy run again as a variant of its own (net-aa: the services' net, net-tls-aa: net-tls), at a position in each round that moves over the rounds; the ratio of the two, round by round:")
 	for _, c := range checks {
 		rs := make([]string, len(c.Rounds))
 		for i, x := range c.Rounds {

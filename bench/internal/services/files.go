@@ -147,15 +147,20 @@ func filesZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 // (whole frames, slices spread over the file) and checking every frame of it; a client
 // that gets no byte for harness.StallTimeout fails the case.
 func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
+	return filesClientDial(ctx, c, m, func(ctx context.Context) (net.Conn, error) { return dialNet(ctx, c.Addr) })
+}
+
+// filesClientDial is filesClient with connections from dial (files-tls: TLS clients).
+func filesClientDial(ctx context.Context, c harness.Case, m *harness.Meter, dial func(context.Context) (net.Conn, error)) error {
 	st, err := os.Stat(c.File)
 	if err != nil {
 		return err
 	}
 	fileFrames := st.Size() / int64(c.Size)
 	per := max(1, min(fileFrames, c.Total/int64(c.Size))/int64(c.Conns))
-	conns := make([]*net.TCPConn, c.Conns)
+	conns := make([]net.Conn, c.Conns)
 	for i := range conns {
-		if conns[i], err = dialNet(ctx, c.Addr); err != nil {
+		if conns[i], err = dial(ctx); err != nil {
 			return fmt.Errorf("client %d of %d: %w", i+1, c.Conns, err)
 		}
 		defer conns[i].Close()
@@ -183,7 +188,7 @@ func filesClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 	return fail.get()
 }
 
-func fetch(conn *net.TCPConn, m *harness.Meter, size int, first, frames int64, pause *maxGap) error {
+func fetch(conn net.Conn, m *harness.Meter, size int, first, frames int64, pause *maxGap) error {
 	var req [fileReq]byte
 	binary.LittleEndian.PutUint64(req[:], uint64(first*int64(size)))
 	binary.LittleEndian.PutUint64(req[8:], uint64(frames*int64(size)))

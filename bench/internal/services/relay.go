@@ -99,6 +99,19 @@ func relayZC(ctx context.Context, c harness.Case, m *harness.Meter, ready func(s
 // each way at once and check everything they receive, to the last frame (Relay); or the
 // backend answers first, half-closes and then reads the whole upload (RelayHalfClose).
 func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
+	return relayClientDial(ctx, c, m, func(ctx context.Context) (halfCloser, error) { return dialNet(ctx, c.Addr) })
+}
+
+// halfCloser is a connection that can end its sending side alone: *net.TCPConn, and the
+// TLS connections of relay-tls (*tls.Conn: close_notify, then a shutdown).
+type halfCloser interface {
+	net.Conn
+	CloseWrite() error
+}
+
+// relayClientDial is relayClient with the client connections from dial (relay-tls: TLS
+// clients); the backend is plain TCP.
+func relayClientDial(ctx context.Context, c harness.Case, m *harness.Meter, dial func(context.Context) (halfCloser, error)) error {
 	frames := uint64(max(1, c.Total/int64(c.Size)))
 	hc := c.Scenario == harness.RelayHalfClose
 	bl, err := listenNet(ctx, c.Backend)
@@ -144,9 +157,9 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 			}()
 		}
 	}()
-	conns := make([]*net.TCPConn, c.Conns)
+	conns := make([]halfCloser, c.Conns)
 	for i := range conns {
-		if conns[i], err = dialNet(ctx, c.Addr); err != nil {
+		if conns[i], err = dial(ctx); err != nil {
 			fail.set(fmt.Errorf("connection %d of %d: %w", i+1, c.Conns, err))
 			wg.Wait()
 			return fail.get()
@@ -183,7 +196,7 @@ func relayClient(ctx context.Context, c harness.Case, m *harness.Meter) error {
 }
 
 // both sends frames on c and receives as many at the same time.
-func both(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
+func both(c halfCloser, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
 	sent := make(chan error, 1)
 	go func() {
 		err := sendFrames(c, m, size, frames)
@@ -197,7 +210,7 @@ func both(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string
 }
 
 // sendFrames writes frames frames of size bytes.
-func sendFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64) error {
+func sendFrames(c halfCloser, m *harness.Meter, size int, frames uint64) error {
 	src := m.NewSource()
 	buf := make([]byte, size)
 	src.Fill(buf)
@@ -213,7 +226,7 @@ func sendFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64) error
 
 // recvFrames checks the stream up to its EOF, which must come after exactly frames
 // frames; pause keeps the longest wait for bytes once the first arrived.
-func recvFrames(c *net.TCPConn, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
+func recvFrames(c halfCloser, m *harness.Meter, size int, frames uint64, what string, pause *maxGap) error {
 	v := m.NewVerifier()
 	buf := make([]byte, max(size, 64<<10))
 	var last time.Time

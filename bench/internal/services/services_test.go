@@ -2,11 +2,14 @@ package services
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/zcnet/zcnet/bench/internal/harness"
 	"github.com/zcnet/zcnet/zc"
+	"github.com/zcnet/zcnet/zc/ztls"
 )
 
 // runPair runs one services case in this process: the server in a goroutine, the
@@ -93,4 +96,122 @@ func TestFanoutZCWaitsForBuffers(t *testing.T) {
 	c := harness.Case{Scenario: harness.FanOut, Mode: "zc", Size: 1 << 10, Conns: 20, RecvBuf: 64 << 10,
 		Duration: 200 * time.Millisecond, CorruptSeq: -1}
 	runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return fanoutZC(c, m, ready) })
+}
+
+// runTLS runs one files-tls case of mode in this process and returns the server's notes
+// and the server's and the client's errors.
+func runTLS(t *testing.T, mode string, conns int) (notes map[string]string, srvErr, cliErr error) {
+	t.Helper()
+	file, err := harness.MakeFrameFile(t.TempDir(), 64<<10, 4<<20, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runTLSCase(t, harness.Case{Scenario: harness.FilesTLS, Mode: mode, Size: 64 << 10, Conns: conns, RecvBuf: 64 << 10,
+		Duration: time.Second, CorruptSeq: -1, Addr: "127.0.0.1:0", File: file, Total: 2 << 20})
+}
+
+// runTLSCase runs one case of a TLS mode in this process (see runTLS).
+func runTLSCase(t *testing.T, c harness.Case) (notes map[string]string, srvErr, cliErr error) {
+	t.Helper()
+	mode := c.Mode
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m := TLSMode{mode}
+	sm := harness.NewMeter(c, false)
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- m.Server(context.Background(), c, sm, func(a string) { ready <- a }) }()
+	select {
+	case c.Addr = <-ready:
+	case err := <-done:
+		return nil, err, nil
+	}
+	cm := harness.NewMeter(c, true)
+	cliErr = m.Client(context.Background(), c, cm)
+	select {
+	case srvErr = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not finish")
+	}
+	if cliErr == nil {
+		if got := cm.CheckErr(); got != nil {
+			t.Fatal(got)
+		}
+	}
+	return sm.Notes(), srvErr, cliErr
+}
+
+// files-tls with crypto/tls and with ztls's user-space path: every byte of every client's
+// slice arrives (the client checks each frame), the server notes TLS 1.3 with the suite it
+// negotiated, and ztls-user's handshakes all stayed in user space.
+func TestFilesTLSUserSpace(t *testing.T) {
+	for _, mode := range []string{NetTLS, ZTLSUser} {
+		notes, srvErr, cliErr := runTLS(t, mode, 3)
+		if srvErr != nil || cliErr != nil {
+			t.Fatalf("%s: server %v, client %v", mode, srvErr, cliErr)
+		}
+		if !strings.HasPrefix(notes["tls"], "TLS 1.3 TLS_") {
+			t.Errorf("%s: negotiated %q", mode, notes["tls"])
+		}
+		if mode == ZTLSUser && notes["ztls_handshakes"] != "kernel 0, user 3, refused 0" {
+			t.Errorf("ztls-user handshakes: %q", notes["ztls_handshakes"])
+		}
+	}
+}
+
+// relay-tls with crypto/tls and ztls-user: 4 TLS clients through the relay to the plain
+// backend, 1 MiB each way on each, every frame checked at both ends to the last (the
+// relay passes each direction's end on: CloseWrite, close_notify towards the client).
+func TestRelayTLSUserSpace(t *testing.T) {
+	for _, mode := range []string{NetTLS, ZTLSUser} {
+		bl, err := listenNet(context.Background(), "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		backend := bl.Addr().String()
+		bl.Close() // the client process listens there
+		notes, srvErr, cliErr := runTLSCase(t, harness.Case{Scenario: harness.RelayTLS, Mode: mode, Size: 64 << 10, Conns: 4,
+			RecvBuf: 64 << 10, Duration: time.Second, CorruptSeq: -1, Addr: "127.0.0.1:0", Backend: backend, Total: 1 << 20})
+		if srvErr != nil || cliErr != nil {
+			t.Fatalf("%s: server %v, client %v", mode, srvErr, cliErr)
+		}
+		if !strings.HasPrefix(notes["tls"], "TLS 1.3 TLS_") {
+			t.Errorf("%s: negotiated %q", mode, notes["tls"])
+		}
+	}
+}
+
+// The ztls mode never falls back to user space unseen: where the kernel has no TLS its
+// Available says so ("not available here: kernel TLS ..."), and a server forced to run
+// anyway fails the case (NoFallback) instead of measuring crypto/tls under ztls's name.
+// Where the kernel has TLS, every handshake went to the kernel.
+func TestZTLSModeNoSilentFallback(t *testing.T) {
+	avail := TLSMode{ZTLS}.Available()
+	probe := ztls.Probe()
+	if (avail == nil) != (probe == nil) {
+		t.Fatalf("Available %v, but ztls.Probe %v", avail, probe)
+	}
+	if avail != nil {
+		if !strings.HasPrefix(avail.Error(), "not available here: kernel TLS") || !errors.Is(avail, zc.ErrNotSupported) {
+			t.Errorf("Available: %v", avail)
+		}
+		if strings.Contains(probe.Error(), "CONFIG_TLS") && !strings.Contains(avail.Error(), "kernel TLS (CONFIG_TLS not set): ") {
+			t.Errorf("Available does not say CONFIG_TLS is not set: %v", avail)
+		}
+	}
+	notes, srvErr, cliErr := runTLS(t, ZTLS, 2)
+	if avail == nil {
+		if srvErr != nil || cliErr != nil || notes["ztls_handshakes"] != "kernel 2, user 0, refused 0" {
+			t.Fatalf("with kernel TLS: server %v, client %v, handshakes %q", srvErr, cliErr, notes["ztls_handshakes"])
+		}
+		return
+	}
+	if cliErr == nil && srvErr == nil {
+		t.Fatalf("without kernel TLS the ztls case succeeded (handshakes %q)", notes["ztls_handshakes"])
+	}
+	var nk *ztls.NoKernelError
+	if !errors.As(srvErr, &nk) {
+		t.Errorf("server error %v, want a *ztls.NoKernelError", srvErr)
+	}
 }
