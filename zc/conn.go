@@ -110,6 +110,9 @@ type seg struct {
 	// ext (segExt): bytes in a zcrx area, held until sent (SendData of zcrx Data, zcrx.go);
 	// the credit goes back with the buffer's last reference, as for a shared loan
 	ext *zcrxRef
+	// app (segApp): the application's memory (SendBytes, sendbytes.go), pinned until the
+	// kernel is done with it; its callback says so
+	app *appMem
 }
 
 // segKind is what a segment sends from. The core and the backends ask the kind, never
@@ -120,6 +123,7 @@ const (
 	segLoan segKind = iota // a buffer of a registered pool (seg.loan), shared or not
 	segFile                // a file range or a pipe's bytes (seg.file): no memory of ours
 	segExt                 // memory held by reference, not a pool's loan (seg.ext: a zcrx buffer)
+	segApp                 // the application's own memory (seg.app: SendBytes)
 )
 
 // loanSeg, fileSeg and extSeg make a segment of each kind.
@@ -135,7 +139,7 @@ func (s *seg) holdsMem() bool {
 	switch s.kind {
 	case segLoan:
 		return s.loan.Region() != nil
-	case segExt:
+	case segExt, segApp:
 		return true
 	}
 	return false
@@ -143,16 +147,22 @@ func (s *seg) holdsMem() bool {
 
 // mem is the memory the segment sends from ([off, n) of it), nil once it went back.
 func (s *seg) mem() []byte {
-	if s.kind == segExt {
+	switch s.kind {
+	case segExt:
 		return s.ext.bytes()
+	case segApp:
+		return s.app.p
 	}
 	return s.loan.Data()
 }
 
 // ptr is the address of byte i of the segment's memory, for an iovec.
 func (s *seg) ptr(i int) *byte {
-	if s.kind == segExt {
+	switch s.kind {
+	case segExt:
 		return &s.ext.bytes()[i]
+	case segApp:
+		return &s.app.p[i]
 	}
 	return s.loan.Pointer(i)
 }

@@ -322,6 +322,7 @@ func (k *fakeKernel) newOp(c *Conn, fc *fconn, tag uint32) uint64 {
 func (k *fakeKernel) name() Backend          { return BackendAuto }
 func (k *fakeKernel) zeroCopy() bool         { return !k.epoll }
 func (k *fakeKernel) directOK() bool         { return false }
+func (k *fakeKernel) appDirect() bool        { return true }
 func (k *fakeKernel) recvPool() *memreg.Pool { return k.recv }
 func (k *fakeKernel) close() {
 	k.recv.CloseWhenReleased()
