@@ -54,8 +54,12 @@ type sender struct {
 	zwait []zcWait
 	zc    zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
+	// Once a flush queued part of it and left room (flushStageLocked), the buffer is shared
+	// (stageRef owns it): the part queued is a send's loan, Writes go on after it.
 	stage    memreg.Buf
-	stageN   int
+	stageRef *memreg.Ref
+	stageOff int // bytes of the buffer already queued
+	stageN   int // bytes of the buffer written
 	hasStage bool
 	// sources paused until our queue drains (SendData), under the connection's mu: only a
 	// connection with queued bytes has any, so idle connections do not carry the slice
@@ -814,10 +818,10 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 				continue
 			}
 			t := c.txLocked()
-			t.stage, t.stageN, t.hasStage = b, 0, true
+			t.stage, t.stageRef, t.stageOff, t.stageN, t.hasStage = b, nil, 0, 0, true
 		}
 		t := c.tx
-		buf := t.stage.Bytes()
+		buf := t.stageBytes()
 		k := copy(buf[t.stageN:], p)
 		t.stageN += k
 		c.queued += k
@@ -959,23 +963,75 @@ func (c *Conn) waitSpace(ch chan struct{}, cancel <-chan struct{}, dl func() tim
 	return nil
 }
 
-// flushStageLocked moves the staging buffer to the producer queue (mu held).
+// stageKeep is the room a flushed staging buffer must have left to stay open for the
+// next Writes (shared with the send of its first part) rather than go whole.
+const stageKeep = 512
+
+// flushStageLocked moves what Write staged to the producer queue (mu held). A buffer with
+// room left stays open: its written part goes as a loan of the shared buffer, and the next
+// Writes fill the rest (a Write and a Send or SendBytes in turn, as a header before each
+// body, use one buffer, not one each). A staging buffer a flush finds with nothing new is
+// released: it stays open only while Writes keep coming.
 func (c *Conn) flushStageLocked() {
 	t := c.tx
 	if t == nil || !t.hasStage {
 		return
 	}
-	t.hasStage = false
-	if t.stageN == 0 {
-		t.stage.Release()
+	if t.stageN == t.stageOff {
+		t.releaseStage()
 		return
 	}
+	if t.stageRef == nil && len(t.stage.Bytes())-t.stageN >= stageKeep {
+		if ref, err := t.stage.Share(nil); err == nil {
+			t.stage.Release() // the Ref owns the buffer now
+			t.stage, t.stageRef = memreg.Buf{}, ref
+		}
+	}
+	if t.stageRef != nil {
+		loan, err := t.stageRef.Lend()
+		if err != nil {
+			c.queued -= t.stageN - t.stageOff
+			t.releaseStage()
+			return
+		}
+		s := loanSeg(loan, int32(t.stageOff), int32(t.stageN))
+		s.shared = true
+		c.out = append(c.out, s)
+		t.stageOff = t.stageN
+		if len(t.stageRef.Bytes())-t.stageN < stageKeep {
+			t.releaseStage()
+		}
+		return
+	}
+	t.hasStage = false
 	loan, err := t.stage.Lend()
 	if err != nil {
 		c.queued -= t.stageN
+		t.stage.Release()
 		return
 	}
 	c.out = append(c.out, loanSeg(loan, 0, int32(t.stageN)))
+}
+
+// stageBytes is the staging buffer's memory (mu held).
+func (t *sender) stageBytes() []byte {
+	if t.stageRef != nil {
+		return t.stageRef.Bytes()
+	}
+	return t.stage.Bytes()
+}
+
+// releaseStage lets go of the staging buffer (mu held): what was written of it is queued
+// already, or dropped by the caller.
+func (t *sender) releaseStage() {
+	t.hasStage = false
+	if t.stageRef != nil {
+		t.stageRef.Release()
+		t.stageRef = nil
+	} else {
+		t.stage.Release()
+	}
+	t.stageOff, t.stageN = 0, 0
 }
 
 // staged reports whether Write's staging buffer holds a buffer (mu held).

@@ -884,9 +884,8 @@ func (c *Conn) dropProducer() {
 	c.holdClose = false // what a closeHolder queues from now on is dropped (enqueueHeld)
 	n, staged := 0, 0
 	if c.staged() {
-		c.tx.hasStage = false
-		staged = c.tx.stageN
-		c.tx.stage.Release()
+		staged = c.tx.stageN - c.tx.stageOff
+		c.tx.releaseStage()
 	}
 	n += staged
 	for _, s := range out {

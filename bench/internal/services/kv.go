@@ -151,11 +151,12 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 
 // kvZCStraight is the key-value server written the straightforward way with the event-loop
 // API (issue 29): the store is a Go map of Go slices (one queue: no lock; a SET stores a
-// new slice and never writes an old one, which a send may still hold), the response
-// headers of one OnData are written into registered send buffers as in kvZC, and each
-// GET's value is sent from the map's slice itself with Conn.SendBytes, no copy in user
-// space and no callback needed (the slice is never written). Nothing of the store lives in
-// the send pool, so it is not capped by it.
+// new slice and never writes an old one, which a send may still hold), each response's
+// header is written with Conn.Write (zc coalesces the Writes of one OnData in a send
+// buffer) and each GET's value is sent from the map's slice itself with Conn.SendBytes:
+// no copy in user space, and no callback needed (the slice is never written). Nothing of
+// the store lives in the send pool, so it is not capped by it. When Write finds no send
+// buffer (ErrWouldBlock), the rest waits in out, as in kvZC, until OnWritable.
 func kvZCStraight(c harness.Case, m *harness.Meter, ready func(string)) error {
 	e, err := zc.New(zcConfig())
 	if err != nil {
@@ -193,7 +194,7 @@ func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(
 		fill(v)
 		h.app[string(key)] = v
 		resp[0] = stDone
-		h.write(c, resp[:])
+		h.writeApp(c, resp[:])
 	case opGet:
 		v, ok := h.app[string(key)]
 		resp[0] = stValue
@@ -201,7 +202,7 @@ func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(
 			resp[0] = stMissing
 		}
 		binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
-		h.write(c, resp[:])
+		h.writeApp(c, resp[:])
 		if len(v) == 0 {
 			return
 		}
@@ -209,10 +210,26 @@ func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(
 			h.out = append(h.out, v...) // behind responses waiting for a send buffer
 			return
 		}
-		h.flush(c) // the headers so far, then the value from the map's slice
 		if err := c.SendBytes(v, nil); err != nil {
 			c.Close()
 		}
+	}
+}
+
+// writeApp writes a response header with Conn.Write; what a Write refused for want of a
+// send buffer (ErrWouldBlock on the loop) waits in out for OnWritable.
+func (h *kvConn) writeApp(c *zc.Conn, p []byte) {
+	if len(h.out) > 0 {
+		h.out = append(h.out, p...)
+		return
+	}
+	n, err := c.Write(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, zc.ErrWouldBlock):
+		h.out = append(h.out, p[n:]...)
+	default:
+		c.Close()
 	}
 }
 
