@@ -453,8 +453,9 @@ type SendStats struct {
 	BytesZcrxSent uint64
 	// BytesApp: sent from the application's own memory by Conn.SendBytes (also counted
 	// in BytesZC, BytesZCCopied or BytesCopy by how they left). BytesAppCopied: the part
-	// the zcshim backend copied into its send buffers first (it sends only from memory
-	// registered with the module); 0 on the io_uring and plain backends.
+	// copied into send buffers first: by the zcshim backend, all of it (it sends only from
+	// memory registered with the module); elsewhere small slices given without a callback,
+	// copied behind the bytes Write staged (see SendBytes).
 	BytesApp, BytesAppCopied uint64
 }
 

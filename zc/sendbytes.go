@@ -18,6 +18,34 @@ import (
 // maxAppSend bounds one SendBytes (a segment's length is an int32).
 const maxAppSend = 1 << 30
 
+// appCopyMax: a SendBytes of at most this many bytes with no callback is copied behind
+// the bytes Write staged, when the staging buffer has room (stageSmall): holding a slice
+// (pin, segment, iovec, unpin) costs more than copying that much, and the kernel's
+// copying send copies it anyway.
+const appCopyMax = 2 << 10
+
+// stageSmall copies p behind what Write staged, if a staging buffer is open with room
+// for it (any goroutine): it keeps its place in the stream, as a Write's bytes do.
+func (c *Conn) stageSmall(p []byte) bool {
+	c.mu.Lock()
+	t := c.tx
+	if c.werr != nil || t == nil || !t.hasStage || len(t.stageBytes())-t.stageN < len(p) {
+		c.mu.Unlock()
+		return false
+	}
+	copy(t.stageBytes()[t.stageN:], p)
+	t.stageN += len(p)
+	c.queued += len(p)
+	kick := c.kickLocked()
+	c.mu.Unlock()
+	if kick {
+		c.schedule()
+	}
+	c.e.shareCtr.appSent.Add(uint64(len(p)))
+	c.e.shareCtr.appCopied.Add(uint64(len(p)))
+	return true
+}
+
 // appMem is a SendBytes segment's memory: the caller's slice, its pin, and the callback.
 type appMem struct {
 	p    []byte
@@ -55,7 +83,9 @@ func (a *appMem) release() func(error) {
 // ErrCloseTimeout, syscall.ECONNRESET ...) that says how many bytes were not sent; those
 // count in ConnStats.BytesDropped. done may be nil when p is never written again (a value
 // replaced, not modified, by its owner): then nothing tells the caller, and p is only
-// kept alive (and pinned) while the kernel needs it.
+// kept alive (and pinned) while the kernel needs it. A p of at most 2 KiB with a nil done
+// is copied behind the bytes Write staged when the staging buffer has room for it (holding
+// so few bytes costs more than copying them; Stats.Send.BytesAppCopied counts them).
 //
 // While queued or in the kernel p is pinned (runtime.Pinner), so the runtime neither moves
 // nor frees it; it is unpinned before done runs. With Config.Debug.Buffers the bytes are
@@ -78,6 +108,9 @@ func (c *Conn) SendBytes(p []byte, done func(err error)) error {
 	}
 	if !c.q.be.appDirect() && c.e.cfg.SendPath == SendZeroCopy {
 		return c.opErr("send", fmt.Errorf("the %s backend copies application memory into its send buffers, and Config.SendPath is SendZeroCopy: %w", c.q.be.name(), ErrNotSupported))
+	}
+	if done == nil && len(p) <= appCopyMax && c.stageSmall(p) {
+		return nil
 	}
 	a := appMemPool.Get().(*appMem)
 	a.p, a.done = p, done
