@@ -226,8 +226,11 @@ func testSendBytesOrder(t *testing.T, cfg Config) {
 	if st := e.Stats(); st.Send.BytesApp != uint64(sent) {
 		t.Errorf("Stats.Send.BytesApp = %d, want %d", st.Send.BytesApp, sent)
 	}
-	if cfg.Backend != BackendShim && e.Stats().Send.BytesAppCopied != 0 {
-		t.Errorf("BytesAppCopied = %d on %v, want 0", e.Stats().Send.BytesAppCopied, cfg.Backend)
+	switch copied := e.Stats().Send.BytesAppCopied; {
+	case cfg.Backend == BackendShim && copied != uint64(sent):
+		t.Errorf("BytesAppCopied = %d on the shim, want all %d", copied, sent)
+	case cfg.Backend != BackendShim && copied != 0:
+		t.Errorf("BytesAppCopied = %d on %v, want 0 (every callback given)", copied, cfg.Backend)
 	}
 	runtime.GC() // a Pinner left pinned and unreachable panics in its finalizer
 }
@@ -619,4 +622,77 @@ func TestSendBytesCallbackPanics(t *testing.T) {
 		t.Errorf("peer got %q, want the bytes sent before the panic", b[:n])
 	}
 	waitAppHeld(t, e)
+}
+
+// TestSendBytesHeadersShareABuffer: Writes (headers) and SendBytes (bodies) in turn, in one
+// round of the loop, use one send buffer for all the headers (Write's staging buffer stays
+// open across the flushes each SendBytes makes), small bodies given without a callback are
+// copied behind the headers (BytesAppCopied), large ones are sent from their slices; the
+// peer gets every byte in order.
+func TestSendBytesHeadersShareABuffer(t *testing.T) {
+	for _, be := range []Backend{BackendIOUring, BackendPlain} {
+		t.Run(be.String(), func(t *testing.T) {
+			e := newEngine(t, Config{Backend: be, Queues: 1, SendPath: SendCopy})
+			l, ev := listenEvents(t, e)
+			s := dialPlain(t, l.Addr().String())
+			c := recvEvent(t, ev.conn, "accept")
+			var want bytes.Buffer
+			small, large := 0, 0
+			type res struct {
+				inUse int
+				err   error
+			}
+			rc := make(chan res, 1)
+			if err := c.Post(func() {
+				q := c.q
+				free := q.send.Free()
+				for i := 0; i < 40; i++ {
+					hdr := fmt.Appendf(nil, "[%d]", i)
+					if _, err := c.Write(hdr); err != nil {
+						rc <- res{err: err}
+						return
+					}
+					want.Write(hdr)
+					n := 100 + i
+					if i%2 == 1 {
+						n = 8<<10 + i
+					}
+					body := pattern(n, i)
+					if err := c.SendBytes(body, nil); err != nil {
+						rc <- res{err: err}
+						return
+					}
+					want.Write(body)
+					if n <= appCopyMax {
+						small += n
+					} else {
+						large += n
+					}
+				}
+				rc <- res{inUse: free - q.send.Free()}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			r := recvEvent(t, rc, "the sends")
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if r.inUse != 1 {
+				t.Errorf("40 headers took %d send buffers, want 1", r.inUse)
+			}
+			got := make([]byte, want.Len())
+			if _, err := io.ReadFull(sockReader{s}, got); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want.Bytes()) {
+				t.Fatal("the peer's bytes differ")
+			}
+			waitAppHeld(t, e)
+			st := e.Stats().Send
+			if st.BytesAppCopied != uint64(small) || st.BytesApp != uint64(small+large) {
+				t.Errorf("BytesApp %d, BytesAppCopied %d; want %d, %d", st.BytesApp, st.BytesAppCopied, small+large, small)
+			}
+			waitSendBuffersBack(t, e)
+		})
+	}
 }
