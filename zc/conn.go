@@ -638,7 +638,7 @@ func (c *Conn) enqueue(s seg) error {
 		c.dropSeg(s)
 		return c.opErr("send", err)
 	}
-	c.flushStageLocked()
+	c.flushStageLocked(true) // the segment follows: Writes after it go on in the buffer
 	tx := c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n - s.off) // off > 0: a slice of a shared buffer (Data.Slice)
@@ -668,7 +668,7 @@ func (c *Conn) enqueueHeld(s seg) error {
 		return c.enqueue(s)
 	}
 	c.holdClose = false
-	c.flushStageLocked()
+	c.flushStageLocked(true) // the segment follows: Writes after it go on in the buffer
 	c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n - s.off)
@@ -828,7 +828,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 		p = p[k:]
 		written += k
 		if t.stageN == len(buf) {
-			c.flushStageLocked()
+			c.flushStageLocked(false)
 		}
 	}
 	// The staged buffer stays open for the next Writes of this round: the loop takes it
@@ -967,12 +967,13 @@ func (c *Conn) waitSpace(ch chan struct{}, cancel <-chan struct{}, dl func() tim
 // next Writes (shared with the send of its first part) rather than go whole.
 const stageKeep = 512
 
-// flushStageLocked moves what Write staged to the producer queue (mu held). A buffer with
-// room left stays open: its written part goes as a loan of the shared buffer, and the next
-// Writes fill the rest (a Write and a Send or SendBytes in turn, as a header before each
-// body, use one buffer, not one each). A staging buffer a flush finds with nothing new is
-// released: it stays open only while Writes keep coming.
-func (c *Conn) flushStageLocked() {
+// flushStageLocked moves what Write staged to the producer queue (mu held). With keep (a
+// segment is queued behind it: Send, SendBytes ...) a buffer with room left stays open: its
+// written part goes as a loan of the shared buffer, and the next Writes fill the rest (a
+// Write and a Send or SendBytes in turn, as a header before each body, use one buffer, not
+// one each). Otherwise (the loop takes the work, a close, a full buffer) all of it goes. A
+// staging buffer a flush finds with nothing new is released.
+func (c *Conn) flushStageLocked(keep bool) {
 	t := c.tx
 	if t == nil || !t.hasStage {
 		return
@@ -981,7 +982,7 @@ func (c *Conn) flushStageLocked() {
 		t.releaseStage()
 		return
 	}
-	if t.stageRef == nil && len(t.stage.Bytes())-t.stageN >= stageKeep {
+	if keep && t.stageRef == nil && len(t.stage.Bytes())-t.stageN >= stageKeep {
 		if ref, err := t.stage.Share(nil); err == nil {
 			t.stage.Release() // the Ref owns the buffer now
 			t.stage, t.stageRef = memreg.Buf{}, ref
@@ -998,7 +999,7 @@ func (c *Conn) flushStageLocked() {
 		s.shared = true
 		c.out = append(c.out, s)
 		t.stageOff = t.stageN
-		if len(t.stageRef.Bytes())-t.stageN < stageKeep {
+		if !keep || len(t.stageRef.Bytes())-t.stageN < stageKeep {
 			t.releaseStage()
 		}
 		return
@@ -1080,7 +1081,7 @@ func (c *Conn) Close() error {
 		c.werr = ErrClosed
 	}
 	if !c.kicked {
-		c.flushStageLocked()
+		c.flushStageLocked(false)
 	}
 	c.mu.Unlock()
 	if c.self != nil {
@@ -1109,7 +1110,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.werr = errWriteClosed
 	c.shutReq = true
-	c.flushStageLocked()
+	c.flushStageLocked(false)
 	c.kicked = true
 	c.mu.Unlock()
 	c.scheduled.Store(true)

@@ -56,7 +56,7 @@ func (c *Conn) takeWork() {
 	// The staged buffer follows everything in out (enqueue flushes it before appending),
 	// so it goes too: the Writes of a handler's round leave in one send with what was
 	// queued before them.
-	c.flushStageLocked()
+	c.flushStageLocked(false)
 	if len(c.out) == 0 {
 		if c.pendLen() == 0 && !c.q.be.sending(c) {
 			c.kicked = false
