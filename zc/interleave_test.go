@@ -805,6 +805,23 @@ func (h *simStreamer) pump(c *Conn) {
 // damaged bytes at the peer (and the fake kernel's notification check).
 func (h *simStreamer) sendBytes(c *Conn) {
 	r := h.r
+	if r.s.rng.IntN(3) == 0 {
+		// A header written before the body: Write's staging buffer stays open across
+		// the flush the SendBytes makes (flushStageLocked(true)), shared with its send.
+		hdr := make([]byte, int(min(int64(1+r.s.rng.IntN(64)), r.total-r.accepted)))
+		fakeStream(hdr, *r.outKey, r.accepted)
+		k, err := c.Write(hdr)
+		r.accepted += int64(k)
+		if err != nil {
+			if !errors.Is(err, ErrWouldBlock) {
+				h.unexpected(c, "Write", err)
+			}
+			return // ErrWouldBlock: OnWritable follows
+		}
+		if r.accepted == r.total {
+			return
+		}
+	}
 	n := int(min(int64(1+r.s.rng.IntN(24<<10)), r.total-r.accepted))
 	p := make([]byte, n)
 	fakeStream(p, *r.outKey, r.accepted)
