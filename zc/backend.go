@@ -35,6 +35,9 @@ type backend interface {
 	freeOp(c *Conn, ud uint64)
 	zeroCopy() bool // sends can be zero-copy
 	directOK() bool // a writer may write(2) the socket itself when nothing is queued
+	// appDirect: sends go from the application's memory itself (SendBytes' segApp);
+	// false: the backend copies it into its own send buffers (rehomePend) first
+	appDirect() bool
 	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
 	dial(c *Conn)
 	cancelDial(c *Conn)

@@ -55,6 +55,7 @@ func (b *plainBackend) common() *epollCommon      { return &b.epollCommon }
 func (b *plainBackend) name() Backend             { return BackendPlain }
 func (b *plainBackend) directOK() bool            { return true }
 func (b *plainBackend) zeroCopy() bool            { return false }
+func (b *plainBackend) appDirect() bool           { return true } // writev from it
 func (b *plainBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *plainBackend) sending(c *Conn) bool      { return es(c).wantOut }
 func (b *plainBackend) inFlightSegs(c *Conn) int  { return 0 }

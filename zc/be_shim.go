@@ -145,6 +145,7 @@ func (b *shimBackend) common() *epollCommon      { return &b.epollCommon }
 func (b *shimBackend) name() Backend             { return BackendShim }
 func (b *shimBackend) directOK() bool            { return false }
 func (b *shimBackend) zeroCopy() bool            { return true }
+func (b *shimBackend) appDirect() bool           { return false } // copies into its registered buffers
 func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
 func (b *shimBackend) sending(c *Conn) bool      { return ss(c) != nil && ss(c).inflight > 0 }
 func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
@@ -293,20 +294,28 @@ func (b *shimBackend) send(c *Conn) {
 			return
 		}
 		s := c.pendAt(st.inflight)
-		key, ok := b.txKey(s.loan.Region())
+		var key shim.RegionKey
+		ok := false
+		if s.kind == segLoan {
+			key, ok = b.txKey(s.loan.Region())
+		}
 		if !ok {
-			// A buffer of another queue's pool: not registered here, copy it into ours.
+			// A buffer of another queue's pool, or the application's memory (SendBytes):
+			// not registered here, copy it into ours.
 			nb, err := b.q.send.Get()
 			if err != nil {
 				b.block(c)
 				return
 			}
-			k := copy(nb.Bytes(), s.loan.Data()[s.off:s.n])
+			k := copy(nb.Bytes(), s.mem()[s.off:s.n])
 			loan, err := nb.Lend()
 			if err != nil {
 				nb.Release()
 				b.block(c)
 				return
+			}
+			if s.kind == segApp {
+				c.e.shareCtr.appCopied.Add(uint64(k))
 			}
 			s = c.rehomePend(st.inflight, loan, int32(k))
 			key, _ = b.txKey(loan.Region())

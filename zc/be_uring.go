@@ -103,6 +103,7 @@ func (b *uringBackend) uring() *loop.URing { return b.u }
 func (b *uringBackend) watchEpoll(q *queue) *loop.Epoll { return q.spl.ringEpoll(q, b.u) }
 func (b *uringBackend) directOK() bool                  { return true }
 func (b *uringBackend) zeroCopy() bool                  { return true }
+func (b *uringBackend) appDirect() bool                 { return true }
 func (b *uringBackend) recvPool() *memreg.Pool          { return b.rp.pool }
 func (b *uringBackend) ringStats() ringStats            { return b.rp.stats() }
 func (b *uringBackend) start(c *Conn) error             { return nil }

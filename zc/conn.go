@@ -53,8 +53,12 @@ type sender struct {
 	zwait []zcWait
 	zc    zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
+	// Once a flush queued part of it and left room (flushStageLocked), the buffer is shared
+	// (stageRef owns it): the part queued is a send's loan, Writes go on after it.
 	stage    memreg.Buf
-	stageN   int
+	stageRef *memreg.Ref
+	stageOff int // bytes of the buffer already queued
+	stageN   int // bytes of the buffer written
 	hasStage bool
 	// sources paused until our queue drains (SendData), under the connection's mu: only a
 	// connection with queued bytes has any, so idle connections do not carry the slice
@@ -114,6 +118,9 @@ type seg struct {
 	// ext (segExt): bytes in a zcrx area, held until sent (SendData of zcrx Data, zcrx.go);
 	// the credit goes back with the buffer's last reference, as for a shared loan
 	ext *zcrxRef
+	// app (segApp): the application's memory (SendBytes, sendbytes.go), pinned until the
+	// kernel is done with it; its callback says so
+	app *appMem
 }
 
 // segKind is what a segment sends from. The core and the backends ask the kind, never
@@ -124,6 +131,7 @@ const (
 	segLoan segKind = iota // a buffer of a registered pool (seg.loan), shared or not
 	segFile                // a file range or a pipe's bytes (seg.file): no memory of ours
 	segExt                 // memory held by reference, not a pool's loan (seg.ext: a zcrx buffer)
+	segApp                 // the application's own memory (seg.app: SendBytes)
 )
 
 // loanSeg, fileSeg and extSeg make a segment of each kind.
@@ -139,7 +147,7 @@ func (s *seg) holdsMem() bool {
 	switch s.kind {
 	case segLoan:
 		return s.loan.Region() != nil
-	case segExt:
+	case segExt, segApp:
 		return true
 	}
 	return false
@@ -147,16 +155,22 @@ func (s *seg) holdsMem() bool {
 
 // mem is the memory the segment sends from ([off, n) of it), nil once it went back.
 func (s *seg) mem() []byte {
-	if s.kind == segExt {
+	switch s.kind {
+	case segExt:
 		return s.ext.bytes()
+	case segApp:
+		return s.app.p
 	}
 	return s.loan.Data()
 }
 
 // ptr is the address of byte i of the segment's memory, for an iovec.
 func (s *seg) ptr(i int) *byte {
-	if s.kind == segExt {
+	switch s.kind {
+	case segExt:
 		return &s.ext.bytes()[i]
+	case segApp:
+		return &s.app.p[i]
 	}
 	return s.loan.Pointer(i)
 }
@@ -631,7 +645,7 @@ func (c *Conn) enqueue(s seg) error {
 		c.dropSeg(s)
 		return c.opErr("send", err)
 	}
-	c.flushStageLocked()
+	c.flushStageLocked(true) // the segment follows: Writes after it go on in the buffer
 	tx := c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n - s.off) // off > 0: a slice of a shared buffer (Data.Slice)
@@ -661,7 +675,7 @@ func (c *Conn) enqueueHeld(s seg) error {
 		return c.enqueue(s)
 	}
 	c.holdClose = false
-	c.flushStageLocked()
+	c.flushStageLocked(true) // the segment follows: Writes after it go on in the buffer
 	c.txLocked()
 	c.out = append(c.out, s)
 	c.queued += int(s.n - s.off)
@@ -811,17 +825,17 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 				continue
 			}
 			t := c.txLocked()
-			t.stage, t.stageN, t.hasStage = b, 0, true
+			t.stage, t.stageRef, t.stageOff, t.stageN, t.hasStage = b, nil, 0, 0, true
 		}
 		t := c.tx
-		buf := t.stage.Bytes()
+		buf := t.stageBytes()
 		k := copy(buf[t.stageN:], p)
 		t.stageN += k
 		c.queued += k
 		p = p[k:]
 		written += k
 		if t.stageN == len(buf) {
-			c.flushStageLocked()
+			c.flushStageLocked(false)
 		}
 	}
 	// The staged buffer stays open for the next Writes of this round: the loop takes it
@@ -940,23 +954,76 @@ func (c *Conn) waitSpace(ch chan struct{}, cancel <-chan struct{}, dl func() tim
 	return nil
 }
 
-// flushStageLocked moves the staging buffer to the producer queue (mu held).
-func (c *Conn) flushStageLocked() {
+// stageKeep is the room a flushed staging buffer must have left to stay open for the
+// next Writes (shared with the send of its first part) rather than go whole.
+const stageKeep = 512
+
+// flushStageLocked moves what Write staged to the producer queue (mu held). With keep (a
+// segment is queued behind it: Send, SendBytes ...) a buffer with room left stays open: its
+// written part goes as a loan of the shared buffer, and the next Writes fill the rest (a
+// Write and a Send or SendBytes in turn, as a header before each body, use one buffer, not
+// one each). Otherwise (the loop takes the work, a close, a full buffer) all of it goes. A
+// staging buffer a flush finds with nothing new is released.
+func (c *Conn) flushStageLocked(keep bool) {
 	t := c.tx
 	if t == nil || !t.hasStage {
 		return
 	}
-	t.hasStage = false
-	if t.stageN == 0 {
-		t.stage.Release()
+	if t.stageN == t.stageOff {
+		t.releaseStage()
 		return
 	}
+	if keep && t.stageRef == nil && len(t.stage.Bytes())-t.stageN >= stageKeep {
+		if ref, err := t.stage.Share(nil); err == nil {
+			t.stage.Release() // the Ref owns the buffer now
+			t.stage, t.stageRef = memreg.Buf{}, ref
+		}
+	}
+	if t.stageRef != nil {
+		loan, err := t.stageRef.Lend()
+		if err != nil {
+			c.queued -= t.stageN - t.stageOff
+			t.releaseStage()
+			return
+		}
+		s := loanSeg(loan, int32(t.stageOff), int32(t.stageN))
+		s.shared = true
+		c.out = append(c.out, s)
+		t.stageOff = t.stageN
+		if !keep || len(t.stageRef.Bytes())-t.stageN < stageKeep {
+			t.releaseStage()
+		}
+		return
+	}
+	t.hasStage = false
 	loan, err := t.stage.Lend()
 	if err != nil {
 		c.queued -= t.stageN
+		t.stage.Release()
 		return
 	}
 	c.out = append(c.out, loanSeg(loan, 0, int32(t.stageN)))
+}
+
+// stageBytes is the staging buffer's memory (mu held).
+func (t *sender) stageBytes() []byte {
+	if t.stageRef != nil {
+		return t.stageRef.Bytes()
+	}
+	return t.stage.Bytes()
+}
+
+// releaseStage lets go of the staging buffer (mu held): what was written of it is queued
+// already, or dropped by the caller.
+func (t *sender) releaseStage() {
+	t.hasStage = false
+	if t.stageRef != nil {
+		t.stageRef.Release()
+		t.stageRef = nil
+	} else {
+		t.stage.Release()
+	}
+	t.stageOff, t.stageN = 0, 0
 }
 
 // staged reports whether Write's staging buffer holds a buffer (mu held).
@@ -1005,7 +1072,7 @@ func (c *Conn) Close() error {
 		c.werr = ErrClosed
 	}
 	if !c.kicked {
-		c.flushStageLocked()
+		c.flushStageLocked(false)
 	}
 	c.mu.Unlock()
 	if c.self != nil {
@@ -1034,7 +1101,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.werr = errWriteClosed
 	c.shutReq = true
-	c.flushStageLocked()
+	c.flushStageLocked(false)
 	c.kicked = true
 	c.mu.Unlock()
 	c.scheduled.Store(true)

@@ -56,7 +56,7 @@ func (c *Conn) takeWork() {
 	// The staged buffer follows everything in out (enqueue flushes it before appending),
 	// so it goes too: the Writes of a handler's round leave in one send with what was
 	// queued before them.
-	c.flushStageLocked()
+	c.flushStageLocked(false)
 	if len(c.out) == 0 {
 		if c.pendLen() == 0 && !c.q.be.sending(c) {
 			c.kicked = false
@@ -164,8 +164,12 @@ func (c *Conn) finishSeg(s seg) {
 	if s.sum != 0 {
 		c.checkSent(s)
 	}
-	if s.kind == segExt {
+	switch s.kind {
+	case segExt:
 		s.ext.release(Data{c: s.ext.c}) // the last reference returns the buffer and the credit
+		return
+	case segApp:
+		c.finishApp(s) // unpinned, and the application hears of it
 		return
 	}
 	size := int64(s.loan.Region().BufSize())
@@ -186,6 +190,7 @@ func (c *Conn) rehomePend(i int, loan memreg.Loan, k int32) *seg {
 	s := &c.tx.pend[i]
 	if k == s.n-s.off {
 		old := *s
+		old.off += k // all of it is in loan now: finished, not dropped
 		*s = loanSeg(loan, 0, k)
 		c.finishSeg(old)
 		return s
@@ -308,6 +313,7 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		w.s = c.popPend()
 		left := int(w.s.n - w.s.off)
 		short = res >= 0 && res < left
+		w.s.off += int32(min(max(res, 0), left)) // what the kernel took; the rest was dropped
 		c.sentBytes(left)
 		switch {
 		case short:
@@ -412,6 +418,9 @@ func (c *Conn) zcFinish(i int, copied bool) {
 		c.finishSeg(w.s)
 	}
 	if c.ended() {
+		if c.zwaitLen() == 0 {
+			delete(c.q.lateNotifs, c)
+		}
 		return
 	}
 	if c.inClose() {
@@ -897,9 +906,8 @@ func (c *Conn) dropProducer() {
 	c.holdClose = false // what a closeHolder queues from now on is dropped (enqueueHeld)
 	n, staged := 0, 0
 	if c.staged() {
-		c.tx.hasStage = false
-		staged = c.tx.stageN
-		c.tx.stage.Release()
+		staged = c.tx.stageN - c.tx.stageOff
+		c.tx.releaseStage()
 	}
 	n += staged
 	for _, s := range out {
@@ -916,7 +924,13 @@ func (c *Conn) dropProducer() {
 	}
 }
 
+// dropSeg gives back a segment that was never queued (the call that made it fails): a
+// SendBytes segment goes back to the caller without its callback.
 func (c *Conn) dropSeg(s seg) {
+	if s.kind == segApp {
+		c.refuseApp(s)
+		return
+	}
 	c.finishSeg(s)
 }
 
@@ -1007,6 +1021,12 @@ func (c *Conn) finish() {
 		c.q.lateSends[c] = struct{}{}
 	}
 	c.dropProducer()
+	if c.zwaitLen() > 0 {
+		if c.q.lateNotifs == nil {
+			c.q.lateNotifs = make(map[*Conn]struct{})
+		}
+		c.q.lateNotifs[c] = struct{}{}
+	}
 	c.dropParked()
 	if c.rx != nil {
 		c.rx.finish()

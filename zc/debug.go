@@ -17,7 +17,8 @@ import (
 type DebugOptions struct {
 	// Buffers checks buffer ownership. Send and SendData record a checksum of the bytes,
 	// verified when the buffer comes back (after the send, or the zero-copy notification): a
-	// write to a buffer after it was sent is reported ("write after Send"). Send buffers are
+	// write to a buffer after it was sent is reported ("write after Send"); SendBytes
+	// likewise, verified before its done callback ("write before SendBytes' done"). Send buffers are
 	// filled with a poison byte when they return to the pool and checked when handed out again
 	// (Buffer, BufferWait, Write): a write after Release is reported ("write after
 	// Release"). The pools' memory stays mapped after Engine.Close, so a slice kept past
@@ -126,6 +127,11 @@ func (c *Conn) checkSent(s seg) {
 	}
 	if debugSum(p[:s.n]) != s.sum {
 		d.misuses.Add(1)
+		if s.kind == segApp {
+			d.report(&MisuseError{Kind: "write before SendBytes' done", Addr: tcpAddr(c.raddr),
+				Detail: fmt.Sprintf("the %d bytes passed to SendBytes changed before the kernel was done with them (write them only once done ran)", s.n)})
+			return
+		}
 		d.report(&MisuseError{Kind: "write after Send", Addr: tcpAddr(c.raddr),
 			Detail: fmt.Sprintf("the %d bytes of a sent buffer changed before the kernel was done with it (keep no slice of Buf.Bytes or Data.Bytes past Send/SendData)", s.n)})
 	}

@@ -188,6 +188,7 @@ func (e *Engine) startQueues(b Backend) error {
 		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
+			lq.AfterStop(q.appAfterStop)
 			switch b {
 			case BackendIOUring:
 				return newURingBackend(q, caps)
@@ -403,6 +404,12 @@ type Stats struct {
 		// BytesZcrxSent: zcrx Data that SendData sent from the zcrx area itself (no copy into
 		// send buffers: the area's buffer is held until the send is done).
 		BytesZcrxSent uint64
+		// BytesApp: sent from the application's own memory by Conn.SendBytes (also counted
+		// in BytesZC, BytesZCCopied or BytesCopy by how they left). BytesAppCopied: the part
+		// copied into send buffers first: by the zcshim backend, all of it (it sends only from
+		// memory registered with the module); elsewhere small slices given without a callback,
+		// copied behind the bytes Write staged (see SendBytes).
+		BytesApp, BytesAppCopied uint64
 	}
 
 	// Recv: every byte received, by the path it took, and what receiving waited for.

@@ -322,6 +322,7 @@ func (k *fakeKernel) newOp(c *Conn, fc *fconn, tag uint32) uint64 {
 func (k *fakeKernel) name() Backend          { return BackendAuto }
 func (k *fakeKernel) zeroCopy() bool         { return !k.epoll }
 func (k *fakeKernel) directOK() bool         { return false }
+func (k *fakeKernel) appDirect() bool        { return true }
 func (k *fakeKernel) recvPool() *memreg.Pool { return k.recv }
 func (k *fakeKernel) close() {
 	k.recv.CloseWhenReleased()
@@ -388,7 +389,7 @@ func (k *fakeKernel) cancelSend(c *Conn) {
 	fc.tracef("cancel send (%d bytes in %d segments)", fc.sbytes, fc.ssegs)
 	for i := 0; i < fc.ssegs && i < c.pendLen(); i++ {
 		s := c.tx.pend[i]
-		if d := s.loan.Data(); d != nil {
+		if d := s.mem(); d != nil {
 			mem := d[s.off:s.n]
 			fc.sheld = append(fc.sheld, fakeHeld{mem: mem, want: bytes.Clone(mem)})
 		}
@@ -1056,7 +1057,7 @@ func (k *fakeKernel) doSend(fc *fconn) {
 			if fc.szc {
 				ev.Flags = uring.CQEFMore
 				head := c.tx.pend[0]
-				mem := head.loan.Data()[head.off : int64(head.off)+n]
+				mem := head.mem()[head.off : int64(head.off)+n]
 				fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
 			}
 		}
@@ -1091,7 +1092,7 @@ func (k *fakeKernel) doSend(fc *fconn) {
 			break
 		}
 		head := c.tx.pend[0]
-		mem := head.loan.Data()[head.off : int64(head.off)+n]
+		mem := head.mem()[head.off : int64(head.off)+n]
 		fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
 	default:
 		// Short sends: at most the room left in the socket buffer, often less.
@@ -1126,7 +1127,7 @@ func (k *fakeKernel) take(fc *fconn, n int64) bool {
 			return false
 		}
 		s := c.tx.pend[i]
-		d := s.loan.Data()
+		d := s.mem() // a pool's loan or the application's slice (SendBytes)
 		if d == nil {
 			k.failf("%v: segment %d of a send in flight has no memory (returned early?)", fc, i)
 			return false

@@ -237,6 +237,7 @@ type simConn struct {
 	closes   int
 	closeErr error
 
+	appOut    int       // streamer: SendBytes callbacks owed (each must run exactly once)
 	published int64     // fan-pub: bytes published
 	pubFan    *simFan   // fan-pub: its fan
 	subFans   []*simFan // fan-sub: the fans it joins
@@ -580,6 +581,9 @@ func (s *simRun) check() string {
 		errs = append(errs, fmt.Sprintf("%v: %s (%s)\n    %s", r.fc, fmt.Sprintf(format, args...), r.state(), strings.Join(r.fc.trace, "\n    ")))
 	}
 	for _, r := range s.roles {
+		if r.appOut != 0 {
+			bad(r, "%d SendBytes callbacks never ran", r.appOut)
+		}
 		fc := r.fc
 		if fc == nil {
 			if r.dialErr == nil {
@@ -664,6 +668,9 @@ func (s *simRun) check() string {
 	}
 	if n := q.notifsPending.Load(); n != 0 {
 		errs = append(errs, fmt.Sprintf("%d notifications pending", n))
+	}
+	if n := s.e.shareCtr.appHeld.Load(); n != 0 {
+		errs = append(errs, fmt.Sprintf("%d SendBytes slices still pinned", n))
 	}
 	// Stray events: none, except a connect completing after Engine.Close gave up on it.
 	if ls := q.Queue.Stats(); ls.OpsLive != 0 || ls.Stray != 0 && !s.engineClosed {
@@ -797,6 +804,10 @@ func (h *simStreamer) pump(c *Conn) {
 	}
 	max := r.s.e.cfg.MaxQueuedBytes
 	for r.accepted < r.total && c.Queued() < max {
+		if r.s.rng.IntN(4) == 0 {
+			h.sendBytes(c)
+			continue
+		}
 		var b memreg.Buf
 		var err error
 		if r.bufferWait {
@@ -832,6 +843,57 @@ func (h *simStreamer) pump(c *Conn) {
 	if r.accepted == r.total {
 		h.done(c)
 	}
+}
+
+// sendBytes sends the next bytes of the stream from a slice of the application's own
+// (SendBytes). Its callback, when it has one, must run exactly once and only once the
+// kernel is done: it scribbles over the slice, so a callback that ran early shows as
+// damaged bytes at the peer (and the fake kernel's notification check).
+func (h *simStreamer) sendBytes(c *Conn) {
+	r := h.r
+	if r.s.rng.IntN(3) == 0 {
+		// A header written before the body: Write's staging buffer stays open across
+		// the flush the SendBytes makes (flushStageLocked(true)), shared with its send.
+		hdr := make([]byte, int(min(int64(1+r.s.rng.IntN(64)), r.total-r.accepted)))
+		fakeStream(hdr, *r.outKey, r.accepted)
+		k, err := c.Write(hdr)
+		r.accepted += int64(k)
+		if err != nil {
+			if !errors.Is(err, ErrWouldBlock) {
+				h.unexpected(c, "Write", err)
+			}
+			return // ErrWouldBlock: OnWritable follows
+		}
+		if r.accepted == r.total {
+			return
+		}
+	}
+	n := int(min(int64(1+r.s.rng.IntN(24<<10)), r.total-r.accepted))
+	p := make([]byte, n)
+	fakeStream(p, *r.outKey, r.accepted)
+	var done func(error)
+	if r.s.rng.IntN(4) != 0 {
+		called := false
+		done = func(err error) {
+			if called {
+				r.failf("a SendBytes callback ran twice")
+			}
+			called = true
+			r.appOut--
+			for i := range p {
+				p[i] = 0xA5
+			}
+		}
+		r.appOut++
+	}
+	if err := c.SendBytes(p, done); err != nil {
+		if done != nil {
+			r.appOut--
+		}
+		h.unexpected(c, "SendBytes", err)
+		return
+	}
+	r.accepted += int64(n)
 }
 
 // simWriter writes with Write on the loop: ErrWouldBlock means OnWritable follows.

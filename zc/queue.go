@@ -70,7 +70,12 @@ type queue struct {
 	// close deadline): its buffers go back with its completion (lateSendDone), or when the
 	// queue stops (abortAll). Loop only.
 	lateSends map[*Conn]struct{}
-	stopping  bool // abortAll runs: finish keeps nothing for a completion that will not come
+	// lateNotifs: finished connections with zero-copy notifications outstanding: a late
+	// notification still retires its send (zcFinish); once the queue stopped, the
+	// application memory (SendBytes) of those that never came is handed back
+	// (appAfterStop, sendbytes.go). Loop only.
+	lateNotifs map[*Conn]struct{}
+	stopping   bool // abortAll runs: finish keeps nothing for a completion that will not come
 
 	notifsPending atomic.Int64
 	growErr       atomic.Pointer[error]

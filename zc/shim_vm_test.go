@@ -545,3 +545,26 @@ func shimDump(e *Engine) string {
 	}
 	return sb.String()
 }
+
+// SendBytes on the shim backend: the module sends only from memory registered with it, so
+// the application's bytes are copied into its send buffers (BytesAppCopied), in order with
+// the other sends; SendZeroCopy forbids that copy (ErrNotSupported).
+func TestShimSendBytes(t *testing.T) {
+	needShim(t)
+	t.Run("order", func(t *testing.T) {
+		cfg := shimCfg()
+		testSendBytesOrder(t, cfg)
+	})
+	t.Run("misuse", func(t *testing.T) { testSendBytesMisuse(t, shimCfg()) })
+	t.Run("sendZeroCopy", func(t *testing.T) {
+		cfg := shimCfg()
+		cfg.SendPath = SendZeroCopy
+		e := newEngine(t, cfg)
+		l, ev := listenEvents(t, e)
+		dialPlain(t, l.Addr().String())
+		c := recvEvent(t, ev.conn, "accept")
+		if err := c.SendBytes([]byte("x"), nil); !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("SendBytes on the shim under SendZeroCopy = %v, want ErrNotSupported", err)
+		}
+	})
+}

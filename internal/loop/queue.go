@@ -105,8 +105,9 @@ type Queue struct {
 	// flushes); false while it waits or polls in the kernel. OnLoop asks the thread id only
 	// when it is set: a goroutine that sees it clear cannot be the loop (the loop sets it
 	// before it runs anything, and sees its own writes).
-	inCode atomic.Bool
-	atStop []func()
+	inCode    atomic.Bool
+	atStop    []func()
+	afterStop []func()
 
 	stopReq atomic.Bool
 	done    chan struct{}
@@ -172,6 +173,9 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 		f()
 	}
 	q.drv.Close()
+	for _, f := range q.afterStop {
+		f()
+	}
 	q.closeEventfd()
 }
 
@@ -334,6 +338,11 @@ func (q *Queue) YieldSoon() {
 
 // AtStop registers f to run on the loop when it stops, before the driver closes (loop only).
 func (q *Queue) AtStop(f func()) { q.atStop = append(q.atStop, f) }
+
+// AfterStop registers f to run on the loop's goroutine once the driver closed (its kernel
+// objects are gone, so the kernel no longer reads memory its operations named), before
+// Close returns (loop only).
+func (q *Queue) AfterStop(f func()) { q.afterStop = append(q.afterStop, f) }
 
 // Drain lets an AtStop function wait for operations it ended (cancels): it submits prepared
 // work and dispatches events until done reports true or timeout passed (AtStop only; posted

@@ -279,7 +279,7 @@ func TestServicesRun(t *testing.T) {
 		}
 	}
 	want := []string{"relay net", "relay net-aa", "relay zc", "relay-hc net", "relay-hc zc", "fanout net", "fanout zc",
-		"files net", "files zc", "kv net", "kv net-aa", "kv zc", "mq net", "mq netpoll", "mq zc"}
+		"files net", "files zc", "kv net", "kv net-aa", "kv zc", "kv zc-straight", "mq net", "mq netpoll", "mq zc"}
 	if wrk {
 		want = append(want, "wrk net", "wrk zc-net")
 	}
@@ -305,6 +305,7 @@ func TestServicesCorrupt(t *testing.T) {
 		{"fanout", "zc", "payload damaged"},
 		{"files", "zc", "payload CRC-32C"},
 		{"kv", "zc", "not what was stored"},
+		{"kv", "zc-straight", "not what was stored"},
 		{"mq", "zc", "payload CRC-32C"},
 		{"wrk", "zc-net", "responses were not the"},
 		{"files-tls", "net-tls", "payload CRC-32C"},
@@ -346,6 +347,8 @@ func TestPlanServices(t *testing.T) {
 		{Scenario: harness.FileStream, Mode: "net", Size: 64 << 10, Conns: 128},
 		{Scenario: harness.KV, Mode: "net-aa", Size: 64, Conns: 32},
 		{Scenario: harness.KV, Mode: "zc", Size: 100 << 10, Conns: 32},
+		{Scenario: harness.KV, Mode: "zc-straight", Size: 100 << 10, Conns: 32},
+		{Scenario: harness.KV, Mode: "zc-straight", Size: 64, Conns: 32},
 		{Scenario: harness.MultiQueue, Mode: "netpoll", Size: 64, Conns: 512},
 		{Scenario: harness.MultiQueue, Mode: "c-uring", Size: 64, Conns: 512},
 		{Scenario: harness.HTTPWrk, Mode: "zc-net", Size: 64 << 10, Conns: 512},

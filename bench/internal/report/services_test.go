@@ -59,11 +59,13 @@ func TestServiceGoalsJudged(t *testing.T) {
 	for _, tc := range []struct {
 		zcSmall, zcMix float64
 		want           string
-	}{{2, 2, StatusMissed}, {0.5, 0.5, StatusMet}, {0.5, 0.71, StatusUndecided}} {
+	}{{2, 2, StatusMissed}, {0.5, 0.5, StatusMet}, {0.5, 0.79, StatusUndecided}, {0.5, 0.85, StatusMissed}, {0.69, 0.5, StatusUndecided}} {
 		rows := append(append([]Row(nil), base...),
 			svc(harness.KV, "zc", 64, KVConns, tc.zcSmall, tc.zcSmall, tc.zcSmall),
+			svc(harness.KV, ZCStraight, 64, KVConns, tc.zcSmall, tc.zcSmall, tc.zcSmall),
 			svc(harness.KV, "net", kvMix, KVConns, 1, 1, 1),
-			svc(harness.KV, "zc", kvMix, KVConns, tc.zcMix, tc.zcMix, tc.zcMix))
+			svc(harness.KV, "zc", kvMix, KVConns, tc.zcMix, tc.zcMix, tc.zcMix),
+			svc(harness.KV, ZCStraight, kvMix, KVConns, tc.zcMix, tc.zcMix, tc.zcMix))
 		if g := goalByID(t, ServiceGoals(rows, nil), 10); g.Status != tc.want {
 			t.Errorf("kv zc %v/%v: %s, want %s (%+v)", tc.zcSmall, tc.zcMix, g.Status, tc.want, g.Checks)
 		}

@@ -150,6 +150,90 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 	return fail.get()
 }
 
+// kvZCStraight is the key-value server written the straightforward way with the event-loop
+// API (issue 29): the store is a Go map of Go slices (one queue: no lock; a SET stores a
+// new slice and never writes an old one, which a send may still hold), each response's
+// header is written with Conn.Write (zc coalesces the Writes of one OnData in a send
+// buffer) and each GET's value is sent from the map's slice itself with Conn.SendBytes:
+// no copy in user space, and no callback needed (the slice is never written). Nothing of
+// the store lives in the send pool, so it is not capped by it. When Write finds no send
+// buffer (ErrWouldBlock), the rest waits in out, as in kvZC, until OnWritable.
+func kvZCStraight(c harness.Case, m *harness.Meter, ready func(string)) error {
+	e, err := zc.New(zcConfig())
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	fail := newFirstErr()
+	var wg sync.WaitGroup
+	wg.Add(c.Conns)
+	store := map[string][]byte{}
+	var accepted atomic.Int32
+	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
+		if accepted.Add(1) > int32(c.Conns) {
+			return nil
+		}
+		m.Start()
+		return &kvConn{app: store, fail: fail.set, done: wg.Done}
+	})
+	if err != nil {
+		return err
+	}
+	ready(l.Addr().String())
+	wg.Wait()
+	m.Stop()
+	l.Close()
+	return fail.get()
+}
+
+// answerApp is answer for kvZCStraight's store (kvConn.app).
+func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) {
+	var resp [kvRespHdr]byte
+	switch op {
+	case opSet:
+		v := make([]byte, vlen)
+		fill(v)
+		h.app[string(key)] = v
+		resp[0] = stDone
+		h.writeApp(c, resp[:])
+	case opGet:
+		v, ok := h.app[string(key)]
+		resp[0] = stValue
+		if !ok {
+			resp[0] = stMissing
+		}
+		binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
+		h.writeApp(c, resp[:])
+		if len(v) == 0 {
+			return
+		}
+		if len(h.out) > 0 {
+			h.out = append(h.out, v...) // behind responses waiting for a send buffer
+			return
+		}
+		if err := c.SendBytes(v, nil); err != nil {
+			c.Close()
+		}
+	}
+}
+
+// writeApp writes a response header with Conn.Write; what a Write refused for want of a
+// send buffer (ErrWouldBlock on the loop) waits in out for OnWritable.
+func (h *kvConn) writeApp(c *zc.Conn, p []byte) {
+	if len(h.out) > 0 {
+		h.out = append(h.out, p...)
+		return
+	}
+	n, err := c.Write(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, zc.ErrWouldBlock):
+		h.out = append(h.out, p[n:]...)
+	default:
+		c.Close()
+	}
+}
+
 // kvSharedMin is the value size from which the zc store keeps a value in registered
 // memory and sends it by reference: below it, copying the value into the response buffer
 // costs less than a send of its own.
@@ -250,6 +334,7 @@ func (s *kvStore) setShared(c *zc.Conn, e *kvEntry, n int, fill func(p []byte)) 
 
 type kvConn struct {
 	store   *kvStore
+	app     map[string][]byte // kvZCStraight's store (nil: kvZC's)
 	r       framed.Reader
 	out     []byte // responses waiting for a send buffer
 	buf     memreg.Buf
@@ -330,6 +415,14 @@ func (h *kvConn) serve(c *zc.Conn) {
 // the connection is closed (an unknown operation).
 func (h *kvConn) answer(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) bool {
 	var resp [kvRespHdr]byte
+	switch {
+	case h.app != nil && (op == opSet || op == opGet):
+		h.answerApp(c, op, key, vlen, fill)
+		if len(h.out) > 0 {
+			h.blocked = true
+		}
+		return true
+	}
 	switch op {
 	case opSet:
 		h.store.set(c, key, vlen, fill)

@@ -28,7 +28,8 @@ import (
 )
 
 // Mode is one server implementation of the services: "net" (Go net), "net-aa" (the same
-// again, the services' A/A pair) or "zc" (the event-loop API).
+// again, the services' A/A pair), "zc" (the event-loop API) or "zc-straight" (the
+// key-value server written the straightforward way with it).
 type Mode struct {
 	name  string
 	scens []harness.Scenario
@@ -43,8 +44,14 @@ func Modes() []harness.Mode {
 		// and key-value small), so the services goals are read against their own noise.
 		Mode{name: NetAA, scens: []harness.Scenario{harness.Relay, harness.KV}},
 		Mode{name: "zc", scens: own},
+		// the key-value server written the straightforward way (values in Go memory,
+		// sent with Conn.SendBytes), beside the tuned one (issue 29)
+		Mode{name: ZCStraight, scens: []harness.Scenario{harness.KV}},
 	}
 }
+
+// ZCStraight is the straightforward zc key-value server (kvZCStraight).
+const ZCStraight = "zc-straight"
 
 // NetAA is the A/A copy of the net services.
 const NetAA = "net-aa"
@@ -60,7 +67,7 @@ func (Mode) ServiceMode() {}
 
 // Available implements harness.Mode.
 func (m Mode) Available() error {
-	if m.name != "zc" {
+	if m.name != "zc" && m.name != ZCStraight {
 		return nil
 	}
 	e, err := zc.New(zc.Config{Queues: 1, Backend: zc.BackendIOUring, NoFallback: true, NoPin: true, SendBufs: 16, RecvBufs: 16})
@@ -90,6 +97,9 @@ func (m Mode) Server(ctx context.Context, c harness.Case, mt *harness.Meter, rea
 		}
 		return filesNet(ctx, c, mt, ready)
 	case harness.KV:
+		if m.name == ZCStraight {
+			return kvZCStraight(c, mt, ready)
+		}
 		if isZC {
 			return kvZC(c, mt, ready)
 		}

@@ -81,6 +81,34 @@ func TestKVZCSplitRequests(t *testing.T) {
 	}
 }
 
+// The straightforward key-value server (values in Go memory, each GET's value sent with
+// SendBytes): with a pool of a few 4 KiB buffers its headers wait for buffers (and the
+// values behind them are copied after them), with 1 KiB receive buffers its requests are
+// split; every value the client reads is checked.
+func TestKVZCStraight(t *testing.T) {
+	old := zcConfig
+	t.Cleanup(func() { zcConfig = old })
+	for _, tc := range []struct {
+		name string
+		mod  func(*zc.Config)
+	}{
+		{"default", func(*zc.Config) {}},
+		{"fewBuffers", func(cfg *zc.Config) { cfg.SendBufSize, cfg.SendBufs, cfg.SendPoolMax = 4096, 4, 16<<10 }},
+		{"splitRequests", func(cfg *zc.Config) { cfg.RecvBufSize = 1 << 10 }},
+	} {
+		zcConfig = func() zc.Config {
+			cfg := old()
+			tc.mod(&cfg)
+			return cfg
+		}
+		for _, size := range []int{64, KVMixMax} {
+			c := harness.Case{Scenario: harness.KV, Mode: ZCStraight, Size: size, Conns: 4, RecvBuf: 64 << 10,
+				Duration: 200 * time.Millisecond, CorruptSeq: -1}
+			runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return kvZCStraight(c, m, ready) })
+		}
+	}
+}
+
 // The zc fan-out server with a pool of a few buffers: the publisher's receive buffers are
 // shared by every subscriber (a slow one holds them; the publisher stops receiving at its
 // MaxRecvHeld), a message split between two Data finds no send buffer now and then and is
