@@ -235,6 +235,8 @@ type Conn struct {
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
+	tls        *tlsConn                  // TLS state (tls.go); nil: plain TCP
+	tlsDial    *tlsSetup                 // a TLS dial: the handshake runs after the connect (tls.go)
 	self       *selfReader               // ReadSelf: the socket's duplicate that Read uses (readself.go)
 	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState

@@ -43,6 +43,7 @@ type Engine struct {
 	stopWatch  chan struct{}  // ends watchStalls
 	stalls     atomic.Uint64  // Stats.Loop.Stalls
 	stack      *netinfo.Stack // rtnetlink for Conn.Path, opened on first use (under mu)
+	tls        tlsEngine      // TLS handshakes and user-space pumps, counters (tls.go)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -348,6 +349,7 @@ func (e *Engine) shutdown(ctx context.Context) {
 	for _, l := range ls {
 		l.Close()
 	}
+	e.tls.closeStart()
 	timeouts := func() (n uint64) {
 		for _, q := range e.queues {
 			n += q.ctr.closeTimeouts.Load()
@@ -372,6 +374,7 @@ wait:
 		}
 	}
 	e.closeErr = e.stopQueues()
+	e.tls.closeEnd()
 	if cut != nil && e.closeErr == nil {
 		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
 	}
@@ -408,6 +411,7 @@ type Stats struct {
 	Faults   FaultStats    // what went wrong and was handled: timeouts, panics, accept errors
 	Debug    DebugStats    // Config.Debug's findings
 	Steering SteeringStats // BPF steering and its fallbacks
+	TLS      TLSStats      // TLS connections: kernel or user space, refusals, control records
 }
 
 // SendStats: every byte sent, by the path it took, and the send operations.
@@ -618,6 +622,7 @@ func (e *Engine) Stats() Stats {
 		s.Fallback = e.fallback.Error()
 	}
 	e.steerCtr.fill(&s)
+	s.TLS = e.tls.stats()
 	e.shareCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())

@@ -23,7 +23,8 @@ type Listener struct {
 	addr     *net.TCPAddr
 	accept   func(*Conn) Handler
 	family   int
-	readSelf bool // ListenOptions.ReadSelf
+	readSelf bool      // ListenOptions.ReadSelf
+	tls      *tlsSetup // ListenOptions.TLS (tls.go)
 	socks    []*tcpglue.Socket
 	parts    []*lpart
 	closed   atomic.Bool
@@ -93,6 +94,10 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 			return fail(nil, err)
 		}
 	}
+	ts, err := e.tlsSetupFor(opts.TLS, false, opts.ReadSelf, opts.ZcrxNIC)
+	if err != nil {
+		return fail(nil, err)
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -130,6 +135,7 @@ func (e *Engine) ListenWith(opts ListenOptions, network, address string, accept 
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
 	l.readSelf = opts.ReadSelf
+	l.tls = ts
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
@@ -260,6 +266,10 @@ func (p *lpart) accepted(fd int) {
 	}
 	p.backoff = 0
 	p.l.accepted.Add(1)
+	if p.l.tls != nil {
+		p.l.startTLS(p.q, fd) // the handshake first (tls.go)
+		return
+	}
 	p.l.handoff(p.q, fd)
 }
 
@@ -320,10 +330,7 @@ func (p *lpart) finish() {
 
 // handoff creates the connection for an accepted descriptor on the queue that will own it.
 func (l *Listener) handoff(from *queue, fd int) {
-	target := from
-	if len(l.e.queues) > 1 && len(l.socks) == 1 {
-		target = l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
-	}
+	target := l.target(from)
 	if target == from {
 		l.create(target, fd)
 		return
@@ -331,6 +338,14 @@ func (l *Listener) handoff(from *queue, fd int) {
 	if err := target.Post(func() { l.create(target, fd) }); err != nil {
 		unix.Close(fd)
 	}
+}
+
+// target is the queue that will own a connection accepted on from's socket.
+func (l *Listener) target(from *queue) *queue {
+	if len(l.e.queues) > 1 && len(l.socks) == 1 {
+		return l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
+	}
+	return from
 }
 
 // create makes the connection on its queue and asks the accept function for its handler.
@@ -344,7 +359,16 @@ func (l *Listener) create(q *queue, fd int) {
 		unix.Close(fd)
 		return
 	}
+	l.open(q, s, fd, nil)
+}
+
+// open makes the connection of socket s (descriptor fd) on q (a TLS connection's after its
+// handshake: t) and asks the accept function for its handler.
+func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
 	c := newConn(l.e, q, s, fd, l.network)
+	if t != nil {
+		c.attachTLS(t)
+	}
 	c.fillAddrs()
 	if l.steer != nil && c.laddr.IsValid() && c.raddr.IsValid() {
 		c.steer = l.steer

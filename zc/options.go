@@ -50,6 +50,9 @@ type ListenOptions struct {
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
 	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
 	ReadSelf bool
+	// TLS makes the accepted connections TLS servers: the handshake runs before the accept
+	// function sees a connection, whose records the kernel then carries (TLSOptions).
+	TLS *TLSOptions
 }
 
 // DialOptions are per-dial settings (Engine.DialWith, Engine.DialAsyncWith; DialAsync
@@ -69,6 +72,10 @@ type DialOptions struct {
 	// the io_uring or plain backend and RecvRing or RecvMapped (otherwise a
 	// *NotSupportedError). The net.Conn face (NetListen, NetDial) reads this way by default.
 	ReadSelf bool
+	// TLS makes the connection a TLS client: the handshake runs after the connect and
+	// before Dial returns (or DialAsync's done runs), bounded by the context too
+	// (TLSOptions).
+	TLS *TLSOptions
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:

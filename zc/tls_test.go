@@ -1,0 +1,604 @@
+package zc
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// The TLS tests run wherever the kernel has TLS on the kernel path (the qemu guests of
+// make test load the tls module: ZCVM=1 makes any other path a failure), and on this host
+// (no CONFIG_TLS) on the user-space path, which they then check is the one taken and why.
+
+var (
+	tlsCertOnce sync.Once
+	tlsCert     tls.Certificate
+	tlsRoots    *x509.CertPool
+)
+
+func tlsConfigs(t testing.TB, version uint16) (server, client *tls.Config) {
+	t.Helper()
+	tlsCertOnce.Do(func() {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			panic(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "zc tls test"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+			DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+			KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+		if err != nil {
+			panic(err)
+		}
+		leaf, _ := x509.ParseCertificate(der)
+		tlsRoots = x509.NewCertPool()
+		tlsRoots.AddCert(leaf)
+		tlsCert = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k, Leaf: leaf}
+	})
+	server = &tls.Config{Certificates: []tls.Certificate{tlsCert}, MinVersion: version, MaxVersion: version}
+	client = &tls.Config{RootCAs: tlsRoots, ServerName: "localhost", MinVersion: version, MaxVersion: version}
+	return server, client
+}
+
+var tlsProbe = sync.OnceValue(func() error { _, err := tcpglue.ProbeTLS(); return err })
+
+// wantKernelTLS reports whether connections should take the kernel path here: yes where
+// the kernel has TLS; no on a kernel without the tls module (ENOENT at the ULP), except in
+// the qemu guests (ZCVM=1), where that fails the test.
+func wantKernelTLS(t testing.TB) bool {
+	t.Helper()
+	err := tlsProbe()
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, ErrNotSupported) && errors.Is(err, unix.ENOENT) && os.Getenv("ZCVM") != "1" {
+		return false
+	}
+	t.Fatalf("kernel TLS: %v", err)
+	return false
+}
+
+// checkTLSPath fails unless c took the path this kernel allows (and says why not).
+func checkTLSPath(t testing.TB, c *Conn) TLSInfo {
+	t.Helper()
+	info, ok := c.TLS()
+	if !ok {
+		t.Fatal("not a TLS connection")
+	}
+	if want := wantKernelTLS(t); info.Kernel != want {
+		t.Fatalf("kernel path %v, want %v (reason %q)", info.Kernel, want, info.Reason)
+	}
+	if !info.Kernel && !strings.Contains(info.Reason, "CONFIG_TLS") {
+		t.Fatalf("user space, reason %q does not name CONFIG_TLS", info.Reason)
+	}
+	if info.Version == 0 || info.CipherSuite == 0 {
+		t.Fatalf("info %+v", info)
+	}
+	return info
+}
+
+var tlsBackends = []Backend{BackendIOUring, BackendPlain}
+
+// tlsEngine starts an engine whose adaptive send policy would try SEND_ZC on every
+// send of 4 KiB or more, so that a TLS connection that let it would show it.
+func newTLSEngine(t *testing.T, b Backend) *Engine {
+	t.Helper()
+	return newEngine(t, Config{Backend: b, Queues: 2, ZCThreshold: 4096, NoFallback: true})
+}
+
+// randomWrites writes data in writes of random sizes (1 byte to 40 KiB: records of every
+// size, and writes that end records early).
+func randomWrites(w io.Writer, data []byte, seed uint64) error {
+	r := mrand.New(mrand.NewPCG(seed, 1))
+	for off := 0; off < len(data); {
+		n := min(len(data)-off, 1+r.IntN(40<<10))
+		if _, err := w.Write(data[off : off+n]); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// recordTap records the sizes of the TLS records that cross a net.Conn's reads.
+type recordTap struct {
+	net.Conn
+	mu   sync.Mutex
+	buf  []byte
+	recs []int
+	// flip, when set, corrupts the next record's body as it is read.
+	flip bool
+}
+
+func (r *recordTap) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	r.mu.Lock()
+	if r.flip && len(r.buf) == 0 && n > 5 {
+		p[5] ^= 0x80 // the first byte of a record's body
+		r.flip = false
+	}
+	r.buf = append(r.buf, p[:n]...)
+	for len(r.buf) >= 5 {
+		l := int(binary.BigEndian.Uint16(r.buf[3:]))
+		if len(r.buf) < 5+l {
+			break
+		}
+		r.recs = append(r.recs, l)
+		r.buf = r.buf[5+l:]
+	}
+	r.mu.Unlock()
+	return n, err
+}
+
+func (r *recordTap) last() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.recs) == 0 {
+		return -1
+	}
+	return r.recs[len(r.recs)-1]
+}
+
+// closeNotifyLen is the size of an encrypted TLS 1.3 alert record (AES-GCM or
+// ChaCha20-Poly1305): 2 bytes of alert, the content type and the 16-byte tag.
+const closeNotifyLen = 2 + 1 + 16
+
+// tlsServerEcho listens with TLS on e; each connection echoes with SendData and closes
+// after the peer's EOF. conns receives the connections, ends their OnEOF errors.
+func tlsServerEcho(t *testing.T, e *Engine, opts *TLSOptions, conns chan *Conn, ends chan error) *Listener {
+	t.Helper()
+	l, err := e.ListenWith(ListenOptions{TLS: opts}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		conns <- c
+		return HandlerFuncs{
+			Data: func(c *Conn, d Data) {
+				if err := c.SendData(d); err != nil {
+					d.Release()
+				}
+			},
+			EOF: func(c *Conn, err error) {
+				ends <- err
+				c.Close()
+			},
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// TestTLSServerEcho: crypto/tls clients against a TLS listener, TLS 1.2 and 1.3, every
+// byte of 3 MiB written in random sizes echoed back through the handler (decrypted Data
+// sent again with SendData); the client's close_notify is the handler's io.EOF, and the
+// server's Close sends one (the last record the client reads is an encrypted alert). No
+// SEND_ZC is ever attempted on the connections.
+func TestTLSServerEcho(t *testing.T) {
+	for _, b := range tlsBackends {
+		for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+			t.Run(fmt.Sprintf("%v/%s", b, tls.VersionName(v)), func(t *testing.T) {
+				e := newTLSEngine(t, b)
+				scfg, ccfg := tlsConfigs(t, v)
+				conns, ends := make(chan *Conn, 4), make(chan error, 4)
+				l := tlsServerEcho(t, e, &TLSOptions{Config: scfg}, conns, ends)
+				const clients = 2
+				errs := make(chan error, clients)
+				for i := range clients {
+					go func() { errs <- tlsEchoClient(l.Addr().String(), ccfg, v, 3<<20, uint64(i+1)) }()
+				}
+				for range clients {
+					c := recvEvent(t, conns, "accepted connection")
+					checkTLSPath(t, c)
+					<-c.Done()
+					if st := c.Stats(); st.SendZCOps != 0 || st.BytesSentZC+st.BytesZCCopied != 0 {
+						t.Fatalf("SEND_ZC attempted on a TLS connection: %+v", st)
+					}
+				}
+				for range clients {
+					if err := recvEvent(t, errs, "client"); err != nil {
+						t.Fatal(err)
+					}
+					if err := recvEvent(t, ends, "server EOF"); err != io.EOF {
+						t.Fatalf("server OnEOF: %v, want io.EOF", err)
+					}
+				}
+				st := e.Stats()
+				if st.Send.ZCOps != 0 {
+					t.Fatalf("engine sent %d SEND_ZC operations", st.Send.ZCOps)
+				}
+				if st.TLS.Kernel+st.TLS.User != clients {
+					t.Fatalf("TLS stats %+v, want %d handshakes", st.TLS, clients)
+				}
+				if wantKernelTLS(t) && st.TLS.CloseNotifies != clients {
+					t.Fatalf("TLS stats %+v: want %d close_notify sent by the kernel path", st.TLS, clients)
+				}
+			})
+		}
+	}
+}
+
+// tlsEchoClient writes n bytes through crypto/tls, half-closes (close_notify), reads the
+// echo and checks every byte and that the stream ended with an encrypted alert record.
+func tlsEchoClient(addr string, cfg *tls.Config, v uint16, n int, seed uint64) error {
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	tap := &recordTap{Conn: raw}
+	tc := tls.Client(tap, cfg)
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(2 * time.Minute))
+	data := make([]byte, n)
+	newStreamGen(seed).fill(data)
+	werr := make(chan error, 1)
+	go func() {
+		err := randomWrites(tc, data, seed)
+		if err == nil {
+			err = tc.CloseWrite()
+		}
+		werr <- err
+	}()
+	got, err := io.ReadAll(tc)
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if err := <-werr; err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("echo differs: %s", tlsFirstDiff(got, data))
+	}
+	if want := closeNotifyLen; v == tls.VersionTLS13 && tap.last() != want {
+		return fmt.Errorf("the last record was %d bytes, want an encrypted alert (%d): no close_notify", tap.last(), want)
+	}
+	if v == tls.VersionTLS12 && tap.last() != 2+8+16 {
+		return fmt.Errorf("the last record was %d bytes, want an encrypted alert (26): no close_notify", tap.last())
+	}
+	return nil
+}
+
+func tlsFirstDiff(a, b []byte) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return fmt.Sprintf("first difference at byte %d of %d/%d", i, len(a), len(b))
+		}
+	}
+	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
+}
+
+// tlsCollector is a client handler that keeps what it receives.
+type tlsCollector struct {
+	mu   sync.Mutex
+	got  []byte
+	eof  chan error
+	done chan error
+}
+
+func newTLSCollector() *tlsCollector {
+	return &tlsCollector{eof: make(chan error, 1), done: make(chan error, 1)}
+}
+
+func (h *tlsCollector) OnData(c *Conn, d Data) {
+	h.mu.Lock()
+	h.got = append(h.got, d.Bytes()...)
+	h.mu.Unlock()
+	d.Release()
+}
+func (h *tlsCollector) OnEOF(c *Conn, err error)   { h.eof <- err }
+func (h *tlsCollector) OnClose(c *Conn, err error) { h.done <- err }
+
+func (h *tlsCollector) bytes() []byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.got
+}
+
+// tlsPeerServer runs a crypto/tls echo server for one connection: it echoes until the
+// client's close_notify, then closes (its close_notify). It reports the server's end.
+func tlsPeerServer(t *testing.T, cfg *tls.Config, serve func(tc *tls.Conn) error) (string, chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	res := make(chan error, 1)
+	go func() {
+		raw, err := ln.Accept()
+		if err != nil {
+			res <- err
+			return
+		}
+		tc := tls.Server(raw, cfg)
+		defer tc.Close()
+		tc.SetDeadline(time.Now().Add(2 * time.Minute))
+		res <- serve(tc)
+	}()
+	return ln.Addr().String(), res
+}
+
+// TestTLSClientEcho: the dial side, against a crypto/tls echo server: 3 MiB written with
+// Write (random sizes) come back through the handler, every byte checked; CloseWrite sends
+// close_notify (the server's Read ends with io.EOF), and the server's close_notify is the
+// handler's io.EOF.
+func TestTLSClientEcho(t *testing.T) {
+	for _, b := range tlsBackends {
+		for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+			t.Run(fmt.Sprintf("%v/%s", b, tls.VersionName(v)), func(t *testing.T) {
+				e := newTLSEngine(t, b)
+				scfg, ccfg := tlsConfigs(t, v)
+				addr, sres := tlsPeerServer(t, scfg, func(tc *tls.Conn) error {
+					if _, err := io.Copy(tc, tc); err != nil {
+						return err
+					}
+					return tc.Close()
+				})
+				h := newTLSCollector()
+				c, err := e.DialWith(context.Background(), DialOptions{TLS: &TLSOptions{Config: ccfg}}, "tcp", addr, h)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTLSPath(t, c)
+				data := make([]byte, 3<<20)
+				newStreamGen(7).fill(data)
+				if err := randomWrites(c, data, 7); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				if err := recvEvent(t, h.eof, "EOF"); err != io.EOF {
+					t.Fatalf("OnEOF %v, want io.EOF (the server's close_notify)", err)
+				}
+				if err := recvEvent(t, sres, "server"); err != nil {
+					t.Fatalf("server: %v", err)
+				}
+				if got := h.bytes(); !bytes.Equal(got, data) {
+					t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
+				}
+				c.Close()
+				<-c.Done()
+				if st := c.Stats(); st.SendZCOps != 0 {
+					t.Fatalf("SEND_ZC attempted: %+v", st)
+				}
+			})
+		}
+	}
+}
+
+// TestTLSSendFile: SendFile under TLS (sendfile, the kernel encrypting on the kernel
+// path), between Writes, to a crypto/tls client: every byte in order.
+func TestTLSSendFile(t *testing.T) {
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			f, fdata := streamFile(t, 11, 3<<20+123)
+			var want []byte
+			want = append(want, "head:"...)
+			want = append(want, fdata[1000:]...)
+			want = append(want, ":mid:"...)
+			want = append(want, fdata[:1000]...)
+			want = append(want, ":tail"...)
+			conns := make(chan *Conn, 1)
+			l, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				conns <- c
+				c.Write([]byte("head:"))
+				if err := c.SendFile(f, 1000, int64(len(fdata)-1000)); err != nil {
+					t.Error(err)
+				}
+				c.Write([]byte(":mid:"))
+				if err := c.SendFile(f, 0, 1000); err != nil {
+					t.Error(err)
+				}
+				c.Write([]byte(":tail"))
+				c.Close()
+				return HandlerFuncs{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			raw, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tap := &recordTap{Conn: raw}
+			tc := tls.Client(tap, ccfg)
+			defer tc.Close()
+			tc.SetDeadline(time.Now().Add(2 * time.Minute))
+			got, err := io.ReadAll(tc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("differs: %s", tlsFirstDiff(got, want))
+			}
+			if tap.last() != closeNotifyLen {
+				t.Fatalf("last record %d bytes: no close_notify", tap.last())
+			}
+			c := recvEvent(t, conns, "conn")
+			checkTLSPath(t, c)
+			<-c.Done()
+			if st := c.Stats(); st.SendZCOps != 0 {
+				t.Fatalf("SEND_ZC attempted: %+v", st)
+			}
+		})
+	}
+}
+
+// TestTLSAlert: the peer's fatal alert ends the connection with a *TLSAlertError
+// (Received) on both paths: the client corrupts a record it receives, so crypto/tls sends
+// bad_record_mac (encrypted) and the handler's OnEOF gets it.
+func TestTLSAlert(t *testing.T) {
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			ends := make(chan error, 1)
+			conns := make(chan *Conn, 1)
+			l, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				conns <- c
+				return HandlerFuncs{
+					Data: func(c *Conn, d Data) {
+						d.Release()
+						c.Write([]byte("answer"))
+					},
+					EOF: func(c *Conn, err error) { ends <- err },
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			raw, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tap := &recordTap{Conn: raw}
+			tc := tls.Client(tap, ccfg)
+			defer tc.Close()
+			tc.SetDeadline(time.Now().Add(time.Minute))
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			tap.mu.Lock()
+			tap.flip = true
+			tap.mu.Unlock()
+			if _, err := tc.Write([]byte("ask")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 64)
+			if _, err := tc.Read(buf); err == nil {
+				t.Fatal("read a corrupted record without an error")
+			}
+			c := recvEvent(t, conns, "conn")
+			checkTLSPath(t, c)
+			err = recvEvent(t, ends, "OnEOF")
+			var ae *TLSAlertError
+			if !errors.As(err, &ae) || ae.Alert != 20 || !ae.Received {
+				t.Fatalf("OnEOF %v, want a received bad_record_mac *TLSAlertError", err)
+			}
+			<-c.Done()
+		})
+	}
+}
+
+// TestTLSNoFallback: where the kernel has no TLS, NoFallback refuses Listen and Dial with
+// a typed error matching ErrNotSupported; where it has, the connections take the kernel
+// path. UserSpace keeps the records in crypto/tls, and says so.
+func TestTLSNoFallback(t *testing.T) {
+	e := newTLSEngine(t, BackendIOUring)
+	scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+	_, lerr := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg, NoFallback: true}}, "tcp", "127.0.0.1:0", func(c *Conn) Handler { return HandlerFuncs{} })
+	_, derr := e.DialWith(context.Background(), DialOptions{TLS: &TLSOptions{Config: ccfg, NoFallback: true}}, "tcp", "127.0.0.1:1", HandlerFuncs{})
+	if !wantKernelTLS(t) {
+		var nse *NotSupportedError
+		for _, err := range []error{lerr, derr} {
+			if !errors.Is(err, ErrNotSupported) || !errors.As(err, &nse) || !strings.Contains(err.Error(), "CONFIG_TLS") {
+				t.Fatalf("NoFallback: %v, want a *NotSupportedError naming CONFIG_TLS", err)
+			}
+		}
+	} else if lerr != nil {
+		t.Fatalf("NoFallback on a kernel with TLS: %v", lerr)
+	}
+	conns, ends := make(chan *Conn, 1), make(chan error, 1)
+	l := tlsServerEcho(t, e, &TLSOptions{Config: scfg, UserSpace: true}, conns, ends)
+	if err := tlsEchoClient(l.Addr().String(), ccfg, tls.VersionTLS13, 100<<10, 3); err != nil {
+		t.Fatal(err)
+	}
+	c := recvEvent(t, conns, "conn")
+	if info, _ := c.TLS(); info.Kernel || !strings.Contains(info.Reason, "UserSpace") {
+		t.Fatalf("UserSpace: %+v", info)
+	}
+	if st := e.Stats().TLS; st.User != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestTLSMisuse: bad options are typed errors that change nothing; a failed handshake is
+// Dial's error; a peer that never speaks does not hold Engine.Close up (the handshake's
+// wait is woken) and leaks nothing.
+func TestTLSMisuse(t *testing.T) {
+	e := newTLSEngine(t, BackendIOUring)
+	scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+	accept := func(c *Conn) Handler { return HandlerFuncs{} }
+	var ce *ConfigError
+	if _, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{}}, "tcp", "127.0.0.1:0", accept); !errors.As(err, &ce) {
+		t.Fatalf("nil Config: %v", err)
+	}
+	if _, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg, NoFallback: true, UserSpace: true}}, "tcp", "127.0.0.1:0", accept); !errors.As(err, &ce) {
+		t.Fatalf("NoFallback+UserSpace: %v", err)
+	}
+	if _, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}, ReadSelf: true}, "tcp", "127.0.0.1:0", accept); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("ReadSelf+TLS: %v", err)
+	}
+	em := newEngine(t, Config{Backend: BackendIOUring, RecvPath: RecvMapped})
+	if _, err := em.DialWith(context.Background(), DialOptions{TLS: &TLSOptions{Config: ccfg}}, "tcp", "127.0.0.1:1", HandlerFuncs{}); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("RecvMapped+TLS: %v", err)
+	}
+	// A client that does not trust the server: the dial fails with the handshake's error.
+	l, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", accept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	bad := ccfg.Clone()
+	bad.RootCAs = x509.NewCertPool()
+	if _, err := e.DialWith(context.Background(), DialOptions{TLS: &TLSOptions{Config: bad}}, "tcp", l.Addr().String(), HandlerFuncs{}); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("untrusted server: %v", err)
+	}
+	// A handshake that never ends: the context ends the dial.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := e.DialWith(ctx, DialOptions{TLS: &TLSOptions{Config: ccfg}}, "tcp", silent.Addr().String(), HandlerFuncs{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("silent server: %v, want the context's error", err)
+	}
+	// A client that never sends its ClientHello: Engine.Close wakes the handshake.
+	e2 := newTLSEngine(t, BackendPlain)
+	l2, err := e2.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", accept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := dialPlain(t, l2.Addr().String())
+	defer s.Close()
+	for l2.Accepted() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := e2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e2.Stats().TLS; st.HandshakeErrors != 1 {
+		t.Fatalf("stats %+v, want the handshake Close ended counted", st)
+	}
+}
