@@ -256,7 +256,7 @@ func (b *uringBackend) send(c *Conn) {
 	ud := b.newOp(c, tagSend)
 	sqe := b.u.GetSQE()
 	if n == 1 {
-		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), sendFlags)
+		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), c.sendFlags())
 	} else {
 		iv := b.getIov()
 		for i := 0; i < n; i++ {
@@ -266,7 +266,7 @@ func (b *uringBackend) send(c *Conn) {
 		}
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
-		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
+		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), c.sendFlags())
 		ut.iov = iv
 	}
 	if ut.pollFirst {

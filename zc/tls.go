@@ -102,8 +102,18 @@ func (c *Conn) TLS() (TLSInfo, bool) {
 }
 
 // kernelTLS reports whether the kernel carries c's records (the connection capability the
-// send policy asks: no SEND_ZC).
+// send path asks: no SEND_ZC, no MSG_WAITALL).
 func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
+
+// sendFlags are the io_uring backend's flags of a copying send on c. Kernel TLS refuses
+// MSG_WAITALL (tls_sw_sendmsg: EOPNOTSUPP); without it a send may complete short, which
+// the core resubmits.
+func (c *Conn) sendFlags() uint32 {
+	if c.kernelTLS() {
+		return unix.MSG_NOSIGNAL
+	}
+	return sendFlags
+}
 
 // tlsEngine is the engine's TLS bookkeeping: counters, and the goroutines a TLS
 // connection runs outside the queues (handshakes; the user-space path's record pumps),
@@ -505,6 +515,14 @@ func (c *Conn) tlsRecvEnd(err error) (resume bool, _ error) {
 			return false, nil // close_notify
 		case ferr != nil:
 			return false, ferr
+		}
+		// Look at what follows before receiving goes on: a recvmsg moves the kernel's
+		// record parser on, which after a KeyUpdate only a read does (readiness stays
+		// unreported until then, and an epoll backend would wait for it forever). A data
+		// record is left where it is (MSG_PEEK); a control record is read here.
+		_, ptyp, perr := tcpglue.RecvTLS(c.fd, t.scratch[:1], unix.MSG_DONTWAIT|unix.MSG_PEEK)
+		if perr == nil && ptyp != ktls.TypeApplicationData {
+			continue
 		}
 		return true, nil
 	}

@@ -24,7 +24,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/ztls"
 )
 
 // The TLS tests run wherever the kernel has TLS on the kernel path (the qemu guests of
@@ -168,6 +170,15 @@ func (r *recordTap) last() int {
 // ChaCha20-Poly1305): 2 bytes of alert, the content type and the 16-byte tag.
 const closeNotifyLen = 2 + 1 + 16
 
+// tlsCloseErrs keeps the servers' close errors, for failure messages.
+var tlsCloseErrs sync.Map
+
+func tlsCloseErrsString() string {
+	var sb strings.Builder
+	tlsCloseErrs.Range(func(k, v any) bool { fmt.Fprintf(&sb, "server conn %v closed: %v\n", k, v); return true })
+	return sb.String()
+}
+
 // tlsServerEcho listens with TLS on e; each connection echoes with SendData and closes
 // after the peer's EOF. conns receives the connections, ends their OnEOF errors.
 func tlsServerEcho(t *testing.T, e *Engine, opts *TLSOptions, conns chan *Conn, ends chan error) *Listener {
@@ -183,6 +194,11 @@ func tlsServerEcho(t *testing.T, e *Engine, opts *TLSOptions, conns chan *Conn, 
 			EOF: func(c *Conn, err error) {
 				ends <- err
 				c.Close()
+			},
+			Close: func(c *Conn, err error) {
+				if err != nil {
+					tlsCloseErrs.Store(c.RemoteAddr().String(), err)
+				}
 			},
 		}
 	})
@@ -221,7 +237,7 @@ func TestTLSServerEcho(t *testing.T) {
 				}
 				for range clients {
 					if err := recvEvent(t, errs, "client"); err != nil {
-						t.Fatal(err)
+						t.Fatalf("%v\n%s", err, engineDump(e)+tlsCloseErrsString())
 					}
 					if err := recvEvent(t, ends, "server EOF"); err != io.EOF {
 						t.Fatalf("server OnEOF: %v, want io.EOF", err)
@@ -600,5 +616,66 @@ func TestTLSMisuse(t *testing.T) {
 	}
 	if st := e2.Stats().TLS; st.HandshakeErrors != 1 {
 		t.Fatalf("stats %+v, want the handshake Close ended counted", st)
+	}
+}
+
+// TestTLSKeyUpdate: a peer that updates its keys every 8 records (zc/ztls on the kernel
+// path, RekeyRecords) sends 1 MiB through the echo: each KeyUpdate ends a receive with
+// EKEYEXPIRED or EIO, the queue reads the record, gives the kernel the next RX keys and
+// receives on; every byte comes back. It needs kernel TLS on both sides (the qemu guests)
+// and a kernel that takes new keys (Linux 6.14).
+func TestTLSKeyUpdate(t *testing.T) {
+	if !wantKernelTLS(t) {
+		t.Skip("no kernel TLS here (CONFIG_TLS is not set): the qemu guests run it")
+	}
+	testutil.SkipIfNotSupported(t, tcpglue.ProbeTLSRekey(), "6.14")
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			conns, ends := make(chan *Conn, 1), make(chan error, 1)
+			l := tlsServerEcho(t, e, &TLSOptions{Config: scfg}, conns, ends)
+			var d net.Dialer
+			d.SetMultipathTCP(false)
+			raw, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			zt := ztls.Client(raw, ccfg, &ztls.Options{RekeyRecords: 8, NoFallback: true})
+			defer zt.Close()
+			zt.SetDeadline(time.Now().Add(time.Minute))
+			if err := zt.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			data := make([]byte, 1<<20)
+			newStreamGen(5).fill(data)
+			werr := make(chan error, 1)
+			go func() {
+				err := randomWrites(zt, data, 5)
+				if err == nil {
+					err = zt.CloseWrite()
+				}
+				werr <- err
+			}()
+			got, err := io.ReadAll(zt)
+			if err != nil {
+				t.Fatalf("%v (read %d of %d bytes, the client rekeyed %d times)\n%s", err, len(got), len(data), zt.Info().TxRekeys, engineDump(e)+tlsCloseErrsString())
+			}
+			if err := <-werr; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
+			}
+			c := recvEvent(t, conns, "conn")
+			info := checkTLSPath(t, c)
+			<-c.Done()
+			if info, _ = c.TLS(); info.KeyUpdates == 0 || zt.Info().TxRekeys == 0 {
+				t.Fatalf("the peer rekeyed %d times, the server applied %d KeyUpdates", zt.Info().TxRekeys, info.KeyUpdates)
+			}
+			if st := e.Stats().TLS; st.KeyUpdates != info.KeyUpdates || st.ControlRecords < st.KeyUpdates {
+				t.Fatalf("stats %+v, conn %+v", st, info)
+			}
+		})
 	}
 }
