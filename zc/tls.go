@@ -57,11 +57,11 @@ type TLSOptions struct {
 // TLSAlertError is a TLS alert that ended a connection: one the peer sent (Received) or
 // one sent because of what the peer sent. It reaches OnEOF and OnClose inside an *OpError.
 // A close_notify is not an error: it is the EOF. It is zc/ztls's AlertError too.
-type TLSAlertError = ktls.AlertError
+type TLSAlertError = tcpglue.TLSAlertError
 
 // ErrTLSRenegotiation: the peer asked for a TLS 1.2 renegotiation, which is refused (a
 // no_renegotiation alert is sent, and the connection ends with this error).
-var ErrTLSRenegotiation = ktls.ErrRenegotiation
+var ErrTLSRenegotiation = tcpglue.ErrTLSRenegotiation
 
 // TLSInfo says where a TLS connection's records are encrypted, and why.
 type TLSInfo struct {

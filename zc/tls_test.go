@@ -230,6 +230,9 @@ func TestTLSServerEcho(t *testing.T) {
 				for range clients {
 					c := recvEvent(t, conns, "accepted connection")
 					checkTLSPath(t, c)
+					if c.LocalAddr() == nil || c.LocalAddr().String() != l.Addr().String() || c.RemoteAddr() == nil {
+						t.Fatalf("addresses %v %v, want the TCP socket's (listener %v)", c.LocalAddr(), c.RemoteAddr(), l.Addr())
+					}
 					<-c.Done()
 					if st := c.Stats(); st.SendZCOps != 0 || st.BytesSentZC+st.BytesZCCopied != 0 {
 						t.Fatalf("SEND_ZC attempted on a TLS connection: %+v", st)

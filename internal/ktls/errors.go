@@ -2,44 +2,18 @@ package ktls
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"reflect"
+
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// ErrRenegotiation: the peer asked for a TLS 1.2 renegotiation (HelloRequest), which is
-// refused: the answer is a no_renegotiation warning alert, and reading fails with this.
-var ErrRenegotiation = errors.New("tls: the peer asked for renegotiation, which is refused")
+// ErrRenegotiation is tcpglue.ErrTLSRenegotiation.
+var ErrRenegotiation = tcpglue.ErrTLSRenegotiation
 
-// AlertError is a TLS alert (RFC 8446 §6) that ended the connection: one the peer sent
-// (Received) or one sent because of what the peer sent (a record that failed
-// authentication: bad_record_mac, 20). A close_notify is not an error: reads return
-// io.EOF. The same type comes from both paths, kernel and user space.
-type AlertError struct {
-	Alert    uint8 // the alert description
-	Received bool  // the peer sent it
-}
-
-var alertNames = map[uint8]string{
-	0: "close_notify", 10: "unexpected_message", 20: "bad_record_mac", 22: "record_overflow",
-	40: "handshake_failure", 42: "bad_certificate", 46: "certificate_unknown", 47: "illegal_parameter",
-	48: "unknown_ca", 50: "decode_error", 51: "decrypt_error", 70: "protocol_version",
-	80: "internal_error", 90: "user_canceled", 100: "no_renegotiation", 109: "missing_extension",
-	110: "unsupported_extension", 112: "unrecognized_name", 116: "certificate_required",
-	120: "no_application_protocol",
-}
-
-func (e *AlertError) Error() string {
-	name := alertNames[e.Alert]
-	if name == "" {
-		name = "alert"
-	}
-	who := "sent"
-	if e.Received {
-		who = "received"
-	}
-	return fmt.Sprintf("tls: %s TLS alert %s (%d)", who, name, e.Alert)
-}
+// AlertError is tcpglue.TLSAlertError (a public package, so that zc and zc/ztls name one
+// type).
+type AlertError = tcpglue.TLSAlertError
 
 // UserErr maps crypto/tls's errors to this package's: an alert received ("remote
 // error") or sent ("local error"; crypto/tls keeps the alert in an unexported uint8 type)

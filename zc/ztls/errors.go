@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/zcnet/zcnet/internal/errs"
-	"github.com/zcnet/zcnet/internal/ktls"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // ErrNotSupported is zcnet's one "this kernel or machine cannot" sentinel (it is
@@ -13,7 +13,7 @@ var ErrNotSupported = errs.ErrNotSupported
 
 // ErrRenegotiation: the peer asked for a TLS 1.2 renegotiation (HelloRequest), which ztls
 // refuses: it answers with a no_renegotiation warning alert and the read fails with this.
-var ErrRenegotiation = ktls.ErrRenegotiation
+var ErrRenegotiation = tcpglue.ErrTLSRenegotiation
 
 // ErrNilConfig: Server, Client, Listen or Dial was given a nil *tls.Config.
 var ErrNilConfig = errors.New("ztls: nil *tls.Config")
@@ -43,4 +43,4 @@ func (e *NoKernelError) Unwrap() []error {
 // authentication: bad_record_mac, 20). A close_notify is not an error: reads return
 // io.EOF. The same type comes from both paths, kernel and user space, and from zc's
 // event-loop TLS (zc.TLSAlertError is the same type).
-type AlertError = ktls.AlertError
+type AlertError = tcpglue.TLSAlertError
