@@ -105,6 +105,18 @@ func (c *Conn) TLS() (TLSInfo, bool) {
 // send path asks: no SEND_ZC, no MSG_WAITALL).
 func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
 
+// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection: splice(2) out of
+// a kernel-TLS socket stops at every control record (an alert, a KeyUpdate, close_notify)
+// without handing it over, so the relay forwards with SendData there, and the queue's
+// receive handles the records. (The user-space path's socket pair splices.)
+func (c *Conn) tlsSpliceRefusal() error {
+	if !c.kernelTLS() {
+		return nil
+	}
+	return &NotSupportedError{What: "splice relay of a kernel-TLS connection",
+		Need: "RelaySendData (splice(2) out of kernel TLS cannot hand over its control records)"}
+}
+
 // sendFlags are the io_uring backend's flags of a copying send on c. Kernel TLS refuses
 // MSG_WAITALL (tls_sw_sendmsg: EOPNOTSUPP); without it a send may complete short, which
 // the core resubmits.

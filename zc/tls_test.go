@@ -682,3 +682,162 @@ func TestTLSKeyUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSRelay: a TLS-terminating relay: crypto/tls clients → a TLS listener → Relay → a
+// plain TCP backend that echoes. Every byte of 2 MiB (random writes) comes back through
+// both conversions; the client's close_notify reaches the backend as its EOF and the
+// backend's FIN comes back as the server's close_notify. On the kernel path the relay
+// forwards with SendData (splice cannot hand over control records), on the user-space
+// path it may splice the socket pair.
+func TestTLSRelay(t *testing.T) {
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			backend, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer backend.Close()
+			go func() {
+				for {
+					c, err := backend.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						// Through a buffer: Go's own splice would keep pipes in its
+						// pool, which the leak check counts.
+						io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 32<<10))
+					}()
+				}
+			}()
+			relays := make(chan *RelayStats, 1)
+			pair := make(chan *Conn, 2)
+			l, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", func(front *Conn) Handler {
+				pair <- front
+				front.SetReceivePaused(true)
+				e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{}, func(back *Conn, err error) {
+					if err != nil {
+						front.Close()
+						return
+					}
+					pair <- back
+					r, err := Relay(front, back)
+					if err != nil {
+						t.Error(err)
+					}
+					relays <- r
+				})
+				return HandlerFuncs{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := tlsEchoClient(l.Addr().String(), ccfg, tls.VersionTLS13, 2<<20, 9); err != nil {
+				t.Fatalf("%v\n%s", err, engineDump(e))
+			}
+			r := recvEvent(t, relays, "relay")
+			if r.AtoB.Load() != 2<<20 || r.BtoA.Load() != 2<<20 {
+				t.Fatalf("relay forwarded %d and %d bytes", r.AtoB.Load(), r.BtoA.Load())
+			}
+			if wantKernelTLS(t) && r.Path() != RelaySendData {
+				t.Fatalf("relay path %v on a kernel-TLS connection", r.Path())
+			}
+			for range 2 {
+				<-recvEvent(t, pair, "relayed connection").Done() // the relay closes both
+			}
+		})
+	}
+}
+
+// TestTLSFanOut: FanOut's shared sends to TLS subscribers: one buffer per message goes to
+// three crypto/tls clients (the kernel encrypts it once per connection on the kernel
+// path), every byte of 800 KiB arrives at each, and no SEND_ZC is attempted.
+func TestTLSFanOut(t *testing.T) {
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			ready := make(chan struct{}, 1)
+			fan, err := NewFanOut(FanOutOptions{Policy: FanOutPause, MaxQueued: 256 << 10, OnReady: func() {
+				select {
+				case ready <- struct{}{}:
+				default:
+				}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fan.Close()
+			joined := make(chan *Conn, 3)
+			l, err := e.ListenWith(ListenOptions{TLS: &TLSOptions{Config: scfg}}, "tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				if err := fan.Add(c); err != nil {
+					t.Error(err)
+				}
+				joined <- c
+				return HandlerFuncs{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			const msgs, size = 200, 4096
+			want := make([]byte, msgs*size)
+			newStreamGen(21).fill(want)
+			got := make(chan error, 3)
+			for range 3 {
+				tc, err := tls.Dial("tcp", l.Addr().String(), ccfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tc.Close()
+				tc.SetDeadline(time.Now().Add(2 * time.Minute))
+				go func() {
+					p := make([]byte, len(want))
+					_, err := io.ReadFull(tc, p)
+					if err == nil && !bytes.Equal(p, want) {
+						err = fmt.Errorf("differs: %s", tlsFirstDiff(p, want))
+					}
+					got <- err
+				}()
+			}
+			var c *Conn
+			var subs []*Conn
+			for range 3 {
+				c = recvEvent(t, joined, "subscriber")
+				subs = append(subs, c)
+			}
+			for i := range msgs {
+				buf, err := c.BufferWait(time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := copy(buf.Bytes(), want[i*size:(i+1)*size])
+				for {
+					err = fan.Publish(buf, n)
+					if !errors.Is(err, ErrWouldBlock) {
+						break
+					}
+					recvEvent(t, ready, "OnReady")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 3 {
+				if err := recvEvent(t, got, "subscriber read"); err != nil {
+					t.Fatalf("%v\n%s", err, engineDump(e))
+				}
+			}
+			if st := e.Stats(); st.Send.SharedSends == 0 || st.Send.ZCOps != 0 {
+				t.Fatalf("shared sends %d, SEND_ZC %d", st.Send.SharedSends, st.Send.ZCOps)
+			}
+			for _, s := range subs {
+				checkTLSPath(t, s)
+			}
+		})
+	}
+}
