@@ -117,16 +117,6 @@ func (c *Conn) tlsSpliceRefusal() error {
 		Need: "RelaySendData (splice(2) out of kernel TLS cannot hand over its control records)"}
 }
 
-// sendFlags are the io_uring backend's flags of a copying send on c. Kernel TLS refuses
-// MSG_WAITALL (tls_sw_sendmsg: EOPNOTSUPP); without it a send may complete short, which
-// the core resubmits.
-func (c *Conn) sendFlags() uint32 {
-	if c.kernelTLS() {
-		return unix.MSG_NOSIGNAL
-	}
-	return sendFlags
-}
-
 // tlsEngine is the engine's TLS bookkeeping: counters, and the goroutines a TLS
 // connection runs outside the queues (handshakes; the user-space path's record pumps),
 // which Engine.Close ends and waits for.
