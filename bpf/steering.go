@@ -33,7 +33,7 @@ const (
 	// PolicyAuto is the zero value: "no policy chosen". NewSteering and
 	// SetPolicy treat it as PolicyHash; zc.Config reads it as PolicyCPU
 	// where every queue runs pinned on a CPU of its own and PolicyHash
-	// elsewhere (zc.Listener.SteeringInfo says which and why).
+	// elsewhere (zc.ListenerStats.Steering says which and why).
 	PolicyAuto Policy = 0
 	// PolicyDSCP: the DSCP class of the SYN picks the queue (SetDSCPQueue).
 	PolicyDSCP Policy = 1

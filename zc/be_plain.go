@@ -76,6 +76,21 @@ func (b *plainBackend) close() {
 func (b *plainBackend) armRecv(c *Conn) {
 	c.recvStarted()
 	b.update(c)
+	if c.kernelTLS() {
+		b.readSoon(c)
+	}
+}
+
+// readSoon reads c on the loop shortly, without waiting for readiness: kernel TLS reports
+// a socket unreadable while a KeyUpdate it decrypted waits to be read (tls_sk_poll masks
+// EPOLLIN until the next keys are set), so a kernel-TLS connection is read until EAGAIN,
+// never left with a record that only a read would find.
+func (b *plainBackend) readSoon(c *Conn) {
+	b.q.Post(func() {
+		if c.recvArmed && !c.ended() {
+			b.read(c)
+		}
+	})
 }
 
 func (b *plainBackend) stopRecv(c *Conn) {
@@ -211,9 +226,12 @@ func (b *plainBackend) read(c *Conn) {
 			return
 		}
 		c.checkCredit()
-		if n < len(mem) {
-			return // drained
+		if n < len(mem) && !c.kernelTLS() {
+			return // drained (a kernel-TLS read also stops short where a control record follows)
 		}
+	}
+	if c.kernelTLS() && c.recvArmed && !c.st.SockClosed() && !c.ended() {
+		b.readSoon(c) // read on until EAGAIN, after the others had their turn
 	}
 }
 

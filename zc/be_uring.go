@@ -18,6 +18,16 @@ import (
 
 const sendFlags = unix.MSG_WAITALL | unix.MSG_NOSIGNAL
 
+// copyFlags are the flags of a copying send on c: kernel TLS refuses MSG_WAITALL
+// (tls_sw_sendmsg: EOPNOTSUPP), so a kernel-TLS connection's sends go without it and may
+// complete short, which the core resubmits.
+func copyFlags(c *Conn) uint32 {
+	if c.kernelTLS() {
+		return unix.MSG_NOSIGNAL
+	}
+	return sendFlags
+}
+
 type iovBuf struct {
 	iov [maxIov]unix.Iovec
 	msg unix.Msghdr
@@ -257,7 +267,7 @@ func (b *uringBackend) send(c *Conn) {
 	ud := b.newOp(c, tagSend)
 	sqe := b.u.GetSQE()
 	if n == 1 {
-		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), sendFlags)
+		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), copyFlags(c))
 	} else {
 		iv := b.getIov()
 		for i := 0; i < n; i++ {
@@ -267,7 +277,7 @@ func (b *uringBackend) send(c *Conn) {
 		}
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
-		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), sendFlags)
+		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), copyFlags(c))
 		ut.iov = iv
 	}
 	if ut.pollFirst {

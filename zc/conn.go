@@ -2,6 +2,7 @@ package zc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,19 @@ type ConnStats struct {
 	// after CloseTimeout (Engine.Close's closes included). What a splice relay handed over
 	// from its pipe and could not send is its RelayStats.Lost instead.
 	BytesDropped uint64
+	// TLS: a TLS connection's (ListenOptions.TLS, DialOptions.TLS) path and handshake;
+	// zero (On false) for a plain connection.
+	TLS struct {
+		On          bool   // a TLS connection
+		Kernel      bool   // the kernel encrypts and decrypts (TLS_TX and TLS_RX are set)
+		Reason      string // why not, when Kernel is false
+		Version     uint16 // tls.VersionTLS12 or tls.VersionTLS13
+		CipherSuite uint16 // the crypto/tls cipher suite
+		KeyUpdates  uint64 // TLS 1.3 KeyUpdates received and applied in the kernel
+		Tickets     uint64 // TLS 1.3 session tickets received in the kernel and dropped
+		// State is crypto/tls's view of the handshake (peer certificates, ALPN, ...).
+		State tls.ConnectionState
+	}
 }
 
 // sender is a connection's send side: allocated (under mu) by its first send, so an idle
@@ -253,6 +267,8 @@ type Conn struct {
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
+	tls        *tlsConn                  // TLS state (tls.go); nil: plain TCP
+	tlsDial    *tlsSetup                 // a TLS dial: the handshake runs after the connect (tls.go)
 	self       *selfReader               // ReadSelf: the socket's duplicate that Read uses (readself.go)
 	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState
@@ -424,6 +440,7 @@ func (c *Conn) Stats() ConnStats {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
 	}
 	s.RecvPaused = c.pausedAt.Load() != 0 || int64(s.RecvHeld) >= c.credit()
+	c.tlsStats(&s)
 	return s
 }
 

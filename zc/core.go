@@ -640,6 +640,13 @@ func (c *Conn) gotEOF(err error) {
 	if c.eof {
 		return
 	}
+	if c.tls != nil {
+		var resume bool
+		if resume, err = c.tlsRecvEnd(err); resume {
+			c.armRecv() // a control record was handled: receiving goes on
+			return
+		}
+	}
 	c.eof = true
 	if err == nil {
 		if c.paused&pauseUser != 0 || c.parked != nil {
@@ -668,6 +675,7 @@ func (c *Conn) maybeShutdownWrite() {
 	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
+		c.tlsCloseNotify()
 		c.st.ShutWrite()
 		c.sock.Shutdown(unix.SHUT_WR)
 	}
@@ -970,6 +978,9 @@ func (c *Conn) advanceClose() {
 		if c.recvArmed {
 			c.q.be.stopRecv(c)
 		}
+		if c.closeErr == nil {
+			c.tlsCloseNotify()
+		}
 		c.q.be.closeSocket(c)
 		c.socketClosed()
 	}
@@ -1031,6 +1042,7 @@ func (c *Conn) finish() {
 	if c.rx != nil {
 		c.rx.finish()
 	}
+	c.tlsFinished()
 	if c.steer != nil {
 		c.steer.Forget(bpf.FlowKey{Remote: c.raddr, Local: c.laddr}) // no stale flow entries after churn
 	}

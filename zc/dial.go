@@ -101,6 +101,10 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 			return fail(nil, err)
 		}
 	}
+	ts, err := e.tlsSetupFor(opts.TLS, true, opts.ReadSelf, "")
+	if err != nil {
+		return fail(nil, err)
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -140,6 +144,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	q := e.pickQueue()
 	c := newConn(e, q, s, s.Fd(), network)
 	c.raddr = ap
+	c.tlsDial = ts
 	if opts.ReadSelf {
 		// Before the loop sees the connection. A descriptor that cannot be duplicated (out
 		// of descriptors) fails the dial.
@@ -213,6 +218,10 @@ func (c *Conn) dialDone(res int32) {
 		c.dialFailed(err)
 		return
 	}
+	if c.tlsDial != nil && c.tls == nil {
+		c.startTLSDial(cs) // the handshake before the connection opens (tls.go)
+		return
+	}
 	if cs.stop != nil {
 		cs.stop()
 	}
@@ -263,6 +272,7 @@ func (c *Conn) dialFailed(err error) {
 	c.st.CloseSock()
 	c.sock.Close()
 	c.fd = -1
+	c.tlsFinished()
 	c.q.removeConn(c)
 	c.markDone()
 	c.dropProducer()

@@ -140,6 +140,21 @@
 // file range in order with the other sends; it leaves with sendfile(2) from the page cache
 // (Stats.Send.BytesFile).
 //
+// # TLS
+//
+// ListenOptions.TLS and DialOptions.TLS (a *tls.Config in TLSOptions) make TLS
+// connections: crypto/tls runs the handshake before the connection joins its queue, then
+// the kernel carries the records (kernel TLS), so handlers receive decrypted Data and every
+// send path (Write, Send, SendData, SendFile's sendfile, FanOut's shared sends) is encrypted
+// by the kernel, with copying sends (kernel TLS refuses SEND_ZC). The queue reads the
+// non-data records itself: a close_notify is the EOF, an alert a *tcpglue.TLSAlertError (a
+// refused TLS 1.2 renegotiation tcpglue.ErrTLSRenegotiation), a TLS 1.3
+// KeyUpdate gives the kernel the next keys (Linux 6.14), session tickets are dropped; Close
+// and CloseWrite send close_notify. Where the kernel has no TLS the connection runs
+// crypto/tls in user space instead, visibly (ConnStats.TLS, Stats.TLS) and only if allowed
+// (TLSOptions.NoFallback turns it into a *NotSupportedError). The net.Conn face's TLS is
+// package zc/ztls.
+//
 // # Lifetimes
 //
 // A connection's descriptor is owned by a reference-counted socket: Conn.Socket and

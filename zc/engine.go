@@ -42,6 +42,7 @@ type Engine struct {
 	dbg        *debugState   // Config.Debug (nil: no checks)
 	stopWatch  chan struct{} // ends watchStalls
 	stalls     atomic.Uint64 // Stats.Loop.Stalls
+	tls        tlsEngine     // TLS handshakes and user-space pumps, counters (tls.go)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -60,7 +61,7 @@ func adjustProcs(delta int) {
 // the thread New happens to run on may carry another goroutine's pinning (a goroutine that
 // locked its thread, pinned it and unlocked it leaves the mask behind), which would put
 // every queue on one CPU. A CPU taken away later makes pinning fail, which the steering
-// report shows (SteeringInfo.QueueCPUs).
+// report shows (ListenerStats.Steering.QueueCPUs).
 func allowedCPUs() []int { return slices.Clone(startCPUs) }
 
 var startCPUs = loop.ThreadCPUs()
@@ -316,6 +317,7 @@ func (e *Engine) shutdown(ctx context.Context) {
 	for _, l := range ls {
 		l.Close()
 	}
+	e.tls.closeStart()
 	timeouts := func() (n uint64) {
 		for _, q := range e.queues {
 			n += q.ctr.closeTimeouts.Load()
@@ -340,6 +342,7 @@ wait:
 		}
 	}
 	e.closeErr = e.stopQueues()
+	e.tls.closeEnd()
 	if cut != nil && e.closeErr == nil {
 		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
 	}
@@ -410,6 +413,19 @@ type Stats struct {
 		// memory registered with the module); elsewhere small slices given without a callback,
 		// copied behind the bytes Write staged (see SendBytes).
 		BytesApp, BytesAppCopied uint64
+	}
+
+	// TLS: the engine's TLS connections (ListenOptions.TLS, DialOptions.TLS) by the path
+	// their records took, and the kernel path's work on the queues.
+	TLS struct {
+		Kernel          uint64 // handshakes that moved the records into the kernel
+		User            uint64 // handshakes that stayed in crypto/tls (the connection's TLS info says why)
+		Refused         uint64 // connections refused because kernel TLS could not serve them (NoFallback)
+		HandshakeErrors uint64 // handshakes that failed (the peer, a timeout, the engine's close)
+		ControlRecords  uint64 // non-data records (alerts, KeyUpdates, tickets) the queues read on the kernel path
+		KeyUpdates      uint64 // KeyUpdates received and applied in the kernel
+		KeyUpdatesSent  uint64 // KeyUpdates sent because the peer asked (then new TX keys)
+		CloseNotifies   uint64 // close_notify alerts the kernel path sent on Close and CloseWrite
 	}
 
 	// Recv: every byte received, by the path it took, and what receiving waited for.
@@ -579,6 +595,7 @@ func (e *Engine) Stats() Stats {
 		s.Fallback = e.fallback.Error()
 	}
 	e.steerCtr.fill(&s)
+	e.tls.stats(&s)
 	e.shareCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())

@@ -25,8 +25,9 @@ type Listener struct {
 	addr      *net.TCPAddr
 	accept    func(*Conn) Handler
 	family    int
-	readSelf  bool // ListenOptions.ReadSelf
-	exclusive bool // ListenOptions.Exclusive
+	readSelf  bool      // ListenOptions.ReadSelf
+	exclusive bool      // ListenOptions.Exclusive
+	tls       *tlsSetup // ListenOptions.TLS (tls.go)
 	socks     []*tcpglue.Socket
 	parts     []*lpart
 	closed    atomic.Bool
@@ -40,7 +41,7 @@ type Listener struct {
 
 	steer    *bpf.Steering // nil without BPF steering
 	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
-	info     *SteeringInfo // set once by setupSteering (steer.go)
+	info     *steerInfo    // set once by setupSteering (steer.go)
 	zx       *zcrxListener // ListenOptions.ZcrxNIC (zcrx.go)
 }
 
@@ -97,6 +98,10 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 			return fail(nil, err)
 		}
 	}
+	ts, err := e.tlsSetupFor(o.TLS, false, o.ReadSelf, o.ZcrxNIC)
+	if err != nil {
+		return fail(nil, err)
+	}
 	ap, err := tcpglue.Resolve(network, address)
 	if err != nil {
 		return fail(nil, err)
@@ -134,6 +139,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 	}
 	l := &Listener{e: e, network: network, accept: accept, socks: socks, done: make(chan struct{}), family: socks[0].Family()}
 	l.readSelf, l.exclusive = o.ReadSelf, o.Exclusive
+	l.tls = ts
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
@@ -209,9 +215,39 @@ type ListenerStats struct {
 	// AcceptBackoffs counts the times accepting paused because the process (or system) ran
 	// out of descriptors (EMFILE/ENFILE: it resumes after 5 ms, doubling up to 1 s).
 	AcceptBackoffs uint64
-	// Steering says how the listener spreads connections over the queues, and why;
-	// Steering.Fallback why BPF steering is not in use ("" when it is, or was not asked).
-	Steering SteeringInfo
+	// Steering says how the listener spreads connections over the queues: what was asked,
+	// what is in effect and why; Steering.Fallback why BPF steering is not in use ("" when
+	// it is, or was not asked). SteeringSummary says it in one line.
+	Steering struct {
+		// Mode is what Config.Steering asked for.
+		Mode SteeringMode
+		// BPF is true when zcnet's sk_reuseport program places new connections (flow table,
+		// then Policy, then a hash); false when the kernel's SO_REUSEPORT hash does (or one
+		// listening socket hands connections round robin: SteerSingleListener).
+		BPF bool
+		// Fallback says why BPF steering is not in use although SteerAuto asked for it ("" when
+		// it is in use or was not asked).
+		Fallback string
+		// Policy in effect under BPF steering: never bpf.PolicyAuto (the auto choice is resolved
+		// to PolicyCPU or PolicyHash); PolicyHash without BPF steering.
+		Policy bpf.Policy
+		// PolicyReason says why Policy is what it is.
+		PolicyReason string
+		// Exact: the CPU policy is in effect and every queue's thread is pinned on the CPU the
+		// map names for it, no two queues on one CPU: a connection lands on the queue of the CPU
+		// that received its SYN (or the queue nearest to it).
+		Exact bool
+		// QueueCPUs[q] is the CPU queue q's thread is pinned on, -1 when it is not pinned
+		// (Config.NoPin, or the kernel refused the pinning: a cpuset).
+		QueueCPUs []int
+		// CPUQueues[c] is the queue the CPU→queue map names for CPU c (-1: none, the hash places
+		// SYNs received there); nil unless Policy includes bpf.PolicyCPU.
+		CPUQueues []int
+		// Interfaces are the XDP and tc attachments asked for by ListenOptions.SteerInterfaces,
+		// in that order.
+		Interfaces []InterfaceSteering
+	}
+	SteeringSummary string
 	// ZcrxNICFallback says why the listener's connections do not receive through the NIC
 	// queue ListenOptions.ZcrxNIC named ("" when they do, or it was not asked for): they use
 	// the queues' own receive path (Stats.Recv.ZcrxFallback says which). ZcrxNIC is hwq's
@@ -224,7 +260,9 @@ type ListenerStats struct {
 // Stats returns the listener's counters and state (safe from any goroutine).
 func (l *Listener) Stats() ListenerStats {
 	s := ListenerStats{Accepted: l.accepted.Load(), AcceptErrors: l.acceptErrs.Load(),
-		AcceptBackoffs: l.backoffs.Load(), Steering: l.steeringInfo()}
+		AcceptBackoffs: l.backoffs.Load()}
+	si := l.steeringInfo()
+	s.Steering, s.SteeringSummary = si, si.summary()
 	if l.zx != nil {
 		s.ZcrxNIC = l.zx.b
 		if l.zx.err != nil {
@@ -277,6 +315,10 @@ func (p *lpart) accepted(fd int) {
 	}
 	p.backoff = 0
 	p.l.accepted.Add(1)
+	if p.l.tls != nil {
+		p.l.startTLS(p.q, fd) // the handshake first (tls.go)
+		return
+	}
 	p.l.handoff(p.q, fd)
 }
 
@@ -337,10 +379,7 @@ func (p *lpart) finish() {
 
 // handoff creates the connection for an accepted descriptor on the queue that will own it.
 func (l *Listener) handoff(from *queue, fd int) {
-	target := from
-	if len(l.e.queues) > 1 && len(l.socks) == 1 {
-		target = l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
-	}
+	target := l.target(from)
 	if target == from {
 		l.create(target, fd)
 		return
@@ -348,6 +387,14 @@ func (l *Listener) handoff(from *queue, fd int) {
 	if err := target.Post(func() { l.create(target, fd) }); err != nil {
 		rawfd.Close(fd)
 	}
+}
+
+// target is the queue that will own a connection accepted on from's socket.
+func (l *Listener) target(from *queue) *queue {
+	if len(l.e.queues) > 1 && len(l.socks) == 1 {
+		return l.e.queues[int(l.rr.Add(1)-1)%len(l.e.queues)]
+	}
+	return from
 }
 
 // create makes the connection on its queue and asks the accept function for its handler.
@@ -361,7 +408,16 @@ func (l *Listener) create(q *queue, fd int) {
 		rawfd.Close(fd)
 		return
 	}
+	l.open(q, s, fd, nil)
+}
+
+// open makes the connection of socket s (descriptor fd) on q (a TLS connection's after its
+// handshake: t) and asks the accept function for its handler.
+func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
 	c := newConn(l.e, q, s, fd, l.network)
+	if t != nil {
+		c.attachTLS(t)
+	}
 	c.fillAddrs()
 	if l.steer != nil && c.laddr.IsValid() && c.raddr.IsValid() {
 		c.steer = l.steer

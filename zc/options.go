@@ -57,6 +57,9 @@ type ListenOptions struct {
 	// event on to the handler). A layer that reads its connections itself sets it, so that
 	// nothing takes bytes from under its reader: the net.Conn face (zc/netconn) does.
 	Exclusive bool
+	// TLS makes the accepted connections TLS servers: the handshake runs before the accept
+	// function sees a connection, whose records the kernel then carries (TLSOptions).
+	TLS *TLSOptions
 }
 
 // DialOptions are per-dial settings (the optional last argument of Engine.Dial and
@@ -82,6 +85,10 @@ type DialOptions struct {
 	// event on to the handler). A layer that reads its connections itself sets it, so that
 	// nothing takes bytes from under its reader: the net.Conn face (zc/netconn) does.
 	Exclusive bool
+	// TLS makes the connection a TLS client: the handshake runs after the connect and
+	// before Dial returns (or DialAsync's done runs), bounded by the context too
+	// (TLSOptions).
+	TLS *TLSOptions
 }
 
 // keepAlive applies keep-alive d (> 0: idle time and interval, 9 probes, as Go's net; < 0:

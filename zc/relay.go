@@ -176,6 +176,9 @@ func spliceRefusal(a, b *Conn) error {
 			return &NotSupportedError{What: "splice relay with RecvZcrx",
 				Need: "RecvRing or RecvMapped (zcrx delivers into registered memory: SendData forwards it)"}
 		}
+		if err := c.tlsSpliceRefusal(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -44,38 +44,20 @@ import (
 // (NoPin, pinning refused, more queues than CPUs, a single queue) it uses the hash, says why
 // in ListenerStats.Steering and counts it in Stats.Steering.PolicyFallbacks. PolicyCPU asked for
 // explicitly is used even when it cannot be exact (the map then names the CPUs the queues
-// would have been pinned on), and SteeringInfo.Exact says so.
+// would have been pinned on), and ListenerStats.Steering.Exact says so.
 
-// SteeringInfo says how a listener spreads connections over the queues: what was asked,
-// what is in effect and why (ListenerStats.Steering).
-type SteeringInfo struct {
-	// Mode is what Config.Steering asked for.
-	Mode SteeringMode
-	// BPF is true when zcnet's sk_reuseport program places new connections (flow table,
-	// then Policy, then a hash); false when the kernel's SO_REUSEPORT hash does (or one
-	// listening socket hands connections round robin: SteerSingleListener).
-	BPF bool
-	// Fallback says why BPF steering is not in use although SteerAuto asked for it ("" when
-	// it is in use or was not asked).
-	Fallback string
-	// Policy in effect under BPF steering: never bpf.PolicyAuto (the auto choice is resolved
-	// to PolicyCPU or PolicyHash); PolicyHash without BPF steering.
-	Policy bpf.Policy
-	// PolicyReason says why Policy is what it is.
+// steerInfo is ListenerStats.Steering: the two have the same fields (so one is assignable
+// to the other); the doc of each field is there.
+type steerInfo struct {
+	Mode         SteeringMode
+	BPF          bool
+	Fallback     string
+	Policy       bpf.Policy
 	PolicyReason string
-	// Exact: the CPU policy is in effect and every queue's thread is pinned on the CPU the
-	// map names for it, no two queues on one CPU: a connection lands on the queue of the CPU
-	// that received its SYN (or the queue nearest to it).
-	Exact bool
-	// QueueCPUs[q] is the CPU queue q's thread is pinned on, -1 when it is not pinned
-	// (Config.NoPin, or the kernel refused the pinning: a cpuset).
-	QueueCPUs []int
-	// CPUQueues[c] is the queue the CPU→queue map names for CPU c (-1: none, the hash places
-	// SYNs received there); nil unless Policy includes bpf.PolicyCPU.
-	CPUQueues []int
-	// Interfaces are the XDP and tc attachments asked for by ListenOptions.SteerInterfaces,
-	// in that order.
-	Interfaces []InterfaceSteering
+	Exact        bool
+	QueueCPUs    []int
+	CPUQueues    []int
+	Interfaces   []InterfaceSteering
 }
 
 // InterfaceSteering is the state of one ListenOptions.SteerInterfaces entry.
@@ -101,7 +83,7 @@ type InterfaceSteering struct {
 // complete reports whether everything asked for the interface is in place.
 func (i InterfaceSteering) complete() bool { return i.XDPRedirect && i.TC && !i.XPS }
 
-// describe is the interface's part of SteeringInfo.String: "eth1: xdp redirect, tc egress".
+// describe is the interface's part of the steering summary: "eth1: xdp redirect, tc egress".
 func (i InterfaceSteering) describe() string {
 	var parts []string
 	switch {
@@ -127,9 +109,9 @@ func (i InterfaceSteering) describe() string {
 	return s
 }
 
-// String is a one-line report: "bpf, policy cpu (exact): auto: ...; queues on cpus [0 1];
-// eth1: xdp redirect, tc egress".
-func (i SteeringInfo) String() string {
+// summary is a one-line report (ListenerStats.SteeringSummary): "bpf, policy cpu (exact):
+// auto: ...; queues on cpus [0 1]; eth1: xdp redirect, tc egress".
+func (i steerInfo) summary() string {
 	var b strings.Builder
 	switch {
 	case i.BPF:
@@ -158,7 +140,7 @@ func (i SteeringInfo) String() string {
 	return b.String()
 }
 
-func (i SteeringInfo) clone() SteeringInfo {
+func (i steerInfo) clone() steerInfo {
 	i.QueueCPUs = slices.Clone(i.QueueCPUs)
 	i.CPUQueues = slices.Clone(i.CPUQueues)
 	i.Interfaces = slices.Clone(i.Interfaces)
@@ -166,9 +148,9 @@ func (i SteeringInfo) clone() SteeringInfo {
 }
 
 // steeringInfo returns how the listener steers connections, and why (ListenerStats.Steering).
-func (l *Listener) steeringInfo() SteeringInfo {
+func (l *Listener) steeringInfo() steerInfo {
 	if l.info == nil {
-		return SteeringInfo{}
+		return steerInfo{}
 	}
 	return l.info.clone()
 }
@@ -400,7 +382,7 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 	for i, q := range e.queues {
 		nominal[i] = q.cpu
 	}
-	info := &SteeringInfo{Mode: e.cfg.Steering, Policy: bpf.PolicyHash, QueueCPUs: e.queueCPUs()}
+	info := &steerInfo{Mode: e.cfg.Steering, Policy: bpf.PolicyHash, QueueCPUs: e.queueCPUs()}
 	l.info = info
 	bpfMode := e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF
 	if !bpfMode || (len(l.socks) < 2 && len(opts.SteerInterfaces) == 0) {

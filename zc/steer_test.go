@@ -158,13 +158,14 @@ func steerChild() int {
 		return 1
 	}
 	defer li.Close()
-	info := li.Stats().Steering
+	lst := li.Stats()
+	info := lst.Steering
 	if info.BPF || info.Fallback == "" || len(info.Interfaces) != 1 || info.Interfaces[0].XDP || info.Interfaces[0].TC ||
 		info.Interfaces[0].Reason == "" || e.Stats().Steering.AttachFallbacks != 1 || e.Stats().Steering.Fallbacks != 2 {
-		println("interface fallback not visible:", info.String())
+		println("interface fallback not visible:", lst.SteeringSummary)
 		return 1
 	}
-	println("interfaces:", info.String())
+	println("interfaces:", lst.SteeringSummary)
 	if _, err := e.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return HandlerFuncs{} }, ListenOptions{SteerInterfaces: []string{"zcnope0"}}); !errors.Is(err, ErrInvalid) {
 		println("unknown interface without BPF:", err)
 		return 1
@@ -444,7 +445,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	if st := e.Stats(); st.Steering.PolicyFallbacks != 1 || st.Steering.CPU != 0 {
 		t.Errorf("NoPin, auto: policy fallbacks %d, cpu %d", st.Steering.PolicyFallbacks, st.Steering.CPU)
 	}
-	if s := info.String(); !strings.Contains(s, "policy hash") || !strings.Contains(s, "NoPin") {
+	if s := l.Stats().SteeringSummary; !strings.Contains(s, "policy hash") || !strings.Contains(s, "NoPin") {
 		t.Errorf("report %q", s)
 	}
 	// NoPin + PolicyCPU asked: used, not exact, and the map names the nominal CPUs.
@@ -454,7 +455,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	if info.Policy != bpf.PolicyCPU || info.Exact || !strings.Contains(info.PolicyReason, "cannot be exact") || len(info.CPUQueues) == 0 {
 		t.Errorf("NoPin, PolicyCPU: %+v", info)
 	}
-	if s := info.String(); !strings.Contains(s, "not exact") {
+	if s := l2.Stats().SteeringSummary; !strings.Contains(s, "not exact") {
 		t.Errorf("report %q", s)
 	}
 	if st := e2.Stats(); st.Steering.CPU != 1 || st.Steering.PolicyFallbacks != 0 {
@@ -473,7 +474,7 @@ func TestSteeringPolicyReport(t *testing.T) {
 	// Not asked at all.
 	e4 := newEngine(t, Config{Queues: 2, NoPin: true, Steering: SteerReuseportHash})
 	l4, _ := listenEvents(t, e4)
-	if info := l4.Stats().Steering; info.BPF || info.Mode != SteerReuseportHash || !strings.Contains(info.String(), "reuseport hash") {
+	if st := l4.Stats(); st.Steering.BPF || st.Steering.Mode != SteerReuseportHash || !strings.Contains(st.SteeringSummary, "reuseport hash") {
 		t.Errorf("SteerReuseportHash: %+v", info)
 	}
 }

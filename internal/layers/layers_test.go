@@ -28,6 +28,8 @@ var forbidden = []struct {
 	{"bpf", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "memreg", "zc"}},
 	{"hwq", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "zc"}},
 	{"internal/zcrx", []string{"zc"}},
+	// the handshake-to-kernel-keys code shared by zc and zc/ztls: crypto/tls and tcpglue only
+	{"internal/ktls", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "memreg", "hwq", "bpf", "zc"}},
 	// the TLS face: crypto/tls, tcpglue's socket options and zc's public API only
 	{"zc/ztls", []string{"internal/uring", "internal/loop", "internal/zcrx", "kmod", "memreg", "hwq", "bpf", "zc/internal"}},
 	// the net.Conn face and the framed Reader: zc's public API only (issue 30)

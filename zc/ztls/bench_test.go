@@ -23,7 +23,7 @@ func BenchmarkHandshake(b *testing.B) {
 				go p.Handshake()
 				var err error
 				if mode == "ztls" {
-					err = newConn(a, zcfg, false, nil).Handshake()
+					err = serverConn(a, zcfg).Handshake()
 				} else {
 					err = tls.Server(a, scfg).Handshake()
 				}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/ktls"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -69,11 +70,10 @@ func ReadStats() Stats {
 // Write may run at once.
 type Conn struct {
 	raw      net.Conn
-	hs       *hsConn
+	hs       *ktls.Handshake // nil: no *tls.Config
 	tc       *tls.Conn
 	isClient bool
 	opts     Options
-	cfgErr   error
 	ulp      bool // the "tls" ULP is attached (by the handshake goroutine)
 
 	hmu    sync.Mutex
@@ -82,39 +82,32 @@ type Conn struct {
 	kern   atomic.Pointer[kernel]
 	info   Info // written by the handshake (under hmu) before hsDone
 
-	rmu     sync.Mutex // the read side (kernel path)
-	rerr    error      // sticky read error
-	ctl     []byte     // a partial control record
-	ctlType uint8
+	rmu  sync.Mutex // the read side (kernel path)
+	rerr error      // sticky read error
 
 	// The kernel path's write side has two locks. wmu serializes the writers (Write,
 	// ReadFrom, CloseWrite) and is held while they wait for room. smu is held only around
 	// one non-blocking system call that sends, and around TX key changes: the reader
 	// takes it to send an alert or to note a KeyUpdate the peer asked for, so a reader
 	// never waits for a writer that waits for the peer.
-	wmu        sync.Mutex
-	smu        sync.Mutex
-	closed     atomic.Bool
-	keyUpdates atomic.Uint64
-	txRekeys   atomic.Uint64
-	tickets    atomic.Uint64
+	wmu      sync.Mutex
+	smu      sync.Mutex
+	closed   atomic.Bool
+	txRekeys atomic.Uint64
 }
 
 // kernel is a connection's kernel TLS state.
 type kernel struct {
 	rc      syscall.RawConn
 	version uint16
-	s       suite
-	tx      dirKeys // TLS 1.3 TX secret (under smu)
-	rx      dirKeys // TLS 1.3 RX secret (under rmu)
+	s       ktls.Suite
+	tx      ktls.DirKeys // TLS 1.3 TX secret (under smu)
+	ctl     ktls.Control // the received non-data records and the RX secret (under rmu)
 
 	txRecords uint64 // an upper bound of the records sent under the current TX keys (under smu)
 	rekeyAt   uint64 // update the TX keys at this many records (0: never)
 	txUpdate  bool   // a KeyUpdate is owed before the next data record (under smu)
 }
-
-// maxRecord is the largest plaintext a record carries.
-const maxRecord = 16384
 
 // sent counts what one send of n bytes may have cost in records (under smu): full records
 // plus one ended early. It marks a KeyUpdate owed when the limit is reached.
@@ -133,102 +126,34 @@ var rekeyOK = sync.OnceValue(func() bool { return tcpglue.ProbeTLSRekey() == nil
 // Read or Write, or on Handshake. cfg must hold a certificate, as for tls.Server. A nil
 // opts is the zero Options.
 func Server(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
-	if cfg == nil {
-		return newConn(conn, nil, false, opts)
+	c := newConn(conn, false, opts)
+	if cfg != nil {
+		c.hs = ktls.Server(conn, serverConfig(cfg))
+		c.tc = c.hs.TC
 	}
-	return newConn(conn, serverConfig(cfg), false, opts)
+	return c
 }
 
 // Client returns the client side of a TLS connection on conn; see Server. cfg must set
 // ServerName or InsecureSkipVerify, as for tls.Client.
 func Client(conn net.Conn, cfg *tls.Config, opts *Options) *Conn {
-	if cfg == nil {
-		return newConn(conn, nil, true, opts)
+	c := newConn(conn, true, opts)
+	if cfg != nil {
+		c.hs = ktls.Client(conn, cfg, c.opts.UserSpace)
+		c.tc = c.hs.TC
 	}
-	c := cfg.Clone()
-	kl := &keyLog{user: cfg.KeyLogWriter}
-	c.KeyLogWriter = kl
-	var cache *noResume12
-	if cfg.ClientSessionCache != nil && (opts == nil || !opts.UserSpace) {
-		cache = &noResume12{ClientSessionCache: cfg.ClientSessionCache}
-		c.ClientSessionCache = cache
-	}
-	zc := newConn(conn, c, true, opts)
-	if zc.hs != nil {
-		kl.sec = zc.hs.sec
-	}
-	if cache != nil {
-		cache.conn = zc
-	}
-	return zc
-}
-
-// noResume12 keeps TLS 1.2 sessions out of a client's session cache: crypto/tls writes no
-// key log line for a resumed TLS 1.2 session, so its records could not move to the
-// kernel. crypto/tls stores a TLS 1.2 session during the handshake and a TLS 1.3 one
-// after it (from a NewSessionTicket), which is how the two are told apart.
-type noResume12 struct {
-	tls.ClientSessionCache
-	conn *Conn
-}
-
-func (n *noResume12) Put(key string, cs *tls.ClientSessionState) {
-	if cs != nil && n.conn != nil && !n.conn.hsDone.Load() {
-		return
-	}
-	n.ClientSessionCache.Put(key, cs)
+	return c
 }
 
 // serverConfig returns a copy of cfg whose key log reaches ztls (shared by the
-// connections of one listener, so that they share its session ticket keys).
-//
-// It also declines TLS 1.2 session tickets (a full handshake instead): crypto/tls writes
-// no key log line for a resumed TLS 1.2 session, so its records could not move to the
-// kernel. TLS 1.3 resumption is unchanged.
-func serverConfig(cfg *tls.Config) *tls.Config {
-	b := cfg.Clone()
-	b.KeyLogWriter = &keyLog{user: cfg.KeyLogWriter}
-	unwrap := cfg.UnwrapSession
-	b.UnwrapSession = func(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
-		if cs.Version == tls.VersionTLS12 {
-			return nil, nil
-		}
-		if unwrap != nil {
-			return unwrap(identity, cs)
-		}
-		return b.DecryptTicket(identity, cs)
-	}
-	if gc := cfg.GetConfigForClient; gc != nil {
-		b.GetConfigForClient = func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
-			nc, err := gc(chi)
-			if err != nil || nc == nil {
-				return nc, err
-			}
-			if _, ok := nc.KeyLogWriter.(*keyLog); ok {
-				return nc, nil
-			}
-			nc = nc.Clone()
-			nc.KeyLogWriter = &keyLog{user: nc.KeyLogWriter}
-			return nc, nil
-		}
-	}
-	return b
-}
+// connections of one listener, so that they share its session ticket keys); it declines
+// TLS 1.2 resumption (ktls.ServerConfig).
+func serverConfig(cfg *tls.Config) *tls.Config { return ktls.ServerConfig(cfg) }
 
-func newConn(conn net.Conn, cfg *tls.Config, isClient bool, opts *Options) *Conn {
+func newConn(conn net.Conn, isClient bool, opts *Options) *Conn {
 	c := &Conn{raw: conn, isClient: isClient}
 	if opts != nil {
 		c.opts = *opts
-	}
-	if cfg == nil {
-		c.cfgErr = ErrNilConfig
-		return c
-	}
-	c.hs = &hsConn{Conn: conn, isClient: isClient, sec: &secrets{m: map[string][]byte{}}}
-	if isClient {
-		c.tc = tls.Client(c.hs, cfg)
-	} else {
-		c.tc = tls.Server(c.hs, cfg)
 	}
 	return c
 }
@@ -255,23 +180,24 @@ func (c *Conn) HandshakeContext(ctx context.Context) error {
 }
 
 func (c *Conn) handshake(ctx context.Context) error {
-	if c.cfgErr != nil {
-		return c.cfgErr
+	if c.hs == nil {
+		return ErrNilConfig
 	}
 	if c.closed.Load() {
+		c.hs.Unroute()
 		return net.ErrClosed
 	}
-	defer c.hs.unroute()
 	if c.opts.NoFallback && !c.opts.UserSpace {
 		// Refuse before the handshake's work when the socket cannot take the ULP.
 		if err := c.attachULP(); err != nil {
 			stats.refused.Add(1)
+			c.hs.Unroute()
 			c.raw.Close()
 			return &NoKernelError{Reason: err.Error(), Err: err}
 		}
 	}
-	if err := c.tc.HandshakeContext(ctx); err != nil {
-		return userErr(err)
+	if err := c.hs.Run(ctx); err != nil {
+		return err
 	}
 	st := c.tc.ConnectionState()
 	c.info.Version, c.info.CipherSuite = st.Version, st.CipherSuite
@@ -294,7 +220,7 @@ func (c *Conn) handshake(ctx context.Context) error {
 		return &NoKernelError{Reason: err.Error(), Err: err}
 	}
 	stats.user.Add(1)
-	c.hs.passthrough.Store(true)
+	c.hs.Passthrough()
 	return nil
 }
 
@@ -312,30 +238,21 @@ func (c *Conn) toKernel(st tls.ConnectionState) (k *kernel, hard bool, err error
 	if err != nil {
 		return nil, false, err
 	}
-	tx, rx, err := c.keys(st)
+	tx, rx, err := c.hs.Keys()
 	if err != nil {
 		return nil, false, err
 	}
-	k = &kernel{rc: rc, version: st.Version, s: suites[st.CipherSuite], tx: tx, rx: rx}
+	k = &kernel{rc: rc, version: st.Version, s: ktls.Suites[st.CipherSuite], tx: tx}
+	k.ctl.Version, k.ctl.Suite, k.ctl.RX = st.Version, k.s, rx.Secret
 	if st.Version == tls.VersionTLS13 {
 		k.rekeyAt = c.opts.RekeyRecords
-		if k.rekeyAt == 0 && !k.s.chacha() {
+		if k.rekeyAt == 0 && !k.s.ChaCha() {
 			k.rekeyAt = 1 << 24
 		}
 	}
 	var kerr error
 	if cerr := rc.Control(func(fd uintptr) {
-		if !c.ulp {
-			if kerr = tcpglue.EnableTLS(int(fd)); kerr != nil {
-				return
-			}
-		}
-		if kerr = tcpglue.SetTLSRx(int(fd), rx.crypto); kerr != nil {
-			return
-		}
-		if kerr = tcpglue.SetTLSTx(int(fd), tx.crypto); kerr != nil {
-			hard = true
-		}
+		hard, kerr = ktls.Install(int(fd), c.ulp, tx, rx)
 	}); cerr != nil {
 		return nil, false, cerr
 	}
@@ -368,24 +285,16 @@ func (c *Conn) attachULP() error {
 	return nil
 }
 
-// keys derives both directions' kernel state from the finished handshake.
-func (c *Conn) keys(st tls.ConnectionState) (tx, rx dirKeys, err error) {
-	c.hs.rmu.Lock()
-	pend := len(c.hs.pending)
-	c.hs.rmu.Unlock()
-	if pend > 0 {
-		return tx, rx, fmt.Errorf("crypto/tls left %d bytes of a record unread", pend)
-	}
-	return deriveKeys(c.isClient, st, c.hs.sec, &c.hs.obs)
-}
-
 // Info says where this connection's records are encrypted, and why.
 func (c *Conn) Info() Info {
 	if !c.hsDone.Load() {
 		return Info{}
 	}
 	i := c.info
-	i.KeyUpdates, i.Tickets, i.TxRekeys = c.keyUpdates.Load(), c.tickets.Load(), c.txRekeys.Load()
+	i.TxRekeys = c.txRekeys.Load()
+	if k := c.kern.Load(); k != nil {
+		i.KeyUpdates, i.Tickets = k.ctl.KeyUpdates.Load(), k.ctl.Tickets.Load()
+	}
 	return i
 }
 
@@ -410,7 +319,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	k := c.kern.Load()
 	if k == nil {
 		n, err := c.tc.Read(p)
-		return n, userErr(err)
+		return n, ktls.UserErr(err)
 	}
 	return c.kread(k, p)
 }
@@ -423,7 +332,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	k := c.kern.Load()
 	if k == nil {
 		n, err := c.tc.Write(p)
-		return n, userErr(err)
+		return n, ktls.UserErr(err)
 	}
 	return c.kwrite(k, p)
 }
@@ -454,7 +363,7 @@ func (c *Conn) kwriteLocked(k *kernel, p []byte) (int, error) {
 			n, err = unix.Write(int(fd), p[off:])
 			if n > 0 {
 				off += n
-				k.sent(n, maxRecord)
+				k.sent(n, ktls.MaxRecord)
 			}
 			return !errors.Is(err, unix.EAGAIN)
 		})
@@ -477,7 +386,7 @@ func (c *Conn) updateTXLocked(k *kernel, fd int) error {
 	if !k.txUpdate {
 		return nil
 	}
-	n, err := tcpglue.SendTLSRecord(fd, typeHandshake, []byte{msgKeyUpdate, 0, 0, 1, 0}, unix.MSG_DONTWAIT)
+	n, err := tcpglue.SendTLSRecord(fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
 	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 		return unix.EAGAIN
 	}
@@ -485,9 +394,9 @@ func (c *Conn) updateTXLocked(k *kernel, fd int) error {
 		err = fmt.Errorf("sent %d bytes of a 5-byte KeyUpdate", n)
 	}
 	if err == nil {
-		next := nextSecret13(k.s, k.tx.secret)
-		if err = tcpglue.SetTLSTx(fd, trafficKeys13(k.s, next, 0)); err == nil {
-			k.tx.secret, k.txRecords, k.txUpdate = next, 0, false
+		next := ktls.NextSecret13(k.s, k.tx.Secret)
+		if err = tcpglue.SetTLSTx(fd, ktls.TrafficKeys13(k.s, next, 0)); err == nil {
+			k.tx.Secret, k.txRecords, k.txUpdate = next, 0, false
 			c.txRekeys.Add(1)
 			return nil
 		}
@@ -565,7 +474,7 @@ func (c *Conn) CloseWrite() error {
 	c.wmu.Lock()
 	err := c.flushTX(k)
 	if err == nil {
-		err = c.sendControl(k, typeAlert, []byte{1, 0}, true)
+		err = c.sendControl(k, ktls.TypeAlert, []byte{1, 0}, true)
 	}
 	c.wmu.Unlock()
 	if cw, ok := c.raw.(interface{ CloseWrite() error }); ok {
@@ -587,7 +496,7 @@ func (c *Conn) Close() error {
 		}
 		return c.raw.Close()
 	}
-	c.sendControl(k, typeAlert, []byte{1, 0}, false) // between a writer's system calls
+	c.sendControl(k, ktls.TypeAlert, []byte{1, 0}, false) // between a writer's system calls
 	return c.raw.Close()
 }
 
@@ -646,15 +555,15 @@ func (c *Conn) kread(k *kernel, p []byte) (int, error) {
 			c.rerr = &AlertError{Alert: 22}
 		case err != nil:
 			return 0, c.opErr("read", err)
-		case typ == typeApplicationData && n == 0:
-			if len(c.ctl) > 0 {
+		case typ == ktls.TypeApplicationData && n == 0:
+			if k.ctl.Pending() {
 				return 0, io.ErrUnexpectedEOF
 			}
 			return 0, io.EOF // the peer closed TCP without close_notify
-		case typ == typeApplicationData:
+		case typ == ktls.TypeApplicationData:
 			return n, nil
 		default:
-			c.rerr = c.control(k, typ, p[:n])
+			c.rerr = k.ctl.Feed(typ, p[:n], ops{c, k})
 		}
 	}
 	return 0, c.rerr
@@ -668,111 +577,33 @@ func (c *Conn) opErr(op string, err error) error {
 // connection is over, and the peer must see its end even when the alert cannot go out
 // (after a record fails authentication the kernel refuses every later send).
 func (c *Conn) alert(k *kernel, desc uint8) {
-	c.sendControl(k, typeAlert, []byte{2, desc}, false)
+	c.sendControl(k, ktls.TypeAlert, []byte{2, desc}, false)
 	k.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
 }
 
-// control handles (part of) a non-data record; a nil result means "read on".
-func (c *Conn) control(k *kernel, typ uint8, b []byte) error {
-	if len(c.ctl) > 0 && typ != c.ctlType {
-		c.alert(k, 10)
-		return &AlertError{Alert: 10}
-	}
-	c.ctlType = typ
-	c.ctl = append(c.ctl, b...)
-	if len(c.ctl) > 1<<16 {
-		c.alert(k, 10)
-		return &AlertError{Alert: 10}
-	}
-	switch typ {
-	case typeAlert:
-		for len(c.ctl) >= 2 {
-			level, desc := c.ctl[0], c.ctl[1]
-			c.ctl = c.ctl[2:]
-			switch {
-			case desc == 0:
-				return io.EOF
-			case desc == 90 && level == 1:
-				continue // user_canceled, a warning: a close_notify follows
-			}
-			return &AlertError{Alert: desc, Received: true}
-		}
-	case typeHandshake:
-		for len(c.ctl) >= 4 {
-			l := int(c.ctl[1])<<16 | int(c.ctl[2])<<8 | int(c.ctl[3])
-			if len(c.ctl) < 4+l {
-				break
-			}
-			msg := c.ctl[:4+l]
-			c.ctl = c.ctl[4+l:]
-			if err := c.handshakeMsg(k, msg); err != nil {
-				return err
-			}
-		}
-	default:
-		c.alert(k, 10)
-		return &AlertError{Alert: 10}
-	}
-	if len(c.ctl) == 0 {
-		c.ctl = nil
-	}
-	return nil
+// ops are what ktls.Control needs of the kernel path's reader.
+type ops struct {
+	c *Conn
+	k *kernel
 }
 
-// Handshake message types after the handshake.
-const (
-	msgHelloRequest     = 0
-	msgNewSessionTicket = 4
-	msgKeyUpdate        = 24
-)
+func (o ops) Alert(desc uint8) { o.c.alert(o.k, desc) }
+func (o ops) Warn(desc uint8)  { o.c.sendControl(o.k, ktls.TypeAlert, []byte{1, desc}, false) }
 
-// handshakeMsg handles a post-handshake message that arrived through the kernel.
-func (c *Conn) handshakeMsg(k *kernel, msg []byte) error {
-	tls13 := k.version == tls.VersionTLS13
-	switch {
-	case tls13 && msg[0] == msgNewSessionTicket:
-		// crypto/tls cannot be handed a ticket from outside: no resumption for
-		// connections whose records are in the kernel.
-		c.tickets.Add(1)
-		return nil
-	case tls13 && msg[0] == msgKeyUpdate:
-		if len(msg) != 5 || msg[4] > 1 {
-			c.alert(k, 50)
-			return &AlertError{Alert: 50}
-		}
-		return c.keyUpdate(k, msg[4] == 1)
-	case !tls13 && msg[0] == msgHelloRequest:
-		c.sendControl(k, typeAlert, []byte{1, 100}, false) // no_renegotiation, warning
-		return ErrRenegotiation
-	}
-	c.alert(k, 10)
-	return &AlertError{Alert: 10}
-}
-
-// keyUpdate applies a received KeyUpdate: the next RX keys (RFC 8446 §4.6.3, the kernel
-// refuses reads with EKEYEXPIRED until it has them), and, when the peer asked for it,
-// notes that a KeyUpdate of our own is owed (updateTXLocked sends it before our next data).
-func (c *Conn) keyUpdate(k *kernel, requested bool) error {
-	next := nextSecret13(k.s, k.rx.secret)
+func (o ops) SetRX(cr *tcpglue.TLSCrypto) error {
 	var err error
-	if cerr := k.rc.Control(func(fd uintptr) {
-		err = tcpglue.SetTLSRx(int(fd), trafficKeys13(k.s, next, 0))
-	}); cerr != nil {
-		return c.opErr("keyupdate", cerr)
+	if cerr := o.k.rc.Control(func(fd uintptr) { err = tcpglue.SetTLSRx(int(fd), cr) }); cerr != nil {
+		return cerr
 	}
-	if err != nil {
-		return fmt.Errorf("ztls: the peer updated its keys (KeyUpdate) and the kernel cannot follow: %w", err)
-	}
-	k.rx.secret = next
-	c.keyUpdates.Add(1)
-	if requested {
-		// Owed before our next data record (RFC 8446 §4.6.3): the next write sends it.
-		// The reader never waits for room to send.
-		c.smu.Lock()
-		k.txUpdate = true
-		c.smu.Unlock()
-	}
-	return nil
+	return err
+}
+
+// KeyUpdateOwed: our KeyUpdate is owed before our next data record (RFC 8446 §4.6.3):
+// the next write sends it. The reader never waits for room to send.
+func (o ops) KeyUpdateOwed() {
+	o.c.smu.Lock()
+	o.k.txUpdate = true
+	o.c.smu.Unlock()
 }
 
 // LocalAddr returns the local network address.

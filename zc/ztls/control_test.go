@@ -25,7 +25,7 @@ func softPeer(t *testing.T, cc cipherCase) (*Conn, *softConn) {
 	}
 	ch := make(chan res, 1)
 	go func() {
-		s, err := softHandshake(b, newConn(b, serverConfig(scfg), false, nil))
+		s, err := softHandshake(b, serverConn(b, serverConfig(scfg)))
 		ch <- res{s, err}
 	}()
 	if err := z.Handshake(); err != nil {

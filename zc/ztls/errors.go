@@ -2,11 +2,9 @@ package ztls
 
 import (
 	"errors"
-	"fmt"
-	"net"
-	"reflect"
 
 	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/tcpglue"
 )
 
 // ErrNotSupported is zcnet's one "this kernel or machine cannot" sentinel (it is
@@ -15,7 +13,7 @@ var ErrNotSupported = errs.ErrNotSupported
 
 // ErrRenegotiation: the peer asked for a TLS 1.2 renegotiation (HelloRequest), which ztls
 // refuses: it answers with a no_renegotiation warning alert and the read fails with this.
-var ErrRenegotiation = errors.New("ztls: the peer asked for renegotiation, which is refused")
+var ErrRenegotiation = tcpglue.ErrTLSRenegotiation
 
 // ErrNilConfig: Server, Client, Listen or Dial was given a nil *tls.Config.
 var ErrNilConfig = errors.New("ztls: nil *tls.Config")
@@ -43,49 +41,6 @@ func (e *NoKernelError) Unwrap() []error {
 // AlertError is a TLS alert (RFC 8446 §6) that ended the connection: one the peer sent
 // (Received) or one ztls sent because of what the peer sent (a record that failed
 // authentication: bad_record_mac, 20). A close_notify is not an error: reads return
-// io.EOF. The same type comes from both paths, kernel and user space.
-type AlertError struct {
-	Alert    uint8 // the alert description
-	Received bool  // the peer sent it
-}
-
-var alertNames = map[uint8]string{
-	0: "close_notify", 10: "unexpected_message", 20: "bad_record_mac", 22: "record_overflow",
-	40: "handshake_failure", 42: "bad_certificate", 46: "certificate_unknown", 47: "illegal_parameter",
-	48: "unknown_ca", 50: "decode_error", 51: "decrypt_error", 70: "protocol_version",
-	80: "internal_error", 90: "user_canceled", 100: "no_renegotiation", 109: "missing_extension",
-	110: "unsupported_extension", 112: "unrecognized_name", 116: "certificate_required",
-	120: "no_application_protocol",
-}
-
-func (e *AlertError) Error() string {
-	name := alertNames[e.Alert]
-	if name == "" {
-		name = "alert"
-	}
-	who := "sent"
-	if e.Received {
-		who = "received"
-	}
-	return fmt.Sprintf("ztls: %s TLS alert %s (%d)", who, name, e.Alert)
-}
-
-// userErr maps crypto/tls's errors to ztls's: an alert received ("remote error") or sent
-// ("local error"; crypto/tls keeps the alert in an unexported uint8 type) becomes a
-// *AlertError, and the no_renegotiation crypto/tls answers a HelloRequest with becomes
-// ErrRenegotiation, as on the kernel path. The rest pass unchanged.
-func userErr(err error) error {
-	var oe *net.OpError
-	if !errors.As(err, &oe) || oe.Err == nil || (oe.Op != "remote error" && oe.Op != "local error") {
-		return err
-	}
-	v := reflect.ValueOf(oe.Err)
-	if v.Kind() != reflect.Uint8 {
-		return err
-	}
-	a := &AlertError{Alert: uint8(v.Uint()), Received: oe.Op == "remote error"}
-	if !a.Received && a.Alert == 100 {
-		return ErrRenegotiation
-	}
-	return a
-}
+// io.EOF. The same type comes from both paths, kernel and user space, and from zc's
+// event-loop TLS (zc's TLS connections end with the same type).
+type AlertError = tcpglue.TLSAlertError

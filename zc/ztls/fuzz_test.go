@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"syscall"
 	"testing"
+
+	"github.com/zcnet/zcnet/internal/ktls"
 )
 
 // FuzzControl feeds non-data records, as the kernel would hand them over, to the kernel
@@ -35,14 +37,16 @@ func FuzzControl(f *testing.F) {
 	f.Fuzz(func(t *testing.T, typ uint8, data []byte, piece uint8) {
 		for _, v := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
 			c := &Conn{raw: a}
-			k := &kernel{rc: rc, version: v, s: aes128, tx: dirKeys{secret: make([]byte, 32)}, rx: dirKeys{secret: make([]byte, 32)}}
+			s := suites[tls.TLS_AES_128_GCM_SHA256]
+			k := &kernel{rc: rc, version: v, s: s, tx: ktls.DirKeys{Secret: make([]byte, 32)}}
+			k.ctl.Version, k.ctl.Suite, k.ctl.RX = v, s, make([]byte, 32)
 			step := int(piece%16) + 1
 			for i := 0; i < len(data); i += step {
-				if err := c.control(k, typ, data[i:min(i+step, len(data))]); err != nil {
+				if err := k.ctl.Feed(typ, data[i:min(i+step, len(data))], ops{c, k}); err != nil {
 					break
 				}
-				if len(c.ctl) > 1<<16 {
-					t.Fatalf("kept %d bytes", len(c.ctl))
+				if k.ctl.Held() > 1<<16 {
+					t.Fatalf("kept %d bytes", k.ctl.Held())
 				}
 			}
 		}

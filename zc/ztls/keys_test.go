@@ -115,7 +115,7 @@ func keysRun(t *testing.T, cc cipherCase, ztlsClient bool, zscfg, scfg, ccfg *tl
 	if ztlsClient {
 		sc, err = softHandshake(a, Client(a, ccfg, nil))
 	} else {
-		sc, err = softHandshake(a, newConn(a, zscfg, false, nil))
+		sc, err = softHandshake(a, serverConn(a, zscfg))
 	}
 	if err != nil {
 		a.Close()

@@ -1,6 +1,8 @@
 package ztls
 
 import (
+	"github.com/zcnet/zcnet/internal/ktls"
+
 	"context"
 	"crypto/tls"
 	"net"
@@ -35,10 +37,12 @@ func (l *listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.cfg == nil {
-		return newConn(c, nil, false, l.opts), nil
+	zc := newConn(c, false, l.opts)
+	if l.cfg != nil {
+		zc.hs = ktls.Server(c, l.cfg)
+		zc.tc = zc.hs.TC
 	}
-	return newConn(c, l.cfg, false, l.opts), nil
+	return zc, nil
 }
 
 // Listen listens on a plain TCP socket (never MPTCP, which refuses kernel TLS) and

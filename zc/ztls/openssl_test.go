@@ -362,7 +362,7 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer raw.Close()
-			sc, err := softHandshake(raw, newConn(raw, serverConfig(scfg), false, nil))
+			sc, err := softHandshake(raw, serverConn(raw, serverConfig(scfg)))
 			if err != nil {
 				t.Fatalf("handshake: %v\n%s", err, errOut.String())
 			}

@@ -127,20 +127,20 @@ type softConn struct {
 // softHandshake runs c's handshake (a Conn of Server or Client) without handing the
 // keys to the kernel.
 func softHandshake(raw net.Conn, c *Conn) (*softConn, error) {
-	defer c.hs.unroute()
+	defer c.hs.Unroute()
 	if err := c.tc.Handshake(); err != nil {
 		return nil, err
 	}
 	st := c.tc.ConnectionState()
-	tx, rx, err := c.keys(st)
+	tx, rx, err := c.hs.Keys()
 	if err != nil {
 		return nil, err
 	}
-	sc := &softConn{raw: raw, version: st.Version, s: suites[st.CipherSuite], txSec: tx.secret, rxSec: rx.secret}
-	if sc.tx, err = newSoftDir(tx.crypto); err != nil {
+	sc := &softConn{raw: raw, version: st.Version, s: suites[st.CipherSuite], txSec: tx.Secret, rxSec: rx.Secret}
+	if sc.tx, err = newSoftDir(tx.Crypto); err != nil {
 		return nil, err
 	}
-	if sc.rx, err = newSoftDir(rx.crypto); err != nil {
+	if sc.rx, err = newSoftDir(rx.Crypto); err != nil {
 		return nil, err
 	}
 	return sc, nil

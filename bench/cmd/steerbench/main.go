@@ -14,7 +14,7 @@
 //	zc-cpu     the same engine with zc's default Config: the CPU policy, its
 //	           CPU→queue map filled by zc from the queues' placement
 //
-// The zc setups print the listener's SteeringInfo once.
+// The zc setups print the listener's steering (ListenerStats.SteeringSummary) once.
 //
 // Client threads are pinned too (connections spread over CPUs), each
 // connection does closed-loop ping-pong with small messages. It prints
@@ -235,10 +235,10 @@ func runZC(setup string, ncpu int, report bool) (float64, time.Duration, time.Du
 		return 0, 0, 0, 0, err
 	}
 	defer l.Close()
-	info := l.Stats().Steering
-	qcpu = info.QueueCPUs
+	lst := l.Stats()
+	qcpu = lst.Steering.QueueCPUs
 	if report {
-		fmt.Printf("%s steering: %v\n", setup, info)
+		fmt.Printf("%s steering: %s\n", setup, lst.SteeringSummary)
 	}
 	servedOn := func(cport int) int {
 		if v, ok := servedBy.Load(cport); ok {

@@ -1,4 +1,4 @@
-package ztls
+package ktls
 
 import (
 	"bytes"
@@ -18,32 +18,33 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// suite is what the record layer needs to know of a negotiated cipher suite.
-type suite struct {
+// Suite is what the record layer needs to know of a negotiated cipher suite.
+type Suite struct {
 	cipher uint16           // tcpglue.TLSCipher*
 	keyLen int              // AEAD key bytes
 	hash   func() hash.Hash // TLS 1.3 HKDF hash, TLS 1.2 PRF hash
 }
 
-func (s suite) chacha() bool { return s.cipher == tcpglue.TLSCipherChaCha20Poly1305 }
+// ChaCha reports whether the suite is ChaCha20-Poly1305.
+func (s Suite) ChaCha() bool { return s.cipher == tcpglue.TLSCipherChaCha20Poly1305 }
 
 // ivLen is the length of the static IV: 12 in TLS 1.3 and for ChaCha20-Poly1305, and the
 // 4-byte implicit salt of TLS 1.2 AES-GCM.
-func (s suite) ivLen(version uint16) int {
-	if version == tls.VersionTLS12 && !s.chacha() {
+func (s Suite) ivLen(version uint16) int {
+	if version == tls.VersionTLS12 && !s.ChaCha() {
 		return 4
 	}
 	return 12
 }
 
 var (
-	aes128 = suite{tcpglue.TLSCipherAESGCM128, 16, sha256.New}
-	aes256 = suite{tcpglue.TLSCipherAESGCM256, 32, sha512.New384}
-	chacha = suite{tcpglue.TLSCipherChaCha20Poly1305, 32, sha256.New}
+	aes128 = Suite{tcpglue.TLSCipherAESGCM128, 16, sha256.New}
+	aes256 = Suite{tcpglue.TLSCipherAESGCM256, 32, sha512.New384}
+	chacha = Suite{tcpglue.TLSCipherChaCha20Poly1305, 32, sha256.New}
 )
 
-// suites maps the crypto/tls cipher suites kernel TLS can carry to their record layer.
-var suites = map[uint16]suite{
+// Suites maps the crypto/tls cipher suites kernel TLS can carry to their record layer.
+var Suites = map[uint16]Suite{
 	tls.TLS_AES_128_GCM_SHA256:                        aes128,
 	tls.TLS_AES_256_GCM_SHA384:                        aes256,
 	tls.TLS_CHACHA20_POLY1305_SHA256:                  chacha,
@@ -57,8 +58,8 @@ var suites = map[uint16]suite{
 	tls.TLS_RSA_WITH_AES_256_GCM_SHA384:               aes256,
 }
 
-// expandLabel is TLS 1.3's HKDF-Expand-Label (RFC 8446 §7.1) with an empty context.
-func expandLabel(h func() hash.Hash, secret []byte, label string, n int) []byte {
+// ExpandLabel is TLS 1.3's HKDF-Expand-Label (RFC 8446 §7.1) with an empty context.
+func ExpandLabel(h func() hash.Hash, secret []byte, label string, n int) []byte {
 	full := "tls13 " + label
 	info := make([]byte, 0, 4+len(full))
 	info = binary.BigEndian.AppendUint16(info, uint16(n))
@@ -67,13 +68,13 @@ func expandLabel(h func() hash.Hash, secret []byte, label string, n int) []byte 
 	info = append(info, 0) // context: empty
 	out, err := hkdf.Expand(h, secret, string(info), n)
 	if err != nil {
-		panic("ztls: HKDF-Expand-Label: " + err.Error()) // only for n > 255 hash lengths: never here
+		panic("ktls: HKDF-Expand-Label: " + err.Error()) // only for n > 255 hash lengths: never here
 	}
 	return out
 }
 
-// prf12 is the TLS 1.2 PRF (RFC 5246 §5): P_hash(secret, label + seed).
-func prf12(h func() hash.Hash, secret []byte, label string, seed []byte, n int) []byte {
+// PRF12 is the TLS 1.2 PRF (RFC 5246 §5): P_hash(secret, label + seed).
+func PRF12(h func() hash.Hash, secret []byte, label string, seed []byte, n int) []byte {
 	ls := append([]byte(label), seed...)
 	out := make([]byte, 0, n)
 	mac := hmac.New(h, secret)
@@ -91,19 +92,19 @@ func prf12(h func() hash.Hash, secret []byte, label string, seed []byte, n int) 
 	return out[:n]
 }
 
-// dirKeys is one direction's traffic state: the kernel's TLSCrypto plus, in TLS 1.3,
+// DirKeys is one direction's traffic state: the kernel's TLSCrypto plus, in TLS 1.3,
 // the traffic secret the next KeyUpdate derives from.
-type dirKeys struct {
-	crypto *tcpglue.TLSCrypto
-	secret []byte // TLS 1.3 application traffic secret (nil for 1.2)
+type DirKeys struct {
+	Crypto *tcpglue.TLSCrypto
+	Secret []byte // TLS 1.3 application traffic secret (nil for 1.2)
 }
 
-// trafficKeys13 derives a TLS 1.3 direction's key and IV from its traffic secret.
-func trafficKeys13(s suite, secret []byte, seq uint64) *tcpglue.TLSCrypto {
-	key := expandLabel(s.hash, secret, "key", s.keyLen)
-	iv := expandLabel(s.hash, secret, "iv", 12)
+// TrafficKeys13 derives a TLS 1.3 direction's key and IV from its traffic secret.
+func TrafficKeys13(s Suite, secret []byte, seq uint64) *tcpglue.TLSCrypto {
+	key := ExpandLabel(s.hash, secret, "key", s.keyLen)
+	iv := ExpandLabel(s.hash, secret, "iv", 12)
 	c := &tcpglue.TLSCrypto{Version: tcpglue.TLSVersion13, Cipher: s.cipher, Key: key, Seq: seq}
-	if s.chacha() {
+	if s.ChaCha() {
 		c.IV = iv
 	} else {
 		c.Salt, c.IV = iv[:4], iv[4:]
@@ -111,24 +112,24 @@ func trafficKeys13(s suite, secret []byte, seq uint64) *tcpglue.TLSCrypto {
 	return c
 }
 
-// nextSecret13 is the traffic secret after a KeyUpdate (RFC 8446 §7.2).
-func nextSecret13(s suite, secret []byte) []byte {
-	return expandLabel(s.hash, secret, "traffic upd", s.hash().Size())
+// NextSecret13 is the traffic secret after a KeyUpdate (RFC 8446 §7.2).
+func NextSecret13(s Suite, secret []byte) []byte {
+	return ExpandLabel(s.hash, secret, "traffic upd", s.hash().Size())
 }
 
 // keys12 derives both directions of TLS 1.2 from the master secret and the two randoms
 // (RFC 5246 §6.3; AEAD suites have no MAC keys; RFC 5288 §3: AES-GCM's IV is the 4-byte
 // salt; RFC 7905: ChaCha20-Poly1305's is 12 bytes, XORed with the sequence number).
 // seqC and seqS are the next sequence numbers of what the client and the server send.
-func keys12(s suite, master, clientRandom, serverRandom []byte, seqC, seqS uint64) (client, server *tcpglue.TLSCrypto) {
+func keys12(s Suite, master, clientRandom, serverRandom []byte, seqC, seqS uint64) (client, server *tcpglue.TLSCrypto) {
 	ivLen := s.ivLen(tls.VersionTLS12)
 	seed := append(append([]byte{}, serverRandom...), clientRandom...)
-	kb := prf12(s.hash, master, "key expansion", seed, 2*s.keyLen+2*ivLen)
+	kb := PRF12(s.hash, master, "key expansion", seed, 2*s.keyLen+2*ivLen)
 	ck, sk := kb[:s.keyLen], kb[s.keyLen:2*s.keyLen]
 	civ, siv := kb[2*s.keyLen:2*s.keyLen+ivLen], kb[2*s.keyLen+ivLen:]
 	mk := func(key, iv []byte, seq uint64) *tcpglue.TLSCrypto {
 		c := &tcpglue.TLSCrypto{Version: tcpglue.TLSVersion12, Cipher: s.cipher, Key: key, Seq: seq}
-		if s.chacha() {
+		if s.ChaCha() {
 			c.IV = iv
 		} else {
 			// The explicit nonce the kernel puts on the wire starts at the sequence
@@ -227,8 +228,8 @@ func (k *keyLog) Write(line []byte) (int, error) {
 var errNoSecret = errors.New("the handshake's secrets did not reach the key log (a GetConfigForClient config without ztls's KeyLogWriter, Encrypted Client Hello, or a ClientHello seen twice in this process)")
 
 // deriveKeys computes the kernel's TX and RX state from a finished handshake.
-func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observed) (tx, rx dirKeys, err error) {
-	s, ok := suites[st.CipherSuite]
+func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observed) (tx, rx DirKeys, err error) {
+	s, ok := Suites[st.CipherSuite]
 	if !ok {
 		return tx, rx, fmt.Errorf("cipher suite %s has no kernel TLS (want AES-GCM or ChaCha20-Poly1305)", tls.CipherSuiteName(st.CipherSuite))
 	}
@@ -247,8 +248,8 @@ func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observ
 			mine, theirs = ss, cs
 		}
 		// RX starts at 0: hsConn handed crypto/tls no byte past the peer's Finished.
-		tx = dirKeys{trafficKeys13(s, mine, txSeq), mine}
-		rx = dirKeys{trafficKeys13(s, theirs, 0), theirs}
+		tx = DirKeys{TrafficKeys13(s, mine, txSeq), mine}
+		rx = DirKeys{TrafficKeys13(s, theirs, 0), theirs}
 		return tx, rx, nil
 	case tls.VersionTLS12:
 		ms := sec.get(labelTLS12)
@@ -268,9 +269,17 @@ func deriveKeys(isClient bool, st tls.ConnectionState, sec *secrets, obs *observ
 		}
 		c, sv := keys12(s, ms, obs.clientRandom, obs.serverRandom, seqC, seqS)
 		if isClient {
-			return dirKeys{crypto: c}, dirKeys{crypto: sv}, nil
+			return DirKeys{Crypto: c}, DirKeys{Crypto: sv}, nil
 		}
-		return dirKeys{crypto: sv}, dirKeys{crypto: c}, nil
+		return DirKeys{Crypto: sv}, DirKeys{Crypto: c}, nil
 	}
 	return tx, rx, fmt.Errorf("TLS version %#04x has no kernel TLS (want TLS 1.2 or 1.3)", st.Version)
+}
+
+// OpenRoutes counts the server handshakes whose key log route is registered (a leak
+// check: every handshake's route ends with it).
+func OpenRoutes() int64 {
+	n := int64(0)
+	routes.Range(func(any, any) bool { n++; return true })
+	return n
 }

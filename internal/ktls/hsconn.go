@@ -1,4 +1,4 @@
-package ztls
+package ktls
 
 import (
 	"encoding/binary"
@@ -162,7 +162,7 @@ func (c *hsConn) unroute() {
 // the handshake: those after its Finished, the last encrypted record of 4+hash+1+16
 // bytes (a Finished message, its content type byte and the AEAD tag; crypto/tls writes
 // it alone and unpadded). Only a TLS 1.3 server sends any: its session ticket.
-func (o *observed) txSeq13(s suite) (uint64, error) {
+func (o *observed) txSeq13(s Suite) (uint64, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	fin := 4 + s.hash().Size() + 1 + 16

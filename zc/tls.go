@@ -1,0 +1,721 @@
+package zc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/internal/errs"
+	"github.com/zcnet/zcnet/internal/ktls"
+	"github.com/zcnet/zcnet/internal/rawfd"
+	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
+)
+
+// TLSOptions make a listener's or a dial's connections TLS connections (ListenOptions.TLS,
+// DialOptions.TLS). crypto/tls runs the handshake before the connection joins its queue
+// (the accept function, or Dial's return, comes after it); then the kernel encrypts and
+// decrypts the records (kernel TLS: TCP_ULP "tls" with the negotiated keys), so handlers
+// receive decrypted Data and Send, Write, SendFile, SendData and FanOut's shared sends are
+// encrypted by the kernel: no byte is encrypted or copied in user space, and SendFile stays
+// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC).
+//
+// Where the kernel cannot (no tls module, as on kernels built without CONFIG_TLS; a cipher
+// suite other than AES-GCM or ChaCha20-Poly1305) the connection runs crypto/tls in user
+// space instead, visibly (Conn.TLS says which and why, Stats.TLS counts both) and only
+// when allowed (NoFallback). On that path a goroutine pair carries the records between the
+// TCP socket and a socket pair whose other end is the connection's: the API is the same,
+// but every byte is copied twice more and encrypted in user space, and the connection's
+// socket is that pair's end, so Socket, TCPInfo and the socket options act on it (and
+// fail).
+type TLSOptions struct {
+	// Config is crypto/tls's configuration: with a certificate for a listener, with
+	// ServerName (or InsecureSkipVerify) for a dial. Required.
+	Config *tls.Config
+	// NoFallback forbids the user-space fallback: a connection kernel TLS cannot serve is
+	// refused with a *NotSupportedError (matching ErrNotSupported) saying what is missing:
+	// Listen or Dial fails at once where the kernel has no TLS at all, a dial whose
+	// negotiated suite the kernel refuses fails with it, and such an accepted connection is
+	// closed (after a close_notify) and counted in Stats.TLS.Refused.
+	NoFallback bool
+	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
+	UserSpace bool
+	// HandshakeTimeout bounds the handshake (default 10 s).
+	HandshakeTimeout time.Duration
+}
+
+// tlsInfo is a TLS connection's state after its handshake (ConnStats.TLS shows it).
+type tlsInfo struct {
+	Kernel      bool
+	Reason      string
+	Version     uint16
+	CipherSuite uint16
+	State       tls.ConnectionState
+}
+
+// tlsStats fills ConnStats.TLS (nothing for a plain connection).
+func (c *Conn) tlsStats(s *ConnStats) {
+	t := c.tls
+	if t == nil {
+		return
+	}
+	i := t.info
+	s.TLS.On, s.TLS.Kernel, s.TLS.Reason = true, i.Kernel, i.Reason
+	s.TLS.Version, s.TLS.CipherSuite, s.TLS.State = i.Version, i.CipherSuite, i.State
+	if t.kernel {
+		s.TLS.KeyUpdates, s.TLS.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
+	}
+}
+
+// kernelTLS reports whether the kernel carries c's records (the connection capability the
+// send path asks: no SEND_ZC, no MSG_WAITALL).
+func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
+
+// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection: splice(2) out of
+// a kernel-TLS socket stops at every control record (an alert, a KeyUpdate, close_notify)
+// without handing it over, so the relay forwards with SendData there, and the queue's
+// receive handles the records. (The user-space path's socket pair splices.)
+func (c *Conn) tlsSpliceRefusal() error {
+	if !c.kernelTLS() {
+		return nil
+	}
+	return &NotSupportedError{What: "splice relay of a kernel-TLS connection",
+		Need: "RelaySendData (splice(2) out of kernel TLS cannot hand over its control records)"}
+}
+
+// tlsEngine is the engine's TLS bookkeeping: counters, and the goroutines a TLS
+// connection runs outside the queues (handshakes; the user-space path's record pumps),
+// which Engine.Close ends and waits for.
+type tlsEngine struct {
+	mu     sync.Mutex
+	runs   map[*tlsRun]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	kernel, user, refused, hsErrs, ctlRecords, keyUpdates, keyUpdatesSent, closeNotifies atomic.Uint64
+}
+
+// tlsRun is one goroutine (or pair) outside the queues; stop wakes it.
+type tlsRun struct {
+	stop  func()
+	early bool // a handshake: ended as the engine starts closing (a pump ends after the queues)
+}
+
+func (t *tlsEngine) add(stop func(), early bool) (*tlsRun, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, false
+	}
+	if t.runs == nil {
+		t.runs = map[*tlsRun]struct{}{}
+	}
+	r := &tlsRun{stop: stop, early: early}
+	t.runs[r] = struct{}{}
+	t.wg.Add(1)
+	return r, true
+}
+
+func (t *tlsEngine) done(r *tlsRun) {
+	t.mu.Lock()
+	_, ok := t.runs[r]
+	delete(t.runs, r)
+	t.mu.Unlock()
+	if ok {
+		t.wg.Done()
+	}
+}
+
+// stopRuns wakes the runs (the handshakes only, or all) and refuses new ones.
+func (t *tlsEngine) stopRuns(all bool) {
+	t.mu.Lock()
+	t.closed = true
+	var stops []func()
+	for r := range t.runs {
+		if all || r.early {
+			stops = append(stops, r.stop)
+		}
+	}
+	t.mu.Unlock()
+	for _, f := range stops {
+		f()
+	}
+}
+
+// closeStart: Engine.Close began; handshakes end now.
+func (t *tlsEngine) closeStart() { t.stopRuns(false) }
+
+// closeEnd: the queues stopped; what is left ends, and Close waits for it.
+func (t *tlsEngine) closeEnd() {
+	t.stopRuns(true)
+	t.wg.Wait()
+}
+
+// stats fills Stats.TLS.
+func (t *tlsEngine) stats(s *Stats) {
+	s.TLS.Kernel, s.TLS.User, s.TLS.Refused = t.kernel.Load(), t.user.Load(), t.refused.Load()
+	s.TLS.HandshakeErrors, s.TLS.ControlRecords = t.hsErrs.Load(), t.ctlRecords.Load()
+	s.TLS.KeyUpdates, s.TLS.KeyUpdatesSent, s.TLS.CloseNotifies = t.keyUpdates.Load(), t.keyUpdatesSent.Load(), t.closeNotifies.Load()
+}
+
+// tlsSetup is a listener's or a dial's TLS: the options and the config the handshakes use
+// (a listener's is shared by its connections, so that they share session ticket keys).
+type tlsSetup struct {
+	opts     TLSOptions
+	cfg      *tls.Config
+	isClient bool
+}
+
+// kernelTLSProbe is whether this kernel takes the "tls" ULP (probed once).
+var kernelTLSProbe = sync.OnceValue(func() error { _, err := tcpglue.ProbeTLS(); return err })
+
+// tlsSetupFor checks TLS options against the engine and the other options.
+func (e *Engine) tlsSetupFor(o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (*tlsSetup, error) {
+	if o == nil {
+		return nil, nil
+	}
+	switch {
+	case o.Config == nil:
+		return nil, &ConfigError{Field: "TLS.Config", Value: nil, Reason: "a *tls.Config is required"}
+	case o.NoFallback && o.UserSpace:
+		return nil, &ConfigError{Field: "TLS.UserSpace", Value: true, Reason: "contradicts TLS.NoFallback"}
+	case o.HandshakeTimeout < 0:
+		return nil, &ConfigError{Field: "TLS.HandshakeTimeout", Value: o.HandshakeTimeout, Reason: "negative"}
+	case e.backend == BackendShim:
+		return nil, errs.NotSupported("TLS connections", "the io_uring or plain backend (the zcshim module's sends bypass kernel TLS)", nil)
+	case readSelf:
+		return nil, errs.NotSupported("ReadSelf with TLS", "a receive by the queue (records are decrypted there)", nil)
+	case zcrxNIC != "" || e.cfg.RecvPath == RecvZcrx:
+		return nil, errs.NotSupported("zcrx receive with TLS", "plain TCP (the NIC's payload is ciphertext)", nil)
+	case e.cfg.RecvPath == RecvMapped:
+		return nil, errs.NotSupported("mapped receive with TLS", "plain TCP (TCP_ZEROCOPY_RECEIVE maps ciphertext)", nil)
+	case e.cfg.SendPath == SendZeroCopy:
+		return nil, errs.NotSupported("SendZeroCopy with TLS", "plain TCP (kernel TLS refuses SEND_ZC: EOPNOTSUPP)", nil)
+	}
+	if o.NoFallback {
+		if err := kernelTLSProbe(); err != nil {
+			return nil, errs.NotSupported("kernel TLS (TLSOptions.NoFallback forbids user space)", "", err)
+		}
+	}
+	s := &tlsSetup{opts: *o, isClient: isClient, cfg: o.Config}
+	if s.opts.HandshakeTimeout == 0 {
+		s.opts.HandshakeTimeout = 10 * time.Second
+	}
+	if !isClient {
+		s.cfg = ktls.ServerConfig(o.Config)
+	}
+	return s, nil
+}
+
+// tlsConn is a connection's TLS state (Conn.tls).
+type tlsConn struct {
+	info   tlsInfo
+	kernel bool
+
+	// The kernel path (loop only, except the counters in ctl).
+	ctl      ktls.Control
+	suite    ktls.Suite
+	txSecret []byte // TLS 1.3 TX traffic secret (a KeyUpdate the peer asks for derives from it)
+	txOwed   bool   // a KeyUpdate is owed (no room yet)
+	notified bool   // close_notify sent
+	scratch  []byte // the control records' receive buffer
+
+	// The user-space path.
+	pump *tlsPump
+}
+
+// tlsResult is what a handshake hands the queue.
+type tlsResult struct {
+	t            *tlsConn
+	sock         *tcpglue.Socket // the user-space path's end of the pair (the TCP descriptor stays the handshake's)
+	fd           int
+	laddr, raddr netip.AddrPort
+	err          error
+}
+
+// drop releases what a result holds that no connection took (loop or not).
+func (r *tlsResult) drop() {
+	if r.sock != nil {
+		r.sock.Close()
+	}
+	if r.t != nil && r.t.pump != nil {
+		r.t.pump.finished()
+	}
+}
+
+// tlsDup returns a duplicate of the connected TCP socket fd as a net.Conn in Go's poller,
+// for crypto/tls's handshake (taken on the loop, before the handshake's goroutine starts,
+// so that the loop may close fd meanwhile: the socket stays the duplicate's).
+func tlsDup(fd int) (net.Conn, error) {
+	d, err := rawfd.Dup(fd)
+	if err != nil {
+		return nil, os.NewSyscallError("dup", err)
+	}
+	f := os.NewFile(uintptr(d), "tls")
+	nc, err := net.FileConn(f) // a duplicate of its own
+	f.Close()
+	return nc, err
+}
+
+// withFD runs fn on nc's descriptor.
+func withFD(nc net.Conn, fn func(fd int) error) error {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("%T has no descriptor", nc)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// goTLS runs fn (a handshake on nc) on a goroutine of its own that Engine.Close wakes
+// (nc's deadline passes) and waits for; false when the engine is closing (nc closed).
+func (e *Engine) goTLS(nc net.Conn, fn func()) bool {
+	run, ok := e.tls.add(func() { nc.SetDeadline(time.Unix(1, 0)) }, true)
+	if !ok {
+		nc.Close()
+		return false
+	}
+	go func() {
+		defer e.tls.done(run)
+		fn()
+	}()
+	return true
+}
+
+// tlsHandshake runs the TLS handshake on nc (tlsDup's; it closes it), then moves the
+// records into the kernel (the socket's keys are set; the connection's own descriptor
+// carries them) or, where it cannot and the options allow, starts the user-space path,
+// whose socket pair end (res.sock) replaces the connection's descriptor: the caller closes
+// its descriptor then (the pump's nc holds the TCP socket). It runs on its own goroutine:
+// crypto/tls blocks.
+func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (res tlsResult) {
+	fail := func(err error) tlsResult {
+		res.err = err
+		return res
+	}
+	closeNC := true
+	defer func() {
+		if closeNC {
+			nc.Close()
+		}
+	}()
+	nc.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
+	if ap, err := netip.ParseAddrPort(nc.LocalAddr().String()); err == nil {
+		res.laddr = ap
+	}
+	if ap, err := netip.ParseAddrPort(nc.RemoteAddr().String()); err == nil {
+		res.raddr = ap
+	}
+	ulp := false
+	if s.opts.NoFallback {
+		// Refuse before the handshake's work when the socket cannot take the ULP.
+		if err := withFD(nc, tcpglue.EnableTLS); err != nil {
+			e.tls.refused.Add(1)
+			return fail(errs.NotSupported("kernel TLS (TLSOptions.NoFallback forbids user space)", "", err))
+		}
+		ulp = true
+	}
+	var h *ktls.Handshake
+	if s.isClient {
+		h = ktls.Client(nc, s.cfg, s.opts.UserSpace)
+	} else {
+		h = ktls.Server(nc, s.cfg)
+	}
+	if err := h.Run(ctx); err != nil {
+		e.tls.hsErrs.Add(1)
+		if e.tls.isClosed() {
+			err = fmt.Errorf("%w (the engine closed during the TLS handshake)", ErrClosed)
+		}
+		return fail(fmt.Errorf("TLS handshake: %w", err))
+	}
+	nc.SetDeadline(time.Time{})
+	st := h.TC.ConnectionState()
+	t := &tlsConn{info: tlsInfo{Version: st.Version, CipherSuite: st.CipherSuite, State: st}}
+	res.t = t
+	reason := errors.New("user space requested (TLSOptions.UserSpace)")
+	if !s.opts.UserSpace {
+		tx, rx, err := h.Keys()
+		if err == nil {
+			var hard bool
+			if err = withFD(nc, func(fd int) error {
+				var ierr error
+				hard, ierr = ktls.Install(fd, ulp, tx, rx)
+				return ierr
+			}); err == nil {
+				t.kernel, t.info.Kernel = true, true
+				t.suite, t.txSecret = ktls.Suites[st.CipherSuite], tx.Secret
+				t.ctl.Version, t.ctl.Suite, t.ctl.RX = st.Version, t.suite, rx.Secret
+				e.tls.kernel.Add(1)
+				return res // nc closes: the socket stays fd's
+			}
+			if hard {
+				// Keys went into the kernel half way: neither side can carry the records.
+				return fail(fmt.Errorf("TLS: moving the records into the kernel: %w", err))
+			}
+		}
+		reason = err
+	}
+	t.info.Reason = reason.Error()
+	if s.opts.NoFallback {
+		e.tls.refused.Add(1)
+		h.TC.Close() // close_notify from crypto/tls, which still holds the keys
+		closeNC = false
+		res.t = nil
+		return fail(errs.NotSupported("kernel TLS (TLSOptions.NoFallback forbids user space)", "", reason))
+	}
+	// The user-space path: crypto/tls keeps the records, a pump carries them between the
+	// TCP socket (nc, now the only owner of the socket once the caller closes fd) and a
+	// socket pair whose other end becomes the connection's.
+	h.Passthrough()
+	sock, far, err := tcpglue.StreamPair(true)
+	if err != nil {
+		return fail(err)
+	}
+	app, err := net.FileConn(far)
+	far.Close()
+	if err != nil {
+		sock.Close()
+		return fail(err)
+	}
+	p, err := e.startPump(h.TC, nc, app)
+	if err != nil {
+		sock.Close()
+		app.Close()
+		return fail(err)
+	}
+	closeNC = false
+	t.pump = p
+	res.sock, res.fd = sock, sock.Fd()
+	e.tls.user.Add(1)
+	return res
+}
+
+func (t *tlsEngine) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// attachTLS makes c a TLS connection (before it opens): no SEND_ZC, ever.
+func (c *Conn) attachTLS(r *tlsResult) {
+	c.tls = r.t
+	c.mu.Lock()
+	c.txLocked().zc.path = SendCopy // the send policy never picks SEND_ZC for it
+	c.mu.Unlock()
+	if r.t.kernel {
+		r.t.scratch = make([]byte, ktls.MaxRecord+256)
+	}
+	if r.sock != nil {
+		// The connection's socket is the pair's end: its addresses are the TCP socket's.
+		c.laddr, c.raddr = r.laddr, r.raddr
+	}
+}
+
+// tlsRecvEnd handles the end of a receive on a TLS connection (gotEOF, loop only). On the
+// kernel path a non-data record ends a receive with EIO (EKEYEXPIRED after a KeyUpdate the
+// kernel has no keys for yet): one recvmsg with room for the record type reads it, and
+// ktls.Control handles it (an alert ends the connection with a *tcpglue.TLSAlertError, a
+// close_notify is the EOF, a KeyUpdate gives the kernel the next RX keys, a session ticket
+// is dropped); resume then says receiving goes on. On the user-space path the pump's
+// error (an alert) replaces the pair's plain EOF.
+func (c *Conn) tlsRecvEnd(err error) (resume bool, _ error) {
+	t := c.tls
+	if !t.kernel {
+		if perr := t.pump.error(); perr != nil {
+			return false, perr
+		}
+		return false, err
+	}
+	switch {
+	case err == nil:
+		if t.ctl.Pending() {
+			return false, io.ErrUnexpectedEOF
+		}
+		return false, nil // the peer closed TCP without close_notify
+	case errors.Is(err, unix.EIO), errors.Is(err, unix.EKEYEXPIRED):
+	case errors.Is(err, unix.EBADMSG):
+		c.tlsAlert(20)
+		return false, &tcpglue.TLSAlertError{Alert: 20}
+	case errors.Is(err, unix.EMSGSIZE):
+		c.tlsAlert(22)
+		return false, &tcpglue.TLSAlertError{Alert: 22}
+	default:
+		return false, err
+	}
+	for {
+		n, typ, rerr := tcpglue.RecvTLS(c.fd, t.scratch, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(rerr, unix.EINTR):
+			continue
+		case errors.Is(rerr, unix.EAGAIN):
+			return true, nil // the rest of the record is on its way
+		case errors.Is(rerr, unix.EBADMSG):
+			c.tlsAlert(20)
+			return false, &tcpglue.TLSAlertError{Alert: 20}
+		case errors.Is(rerr, unix.EMSGSIZE):
+			c.tlsAlert(22)
+			return false, &tcpglue.TLSAlertError{Alert: 22}
+		case rerr != nil:
+			return false, rerr
+		case typ == ktls.TypeApplicationData && n == 0:
+			if t.ctl.Pending() {
+				return false, io.ErrUnexpectedEOF
+			}
+			return false, nil
+		case typ == ktls.TypeApplicationData:
+			// Data after all (the record at the head changed): deliver it.
+			c.q.ctr.recvPlain.Add(uint64(n))
+			c.deliver(heapDataOf(t.scratch[:n]))
+			return !c.ended(), nil
+		}
+		c.e.tls.ctlRecords.Add(1)
+		before := t.ctl.KeyUpdates.Load()
+		ferr := t.ctl.Feed(typ, t.scratch[:n], tlsOps{c})
+		c.e.tls.keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
+		switch {
+		case ferr == io.EOF:
+			return false, nil // close_notify
+		case ferr != nil:
+			return false, ferr
+		}
+		// Look at what follows before receiving goes on: a recvmsg moves the kernel's
+		// record parser on, which after a KeyUpdate only a read does (readiness stays
+		// unreported until then, and an epoll backend would wait for it forever). A data
+		// record is left where it is (MSG_PEEK); a control record is read here.
+		_, ptyp, perr := tcpglue.RecvTLS(c.fd, t.scratch[:1], unix.MSG_DONTWAIT|unix.MSG_PEEK)
+		if perr == nil && ptyp != ktls.TypeApplicationData {
+			continue
+		}
+		return true, nil
+	}
+}
+
+// tlsOps are what ktls.Control needs of a kernel-TLS connection (loop only).
+type tlsOps struct{ c *Conn }
+
+func (o tlsOps) Alert(desc uint8) { o.c.tlsAlert(desc) }
+func (o tlsOps) Warn(desc uint8) {
+	tcpglue.SendTLSRecord(o.c.fd, ktls.TypeAlert, []byte{1, desc}, unix.MSG_DONTWAIT)
+}
+func (o tlsOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.c.fd, cr) }
+func (o tlsOps) KeyUpdateOwed() {
+	o.c.tls.txOwed = true
+	o.c.tlsSendKeyUpdate()
+}
+
+// tlsAlert sends a fatal alert, best effort, and shuts the socket down both ways (after a
+// record fails authentication the kernel sends nothing more: the peer must see the end).
+func (c *Conn) tlsAlert(desc uint8) {
+	tcpglue.SendTLSRecord(c.fd, ktls.TypeAlert, []byte{2, desc}, unix.MSG_DONTWAIT)
+	c.sock.Shutdown(unix.SHUT_RDWR)
+}
+
+// tlsSendKeyUpdate sends the KeyUpdate the peer asked for and gives the kernel the next TX
+// keys (loop only). The kernel closes a record still open before a control record, so the
+// KeyUpdate lands between records; without room it is tried again shortly.
+func (c *Conn) tlsSendKeyUpdate() {
+	t := c.tls
+	if !t.txOwed || c.ended() || c.st.SockClosed() {
+		return
+	}
+	n, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+		c.q.After(time.Millisecond, c.tlsSendKeyUpdate)
+		return
+	}
+	if err == nil && n != len(ktls.KeyUpdateMsg) {
+		err = fmt.Errorf("sent %d bytes of a %d-byte KeyUpdate", n, len(ktls.KeyUpdateMsg))
+	}
+	if err == nil {
+		next := ktls.NextSecret13(t.suite, t.txSecret)
+		if err = tcpglue.SetTLSTx(c.fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
+			t.txSecret, t.txOwed = next, false
+			c.e.tls.keyUpdatesSent.Add(1)
+			return
+		}
+	}
+	// The KeyUpdate may be out: the peer then expects the next keys. The connection
+	// cannot go on.
+	c.fail(c.opErr("write", fmt.Errorf("TLS: updating the TX keys: %w", err)))
+}
+
+// tlsCloseNotify sends close_notify before the write side ends (Close, CloseWrite; kernel
+// path, loop only, once). Best effort: a full socket buffer (a peer that reads nothing)
+// does not hold the close up.
+func (c *Conn) tlsCloseNotify() {
+	t := c.tls
+	if t == nil || !t.kernel || t.notified || c.st.SockClosed() {
+		return
+	}
+	t.notified = true
+	if _, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeAlert, []byte{1, 0}, unix.MSG_DONTWAIT); err == nil {
+		c.e.tls.closeNotifies.Add(1)
+	}
+}
+
+// tlsFinished: the connection finished (loop only); the user-space path's pump ends once
+// it carried what the connection sent.
+func (c *Conn) tlsFinished() {
+	if c.tls != nil && c.tls.pump != nil {
+		c.tls.pump.finished()
+	}
+}
+
+// heapData is a dataSource for the few bytes a kernel-TLS control read finds to be data:
+// Go memory, reference counted, its receive credit returned with the last reference.
+type heapData struct {
+	b    []byte
+	refs atomic.Int32
+}
+
+func heapDataOf(b []byte) Data {
+	h := &heapData{b: append([]byte(nil), b...)}
+	h.refs.Store(1)
+	return Data{src: h, n: len(b)}
+}
+
+func (h *heapData) bytes() []byte {
+	if h.refs.Load() <= 0 {
+		return nil
+	}
+	return h.b
+}
+func (h *heapData) credit(Data) int64 { return int64(len(h.b)) }
+func (h *heapData) release(d Data) error {
+	for {
+		n := h.refs.Load()
+		if n <= 0 {
+			return fmt.Errorf("zc: release: %w", memreg.ErrStale)
+		}
+		if h.refs.CompareAndSwap(n, n-1) {
+			if n == 1 && d.c != nil {
+				d.c.releaseHeld(int64(len(h.b)))
+			}
+			return nil
+		}
+	}
+}
+func (h *heapData) retain(Data) (dataSource, error) {
+	for {
+		n := h.refs.Load()
+		if n <= 0 {
+			return nil, fmt.Errorf("zc: retain: %w", memreg.ErrStale)
+		}
+		if h.refs.CompareAndSwap(n, n+1) {
+			return h, nil
+		}
+	}
+}
+
+// startTLS runs an accepted connection's handshake on a goroutine of its own; the
+// connection is made on its queue after it (loop only).
+func (l *Listener) startTLS(from *queue, fd int) {
+	target := l.target(from)
+	nc, err := tlsDup(fd)
+	if err != nil {
+		rawfd.Close(fd)
+		l.acceptErrs.Add(1)
+		from.ctr.acceptErrs.Add(1)
+		return
+	}
+	ok := l.e.goTLS(nc, func() {
+		res := l.e.tlsHandshake(context.Background(), l.tls, nc)
+		if res.err != nil {
+			rawfd.Close(fd)
+			return
+		}
+		if res.sock != nil {
+			rawfd.Close(fd) // the pump holds the TCP socket
+			fd = res.sock.Fd()
+		}
+		if err := target.Post(func() { l.createTLS(target, fd, &res) }); err != nil {
+			l.dropTLS(fd, &res)
+		}
+	})
+	if !ok {
+		rawfd.Close(fd)
+	}
+}
+
+func (l *Listener) dropTLS(fd int, res *tlsResult) {
+	if res.sock == nil {
+		rawfd.Close(fd)
+	}
+	res.drop()
+}
+
+// createTLS makes a TLS connection after its handshake (loop only).
+func (l *Listener) createTLS(q *queue, fd int, res *tlsResult) {
+	if l.e.closed.Load() {
+		l.dropTLS(fd, res)
+		return
+	}
+	s := res.sock
+	if s == nil {
+		var err error
+		if s, err = tcpglue.FromAcceptedFD(fd, l.family, true); err != nil {
+			l.dropTLS(fd, res)
+			return
+		}
+	}
+	l.open(q, s, fd, res)
+}
+
+// startTLSDial runs a dial's handshake after its connect, on a goroutine of its own; the
+// connection opens on its queue after it, or the dial fails (loop only).
+func (c *Conn) startTLSDial(cs *connectState) {
+	nc, err := tlsDup(c.fd)
+	if err != nil {
+		c.dialFailed(err)
+		return
+	}
+	s := c.tlsDial
+	ok := c.e.goTLS(nc, func() {
+		res := c.e.tlsHandshake(cs.ctx, s, nc)
+		if err := c.q.Post(func() { c.tlsDialDone(cs, &res) }); err != nil {
+			res.drop()
+		}
+	})
+	if !ok {
+		c.dialFailed(ErrClosed)
+	}
+}
+
+// tlsDialDone: the dial's handshake ended (loop only).
+func (c *Conn) tlsDialDone(cs *connectState, res *tlsResult) {
+	if c.connect != cs || c.ended() {
+		res.drop() // the dial ended meanwhile (the engine's close)
+		return
+	}
+	if res.err != nil {
+		if err := cs.ctx.Err(); err != nil {
+			res.err = fmt.Errorf("%w: %w", err, res.err)
+		}
+		c.dialFailed(res.err)
+		return
+	}
+	if res.sock != nil {
+		c.sock.Close() // the pump holds the TCP socket
+		c.sock, c.fd = res.sock, res.sock.Fd()
+	}
+	c.attachTLS(res)
+	c.dialDone(0)
+}
