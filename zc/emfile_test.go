@@ -96,9 +96,7 @@ func emfileChild(backend string) int {
 }
 
 func TestAcceptBackoffEMFILE(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testAcceptBackoffEMFILE(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testAcceptBackoffEMFILE(t, b) })
 }
 
 func testAcceptBackoffEMFILE(t *testing.T, b Backend) {

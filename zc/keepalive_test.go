@@ -46,9 +46,7 @@ func keepAliveOf(t *testing.T, c *Conn) keepAliveState {
 }
 
 func TestKeepAlive(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testKeepAlive(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testKeepAlive(t, b) })
 }
 
 func testKeepAlive(t *testing.T, b Backend) {

@@ -68,9 +68,7 @@ func TestConfigNegative(t *testing.T) {
 }
 
 func TestMisuse(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testMisuse(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testMisuse(t, Config{Backend: b}) })
 }
 
 func testMisuse(t *testing.T, cfg Config) {
@@ -227,9 +225,7 @@ func testMisuse(t *testing.T, cfg Config) {
 // function) closes that connection with an error wrapping *PanicError, is counted in
 // Stats.Faults.HandlerPanics, and the engine keeps serving the others.
 func TestHandlerPanics(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHandlerPanics(t, Config{Backend: b, Queues: 1, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testHandlerPanics(t, Config{Backend: b, Queues: 1, NoPin: true}) })
 }
 
 func testHandlerPanics(t *testing.T, cfg Config) {
@@ -369,9 +365,7 @@ func (p *panicky) OnClose(c *Conn, err error) { p.closed(err) }
 // engine, a plain socket) fails with EADDRINUSE; ListenOptions.Shared joins instead; port 0
 // always works; the address is free again once the holder closed.
 func TestListenAddrInUse(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testListenAddrInUse(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testListenAddrInUse(t, Config{Backend: b}) })
 }
 
 func testListenAddrInUse(t *testing.T, cfg Config) {

@@ -100,14 +100,12 @@ func probeEngine(t *testing.T, cfg zc.Config) *zc.Engine {
 
 // probeBackends runs fn on the io_uring and the plain backend (ReadSelf needs one of them).
 func probeBackends(t *testing.T, fn func(t *testing.T, b zc.Backend)) {
-	for _, b := range []zc.Backend{zc.BackendIOUring, zc.BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			if b == zc.BackendIOUring && caps.Probe().IOUring != nil {
-				t.Skip("io_uring unavailable:", caps.Probe().IOUring)
-			}
-			fn(t, b)
-		})
-	}
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		if b == zc.BackendIOUring && caps.Probe().IOUring != nil {
+			t.Skip("io_uring unavailable:", caps.Probe().IOUring)
+		}
+		fn(t, b)
+	})
 }
 
 // frame answers: each payload byte plus one.

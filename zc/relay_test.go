@@ -463,11 +463,9 @@ func relayCases() []relayCase {
 }
 
 func TestRelay(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			testRelay(t, b, envInt(t, "ZC_RELAY_CONNS", 64), envInt(t, "ZC_RELAY_MIB", 1)<<20, envInt(t, "ZC_RELAY_RUNS", 2))
-		})
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		testRelay(t, b, envInt(t, "ZC_RELAY_CONNS", 64), envInt(t, "ZC_RELAY_MIB", 1)<<20, envInt(t, "ZC_RELAY_RUNS", 2))
+	})
 }
 
 // testRelay runs the relay cases (all when only is empty, else those named).

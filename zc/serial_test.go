@@ -83,9 +83,7 @@ func (h *serialHandler) post(c *Conn) error {
 }
 
 func TestHandlersSerialized(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHandlersSerialized(t, Config{Backend: b, Queues: 2, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testHandlersSerialized(t, Config{Backend: b, Queues: 2, NoPin: true}) })
 }
 
 func testHandlersSerialized(t *testing.T, cfg Config) {
