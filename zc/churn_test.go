@@ -13,7 +13,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// Churn and cycles (issue 9): thousands of connections accepted and dialed in waves, and
+// Churn and cycles: thousands of connections accepted and dialed in waves, and
 // Engine open/close cycles with a connection each, leave descriptors, goroutines, registered
 // regions and rings where they started. ZC_CHURN_CONNS (default 2000) and ZC_CHURN_CYCLES
 // (default 50) scale it to the issue's 10,000 and 200.

@@ -95,7 +95,7 @@ func TestCloseSlowReaderGetsEverything(t *testing.T) {
 // (an io_uring SENDMSG of up to 1 MiB completes only once the kernel took all of it) into a
 // small socket buffer, drained by a peer slower than that send per CloseTimeout: no send
 // completes for longer than CloseTimeout, yet the peer reads the whole time. The close
-// must not give up (it did on io_uring in 5 of 6 runs of the session-10 probe: reset, ~1.9 MB
+// must not give up (it did on io_uring in 5 of 6 runs of a probe: reset, ~1.9 MB
 // lost); the peer's acknowledgements count as progress (peerAnswers).
 func TestCloseSlowBatchIsProgress(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
@@ -112,7 +112,7 @@ func TestCloseSlowBatchIsProgress(t *testing.T) {
 // large send is in the kernel, half taken. The queue waits for the cancelled send's
 // completion, which says how much the kernel took: BytesDropped counts only the rest, so
 // what the peer received plus what was dropped never exceeds what was written. (Before, the
-// queue stopped without waiting and counted the whole send as dropped: the session-10 probe
+// queue stopped without waiting and counted the whole send as dropped: a probe
 // saw peers receive up to 685 KiB of a 1 MiB send counted as 960 KiB unsent.)
 func TestCloseContextCountsWhatTheKernelTook(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {

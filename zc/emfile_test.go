@@ -15,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Accept backs off on EMFILE (issue 9): in a child process whose RLIMIT_NOFILE is lowered to
+// Accept backs off on EMFILE: in a child process whose RLIMIT_NOFILE is lowered to
 // just above its open descriptors (before Listen: io_uring takes the limit when it prepares
 // an accept), a listener facing ~50 pending connections must pause
 // (Listener.AcceptBackoffs > 0), fail a bounded number of accepts (not millions), and accept

@@ -12,7 +12,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// A handler cannot hang the engine (issue 9): every call that would wait for its own queue
+// A handler cannot hang the engine: every call that would wait for its own queue
 // returns ErrWouldBlock there, or has a form that completes in the background. Each call is
 // made from the three places user code runs on a queue goroutine: the accept function,
 // OnData, and a function given to Conn.Post. A 10 s bound per step only detects a hang.

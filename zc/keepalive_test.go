@@ -10,7 +10,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// TCP keep-alive is on by default for accepted and dialed connections (issue 9), as in Go's
+// TCP keep-alive is on by default for accepted and dialed connections, as in Go's
 // net: idle and interval 15 s, 9 probes; ListenOptions / DialOptions KeepAlive: -1 turn it
 // off, a positive value (or Config.KeepAlive) sets it.
 

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Memory that fits the machine (issue 9): an engine pins little before connections arrive,
+// Memory that fits the machine: an engine pins little before connections arrive,
 // and an idle connection costs little heap.
 
 // TestMemoryAtStart: a 16-queue engine holds at most 16 MiB of registered (pinned) send

@@ -15,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Misuse gets a typed error, never a silent default (issue 9).
+// Misuse gets a typed error, never a silent default.
 
 // TestConfigNegative: every negative Config field is refused by New with a *ConfigError that
 // names it and matches ErrInvalid; nothing is started (no region, no ring left behind).
@@ -186,8 +186,7 @@ func testMisuse(t *testing.T, cfg Config) {
 		if _, err := e.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{Backlog: -1}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Listen with a negative backlog = %v", err)
 		}
-		// Post(nil) was accepted and then closed the connection with a *PanicError (the
-		// session-10 probe).
+		// Post(nil) was accepted and then closed the connection with a *PanicError.
 		if err := c.Post(nil); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Post(nil) = %v, want ErrInvalid", err)
 		}

@@ -23,7 +23,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// The relay test of issue 9: a zc engine accepts clients, dials a backend for each with
+// The relay test: a zc engine accepts clients, dials a backend for each with
 // DialAsync from the accept function, and forwards both ways with Conn.SendData only: no
 // flow-control code of its own; MaxQueuedBytes and MaxRecvHeld must keep it going. Some
 // clients read slowly (small socket buffer, sleeps), one pauses for a while, and some backend

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Handler methods are serialized on every backend (issue 9): a handler whose state is touched
+// Handler methods are serialized on every backend: a handler whose state is touched
 // without locks from OnData, OnWritable, OnEOF, OnClose and functions given to Conn.Post
 // (posted from other goroutines) must be race-free. Under -race the detector checks the
 // unsynchronized fields; without it the "inside" counter catches two methods running at once.

@@ -14,7 +14,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// A peer that never reads does not starve the other connections of its queue (issue 9): under
+// A peer that never reads does not starve the other connections of its queue: under
 // the README's SendData echo on one queue, 8 clients keep echoing while another client sends
 // as fast as it can and never reads. Progress is compared over windows: the echo counts keep
 // growing after the hog filled everything it can fill.
