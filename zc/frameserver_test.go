@@ -22,6 +22,8 @@ import (
 	"github.com/zcnet/zcnet/zc"
 )
 
+// TestFrameServerManyClients: many clients (more than the send pool serves at once: 4 buffers),
+// some pipelining and reading late, some half-closing first, some resetting mid-request;
 // every answer is checked byte by byte and every server goroutine returns.
 func TestFrameServerManyClients(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b zc.Backend) {
@@ -361,6 +363,3 @@ var probeSources = []probeSource{
 		return r, func() []byte { b, _ := io.ReadAll(r); return b }
 	}},
 }
-
-// TestReadFromSources: io.Copy into a *zc.Conn from a file, a TCP connection and a
-// bytes.Reader, off the queues, on ReadSelf and event-loop connections: every byte arrives

@@ -17,6 +17,8 @@ import (
 	"github.com/zcnet/zcnet/zc"
 )
 
+// TestPublicAPIMisuse: the calls a user gets wrong, each answered with a typed error or
+// correct behaviour.
 func TestPublicAPIMisuse(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b zc.Backend) {
 		checkLeaks(t)
@@ -359,6 +361,3 @@ func TestPublicAPIMisuse(t *testing.T) {
 		})
 	})
 }
-
-// TestNetConnHTTP: net/http over the net.Conn face (zc/netconn) on both ends (the server
-// on netconn.Listen, the client's transport dialing with netconn.Dial), concurrent requests with every

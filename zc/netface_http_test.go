@@ -21,6 +21,8 @@ import (
 	"github.com/zcnet/zcnet/zc/netconn"
 )
 
+// TestNetConnHTTP: net/http over the net.Conn face (zc/netconn) on both ends (the server
+// on netconn.Listen, the client's transport dialing with netconn.Dial), concurrent requests with every
 // body checked, then Engine.Close under traffic: Serve returns, no goroutine is left.
 // nettest.TestConn runs on one engine of one queue whose send pool serves a few buffers.
 func TestNetConnHTTP(t *testing.T) {

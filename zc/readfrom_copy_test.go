@@ -19,6 +19,8 @@ import (
 	"github.com/zcnet/zcnet/zc"
 )
 
+// TestReadFromSources: io.Copy into a *zc.Conn from a file, a TCP connection and a
+// bytes.Reader, off the queues, on ReadSelf and event-loop connections: every byte arrives
 // once; a write deadline that passes mid-copy stops it with os.ErrDeadlineExceeded, what
 // it reported is what the peer gets, and the source holds exactly the rest.
 func TestReadFromSources(t *testing.T) {
@@ -220,6 +222,3 @@ func probeIs(t *testing.T, what string, err, want error) {
 		t.Errorf("%s: %v, want %v", what, err, want)
 	}
 }
-
-// TestPublicAPIMisuse: the calls a user gets wrong, each answered with a typed error or
-// correct behaviour.

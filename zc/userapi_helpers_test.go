@@ -203,6 +203,3 @@ func (s *frameServer) end(err error) {
 	s.ends[kind]++
 	s.mu.Unlock()
 }
-
-// TestFrameServerManyClients: many clients (more than the send pool serves at once: 4 buffers),
-// some pipelining and reading late, some half-closing first, some resetting mid-request;
