@@ -13,7 +13,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// Churn and cycles (issue 9): thousands of connections accepted and dialed in waves, and
+// Churn and cycles: thousands of connections accepted and dialed in waves, and
 // Engine open/close cycles with a connection each, leave descriptors, goroutines, registered
 // regions and rings where they started. ZC_CHURN_CONNS (default 2000) and ZC_CHURN_CYCLES
 // (default 50) scale it to the issue's 10,000 and 200.
@@ -50,9 +50,7 @@ func waitBack(t *testing.T, before resources, what string) resources {
 }
 
 func TestConnChurn(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testConnChurn(t, b, envInt(t, "ZC_CHURN_CONNS", 2000)) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testConnChurn(t, b, envInt(t, "ZC_CHURN_CONNS", 2000)) })
 }
 
 // testConnChurn: n connections dialed by one engine and accepted by another, in waves of 250
@@ -139,9 +137,7 @@ func testConnChurn(t *testing.T, b Backend, n int) {
 }
 
 func TestEngineCycles(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testEngineCycles(t, b, envInt(t, "ZC_CHURN_CYCLES", 50)) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testEngineCycles(t, b, envInt(t, "ZC_CHURN_CYCLES", 50)) })
 }
 
 // testEngineCycles: Engine open/close cycles, each with an echoed connection, and the last

@@ -80,73 +80,67 @@ func (p *slowPeer) closeAllRead(t *testing.T, chunk int, every time.Duration) {
 // left, so a peer that reads gets everything, as from Go's net. (It counted from Close: a
 // file server's SendFile + Close to a client slower than 5 s in all lost the tail.)
 func TestCloseSlowReaderGetsEverything(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			p := newSlowPeer(t, Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20}, 4096, 4<<20)
-			// A few KiB a millisecond: about a second in all, longer than CloseTimeout, with
-			// bytes leaving the whole time.
-			p.closeAllRead(t, 16<<10, time.Millisecond)
-			if st := p.e.Stats(); st.Faults.CloseTimeouts != 0 {
-				t.Errorf("Faults.CloseTimeouts = %d, want 0", st.Faults.CloseTimeouts)
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		p := newSlowPeer(t, Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20}, 4096, 4<<20)
+		// A few KiB a millisecond: about a second in all, longer than CloseTimeout, with
+		// bytes leaving the whole time.
+		p.closeAllRead(t, 16<<10, time.Millisecond)
+		if st := p.e.Stats(); st.Faults.CloseTimeouts != 0 {
+			t.Errorf("Faults.CloseTimeouts = %d, want 0", st.Faults.CloseTimeouts)
+		}
+	})
 }
 
 // TestCloseSlowBatchIsProgress: a graceful Close whose queued bytes leave in one large send
 // (an io_uring SENDMSG of up to 1 MiB completes only once the kernel took all of it) into a
 // small socket buffer, drained by a peer slower than that send per CloseTimeout: no send
 // completes for longer than CloseTimeout, yet the peer reads the whole time. The close
-// must not give up (it did on io_uring in 5 of 6 runs of the session-10 probe: reset, ~1.9 MB
+// must not give up (it did on io_uring in 5 of 6 runs of a probe: reset, ~1.9 MB
 // lost); the peer's acknowledgements count as progress (peerAnswers).
 func TestCloseSlowBatchIsProgress(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			cfg := Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
-			p := newSlowPeer(t, cfg, 16<<10, 2<<20)
-			// 8 KiB every 4 ms: about 2 MB/s, so a 1 MiB send takes ~500 ms, longer than
-			// CloseTimeout; the window reopens every ~32 ms, far within it (a reader starved
-			// for 300 ms by a loaded machine would look stopped).
-			p.closeAllRead(t, 8<<10, 4*time.Millisecond)
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		cfg := Config{Backend: be, CloseTimeout: 300 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+		p := newSlowPeer(t, cfg, 16<<10, 2<<20)
+		// 8 KiB every 4 ms: about 2 MB/s, so a 1 MiB send takes ~500 ms, longer than
+		// CloseTimeout; the window reopens every ~32 ms, far within it (a reader starved
+		// for 300 ms by a loaded machine would look stopped).
+		p.closeAllRead(t, 8<<10, 4*time.Millisecond)
+	})
 }
 
 // TestCloseContextCountsWhatTheKernelTook: CloseContext cut short resets a connection whose
 // large send is in the kernel, half taken. The queue waits for the cancelled send's
 // completion, which says how much the kernel took: BytesDropped counts only the rest, so
 // what the peer received plus what was dropped never exceeds what was written. (Before, the
-// queue stopped without waiting and counted the whole send as dropped: the session-10 probe
+// queue stopped without waiting and counted the whole send as dropped: a probe
 // saw peers receive up to 685 KiB of a 1 MiB send counted as 960 KiB unsent.)
 func TestCloseContextCountsWhatTheKernelTook(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			const total = 1 << 20
-			p := newSlowPeer(t, Config{Backend: be, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}, 16<<10, total)
-			got := make(chan []byte, 1)
-			go func() { // 8 KiB every 2 ms until the reset
-				b, _ := p.read(8<<10, 2*time.Millisecond)
-				got <- b
-			}()
-			time.Sleep(60 * time.Millisecond)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
-			defer cancel()
-			if err := p.e.CloseContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("CloseContext = %v, want an error wrapping context.DeadlineExceeded", err)
-			}
-			recvEvent(t, p.ev.closed, "close")
-			peer := waitHang(t, got, "the peer's reads after the reset", nil)
-			if !bytes.Equal(peer, p.src[:len(peer)]) {
-				t.Fatalf("the peer's %d bytes differ from what was written", len(peer))
-			}
-			dropped := int(p.c.Stats().BytesDropped)
-			t.Logf("peer received %d, BytesDropped %d, written %d", len(peer), dropped, total)
-			if dropped == 0 || len(peer) == total {
-				t.Fatalf("nothing was cut (peer %d, dropped %d): the test did not reset a send in flight", len(peer), dropped)
-			}
-			if len(peer)+dropped > total {
-				t.Fatalf("the peer received %d bytes and %d were counted as dropped: %d more than the %d written", len(peer), dropped, len(peer)+dropped-total, total)
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		const total = 1 << 20
+		p := newSlowPeer(t, Config{Backend: be, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}, 16<<10, total)
+		got := make(chan []byte, 1)
+		go func() { // 8 KiB every 2 ms until the reset
+			b, _ := p.read(8<<10, 2*time.Millisecond)
+			got <- b
+		}()
+		time.Sleep(60 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		defer cancel()
+		if err := p.e.CloseContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("CloseContext = %v, want an error wrapping context.DeadlineExceeded", err)
+		}
+		recvEvent(t, p.ev.closed, "close")
+		peer := waitHang(t, got, "the peer's reads after the reset", nil)
+		if !bytes.Equal(peer, p.src[:len(peer)]) {
+			t.Fatalf("the peer's %d bytes differ from what was written", len(peer))
+		}
+		dropped := int(p.c.Stats().BytesDropped)
+		t.Logf("peer received %d, BytesDropped %d, written %d", len(peer), dropped, total)
+		if dropped == 0 || len(peer) == total {
+			t.Fatalf("nothing was cut (peer %d, dropped %d): the test did not reset a send in flight", len(peer), dropped)
+		}
+		if len(peer)+dropped > total {
+			t.Fatalf("the peer received %d bytes and %d were counted as dropped: %d more than the %d written", len(peer), dropped, len(peer)+dropped-total, total)
+		}
+	})
 }

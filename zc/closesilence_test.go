@@ -57,32 +57,30 @@ func hear(t *testing.T, fd int) {
 // whose window reopens less often than that was reset with the rest dropped — the issue-29
 // probe's reader of 1 KB/s got 1.6% of what Write had reported written.)
 func TestCloseWaitsWhilePeerAnswers(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
-			p := newSlowPeer(t, cfg, 4096, 128<<10)
-			if err := p.c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			// Thirty times CloseTimeout without reading: the window stays closed, the
-			// kernel probes it (at 0.2, 0.6 and 1.4 s) and the peer's kernel answers (all
-			// but the second, which its rate limit of 500 ms swallows).
-			time.Sleep(30 * cfg.CloseTimeout)
-			got, err := p.read(4096, cfg.CloseTimeout) // 4 KiB per CloseTimeout
-			if err != io.EOF || !bytes.Equal(got, p.src) {
-				t.Fatalf("the slow reader got %d of %d bytes (intact: %v), then %v; want all, then io.EOF", len(got), len(p.src), bytes.Equal(got, p.src[:len(got)]), err)
-			}
-			if err := recvEvent(t, p.ev.closed, "close"); err != nil {
-				t.Fatalf("OnClose of a close whose peer read everything = %v, want nil", err)
-			}
-			if st := p.c.Stats(); st.BytesDropped != 0 {
-				t.Errorf("BytesDropped = %d, want 0", st.BytesDropped)
-			}
-			if st := p.e.Stats(); st.Faults.CloseTimeouts != 0 {
-				t.Errorf("Faults.CloseTimeouts = %d, want 0", st.Faults.CloseTimeouts)
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+		p := newSlowPeer(t, cfg, 4096, 128<<10)
+		if err := p.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Thirty times CloseTimeout without reading: the window stays closed, the
+		// kernel probes it (at 0.2, 0.6 and 1.4 s) and the peer's kernel answers (all
+		// but the second, which its rate limit of 500 ms swallows).
+		time.Sleep(30 * cfg.CloseTimeout)
+		got, err := p.read(4096, cfg.CloseTimeout) // 4 KiB per CloseTimeout
+		if err != io.EOF || !bytes.Equal(got, p.src) {
+			t.Fatalf("the slow reader got %d of %d bytes (intact: %v), then %v; want all, then io.EOF", len(got), len(p.src), bytes.Equal(got, p.src[:len(got)]), err)
+		}
+		if err := recvEvent(t, p.ev.closed, "close"); err != nil {
+			t.Fatalf("OnClose of a close whose peer read everything = %v, want nil", err)
+		}
+		if st := p.c.Stats(); st.BytesDropped != 0 {
+			t.Errorf("BytesDropped = %d, want 0", st.BytesDropped)
+		}
+		if st := p.e.Stats(); st.Faults.CloseTimeouts != 0 {
+			t.Errorf("Faults.CloseTimeouts = %d, want 0", st.Faults.CloseTimeouts)
+		}
+	})
 }
 
 // TestCloseSilentPeerCounted: a graceful Close whose peer never reads and then answers
@@ -92,39 +90,37 @@ func TestCloseWaitsWhilePeerAnswers(t *testing.T) {
 // Unsent is exactly what Write accepted. (Before, Unsent left out the kernel's part.)
 // ConnStats.BytesDropped stays what never reached the kernel.
 func TestCloseSilentPeerCounted(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			const total = 1 << 20
-			cfg := Config{Backend: be, CloseTimeout: 100 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
-			p := newSlowPeer(t, cfg, 16<<10, total)
-			silence(t, p.s.Fd())
-			if err := p.c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			err := recvEvent(t, p.ev.closed, "close")
-			var te *CloseTimeoutError
-			if !errors.As(err, &te) || !errors.Is(err, ErrCloseTimeout) {
-				t.Fatalf("OnClose after a silent peer = %v, want a *CloseTimeoutError", err)
-			}
-			held, qerr := p.s.InQueue()
-			if qerr != nil {
-				t.Fatal(qerr)
-			}
-			t.Logf("peer holds %d, Unsent %d, BytesDropped %d, written %d", held, te.Unsent, p.c.Stats().BytesDropped, total)
-			if held+te.Unsent != total {
-				t.Errorf("the peer holds %d bytes and Unsent is %d: %d of the %d written are not counted", held, te.Unsent, total-held-te.Unsent, total)
-			}
-			// BytesDropped counts only what never reached the kernel.
-			if d := p.c.Stats().BytesDropped; d == 0 || d > uint64(te.Unsent) {
-				t.Errorf("BytesDropped %d, Unsent %d: want 0 < BytesDropped <= Unsent", d, te.Unsent)
-			}
-			hear(t, p.s.Fd())
-			buf := make([]byte, held)
-			if _, err := io.ReadFull(p.s, buf); err != nil || !bytes.Equal(buf, p.src[:held]) {
-				t.Errorf("the peer's %d bytes: %v, or not what was written", held, err)
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		const total = 1 << 20
+		cfg := Config{Backend: be, CloseTimeout: 100 * time.Millisecond, MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+		p := newSlowPeer(t, cfg, 16<<10, total)
+		silence(t, p.s.Fd())
+		if err := p.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err := recvEvent(t, p.ev.closed, "close")
+		var te *CloseTimeoutError
+		if !errors.As(err, &te) || !errors.Is(err, ErrCloseTimeout) {
+			t.Fatalf("OnClose after a silent peer = %v, want a *CloseTimeoutError", err)
+		}
+		held, qerr := p.s.InQueue()
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		t.Logf("peer holds %d, Unsent %d, BytesDropped %d, written %d", held, te.Unsent, p.c.Stats().BytesDropped, total)
+		if held+te.Unsent != total {
+			t.Errorf("the peer holds %d bytes and Unsent is %d: %d of the %d written are not counted", held, te.Unsent, total-held-te.Unsent, total)
+		}
+		// BytesDropped counts only what never reached the kernel.
+		if d := p.c.Stats().BytesDropped; d == 0 || d > uint64(te.Unsent) {
+			t.Errorf("BytesDropped %d, Unsent %d: want 0 < BytesDropped <= Unsent", d, te.Unsent)
+		}
+		hear(t, p.s.Fd())
+		buf := make([]byte, held)
+		if _, err := io.ReadFull(p.s, buf); err != nil || !bytes.Equal(buf, p.src[:held]) {
+			t.Errorf("the peer's %d bytes: %v, or not what was written", held, err)
+		}
+	})
 }
 
 // TestCloseStalledPeerGivesUp: a graceful Close whose peer is alive but never reads (its
@@ -135,44 +131,42 @@ func TestCloseSilentPeerCounted(t *testing.T) {
 // closed connection's send buffers until Engine.Close.) Then a peer that reads, slowly,
 // with pauses shorter than CloseStall, still gets everything.
 func TestCloseStalledPeerGivesUp(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			const total = 1 << 20
-			cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, CloseStall: 2 * time.Second,
-				MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
-			p := newSlowPeer(t, cfg, 16<<10, total)
-			if err := p.c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			err := recvEvent(t, p.ev.closed, "close")
-			var te *CloseTimeoutError
-			if !errors.As(err, &te) || !errors.Is(err, ErrCloseTimeout) {
-				t.Fatalf("OnClose after a peer that never reads = %v, want a *CloseTimeoutError", err)
-			}
-			if te.Timeout != cfg.CloseStall {
-				t.Errorf("CloseTimeoutError.Timeout = %v, want CloseStall (%v)", te.Timeout, cfg.CloseStall)
-			}
-			held, qerr := p.s.InQueue()
-			if qerr != nil {
-				t.Fatal(qerr)
-			}
-			t.Logf("%v; peer holds %d, Unsent %d, BytesDropped %d", err, held, te.Unsent, p.c.Stats().BytesDropped)
-			if held+te.Unsent != total {
-				t.Errorf("the peer holds %d bytes and Unsent is %d: %d of the %d written are not counted", held, te.Unsent, total-held-te.Unsent, total)
-			}
-			if st := p.e.Stats(); st.Faults.CloseTimeouts != 1 {
-				t.Errorf("Faults.CloseTimeouts = %d, want 1", st.Faults.CloseTimeouts)
-			}
-			buf := make([]byte, held)
-			if _, err := io.ReadFull(p.s, buf); err != nil || !bytes.Equal(buf, p.src[:held]) {
-				t.Errorf("the peer's %d bytes: %v, or not what was written", held, err)
-			}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		const total = 1 << 20
+		cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, CloseStall: 2 * time.Second,
+			MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
+		p := newSlowPeer(t, cfg, 16<<10, total)
+		if err := p.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		err := recvEvent(t, p.ev.closed, "close")
+		var te *CloseTimeoutError
+		if !errors.As(err, &te) || !errors.Is(err, ErrCloseTimeout) {
+			t.Fatalf("OnClose after a peer that never reads = %v, want a *CloseTimeoutError", err)
+		}
+		if te.Timeout != cfg.CloseStall {
+			t.Errorf("CloseTimeoutError.Timeout = %v, want CloseStall (%v)", te.Timeout, cfg.CloseStall)
+		}
+		held, qerr := p.s.InQueue()
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		t.Logf("%v; peer holds %d, Unsent %d, BytesDropped %d", err, held, te.Unsent, p.c.Stats().BytesDropped)
+		if held+te.Unsent != total {
+			t.Errorf("the peer holds %d bytes and Unsent is %d: %d of the %d written are not counted", held, te.Unsent, total-held-te.Unsent, total)
+		}
+		if st := p.e.Stats(); st.Faults.CloseTimeouts != 1 {
+			t.Errorf("Faults.CloseTimeouts = %d, want 1", st.Faults.CloseTimeouts)
+		}
+		buf := make([]byte, held)
+		if _, err := io.ReadFull(p.s, buf); err != nil || !bytes.Equal(buf, p.src[:held]) {
+			t.Errorf("the peer's %d bytes: %v, or not what was written", held, err)
+		}
 
-			// A reader of 4 KiB per 50 ms, reading for longer in all than CloseStall: each
-			// byte it takes starts CloseStall again, so it gets everything. (Its window
-			// reopens in steps of several reads: CloseStall must stay well above that.)
-			q := newSlowPeer(t, cfg, 4096, 256<<10)
-			q.closeAllRead(t, 4096, 50*time.Millisecond)
-		})
-	}
+		// A reader of 4 KiB per 50 ms, reading for longer in all than CloseStall: each
+		// byte it takes starts CloseStall again, so it gets everything. (Its window
+		// reopens in steps of several reads: CloseStall must stay well above that.)
+		q := newSlowPeer(t, cfg, 4096, 256<<10)
+		q.closeAllRead(t, 4096, 50*time.Millisecond)
+	})
 }

@@ -14,9 +14,7 @@ import (
 // lost), not nil. (A peer that only stops reading still answers the kernel's window probes:
 // its close waits, TestCloseWaitsWhilePeerAnswers.)
 func TestCloseTimeoutReported(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) { testCloseTimeoutReported(t, Config{Backend: be}) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testCloseTimeoutReported(t, Config{Backend: be}) })
 }
 
 // smallRecvBuf dials addr with a 4 KiB receive buffer (set before the handshake, so the

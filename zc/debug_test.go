@@ -74,33 +74,31 @@ func dialPeer(t *testing.T, e *Engine, h Handler) (*Conn, net.Conn) {
 // TestDebugWriteAfterSend: a slice of Buf.Bytes written after Send is reported when the
 // buffer comes back.
 func TestDebugWriteAfterSend(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			m := &misuses{}
-			e := debugEngine(t, DebugOptions{Buffers: true}, m, b)
-			c, peer := dialPeer(t, e, HandlerFuncs{})
-			// Fill the socket (the peer does not read yet), so the next Send waits in the queue.
-			go c.Write(make([]byte, 4<<20))
-			testutil.Eventually(t, "bytes queued", func() bool { return c.Queued() > 0 })
-			buf, err := c.BufferWait(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			kept := buf.Bytes()
-			for i := range kept {
-				kept[i] = 'a'
-			}
-			if err := c.Send(buf, len(kept)); err != nil {
-				t.Fatal(err)
-			}
-			kept[100] = 'b' // the misuse
-			go io.Copy(io.Discard, peer)
-			testutil.Eventually(t, "the write after Send reported", func() bool { return m.has("write after Send") })
-			if e.Stats().Debug.Misuses == 0 {
-				t.Fatal("Stats.Debug.Misuses is 0")
-			}
-		})
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		m := &misuses{}
+		e := debugEngine(t, DebugOptions{Buffers: true}, m, b)
+		c, peer := dialPeer(t, e, HandlerFuncs{})
+		// Fill the socket (the peer does not read yet), so the next Send waits in the queue.
+		go c.Write(make([]byte, 4<<20))
+		testutil.Eventually(t, "bytes queued", func() bool { return c.Queued() > 0 })
+		buf, err := c.BufferWait(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := buf.Bytes()
+		for i := range kept {
+			kept[i] = 'a'
+		}
+		if err := c.Send(buf, len(kept)); err != nil {
+			t.Fatal(err)
+		}
+		kept[100] = 'b' // the misuse
+		go io.Copy(io.Discard, peer)
+		testutil.Eventually(t, "the write after Send reported", func() bool { return m.has("write after Send") })
+		if e.Stats().Debug.Misuses == 0 {
+			t.Fatal("Stats.Debug.Misuses is 0")
+		}
+	})
 }
 
 // TestDebugWriteAfterRelease: a slice kept past Release and written is reported when the

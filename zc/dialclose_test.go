@@ -76,9 +76,9 @@ func countFDs() int {
 // stuck on a SYN-dropping target: every Dial returns ErrClosed, every DialAsync's done runs
 // with ErrClosed, Close returns, and nothing leaks; 20 rounds.
 func TestDialInFlightEngineClose(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testDialInFlightEngineClose(t, Config{Backend: b, Queues: 2, NoPin: true}, 20) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		testDialInFlightEngineClose(t, Config{Backend: b, Queues: 2, NoPin: true}, 20)
+	})
 }
 
 func testDialInFlightEngineClose(t *testing.T, cfg Config, rounds int) {
@@ -149,27 +149,25 @@ func testDialInFlightEngineClose(t *testing.T, cfg Config, rounds int) {
 // TestDialCancelInFlight: a Dial stuck on a SYN-dropping target returns the context's error
 // when the context ends, and the engine closes normally afterwards.
 func TestDialCancelInFlight(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			target := synDropTarget(t)
-			e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			defer cancel()
-			done := make(chan error, 1)
-			go func() {
-				c, err := e.Dial(ctx, "tcp", target, HandlerFuncs{})
-				if c != nil {
-					c.Close()
-				}
-				done <- err
-			}()
-			if err := waitHang(t, done, "Dial with a deadline", func() string { return engineDump(e) }); !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Dial with a 100 ms deadline to a SYN-dropping target = %v, want DeadlineExceeded", err)
+	eachBackend(t, func(t *testing.T, b Backend) {
+		target := synDropTarget(t)
+		e := newEngine(t, Config{Backend: b, Queues: 1, NoPin: true})
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			c, err := e.Dial(ctx, "tcp", target, HandlerFuncs{})
+			if c != nil {
+				c.Close()
 			}
-			if n := e.Stats().Conns; n != 0 {
-				t.Fatalf("%d connections left after the cancelled dial", n)
-			}
-			closeEngineBounded(t, e)
-		})
-	}
+			done <- err
+		}()
+		if err := waitHang(t, done, "Dial with a deadline", func() string { return engineDump(e) }); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Dial with a 100 ms deadline to a SYN-dropping target = %v, want DeadlineExceeded", err)
+		}
+		if n := e.Stats().Conns; n != 0 {
+			t.Fatalf("%d connections left after the cancelled dial", n)
+		}
+		closeEngineBounded(t, e)
+	})
 }

@@ -200,44 +200,42 @@ func (s *streamer) OnWritable(c *Conn) {
 }
 
 func TestWritableStreaming(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			const total = 64 << 20
-			srv, cli := newPair(t, Config{Backend: b})
-			k := newCollector(total)
-			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
-			if err != nil {
-				t.Fatal(err)
+	eachBackend(t, func(t *testing.T, b Backend) {
+		const total = 64 << 20
+		srv, cli := newPair(t, Config{Backend: b})
+		k := newCollector(total)
+		l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		s := &streamer{total: total, errs: make(chan error, 1)}
+		c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Post(func() { s.OnWritable(c) })
+		select {
+		case <-k.done:
+		case err := <-s.errs:
+			t.Fatal(err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("timeout: %d of %d", k.n, total)
+		}
+		want := sha256.New()
+		p := make([]byte, 64<<10)
+		for off := 0; off < total; off += len(p) {
+			for i := range p {
+				p[i] = byte(off + i)
 			}
-			defer l.Close()
-			s := &streamer{total: total, errs: make(chan error, 1)}
-			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Post(func() { s.OnWritable(c) })
-			select {
-			case <-k.done:
-			case err := <-s.errs:
-				t.Fatal(err)
-			case <-time.After(30 * time.Second):
-				t.Fatalf("timeout: %d of %d", k.n, total)
-			}
-			want := sha256.New()
-			p := make([]byte, 64<<10)
-			for off := 0; off < total; off += len(p) {
-				for i := range p {
-					p[i] = byte(off + i)
-				}
-				want.Write(p)
-			}
-			if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
-				t.Fatal("streamed data differs")
-			}
-			c.Close()
-			<-c.Done()
-		})
-	}
+			want.Write(p)
+		}
+		if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
+			t.Fatal("streamed data differs")
+		}
+		c.Close()
+		<-c.Done()
+	})
 }
 
 // TestWritableZeroCopyFewBuffers: with SEND_ZC a buffer returns at its notification, which

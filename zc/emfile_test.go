@@ -15,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Accept backs off on EMFILE (issue 9): in a child process whose RLIMIT_NOFILE is lowered to
+// Accept backs off on EMFILE: in a child process whose RLIMIT_NOFILE is lowered to
 // just above its open descriptors (before Listen: io_uring takes the limit when it prepares
 // an accept), a listener facing ~50 pending connections must pause
 // (Listener.AcceptBackoffs > 0), fail a bounded number of accepts (not millions), and accept
@@ -96,9 +96,7 @@ func emfileChild(backend string) int {
 }
 
 func TestAcceptBackoffEMFILE(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testAcceptBackoffEMFILE(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testAcceptBackoffEMFILE(t, b) })
 }
 
 func testAcceptBackoffEMFILE(t *testing.T, b Backend) {

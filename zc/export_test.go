@@ -15,6 +15,9 @@ var ZcrxExpected = zcrxExpected
 // ShimCfg is the shim tests' engine config; SmallCfg a small one of backend b.
 var ShimCfg, SmallCfg = shimCfg, smallCfg
 
+// EachBackend runs fn as a subtest on each backend of zc's own tests (eachBackend).
+var EachBackend = eachBackend
+
 // WaitHang is waitHang for the external tests.
 func WaitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string) T {
 	t.Helper()

@@ -364,81 +364,79 @@ func TestFanOutChurn(t *testing.T) {
 // TestFanOutPublishData: a publisher connection's received Data go to every subscriber,
 // shared; the publisher's receive credit bounds what slow subscribers hold.
 func TestFanOutPublishData(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: b, Queues: 2, RecvBufSize: 4096, MaxRecvHeld: 64 << 10})
-			const nsubs, nmsgs, size = 30, 3000, 64
-			var pubp atomic.Pointer[Conn]
-			var held []Data
-			var mu sync.Mutex
-			var f *FanOut
-			resume := func() { // on pub's queue goroutine
+	eachBackend(t, func(t *testing.T, b Backend) {
+		e := newEngine(t, Config{Backend: b, Queues: 2, RecvBufSize: 4096, MaxRecvHeld: 64 << 10})
+		const nsubs, nmsgs, size = 30, 3000, 64
+		var pubp atomic.Pointer[Conn]
+		var held []Data
+		var mu sync.Mutex
+		var f *FanOut
+		resume := func() { // on pub's queue goroutine
+			mu.Lock()
+			defer mu.Unlock()
+			for len(held) > 0 {
+				if err := f.PublishData(held[0]); errors.Is(err, ErrWouldBlock) {
+					return
+				}
+				held = held[1:]
+			}
+			pubp.Load().SetReceivePaused(false)
+		}
+		f, _ = NewFanOut(FanOutOptions{MaxQueued: 4 << 10, OnReady: func() { pubp.Load().Post(resume) }})
+		conns, clients := subscribers(t, e, nsubs, nil)
+		for _, c := range conns {
+			f.Add(c)
+		}
+		pubs, pubClients := subscribers(t, e, 1, func() Handler {
+			return HandlerFuncs{Data: func(c *Conn, d Data) {
 				mu.Lock()
 				defer mu.Unlock()
-				for len(held) > 0 {
-					if err := f.PublishData(held[0]); errors.Is(err, ErrWouldBlock) {
+				if len(held) == 0 {
+					err := f.PublishData(d)
+					if !errors.Is(err, ErrWouldBlock) {
 						return
 					}
-					held = held[1:]
 				}
-				pubp.Load().SetReceivePaused(false)
-			}
-			f, _ = NewFanOut(FanOutOptions{MaxQueued: 4 << 10, OnReady: func() { pubp.Load().Post(resume) }})
-			conns, clients := subscribers(t, e, nsubs, nil)
-			for _, c := range conns {
-				f.Add(c)
-			}
-			pubs, pubClients := subscribers(t, e, 1, func() Handler {
-				return HandlerFuncs{Data: func(c *Conn, d Data) {
-					mu.Lock()
-					defer mu.Unlock()
-					if len(held) == 0 {
-						err := f.PublishData(d)
-						if !errors.Is(err, ErrWouldBlock) {
-							return
-						}
-					}
-					held = append(held, d)
-					c.SetReceivePaused(true)
-				}}
-			})
-			pub := pubs[0]
-			pubp.Store(pub)
-			go func() {
-				p := make([]byte, size*nmsgs)
-				for i := uint64(0); i < nmsgs; i++ {
-					fanMsg(p[i*size:(i+1)*size], i)
-				}
-				pubClients[0].Write(p)
-			}()
-			errs := make(chan error, nsubs)
-			for i, nc := range clients {
-				slow := time.Duration(0)
-				if i%7 == 0 {
-					slow = time.Millisecond
-				}
-				go func() {
-					_, err := fanReader(nc, size, nmsgs, true, slow)
-					errs <- err
-				}()
-			}
-			for range clients {
-				select {
-				case err := <-errs:
-					if err != nil {
-						t.Fatal(err)
-					}
-				case <-time.After(60 * time.Second):
-					t.Fatalf("stalled: %+v %+v", f.Stats(), pub.Stats())
-				}
-			}
-			st, es := f.Stats(), e.Stats()
-			t.Logf("%+v; engine shared %d bytes, copied %d", st, es.Send.BytesShared, es.Send.BytesDataCopied)
-			if st.BytesShared != nsubs*nmsgs*size || es.Send.BytesDataCopied != 0 {
-				t.Errorf("shared %d bytes (want %d), copied %d", st.BytesShared, nsubs*nmsgs*size, es.Send.BytesDataCopied)
-			}
-			f.Close()
-			waitFor(t, func() bool { return pub.Stats().RecvHeld == 0 }, "the publisher's credit back")
+				held = append(held, d)
+				c.SetReceivePaused(true)
+			}}
 		})
-	}
+		pub := pubs[0]
+		pubp.Store(pub)
+		go func() {
+			p := make([]byte, size*nmsgs)
+			for i := uint64(0); i < nmsgs; i++ {
+				fanMsg(p[i*size:(i+1)*size], i)
+			}
+			pubClients[0].Write(p)
+		}()
+		errs := make(chan error, nsubs)
+		for i, nc := range clients {
+			slow := time.Duration(0)
+			if i%7 == 0 {
+				slow = time.Millisecond
+			}
+			go func() {
+				_, err := fanReader(nc, size, nmsgs, true, slow)
+				errs <- err
+			}()
+		}
+		for range clients {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("stalled: %+v %+v", f.Stats(), pub.Stats())
+			}
+		}
+		st, es := f.Stats(), e.Stats()
+		t.Logf("%+v; engine shared %d bytes, copied %d", st, es.Send.BytesShared, es.Send.BytesDataCopied)
+		if st.BytesShared != nsubs*nmsgs*size || es.Send.BytesDataCopied != 0 {
+			t.Errorf("shared %d bytes (want %d), copied %d", st.BytesShared, nsubs*nmsgs*size, es.Send.BytesDataCopied)
+		}
+		f.Close()
+		waitFor(t, func() bool { return pub.Stats().RecvHeld == 0 }, "the publisher's credit back")
+	})
 }

@@ -18,15 +18,15 @@ import (
 // it again and again, and eventually hands it to a worker thread that sends blocking): every
 // byte must arrive and the connection must not fail (EAGAIN is not an error here).
 func TestSendmsgManyRetries(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	eachBackend(t, func(t *testing.T, b Backend) {
 		for _, dialed := range []bool{true, false} {
-			name := b.String() + "/accepted"
+			name := "accepted"
 			if dialed {
-				name = b.String() + "/dialed"
+				name = "dialed"
 			}
 			t.Run(name, func(t *testing.T) { testSendmsgManyRetries(t, b, dialed) })
 		}
-	}
+	})
 }
 
 func testSendmsgManyRetries(t *testing.T, b Backend, dialed bool) {
@@ -130,14 +130,14 @@ func testSendmsgManyRetries(t *testing.T, b Backend, dialed bool) {
 // path: never negative, back to 0 once everything went out, and Write keeps it near
 // MaxQueuedBytes while the peer does not read (so the bound holds for zero-copy sends too).
 func TestQueuedAccounting(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
+	eachBackend(t, func(t *testing.T, b Backend) {
 		for _, p := range []SendPath{SendAdaptive, SendCopy, SendZeroCopy} {
 			if b == BackendPlain && p != SendAdaptive {
 				continue
 			}
-			t.Run(b.String()+"/"+p.String(), func(t *testing.T) { testQueuedAccounting(t, Config{Backend: b, SendPath: p}) })
+			t.Run(p.String(), func(t *testing.T) { testQueuedAccounting(t, Config{Backend: b, SendPath: p}) })
 		}
-	}
+	})
 }
 
 func testQueuedAccounting(t *testing.T, cfg Config) {
@@ -232,9 +232,7 @@ func testQueuedAccounting(t *testing.T, cfg Config) {
 // MaxRecvHeld: receiving stops at the bound (a little more may be in flight when it stops:
 // one receive's worth), whatever the peer sends.
 func TestRecvHeldBound(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testRecvHeldBound(t, Config{Backend: b, Queues: 1, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testRecvHeldBound(t, Config{Backend: b, Queues: 1, NoPin: true}) })
 }
 
 func testRecvHeldBound(t *testing.T, cfg Config) {

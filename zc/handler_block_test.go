@@ -12,7 +12,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// A handler cannot hang the engine (issue 9): every call that would wait for its own queue
+// A handler cannot hang the engine: every call that would wait for its own queue
 // returns ErrWouldBlock there, or has a form that completes in the background. Each call is
 // made from the three places user code runs on a queue goroutine: the accept function,
 // OnData, and a function given to Conn.Post. A 10 s bound per step only detects a hang.
@@ -91,9 +91,7 @@ func waitHang[T any](t *testing.T, ch <-chan T, what string, dump func() string)
 }
 
 func TestHandlerCannotHang(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHandlerCannotHang(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testHandlerCannotHang(t, Config{Backend: b}) })
 }
 
 func testHandlerCannotHang(t *testing.T, base Config) {
@@ -282,9 +280,7 @@ func closeEngineBounded(t *testing.T, e *Engine) {
 // pools must grow: neither queue may wait for the other (that would be two loops waiting on
 // each other for good). Buffer from a queue goroutine must never block on another queue.
 func TestCrossQueueBufferFromHandler(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testCrossQueueBuffer(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testCrossQueueBuffer(t, Config{Backend: b}) })
 }
 
 func testCrossQueueBuffer(t *testing.T, cfg Config) {

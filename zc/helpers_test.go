@@ -75,3 +75,16 @@ func payload(n int) []byte {
 	}
 	return p
 }
+
+// testBackends are the backends every backend-generic test runs on: the ones any machine
+// here has (the zcshim backend needs its module: its tests are TestShim*, run by vmtest).
+var testBackends = []Backend{BackendIOUring, BackendPlain}
+
+// eachBackend runs fn as a subtest named after each of testBackends (t.Run(b.String())), so
+// `-run TestX/plain` selects one backend.
+func eachBackend(t *testing.T, fn func(t *testing.T, b Backend)) {
+	t.Helper()
+	for _, b := range testBackends {
+		t.Run(b.String(), func(t *testing.T) { fn(t, b) })
+	}
+}

@@ -10,7 +10,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// TCP keep-alive is on by default for accepted and dialed connections (issue 9), as in Go's
+// TCP keep-alive is on by default for accepted and dialed connections, as in Go's
 // net: idle and interval 15 s, 9 probes; ListenOptions / DialOptions KeepAlive: -1 turn it
 // off, a positive value (or Config.KeepAlive) sets it.
 
@@ -46,9 +46,7 @@ func keepAliveOf(t *testing.T, c *Conn) keepAliveState {
 }
 
 func TestKeepAlive(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testKeepAlive(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testKeepAlive(t, b) })
 }
 
 func testKeepAlive(t *testing.T, b Backend) {

@@ -16,20 +16,16 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Lifetimes the process cannot crash on (issue 9): no callback on a reused descriptor, memory
+// Lifetimes the process cannot crash on: no callback on a reused descriptor, memory
 // the application holds stays mapped after Engine.Close, and every call after Close fails
 // with an error matching ErrClosed.
-
-var lifetimeBackends = []Backend{BackendIOUring, BackendPlain}
 
 // TestSocketAfterPeerReset: Conn.Socket racing a peer reset, with new sockets taking the
 // freed descriptor numbers meanwhile: every callback that runs sees our connection (its peer
 // is our client), and once the connection closed Socket fails with ErrClosed without
 // calling back.
 func TestSocketAfterPeerReset(t *testing.T) {
-	for _, b := range lifetimeBackends {
-		t.Run(b.String(), func(t *testing.T) { testSocketAfterPeerReset(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testSocketAfterPeerReset(t, Config{Backend: b}) })
 }
 
 func testSocketAfterPeerReset(t *testing.T, cfg Config) {
@@ -124,9 +120,9 @@ func testSocketAfterPeerReset(t *testing.T, cfg Config) {
 // (Conn.Buffer) and received data (held from OnData): both stay usable (write the buffer,
 // read the data), Release works, and the regions are unmapped after the last release.
 func TestEngineCloseWithHeldMemory(t *testing.T) {
-	for _, b := range lifetimeBackends {
-		t.Run(b.String(), func(t *testing.T) { testEngineCloseWithHeldMemory(t, Config{Backend: b, Queues: 2, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		testEngineCloseWithHeldMemory(t, Config{Backend: b, Queues: 2, NoPin: true})
+	})
 }
 
 func waitRegions(want int64) int64 {
@@ -226,9 +222,7 @@ func testEngineCloseWithHeldMemory(t *testing.T, cfg Config) {
 // CloseWrite and SetHandler after Conn.Close (and after Engine.Close) fail with a typed error
 // matching ErrClosed, never nil, and a buffer passed to a failed Send is released.
 func TestCallsAfterClose(t *testing.T) {
-	for _, b := range lifetimeBackends {
-		t.Run(b.String(), func(t *testing.T) { testCallsAfterClose(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testCallsAfterClose(t, Config{Backend: b}) })
 }
 
 func testCallsAfterClose(t *testing.T, cfg Config) {

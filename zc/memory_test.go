@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Memory that fits the machine (issue 9): an engine pins little before connections arrive,
+// Memory that fits the machine: an engine pins little before connections arrive,
 // and an idle connection costs little heap.
 
 // TestMemoryAtStart: a 16-queue engine holds at most 16 MiB of registered (pinned) send
@@ -80,9 +80,7 @@ func vmRSS() int64 {
 // 1 KiB per idle connection (RSS, which the bench's idle scenario measures); more than 1 KiB
 // of heap fails. ZC_IDLE_CONNS scales it.
 func TestIdleConnMemory(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testIdleConnMemory(t, b, envInt(t, "ZC_IDLE_CONNS", 2000)) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testIdleConnMemory(t, b, envInt(t, "ZC_IDLE_CONNS", 2000)) })
 }
 
 func testIdleConnMemory(t *testing.T, b Backend, n int) {

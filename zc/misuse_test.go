@@ -15,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Misuse gets a typed error, never a silent default (issue 9).
+// Misuse gets a typed error, never a silent default.
 
 // TestConfigNegative: every negative Config field is refused by New with a *ConfigError that
 // names it and matches ErrInvalid; nothing is started (no region, no ring left behind).
@@ -68,9 +68,7 @@ func TestConfigNegative(t *testing.T) {
 }
 
 func TestMisuse(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testMisuse(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testMisuse(t, Config{Backend: b}) })
 }
 
 func testMisuse(t *testing.T, cfg Config) {
@@ -188,8 +186,7 @@ func testMisuse(t *testing.T, cfg Config) {
 		if _, err := e.Listen("tcp", "127.0.0.1:0", echoAccept, ListenOptions{Backlog: -1}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Listen with a negative backlog = %v", err)
 		}
-		// Post(nil) was accepted and then closed the connection with a *PanicError (the
-		// session-10 probe).
+		// Post(nil) was accepted and then closed the connection with a *PanicError.
 		if err := c.Post(nil); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Post(nil) = %v, want ErrInvalid", err)
 		}
@@ -227,9 +224,7 @@ func testMisuse(t *testing.T, cfg Config) {
 // function) closes that connection with an error wrapping *PanicError, is counted in
 // Stats.Faults.HandlerPanics, and the engine keeps serving the others.
 func TestHandlerPanics(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHandlerPanics(t, Config{Backend: b, Queues: 1, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testHandlerPanics(t, Config{Backend: b, Queues: 1, NoPin: true}) })
 }
 
 func testHandlerPanics(t *testing.T, cfg Config) {
@@ -369,9 +364,7 @@ func (p *panicky) OnClose(c *Conn, err error) { p.closed(err) }
 // engine, a plain socket) fails with EADDRINUSE; ListenOptions.Shared joins instead; port 0
 // always works; the address is free again once the holder closed.
 func TestListenAddrInUse(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testListenAddrInUse(t, Config{Backend: b}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testListenAddrInUse(t, Config{Backend: b}) })
 }
 
 func testListenAddrInUse(t *testing.T, cfg Config) {

@@ -11,7 +11,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// Zero-copy notification accounting stays exact (issue 9): many connections stream with
+// Zero-copy notification accounting stays exact: many connections stream with
 // SendZeroCopy while their peers reset mid-stream (SO_LINGER 0) and the test closes others
 // mid-stream. Engine.Stats().NotifsPending, polled throughout, never goes negative; once
 // everything closed it is 0, NotifsUnexpected is 0, and every send buffer is back.

@@ -23,9 +23,9 @@ import (
 // the spare connection stays open, and every byte of the running relay arrives once, in
 // order, both ways, on both paths.
 func TestRelaySecondReaderRefused(t *testing.T) {
-	for _, be := range spliceBackends() {
+	eachBackend(t, func(t *testing.T, be Backend) {
 		for _, path := range []RelayPath{RelaySplice, RelaySendData} {
-			t.Run(fmt.Sprintf("%v/%v", be, path), func(t *testing.T) {
+			t.Run(path.String(), func(t *testing.T) {
 				const conns, perConn = 4, 4 << 20
 				s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: path, PipeSize: 256 << 10},
 					streamServe(perConn))
@@ -75,95 +75,93 @@ func TestRelaySecondReaderRefused(t *testing.T) {
 				}
 			})
 		}
-	}
+	})
 }
 
 // TestRelayOfSubscriberRefused: a FanOut subscriber cannot be relayed (ErrInvalid, its
 // handler keeps receiving, nothing closed) until it is removed; then the relay takes it and
 // forwards. A ReadSelf connection is refused the same way and still reads its socket.
 func TestRelayOfSubscriberRefused(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: be, Queues: 2})
-			got := make(chan string, 16)
-			h := HandlerFuncs{Data: func(c *Conn, d Data) {
-				got <- string(d.Bytes())
-				d.Release()
-			}}
-			a, pa := dialPeer(t, e, h)
-			b, pb := dialPeer(t, e, HandlerFuncs{})
-			fo, err := NewFanOut(FanOutOptions{Policy: FanOutDrop})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := fo.Add(a); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := Relay(a, b); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay of a subscriber: %v, want ErrInvalid", err)
-			}
-			if _, err := Relay(b, a); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay(b, subscriber): %v, want ErrInvalid", err)
-			}
-			if err := a.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("SetHandler on a subscriber: %v, want ErrInvalid", err)
-			}
-			if a.isClosing() || b.isClosing() {
-				t.Fatal("a refused relay closed a connection")
-			}
-			// The subscriber's own handler still gets its bytes.
-			pa.Write([]byte("hello"))
-			if s := recvString(t, got, 5); s != "hello" {
-				t.Fatalf("subscriber's handler got %q", s)
-			}
-			// b was claimed and given back by the refused Relay(b, a): a relay now takes it.
-			if !fo.Remove(a) {
-				t.Fatal("Remove: not a subscriber")
-			}
-			testutil.Eventually(t, "the subscriber's handler back", func() bool {
-				var back bool
-				a.q.Do(func() error { _, back = a.h.(HandlerFuncs); return nil })
-				return back
-			})
-			// Paused until the relay's handler is in place (bytes that arrive earlier go to
-			// the old handler: Relay's doc).
-			// (On its queue: a pause posted from here could run after the bytes' event.)
-			if err := a.q.Do(func() error { return a.SetReceivePaused(true) }); err != nil {
-				t.Fatal(err)
-			}
-			rs, err := Relay(a, b)
-			if err != nil {
-				t.Fatalf("Relay after Remove: %v", err)
-			}
-			if err := fo.Add(a); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("FanOut.Add of a relayed connection: %v, want ErrInvalid", err)
-			}
-			pa.Write([]byte("world"))
-			buf := make([]byte, 5)
-			pb.SetReadDeadline(time.Now().Add(time.Minute))
-			if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "world" {
-				t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path, rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
-			}
-
-			// ReadSelf: the application reads it; a relay is refused, nothing changes.
-			c2, p2 := dialSelf(t, e)
-			d, _ := dialPeer(t, e, HandlerFuncs{})
-			if _, err := Relay(c2, d); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay of a ReadSelf connection: %v, want ErrInvalid", err)
-			}
-			if _, err := Relay(d, c2); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Relay(d, ReadSelf connection): %v, want ErrInvalid", err)
-			}
-			p2.Write([]byte("self"))
-			rb := make([]byte, 4)
-			if _, err := io.ReadFull(c2, rb); err != nil || string(rb) != "self" {
-				t.Fatalf("ReadSelf read %q, %v", rb, err)
-			}
-			if _, err := Relay(d, spareConn(t, e)); err != nil {
-				t.Fatalf("Relay of the connection a refused relay gave back: %v", err)
-			}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		e := newEngine(t, Config{Backend: be, Queues: 2})
+		got := make(chan string, 16)
+		h := HandlerFuncs{Data: func(c *Conn, d Data) {
+			got <- string(d.Bytes())
+			d.Release()
+		}}
+		a, pa := dialPeer(t, e, h)
+		b, pb := dialPeer(t, e, HandlerFuncs{})
+		fo, err := NewFanOut(FanOutOptions{Policy: FanOutDrop})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fo.Add(a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Relay(a, b); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Relay of a subscriber: %v, want ErrInvalid", err)
+		}
+		if _, err := Relay(b, a); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Relay(b, subscriber): %v, want ErrInvalid", err)
+		}
+		if err := a.SetHandler(HandlerFuncs{}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("SetHandler on a subscriber: %v, want ErrInvalid", err)
+		}
+		if a.isClosing() || b.isClosing() {
+			t.Fatal("a refused relay closed a connection")
+		}
+		// The subscriber's own handler still gets its bytes.
+		pa.Write([]byte("hello"))
+		if s := recvString(t, got, 5); s != "hello" {
+			t.Fatalf("subscriber's handler got %q", s)
+		}
+		// b was claimed and given back by the refused Relay(b, a): a relay now takes it.
+		if !fo.Remove(a) {
+			t.Fatal("Remove: not a subscriber")
+		}
+		testutil.Eventually(t, "the subscriber's handler back", func() bool {
+			var back bool
+			a.q.Do(func() error { _, back = a.h.(HandlerFuncs); return nil })
+			return back
 		})
-	}
+		// Paused until the relay's handler is in place (bytes that arrive earlier go to
+		// the old handler: Relay's doc).
+		// (On its queue: a pause posted from here could run after the bytes' event.)
+		if err := a.q.Do(func() error { return a.SetReceivePaused(true) }); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := Relay(a, b)
+		if err != nil {
+			t.Fatalf("Relay after Remove: %v", err)
+		}
+		if err := fo.Add(a); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("FanOut.Add of a relayed connection: %v, want ErrInvalid", err)
+		}
+		pa.Write([]byte("world"))
+		buf := make([]byte, 5)
+		pb.SetReadDeadline(time.Now().Add(time.Minute))
+		if _, err := io.ReadFull(pb, buf); err != nil || string(buf) != "world" {
+			t.Fatalf("relayed %q, %v: got %d path %v stats %d/%d\n%s%s", buf, err, len(got), rs.Path, rs.AtoB.Load(), rs.BtoA.Load(), spliceDump(e), engineDump(e))
+		}
+
+		// ReadSelf: the application reads it; a relay is refused, nothing changes.
+		c2, p2 := dialSelf(t, e)
+		d, _ := dialPeer(t, e, HandlerFuncs{})
+		if _, err := Relay(c2, d); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Relay of a ReadSelf connection: %v, want ErrInvalid", err)
+		}
+		if _, err := Relay(d, c2); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Relay(d, ReadSelf connection): %v, want ErrInvalid", err)
+		}
+		p2.Write([]byte("self"))
+		rb := make([]byte, 4)
+		if _, err := io.ReadFull(c2, rb); err != nil || string(rb) != "self" {
+			t.Fatalf("ReadSelf read %q, %v", rb, err)
+		}
+		if _, err := Relay(d, spareConn(t, e)); err != nil {
+			t.Fatalf("Relay of the connection a refused relay gave back: %v", err)
+		}
+	})
 }
 
 // recvString collects n bytes of handler deliveries.

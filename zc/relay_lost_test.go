@@ -16,11 +16,11 @@ import (
 // what it took for a destination already gone: RelayStats.Lost and Err say so, as on the
 // splice path, instead of a silent loss.
 func TestRelaySendDataLost(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
+	eachBackend(t, func(t *testing.T, be Backend) {
 		for _, how := range []string{"closetimeout", "reset"} {
-			t.Run(be.String()+"/"+how, func(t *testing.T) { testRelaySendDataLost(t, be, how) })
+			t.Run(how, func(t *testing.T) { testRelaySendDataLost(t, be, how) })
 		}
-	}
+	})
 }
 
 func testRelaySendDataLost(t *testing.T, be Backend, how string) {

@@ -23,7 +23,7 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// The relay test of issue 9: a zc engine accepts clients, dials a backend for each with
+// The relay test: a zc engine accepts clients, dials a backend for each with
 // DialAsync from the accept function, and forwards both ways with Conn.SendData only: no
 // flow-control code of its own; MaxQueuedBytes and MaxRecvHeld must keep it going. Some
 // clients read slowly (small socket buffer, sleeps), one pauses for a while, and some backend
@@ -463,11 +463,9 @@ func relayCases() []relayCase {
 }
 
 func TestRelay(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			testRelay(t, b, envInt(t, "ZC_RELAY_CONNS", 64), envInt(t, "ZC_RELAY_MIB", 1)<<20, envInt(t, "ZC_RELAY_RUNS", 2))
-		})
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		testRelay(t, b, envInt(t, "ZC_RELAY_CONNS", 64), envInt(t, "ZC_RELAY_MIB", 1)<<20, envInt(t, "ZC_RELAY_RUNS", 2))
+	})
 }
 
 // testRelay runs the relay cases (all when only is empty, else those named).

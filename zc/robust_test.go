@@ -524,9 +524,7 @@ func TestIPv6Echo(t *testing.T) {
 }
 
 func TestForeignBuffers(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testForeignBuffers(t, Config{Backend: b, Queues: 2, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testForeignBuffers(t, Config{Backend: b, Queues: 2, NoPin: true}) })
 }
 
 // testForeignBuffers sends buffers of one queue's pool on a connection of another queue
@@ -597,76 +595,74 @@ func testForeignBuffers(t *testing.T, cfg Config) {
 // at its credit (half the tiny pool), the queue goes to sleep, and buffers released later from
 // another goroutine wake it: receiving resumes and every byte arrives.
 func TestRecvPoolExhaustedResumes(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			srv := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 4096, RecvBufs: 4, RecvPoolMax: 4 * 4096, MaxRecvHeld: 1 << 20})
-			cli := newEngine(t, Config{Backend: b, Queues: 1})
-			var mu sync.Mutex
-			var held []Data
-			got := 0
-			full := make(chan struct{}, 1)
-			sum := sha256.New()
-			done := make(chan struct{})
-			const total = 1 << 20
-			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler {
-				return HandlerFuncs{Data: func(c *Conn, d Data) {
-					mu.Lock()
-					sum.Write(d.Bytes())
-					got += d.Len()
-					held = append(held, d)
-					n, g := len(held), got
-					mu.Unlock()
-					if n >= 2 { // the credit stops it at half the pool (2 of 4 buffers)
-						select {
-						case full <- struct{}{}:
-						default:
-						}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		srv := newEngine(t, Config{Backend: b, Queues: 1, RecvBufSize: 4096, RecvBufs: 4, RecvPoolMax: 4 * 4096, MaxRecvHeld: 1 << 20})
+		cli := newEngine(t, Config{Backend: b, Queues: 1})
+		var mu sync.Mutex
+		var held []Data
+		got := 0
+		full := make(chan struct{}, 1)
+		sum := sha256.New()
+		done := make(chan struct{})
+		const total = 1 << 20
+		l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler {
+			return HandlerFuncs{Data: func(c *Conn, d Data) {
+				mu.Lock()
+				sum.Write(d.Bytes())
+				got += d.Len()
+				held = append(held, d)
+				n, g := len(held), got
+				mu.Unlock()
+				if n >= 2 { // the credit stops it at half the pool (2 of 4 buffers)
+					select {
+					case full <- struct{}{}:
+					default:
 					}
-					if g == total {
-						close(done)
-					}
-				}}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := payload(total)
-			if _, err := c.Write(want); err != nil {
-				t.Fatal(err)
-			}
-			for {
-				select {
-				case <-done:
-					mu.Lock()
-					for _, d := range held {
-						d.Release()
-					}
-					ok := bytes.Equal(sum.Sum(nil), sha256Sum(want))
-					mu.Unlock()
-					if !ok {
-						t.Fatal("received bytes differ")
-					}
-					c.Close()
-					return
-				case <-full:
-					time.Sleep(20 * time.Millisecond) // the queue has nothing to do: it sleeps
-					mu.Lock()
-					for _, d := range held {
-						d.Release()
-					}
-					held = held[:0]
-					mu.Unlock()
-				case <-time.After(20 * time.Second):
-					t.Fatalf("stalled at %d of %d bytes\n%s", got, total, engineDump(srv))
 				}
-			}
+				if g == total {
+					close(done)
+				}
+			}}
 		})
-	}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := payload(total)
+		if _, err := c.Write(want); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case <-done:
+				mu.Lock()
+				for _, d := range held {
+					d.Release()
+				}
+				ok := bytes.Equal(sum.Sum(nil), sha256Sum(want))
+				mu.Unlock()
+				if !ok {
+					t.Fatal("received bytes differ")
+				}
+				c.Close()
+				return
+			case <-full:
+				time.Sleep(20 * time.Millisecond) // the queue has nothing to do: it sleeps
+				mu.Lock()
+				for _, d := range held {
+					d.Release()
+				}
+				held = held[:0]
+				mu.Unlock()
+			case <-time.After(20 * time.Second):
+				t.Fatalf("stalled at %d of %d bytes\n%s", got, total, engineDump(srv))
+			}
+		}
+	})
 }
 
 func sha256Sum(p []byte) []byte {
@@ -677,49 +673,47 @@ func sha256Sum(p []byte) []byte {
 // TestLoopWritesBatch: many small Writes made on the connection's queue goroutine (a
 // loop-driven sender) leave in a few kernel sends, not one each.
 func TestLoopWritesBatch(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			srv, cli := newPair(t, Config{Backend: b, Queues: 1})
-			const n, size = 2000, 64
-			k := newCollector(n * size)
-			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			msg := payload(size)
-			want := sha256.New()
+	eachBackend(t, func(t *testing.T, b Backend) {
+		srv, cli := newPair(t, Config{Backend: b, Queues: 1})
+		const n, size = 2000, 64
+		k := newCollector(n * size)
+		l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), HandlerFuncs{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := payload(size)
+		want := sha256.New()
+		for i := 0; i < n; i++ {
+			want.Write(msg)
+		}
+		before := cli.Stats()
+		c.Post(func() {
 			for i := 0; i < n; i++ {
-				want.Write(msg)
-			}
-			before := cli.Stats()
-			c.Post(func() {
-				for i := 0; i < n; i++ {
-					if _, err := c.Write(msg); err != nil {
-						t.Error(err)
-						return
-					}
+				if _, err := c.Write(msg); err != nil {
+					t.Error(err)
+					return
 				}
-			})
-			select {
-			case <-k.done:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("timeout: got %d\n%s", k.n, engineDump(cli))
 			}
-			if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
-				t.Fatal("stream differs")
-			}
-			after := cli.Stats()
-			ops := (after.Send.Ops - before.Send.Ops) + (after.Send.DirectWrites - before.Send.DirectWrites)
-			if ops > n/20 {
-				t.Fatalf("%d Writes of %d bytes took %d kernel sends: not batched", n, size, ops)
-			}
-			t.Logf("%d writes in %d sends", n, ops)
-			c.Close()
 		})
-	}
+		select {
+		case <-k.done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("timeout: got %d\n%s", k.n, engineDump(cli))
+		}
+		if !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+			t.Fatal("stream differs")
+		}
+		after := cli.Stats()
+		ops := (after.Send.Ops - before.Send.Ops) + (after.Send.DirectWrites - before.Send.DirectWrites)
+		if ops > n/20 {
+			t.Fatalf("%d Writes of %d bytes took %d kernel sends: not batched", n, size, ops)
+		}
+		t.Logf("%d writes in %d sends", n, ops)
+		c.Close()
+	})
 }

@@ -309,45 +309,43 @@ func testSendBytesDoneAfterKernel(t *testing.T, cfg Config) {
 // TestSendBytesVectored: a header in a send buffer and a body sent from application memory,
 // queued in one round of the loop, leave in one copying send (SENDMSG, writev).
 func TestSendBytesVectored(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: be, SendPath: SendCopy})
-			l, ev := listenEvents(t, e)
-			s := dialPlain(t, l.Addr().String())
-			c := recvEvent(t, ev.conn, "accept")
-			body := pattern(48<<10, 9)
-			dones := newAppDone()
-			before := c.Stats().SendOps
-			errc := make(chan error, 1)
-			if err := c.Post(func() {
-				b, err := c.Buffer()
-				if err == nil {
-					copy(b.Bytes(), "HDR:")
-					err = c.Send(b, 4)
-				}
-				if err == nil {
-					err = c.SendBytes(body, dones.fn(c, 0, nil))
-				}
-				errc <- err
-			}); err != nil {
-				t.Fatal(err)
+	eachBackend(t, func(t *testing.T, be Backend) {
+		e := newEngine(t, Config{Backend: be, SendPath: SendCopy})
+		l, ev := listenEvents(t, e)
+		s := dialPlain(t, l.Addr().String())
+		c := recvEvent(t, ev.conn, "accept")
+		body := pattern(48<<10, 9)
+		dones := newAppDone()
+		before := c.Stats().SendOps
+		errc := make(chan error, 1)
+		if err := c.Post(func() {
+			b, err := c.Buffer()
+			if err == nil {
+				copy(b.Bytes(), "HDR:")
+				err = c.Send(b, 4)
 			}
-			if err := recvEvent(t, errc, "the sends"); err != nil {
-				t.Fatal(err)
+			if err == nil {
+				err = c.SendBytes(body, dones.fn(c, 0, nil))
 			}
-			got := make([]byte, 4+len(body))
-			if _, err := io.ReadFull(sockReader{s}, got); err != nil {
-				t.Fatal(err)
-			}
-			if string(got[:4]) != "HDR:" || !bytes.Equal(got[4:], body) {
-				t.Fatal("the peer's bytes differ")
-			}
-			dones.waitN(t, 1)
-			if ops := c.Stats().SendOps - before; ops != 1 {
-				t.Fatalf("the header and the body took %d send operations, want 1", ops)
-			}
-		})
-	}
+			errc <- err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := recvEvent(t, errc, "the sends"); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 4+len(body))
+		if _, err := io.ReadFull(sockReader{s}, got); err != nil {
+			t.Fatal(err)
+		}
+		if string(got[:4]) != "HDR:" || !bytes.Equal(got[4:], body) {
+			t.Fatal("the peer's bytes differ")
+		}
+		dones.waitN(t, 1)
+		if ops := c.Stats().SendOps - before; ops != 1 {
+			t.Fatalf("the header and the body took %d send operations, want 1", ops)
+		}
+	})
 }
 
 // TestSendBytesCloseInFlight: owned sends queued or in the kernel when the connection ends
@@ -636,71 +634,69 @@ func TestSendBytesCallbackPanics(t *testing.T) {
 // copied behind the headers (BytesAppCopied), large ones are sent from their slices; the
 // peer gets every byte in order.
 func TestSendBytesHeadersShareABuffer(t *testing.T) {
-	for _, be := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(be.String(), func(t *testing.T) {
-			e := newEngine(t, Config{Backend: be, Queues: 1, SendPath: SendCopy})
-			l, ev := listenEvents(t, e)
-			s := dialPlain(t, l.Addr().String())
-			c := recvEvent(t, ev.conn, "accept")
-			var want bytes.Buffer
-			small, large := 0, 0
-			type res struct {
-				inUse int
-				err   error
-			}
-			rc := make(chan res, 1)
-			if err := c.Post(func() {
-				q := c.q
-				free := q.send.Free()
-				for i := 0; i < 40; i++ {
-					hdr := fmt.Appendf(nil, "[%d]", i)
-					if _, err := c.Write(hdr); err != nil {
-						rc <- res{err: err}
-						return
-					}
-					want.Write(hdr)
-					n := 100 + i
-					if i%2 == 1 {
-						n = 8<<10 + i
-					}
-					body := pattern(n, i)
-					if err := c.SendBytes(body, nil); err != nil {
-						rc <- res{err: err}
-						return
-					}
-					want.Write(body)
-					if n <= appCopyMax {
-						small += n
-					} else {
-						large += n
-					}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		e := newEngine(t, Config{Backend: be, Queues: 1, SendPath: SendCopy})
+		l, ev := listenEvents(t, e)
+		s := dialPlain(t, l.Addr().String())
+		c := recvEvent(t, ev.conn, "accept")
+		var want bytes.Buffer
+		small, large := 0, 0
+		type res struct {
+			inUse int
+			err   error
+		}
+		rc := make(chan res, 1)
+		if err := c.Post(func() {
+			q := c.q
+			free := q.send.Free()
+			for i := 0; i < 40; i++ {
+				hdr := fmt.Appendf(nil, "[%d]", i)
+				if _, err := c.Write(hdr); err != nil {
+					rc <- res{err: err}
+					return
 				}
-				rc <- res{inUse: free - q.send.Free()}
-			}); err != nil {
-				t.Fatal(err)
+				want.Write(hdr)
+				n := 100 + i
+				if i%2 == 1 {
+					n = 8<<10 + i
+				}
+				body := pattern(n, i)
+				if err := c.SendBytes(body, nil); err != nil {
+					rc <- res{err: err}
+					return
+				}
+				want.Write(body)
+				if n <= appCopyMax {
+					small += n
+				} else {
+					large += n
+				}
 			}
-			r := recvEvent(t, rc, "the sends")
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			if r.inUse != 1 {
-				t.Errorf("40 headers took %d send buffers, want 1", r.inUse)
-			}
-			got := make([]byte, want.Len())
-			if _, err := io.ReadFull(sockReader{s}, got); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, want.Bytes()) {
-				t.Fatal("the peer's bytes differ")
-			}
-			waitAppHeld(t, e)
-			st := e.Stats().Send
-			if st.BytesAppCopied != uint64(small) || st.BytesApp != uint64(small+large) {
-				t.Errorf("BytesApp %d, BytesAppCopied %d; want %d, %d", st.BytesApp, st.BytesAppCopied, small+large, small)
-			}
-			waitSendBuffersBack(t, e)
-		})
-	}
+			rc <- res{inUse: free - q.send.Free()}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r := recvEvent(t, rc, "the sends")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.inUse != 1 {
+			t.Errorf("40 headers took %d send buffers, want 1", r.inUse)
+		}
+		got := make([]byte, want.Len())
+		if _, err := io.ReadFull(sockReader{s}, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want.Bytes()) {
+			t.Fatal("the peer's bytes differ")
+		}
+		waitAppHeld(t, e)
+		st := e.Stats().Send
+		if st.BytesAppCopied != uint64(small) || st.BytesApp != uint64(small+large) {
+			t.Errorf("BytesApp %d, BytesAppCopied %d; want %d, %d", st.BytesApp, st.BytesAppCopied, small+large, small)
+		}
+		waitSendBuffersBack(t, e)
+	})
 }
 
 // TestSendBytesAfterStop: a zero-copy send whose notification never came before the queue

@@ -58,9 +58,7 @@ func (w *writableCounter) OnClose(_ *Conn, err error) {
 // TestSendFileOrder: SendFile ranges interleaved with Write, Send and SendData-free sends
 // arrive in the order they were queued, on every backend that runs here.
 func TestSendFileOrder(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileOrder(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileOrder(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileOrder(t *testing.T, cfg Config, scale int) {
@@ -136,9 +134,7 @@ func firstDiff(a, b []byte) int {
 // arrives, the queue counts the file against MaxQueuedBytes, and OnWritable follows the
 // drain. The descriptor duplicated for the send is closed at the end.
 func TestSendFileSlowReader(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileSlowReader(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileSlowReader(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileSlowReader(t *testing.T, cfg Config, scale int) {
@@ -171,9 +167,7 @@ func testSendFileSlowReader(t *testing.T, cfg Config, scale int) {
 // TestSendFileClosedMidSend: the caller closes its file right after SendFile: the bytes
 // still go out (SendFile holds its own descriptor).
 func TestSendFileClosedMidSend(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileClosedMidSend(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileClosedMidSend(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileClosedMidSend(t *testing.T, cfg Config, scale int) {
@@ -194,9 +188,7 @@ func testSendFileClosedMidSend(t *testing.T, cfg Config, scale int) {
 // file arrives intact; bytes past the new end that were in flight may have been zeroed by
 // the truncation (sendfile sends page-cache pages by reference, as Go's net does).
 func TestSendFileTruncated(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileTruncated(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileTruncated(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileTruncated(t *testing.T, cfg Config, scale int) {
@@ -295,9 +287,7 @@ func testSendFileMisuse(t *testing.T, cfg Config) {
 // TestSendFileEngineClose: Engine.Close while files are being sent to peers that do not
 // read: Close returns, and every duplicated descriptor is closed.
 func TestSendFileEngineClose(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileEngineClose(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileEngineClose(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileEngineClose(t *testing.T, cfg Config, scale int) {
@@ -349,9 +339,7 @@ func listFDs(t *testing.T) {
 // TestSendFileOnLoop: SendFile from the connection's queue goroutine (a posted function, as
 // a handler would) queues and returns at once; the bytes follow a Write made there too.
 func TestSendFileOnLoop(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testSendFileOnLoop(t, Config{Backend: be, Queues: 1}, 1) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) { testSendFileOnLoop(t, Config{Backend: be, Queues: 1}, 1) })
 }
 
 func testSendFileOnLoop(t *testing.T, cfg Config, scale int) {

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Handler methods are serialized on every backend (issue 9): a handler whose state is touched
+// Handler methods are serialized on every backend: a handler whose state is touched
 // without locks from OnData, OnWritable, OnEOF, OnClose and functions given to Conn.Post
 // (posted from other goroutines) must be race-free. Under -race the detector checks the
 // unsynchronized fields; without it the "inside" counter catches two methods running at once.
@@ -83,9 +83,7 @@ func (h *serialHandler) post(c *Conn) error {
 }
 
 func TestHandlersSerialized(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testHandlersSerialized(t, Config{Backend: b, Queues: 2, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testHandlersSerialized(t, Config{Backend: b, Queues: 2, NoPin: true}) })
 }
 
 func testHandlersSerialized(t *testing.T, cfg Config) {

@@ -72,9 +72,7 @@ func subscribers(t *testing.T, e *Engine, n int, h func() Handler) ([]*Conn, []n
 // TestSharedSend: one buffer sent to many connections, every byte checked; the buffer
 // returns to its pool once every send is done; misuse gets typed errors.
 func TestSharedSend(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testSharedSend(t, b, SendAdaptive) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testSharedSend(t, b, SendAdaptive) })
 	// every send zero-copy: each buffer comes back after the last notification
 	t.Run("io_uring-zerocopy", func(t *testing.T) { testSharedSend(t, BackendIOUring, SendZeroCopy) })
 }
@@ -196,9 +194,7 @@ func wrapErr(ch chan error) chan chan error {
 // without a copy and without a send buffer; every byte checked; double Release and
 // Retain after Release are typed errors.
 func TestDataRetain(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testDataRetain(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testDataRetain(t, b) })
 }
 
 func testDataRetain(t *testing.T, b Backend) {
@@ -302,9 +298,7 @@ func testDataRetain(t *testing.T, b Backend) {
 // TestRetainCredit: a connection whose Data are retained stops receiving at MaxRecvHeld
 // and resumes when the last reference goes, released from another goroutine.
 func TestRetainCredit(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testRetainCredit(t, b) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testRetainCredit(t, b) })
 }
 
 func testRetainCredit(t *testing.T, b Backend) {
@@ -410,58 +404,56 @@ func waitFor(t *testing.T, f func() bool, what string) {
 // goroutine after Engine.Close: the bytes stay readable until then, and the memory goes
 // away with the last.
 func TestSharedAfterClose(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) {
-			before := memreg.OpenRegions()
-			e, err := New(Config{Backend: b, Queues: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			kept := make(chan Data, 64)
-			conns, clients := subscribers(t, e, 1, func() Handler {
-				return HandlerFuncs{Data: func(c *Conn, d Data) {
-					r, err := d.Retain()
-					if err == nil {
-						select {
-						case kept <- r:
-						default:
-							r.Release()
-						}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		before := memreg.OpenRegions()
+		e, err := New(Config{Backend: b, Queues: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := make(chan Data, 64)
+		conns, clients := subscribers(t, e, 1, func() Handler {
+			return HandlerFuncs{Data: func(c *Conn, d Data) {
+				r, err := d.Retain()
+				if err == nil {
+					select {
+					case kept <- r:
+					default:
+						r.Release()
 					}
-					c.SendData(d) // echo the base
-				}}
-			})
-			clients[0].Write([]byte("retained bytes"))
-			io.ReadFull(clients[0], make([]byte, 14))
-			buf, _ := conns[0].Buffer()
-			copy(buf.Bytes(), "shared bytes")
-			sh, err := NewShared(buf, 12)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sh.Send(conns[0])
-			io.ReadFull(clients[0], make([]byte, 12))
-			r := <-kept
-			if err := e.Close(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan string)
-			go func() {
-				s := string(r.Bytes()) + "|" + string(sh.Bytes())
-				r.Release()
-				sh.Release()
-				done <- s
-			}()
-			if s := <-done; s != "retained bytes|shared bytes" {
-				t.Fatalf("after Close: %q", s)
-			}
-			close(kept)
-			for d := range kept {
-				d.Release()
-			}
-			waitFor(t, func() bool { return memreg.OpenRegions() == before }, "regions unmapped")
+				}
+				c.SendData(d) // echo the base
+			}}
 		})
-	}
+		clients[0].Write([]byte("retained bytes"))
+		io.ReadFull(clients[0], make([]byte, 14))
+		buf, _ := conns[0].Buffer()
+		copy(buf.Bytes(), "shared bytes")
+		sh, err := NewShared(buf, 12)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh.Send(conns[0])
+		io.ReadFull(clients[0], make([]byte, 12))
+		r := <-kept
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan string)
+		go func() {
+			s := string(r.Bytes()) + "|" + string(sh.Bytes())
+			r.Release()
+			sh.Release()
+			done <- s
+		}()
+		if s := <-done; s != "retained bytes|shared bytes" {
+			t.Fatalf("after Close: %q", s)
+		}
+		close(kept)
+		for d := range kept {
+			d.Release()
+		}
+		waitFor(t, func() bool { return memreg.OpenRegions() == before }, "regions unmapped")
+	})
 }
 
 // TestRetainMapped: mapped Data (RecvMapped) retained: the window reads on only once every

@@ -220,15 +220,15 @@ func (h *heldEnv) finish(t *testing.T) {
 // TestRelaySpliceCloseHeld: a graceful Close of either relayed connection while the relay's
 // pipe holds bytes for the client: the client gets every byte the relay took, then EOF.
 func TestRelaySpliceCloseHeld(t *testing.T) {
-	for _, be := range spliceBackends() {
+	eachBackend(t, func(t *testing.T, be Backend) {
 		for _, side := range []string{"destination", "source", "destination-after-half-close"} {
 			for _, queues := range []int{1, 2} {
-				t.Run(fmt.Sprintf("%v/%s/%dq", be, side, queues), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%dq", side, queues), func(t *testing.T) {
 					testRelaySpliceCloseHeld(t, Config{Backend: be, Queues: queues}, side)
 				})
 			}
 		}
-	}
+	})
 }
 
 func testRelaySpliceCloseHeld(t *testing.T, cfg Config, side string) {
@@ -261,36 +261,34 @@ func testRelaySpliceCloseHeld(t *testing.T, cfg Config, side string) {
 // gets every byte the relay took from the backend, and the byte it sent, which cannot reach
 // the backend, is counted as lost and Err says why.
 func TestRelaySpliceResetOtherWay(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			h := newHeldEnv(t, Config{Backend: be, Queues: 2})
-			h.bc.SetLinger(0)
-			h.bc.Close() // RST
-			back := h.back
-			waitFor(t, func() bool {
-				var state uint8
-				back.sock.Control(func(fd int) error {
-					ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-					if err == nil {
-						state = ti.State
-					}
-					return err
-				})
-				return state == 7 // TCP_CLOSE: the reset arrived
-			}, "the backend's reset")
-			if _, err := h.client.Write([]byte{1}); err != nil {
-				t.Fatal(err)
-			}
-			h.finish(t)
-			if n := h.rs.Lost.Load(); n != 1 {
-				t.Errorf("lost %d bytes, want the client's 1", n)
-			}
-			if err := h.rs.Err(); err == nil || !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
-				t.Errorf("Err %v, want the reset", err)
-			}
-			waitPipes(t, h.s.e)
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		h := newHeldEnv(t, Config{Backend: be, Queues: 2})
+		h.bc.SetLinger(0)
+		h.bc.Close() // RST
+		back := h.back
+		waitFor(t, func() bool {
+			var state uint8
+			back.sock.Control(func(fd int) error {
+				ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+				if err == nil {
+					state = ti.State
+				}
+				return err
+			})
+			return state == 7 // TCP_CLOSE: the reset arrived
+		}, "the backend's reset")
+		if _, err := h.client.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		h.finish(t)
+		if n := h.rs.Lost.Load(); n != 1 {
+			t.Errorf("lost %d bytes, want the client's 1", n)
+		}
+		if err := h.rs.Err(); err == nil || !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("Err %v, want the reset", err)
+		}
+		waitPipes(t, h.s.e)
+	})
 }
 
 // TestRelaySpliceCloseTimeout: a graceful Close of the client's connection while the client
@@ -299,23 +297,21 @@ func TestRelaySpliceResetOtherWay(t *testing.T) {
 // resets it, and the relay counts them as lost (Lost, Err) instead of dropping them
 // silently.
 func TestRelaySpliceCloseTimeout(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			h := newHeldEnv(t, Config{Backend: be, Queues: 2, CloseTimeout: 100 * time.Millisecond})
-			silenceConn(t, h.client)
-			if err := h.front.Close(); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, h.rs.Finished, "the relay's connections to close")
-			if h.rs.Lost.Load() == 0 || h.rs.Err() == nil || !errors.Is(h.rs.Err(), ErrClosed) {
-				t.Errorf("lost %d, Err %v: want the bytes the client never read", h.rs.Lost.Load(), h.rs.Err())
-			}
-			if st := h.s.e.Stats(); st.Faults.CloseTimeouts == 0 {
-				t.Errorf("no close timed out")
-			}
-			waitPipes(t, h.s.e)
-		})
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		h := newHeldEnv(t, Config{Backend: be, Queues: 2, CloseTimeout: 100 * time.Millisecond})
+		silenceConn(t, h.client)
+		if err := h.front.Close(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, h.rs.Finished, "the relay's connections to close")
+		if h.rs.Lost.Load() == 0 || h.rs.Err() == nil || !errors.Is(h.rs.Err(), ErrClosed) {
+			t.Errorf("lost %d, Err %v: want the bytes the client never read", h.rs.Lost.Load(), h.rs.Err())
+		}
+		if st := h.s.e.Stats(); st.Faults.CloseTimeouts == 0 {
+			t.Errorf("no close timed out")
+		}
+		waitPipes(t, h.s.e)
+	})
 }
 
 // describeMismatch says what a stream that differs from the one seeded with seed holds from

@@ -173,22 +173,20 @@ func runSpliceClients(t *testing.T, addr string, n int, perConn int64) {
 	}
 }
 
-func spliceBackends() []Backend { return []Backend{BackendIOUring, BackendPlain} }
-
 func TestRelaySpliceBytes(t *testing.T) {
-	for _, be := range spliceBackends() {
+	eachBackend(t, func(t *testing.T, be Backend) {
 		for _, tc := range []struct {
 			conns   int
 			perConn int64
 		}{{8, 8 << 20}, {64, 2 << 20}} {
-			t.Run(fmt.Sprintf("%v/%dx%dMiB", be, tc.conns, tc.perConn>>20), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%dx%dMiB", tc.conns, tc.perConn>>20), func(t *testing.T) {
 				s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice, PipeSize: 256 << 10},
 					streamServe(tc.perConn))
 				runSpliceClients(t, s.addr(), tc.conns, tc.perConn)
 				s.checkRelays(t, tc.conns, tc.perConn+8, tc.perConn)
 			})
 		}
-	}
+	})
 }
 
 // checkRelays waits for n relays to finish and checks their counters (atob: client →
@@ -261,9 +259,9 @@ func waitPipes(t *testing.T, e *Engine) {
 // TestRelaySpliceHalfCloseFirst: the backend answers, half-closes, then reads an 8 MiB
 // upload: every byte arrives.
 func TestRelaySpliceHalfCloseFirst(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) { testRelaySpliceHalfCloseFirst(t, Config{Backend: be, Queues: 2}, 8<<20) })
-	}
+	eachBackend(t, func(t *testing.T, be Backend) {
+		testRelaySpliceHalfCloseFirst(t, Config{Backend: be, Queues: 2}, 8<<20)
+	})
 }
 
 func testRelaySpliceHalfCloseFirst(t *testing.T, cfg Config, upload int64) {
@@ -297,9 +295,9 @@ func testRelaySpliceHalfCloseFirst(t *testing.T, cfg Config, upload int64) {
 // buffers on the way and the relay's pipe, about 20 MiB on loopback), and every byte arrives.
 func TestRelaySpliceSlowReader(t *testing.T) {
 	const n = 48 << 20
-	for _, be := range spliceBackends() {
+	eachBackend(t, func(t *testing.T, be Backend) {
 		for _, slowSide := range []string{"client", "backend"} {
-			t.Run(be.String()+"/"+slowSide, func(t *testing.T) {
+			t.Run(slowSide, func(t *testing.T) {
 				var written atomic.Int64
 				serveDone := make(chan error, 1)
 				s := newSpliceEnv(t, Config{Backend: be, Queues: 1}, RelayOptions{PipeSize: 64 << 10}, func(c *net.TCPConn) {
@@ -340,7 +338,7 @@ func TestRelaySpliceSlowReader(t *testing.T) {
 				}
 			})
 		}
-	}
+	})
 }
 
 type countingWriter struct {
@@ -380,95 +378,91 @@ func (s *slowReader) Read(p []byte) (int, error) {
 // TestRelaySpliceReset: the backend resets mid-relay: both relay connections close, no
 // descriptor or pipe stays.
 func TestRelaySpliceReset(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice}, func(c *net.TCPConn) {
-				io.CopyN(io.Discard, c, 1<<20)
-				c.SetLinger(0)
-				c.Close() // RST
-			})
-			c, err := net.Dial("tcp", s.addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			// Keep writing until the relay closes us.
-			errc := make(chan error, 1)
-			go func() { errc <- writeStream(c, 1, 1<<30) }()
-			select {
-			case err := <-errc:
-				if err == nil {
-					t.Fatal("1 GiB went through a backend that reset after 1 MiB")
-				}
-			case <-time.After(time.Minute):
-				t.Fatal("the client was not closed after the backend's reset")
-			}
-			rs := <-s.stats
-			deadline := time.Now().Add(time.Minute)
-			for !rs.Finished() && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			if !rs.Finished() {
-				t.Fatal("relay connections not closed")
-			}
-			waitPipes(t, s.e)
+	eachBackend(t, func(t *testing.T, be Backend) {
+		s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice}, func(c *net.TCPConn) {
+			io.CopyN(io.Discard, c, 1<<20)
+			c.SetLinger(0)
+			c.Close() // RST
 		})
-	}
+		c, err := net.Dial("tcp", s.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// Keep writing until the relay closes us.
+		errc := make(chan error, 1)
+		go func() { errc <- writeStream(c, 1, 1<<30) }()
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Fatal("1 GiB went through a backend that reset after 1 MiB")
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the client was not closed after the backend's reset")
+		}
+		rs := <-s.stats
+		deadline := time.Now().Add(time.Minute)
+		for !rs.Finished() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !rs.Finished() {
+			t.Fatal("relay connections not closed")
+		}
+		waitPipes(t, s.e)
+	})
 }
 
 // TestRelaySpliceEngineClose: Engine.Close in the middle of 16 busy relays returns, and
 // leaves no descriptor, pipe or goroutine of the relays (the package's leak check counts
 // descriptors at exit).
 func TestRelaySpliceEngineClose(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			fdsBefore := countFDs()
-			func() {
-				s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{}, func(c *net.TCPConn) {
-					go io.Copy(io.Discard, c)
-					writeStream(c, 1, 1<<30)
-				})
-				var wg sync.WaitGroup
-				var conns []net.Conn
-				for range 16 {
-					c, err := net.Dial("tcp", s.addr())
-					if err != nil {
-						t.Fatal(err)
-					}
-					conns = append(conns, c)
-					wg.Add(2)
-					go func() { defer wg.Done(); io.Copy(io.Discard, c) }()
-					go func() { defer wg.Done(); writeStream(c, 1, 1<<30) }()
-				}
-				for range 16 {
-					<-s.stats
-				}
-				time.Sleep(100 * time.Millisecond)
-				if st := s.e.Stats(); st.Forward.PipesOpen == 0 {
-					t.Errorf("no pipes open mid-relay: %+v", st)
-				}
-				if err := s.e.Close(); err != nil {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		fdsBefore := countFDs()
+		func() {
+			s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{}, func(c *net.TCPConn) {
+				go io.Copy(io.Discard, c)
+				writeStream(c, 1, 1<<30)
+			})
+			var wg sync.WaitGroup
+			var conns []net.Conn
+			for range 16 {
+				c, err := net.Dial("tcp", s.addr())
+				if err != nil {
 					t.Fatal(err)
 				}
-				s.l.Close()
-				s.backend.Close()
-				if st := s.e.Stats(); st.Forward.PipesOpen != 0 {
-					t.Errorf("%d pipes open after Close", st.Forward.PipesOpen)
-				}
-				for _, c := range conns {
-					c.Close()
-				}
-				wg.Wait()
-			}()
-			deadline := time.Now().Add(10 * time.Second)
-			for countFDs() > fdsBefore && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
+				conns = append(conns, c)
+				wg.Add(2)
+				go func() { defer wg.Done(); io.Copy(io.Discard, c) }()
+				go func() { defer wg.Done(); writeStream(c, 1, 1<<30) }()
 			}
-			if n := countFDs(); n > fdsBefore {
-				t.Errorf("%d descriptors before, %d after", fdsBefore, n)
+			for range 16 {
+				<-s.stats
 			}
-		})
-	}
+			time.Sleep(100 * time.Millisecond)
+			if st := s.e.Stats(); st.Forward.PipesOpen == 0 {
+				t.Errorf("no pipes open mid-relay: %+v", st)
+			}
+			if err := s.e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s.l.Close()
+			s.backend.Close()
+			if st := s.e.Stats(); st.Forward.PipesOpen != 0 {
+				t.Errorf("%d pipes open after Close", st.Forward.PipesOpen)
+			}
+			for _, c := range conns {
+				c.Close()
+			}
+			wg.Wait()
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for countFDs() > fdsBefore && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := countFDs(); n > fdsBefore {
+			t.Errorf("%d descriptors before, %d after", fdsBefore, n)
+		}
+	})
 }
 
 // TestRelaySendDataDemanded: RelaySendData is the old path, on a backend that could splice.
@@ -564,37 +558,35 @@ func spliceDump(e *Engine) string {
 // connections of splice relays (a misuse: the relay owns their receiving) changes nothing:
 // the receive ring never starts beside the splice, and every byte arrives once, in order.
 func TestRelaySpliceUserUnpause(t *testing.T) {
-	for _, be := range spliceBackends() {
-		t.Run(be.String(), func(t *testing.T) {
-			const conns, perConn = 4, 4 << 20
-			s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice, PipeSize: 64 << 10},
-				streamServe(perConn))
-			stop := make(chan struct{})
-			var started, running atomic.Int32
-			hook := func(front, back *Conn) {
-				running.Add(1)
-				started.Add(1)
-				go func() {
-					defer running.Add(-1)
-					for {
-						select {
-						case <-stop:
-							return
-						case <-time.After(50 * time.Microsecond):
-						}
-						front.SetReceivePaused(false)
-						back.SetReceivePaused(false)
+	eachBackend(t, func(t *testing.T, be Backend) {
+		const conns, perConn = 4, 4 << 20
+		s := newSpliceEnv(t, Config{Backend: be, Queues: 2}, RelayOptions{Path: RelaySplice, PipeSize: 64 << 10},
+			streamServe(perConn))
+		stop := make(chan struct{})
+		var started, running atomic.Int32
+		hook := func(front, back *Conn) {
+			running.Add(1)
+			started.Add(1)
+			go func() {
+				defer running.Add(-1)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Microsecond):
 					}
-				}()
-			}
-			s.hook.Store(&hook)
-			runSpliceClients(t, s.addr(), conns, perConn)
-			// Every relay's hook ran (it may run after its relay moved all the bytes), then
-			// the togglers stop.
-			waitFor(t, func() bool { return started.Load() == conns }, "every relay's hook")
-			close(stop)
-			waitFor(t, func() bool { return running.Load() == 0 }, "the togglers to stop")
-			s.checkRelays(t, conns, perConn+8, perConn)
-		})
-	}
+					front.SetReceivePaused(false)
+					back.SetReceivePaused(false)
+				}
+			}()
+		}
+		s.hook.Store(&hook)
+		runSpliceClients(t, s.addr(), conns, perConn)
+		// Every relay's hook ran (it may run after its relay moved all the bytes), then
+		// the togglers stop.
+		waitFor(t, func() bool { return started.Load() == conns }, "every relay's hook")
+		close(stop)
+		waitFor(t, func() bool { return running.Load() == 0 }, "the togglers to stop")
+		s.checkRelays(t, conns, perConn+8, perConn)
+	})
 }

@@ -14,15 +14,15 @@ import (
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
-// A peer that never reads does not starve the other connections of its queue (issue 9): under
+// A peer that never reads does not starve the other connections of its queue: under
 // the README's SendData echo on one queue, 8 clients keep echoing while another client sends
 // as fast as it can and never reads. Progress is compared over windows: the echo counts keep
 // growing after the hog filled everything it can fill.
 
 func TestNonReaderDoesNotStarve(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testNonReaderDoesNotStarve(t, Config{Backend: b, Queues: 1, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) {
+		testNonReaderDoesNotStarve(t, Config{Backend: b, Queues: 1, NoPin: true})
+	})
 }
 
 func setRecvTimeout(s *tcpglue.Socket, d time.Duration) {
@@ -158,9 +158,7 @@ func testNonReaderDoesNotStarve(t *testing.T, cfg Config) {
 // and half-closed keeps the queue asleep (no busy loop on a level-triggered event), and still
 // gets its data and EOF once resumed.
 func TestNoSpinWhilePaused(t *testing.T) {
-	for _, b := range []Backend{BackendIOUring, BackendPlain} {
-		t.Run(b.String(), func(t *testing.T) { testNoSpinWhilePaused(t, Config{Backend: b, Queues: 1, NoPin: true}) })
-	}
+	eachBackend(t, func(t *testing.T, b Backend) { testNoSpinWhilePaused(t, Config{Backend: b, Queues: 1, NoPin: true}) })
 }
 
 func testNoSpinWhilePaused(t *testing.T, cfg Config) {

@@ -51,9 +51,6 @@ func dialSmall(t testing.TB, addr string) net.Conn {
 	return c
 }
 
-// wakeBackends are the backends the host runs (zcshim only in the VM tests).
-var wakeBackends = []zc.Backend{zc.BackendIOUring, zc.BackendPlain}
-
 // wakeEngine is a one-queue engine made with cfg (no fallback, the backend b) and a Go
 // listener for its dials, both closed at the end of the test.
 func wakeEngine(t *testing.T, b zc.Backend, cfg zc.Config) (*zc.Engine, net.Listener) {
@@ -121,156 +118,152 @@ func readPattern(c net.Conn, want int, slow bool) error {
 // TestWritableManyStreams runs ExampleWritable's streamer (the godoc's code) to 8× more
 // parallel readers than one queue's send pool serves at once: every stream must complete.
 func TestWritableManyStreams(t *testing.T) {
-	for _, b := range wakeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			const streams, size = 64, 1 << 20
-			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 8,
-				SendPoolMax: 2 << 20, MaxQueuedBytes: 256 << 10, SocketOptions: smallBufs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
-				s := &streamer{left: size, max: e.Config().MaxQueuedBytes}
-				c.Post(func() { s.pump(c) })
-				return s
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			start := make(chan struct{})
-			errs := make(chan error, streams)
-			for i := 0; i < streams; i++ {
-				c := dialSmall(t, l.Addr().String())
-				go func() {
-					<-start
-					errs <- readPattern(c, size, i%8 == 0)
-				}()
-			}
-			// Hold every reader back until a connection was refused a buffer: the case
-			// that used to leave it without an event.
-			testutil.Eventually(t, "a connection refused a send buffer", func() bool { return e.Stats().Send.PoolWaits > 0 })
-			close(start)
-			for i := 0; i < streams; i++ {
-				select {
-				case err := <-errs:
-					if err != nil {
-						t.Errorf("stream: %v", err)
-					}
-				case <-time.After(2 * time.Minute):
-					t.Fatalf("%d of %d streams unfinished (stalled): %+v", streams-i, streams, e.Stats())
-				}
-			}
-			t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		const streams, size = 64, 1 << 20
+		e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 8,
+			SendPoolMax: 2 << 20, MaxQueuedBytes: 256 << 10, SocketOptions: smallBufs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
+			s := &streamer{left: size, max: e.Config().MaxQueuedBytes}
+			c.Post(func() { s.pump(c) })
+			return s
 		})
-	}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		start := make(chan struct{})
+		errs := make(chan error, streams)
+		for i := 0; i < streams; i++ {
+			c := dialSmall(t, l.Addr().String())
+			go func() {
+				<-start
+				errs <- readPattern(c, size, i%8 == 0)
+			}()
+		}
+		// Hold every reader back until a connection was refused a buffer: the case
+		// that used to leave it without an event.
+		testutil.Eventually(t, "a connection refused a send buffer", func() bool { return e.Stats().Send.PoolWaits > 0 })
+		close(start)
+		for i := 0; i < streams; i++ {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Errorf("stream: %v", err)
+				}
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("%d of %d streams unfinished (stalled): %+v", streams-i, streams, e.Stats())
+			}
+		}
+		t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
+	})
 }
 
 // TestPoolWakeMinimal: A's peer stops reading so A holds the whole pool; B, with nothing of
 // its own in flight, is refused (Write: ErrWouldBlock); when A's peer reads again, B must
 // hear OnWritable and finish.
 func TestPoolWakeMinimal(t *testing.T) {
-	for _, b := range wakeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			e, ln := wakeEngine(t, b, zc.Config{SendBufs: 8, SendPoolMax: 512 << 10, MaxQueuedBytes: 4 << 20,
-				SocketOptions: smallBufs})
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		e, ln := wakeEngine(t, b, zc.Config{SendBufs: 8, SendPoolMax: 512 << 10, MaxQueuedBytes: 4 << 20,
+			SocketOptions: smallBufs})
 
-			// A: takes buffers until the pool is dry (ignoring MaxQueuedBytes on purpose).
-			aDry := make(chan struct{})
-			var aOnce sync.Once
-			aLeft := 4 << 20
-			aPump := func(c *zc.Conn) {
-				for aLeft > 0 {
-					buf, err := c.Buffer()
-					if errors.Is(err, memreg.ErrExhausted) {
-						aOnce.Do(func() { close(aDry) })
-						return
-					}
-					if err != nil {
-						t.Errorf("A: %v", err)
-						return
-					}
-					n := min(aLeft, len(buf.Bytes()))
-					if err := c.Send(buf, n); err != nil {
-						t.Errorf("A: %v", err)
-						return
-					}
-					aLeft -= n
+		// A: takes buffers until the pool is dry (ignoring MaxQueuedBytes on purpose).
+		aDry := make(chan struct{})
+		var aOnce sync.Once
+		aLeft := 4 << 20
+		aPump := func(c *zc.Conn) {
+			for aLeft > 0 {
+				buf, err := c.Buffer()
+				if errors.Is(err, memreg.ErrExhausted) {
+					aOnce.Do(func() { close(aDry) })
+					return
 				}
-				c.Close()
+				if err != nil {
+					t.Errorf("A: %v", err)
+					return
+				}
+				n := min(aLeft, len(buf.Bytes()))
+				if err := c.Send(buf, n); err != nil {
+					t.Errorf("A: %v", err)
+					return
+				}
+				aLeft -= n
 			}
-			a, aPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: aPump})
-			a.Post(func() { aPump(a) })
-			<-aDry
+			c.Close()
+		}
+		a, aPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: aPump})
+		a.Post(func() { aPump(a) })
+		<-aDry
 
-			// B: writes 1 MiB on its queue goroutine; refused at once, it goes on in OnWritable.
-			const bSize = 1 << 20
-			payload := make([]byte, bSize)
-			for i := range payload {
-				payload[i] = byte(i * 7)
-			}
-			type first struct {
-				n   int
-				err error
-			}
-			bFirst := make(chan first, 1)
-			rest := payload
-			var bMu sync.Mutex
-			bWrite := func(c *zc.Conn) {
-				bMu.Lock()
-				defer bMu.Unlock()
-				for len(rest) > 0 {
-					n, err := c.Write(rest)
-					rest = rest[n:]
-					if errors.Is(err, zc.ErrWouldBlock) {
-						return
-					}
-					if err != nil {
-						t.Errorf("B: %v", err)
-						return
-					}
-				}
-				c.CloseWrite()
-			}
-			bc, bPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: bWrite})
-			bc.Post(func() {
-				bMu.Lock()
-				n, err := bc.Write(rest)
+		// B: writes 1 MiB on its queue goroutine; refused at once, it goes on in OnWritable.
+		const bSize = 1 << 20
+		payload := make([]byte, bSize)
+		for i := range payload {
+			payload[i] = byte(i * 7)
+		}
+		type first struct {
+			n   int
+			err error
+		}
+		bFirst := make(chan first, 1)
+		rest := payload
+		var bMu sync.Mutex
+		bWrite := func(c *zc.Conn) {
+			bMu.Lock()
+			defer bMu.Unlock()
+			for len(rest) > 0 {
+				n, err := c.Write(rest)
 				rest = rest[n:]
-				bMu.Unlock()
-				bFirst <- first{n, err}
-			})
-			f := <-bFirst
-			if f.n != 0 || !errors.Is(f.err, zc.ErrWouldBlock) {
-				t.Fatalf("B's first Write with the pool dry = %d, %v; want 0, ErrWouldBlock", f.n, f.err)
-			}
-			if q := bc.Queued(); q != 0 {
-				t.Fatalf("B queued %d", q)
-			}
-			bGot := make(chan []byte, 1)
-			go func() {
-				data, _ := io.ReadAll(bPeer)
-				bGot <- data
-			}()
-			go io.Copy(io.Discard, aPeer) // A's peer reads again: A drains, buffers return
-			select {
-			case data := <-bGot:
-				if len(data) != bSize {
-					t.Fatalf("B's peer got %d bytes, want %d", len(data), bSize)
+				if errors.Is(err, zc.ErrWouldBlock) {
+					return
 				}
-				for i := range data {
-					if data[i] != payload[i] {
-						t.Fatalf("B's byte %d differs", i)
-					}
+				if err != nil {
+					t.Errorf("B: %v", err)
+					return
 				}
-			case <-time.After(time.Minute):
-				t.Fatalf("B never heard OnWritable (lost wake-up): %+v", e.Stats())
 			}
-			aPeer.Close()
-			bPeer.Close()
+			c.CloseWrite()
+		}
+		bc, bPeer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: bWrite})
+		bc.Post(func() {
+			bMu.Lock()
+			n, err := bc.Write(rest)
+			rest = rest[n:]
+			bMu.Unlock()
+			bFirst <- first{n, err}
 		})
-	}
+		f := <-bFirst
+		if f.n != 0 || !errors.Is(f.err, zc.ErrWouldBlock) {
+			t.Fatalf("B's first Write with the pool dry = %d, %v; want 0, ErrWouldBlock", f.n, f.err)
+		}
+		if q := bc.Queued(); q != 0 {
+			t.Fatalf("B queued %d", q)
+		}
+		bGot := make(chan []byte, 1)
+		go func() {
+			data, _ := io.ReadAll(bPeer)
+			bGot <- data
+		}()
+		go io.Copy(io.Discard, aPeer) // A's peer reads again: A drains, buffers return
+		select {
+		case data := <-bGot:
+			if len(data) != bSize {
+				t.Fatalf("B's peer got %d bytes, want %d", len(data), bSize)
+			}
+			for i := range data {
+				if data[i] != payload[i] {
+					t.Fatalf("B's byte %d differs", i)
+				}
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("B never heard OnWritable (lost wake-up): %+v", e.Stats())
+		}
+		aPeer.Close()
+		bPeer.Close()
+	})
 }
 
 // subscriber is one connection of a fan-out: messages wait in its backlog until Write takes
@@ -313,98 +306,96 @@ func (s *subscriber) flush(c *zc.Conn) {
 // is in flight: every subscriber must get every message (Write on the loop, ErrWouldBlock,
 // OnWritable).
 func TestFanOutWakes(t *testing.T) {
-	for _, b := range wakeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			const subs, msgs, size = 100, 200, 1024
-			e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 4, SendBufSize: 16 << 10,
-				SendPoolMax: 256 << 10, MaxQueuedBytes: 64 << 10, SocketOptions: smallBufs})
-			if err != nil {
-				t.Fatal(err)
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		const subs, msgs, size = 100, 200, 1024
+		e, err := zc.New(zc.Config{Backend: b, NoFallback: true, Queues: 1, SendBufs: 4, SendBufSize: 16 << 10,
+			SendPoolMax: 256 << 10, MaxQueuedBytes: 64 << 10, SocketOptions: smallBufs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		type sub struct {
+			c *zc.Conn
+			s *subscriber
+		}
+		accepted := make(chan sub, subs)
+		l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
+			s := &subscriber{}
+			accepted <- sub{c, s}
+			return s
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		errs := make(chan error, subs)
+		for i := 0; i < subs; i++ {
+			c := dialSmall(t, l.Addr().String())
+			if i%7 == 0 {
+				c.(*net.TCPConn).CloseWrite() // a half-closing subscriber still reads
 			}
-			defer e.Close()
-			type sub struct {
-				c *zc.Conn
-				s *subscriber
+			go func() {
+				defer c.Close()
+				buf := make([]byte, size)
+				for m := 0; m < msgs; m++ {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						errs <- fmt.Errorf("message %d: %w", m, err)
+						return
+					}
+					for j, v := range buf {
+						if v != byte(m+j) {
+							errs <- fmt.Errorf("message %d byte %d corrupt", m, j)
+							return
+						}
+					}
+					if i%10 == 0 {
+						time.Sleep(time.Millisecond) // a slow subscriber
+					}
+				}
+				_, err := c.Read(buf)
+				if err != io.EOF {
+					err = fmt.Errorf("after the last message: %v", err)
+				} else {
+					err = nil
+				}
+				errs <- err
+			}()
+		}
+		all := make([]sub, 0, subs)
+		for i := 0; i < subs; i++ {
+			all = append(all, <-accepted)
+		}
+		// The publisher: every message to every subscriber, from the queue goroutine.
+		pub := all[0].c
+		for m := 0; m < msgs; m++ {
+			msg := make([]byte, size)
+			for j := range msg {
+				msg[j] = byte(m + j)
 			}
-			accepted := make(chan sub, subs)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
-				s := &subscriber{}
-				accepted <- sub{c, s}
-				return s
+			last := m == msgs-1
+			err := pub.Post(func() {
+				for _, x := range all {
+					x.s.backlog = append(x.s.backlog, msg)
+					x.s.closing = last
+					x.s.flush(x.c)
+				}
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer l.Close()
-			errs := make(chan error, subs)
-			for i := 0; i < subs; i++ {
-				c := dialSmall(t, l.Addr().String())
-				if i%7 == 0 {
-					c.(*net.TCPConn).CloseWrite() // a half-closing subscriber still reads
-				}
-				go func() {
-					defer c.Close()
-					buf := make([]byte, size)
-					for m := 0; m < msgs; m++ {
-						if _, err := io.ReadFull(c, buf); err != nil {
-							errs <- fmt.Errorf("message %d: %w", m, err)
-							return
-						}
-						for j, v := range buf {
-							if v != byte(m+j) {
-								errs <- fmt.Errorf("message %d byte %d corrupt", m, j)
-								return
-							}
-						}
-						if i%10 == 0 {
-							time.Sleep(time.Millisecond) // a slow subscriber
-						}
-					}
-					_, err := c.Read(buf)
-					if err != io.EOF {
-						err = fmt.Errorf("after the last message: %v", err)
-					} else {
-						err = nil
-					}
-					errs <- err
-				}()
-			}
-			all := make([]sub, 0, subs)
-			for i := 0; i < subs; i++ {
-				all = append(all, <-accepted)
-			}
-			// The publisher: every message to every subscriber, from the queue goroutine.
-			pub := all[0].c
-			for m := 0; m < msgs; m++ {
-				msg := make([]byte, size)
-				for j := range msg {
-					msg[j] = byte(m + j)
-				}
-				last := m == msgs-1
-				err := pub.Post(func() {
-					for _, x := range all {
-						x.s.backlog = append(x.s.backlog, msg)
-						x.s.closing = last
-						x.s.flush(x.c)
-					}
-				})
+		}
+		for i := 0; i < subs; i++ {
+			select {
+			case err := <-errs:
 				if err != nil {
-					t.Fatal(err)
+					t.Errorf("subscriber: %v", err)
 				}
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("%d of %d subscribers unfinished (stalled): %+v", subs-i, subs, e.Stats())
 			}
-			for i := 0; i < subs; i++ {
-				select {
-				case err := <-errs:
-					if err != nil {
-						t.Errorf("subscriber: %v", err)
-					}
-				case <-time.After(2 * time.Minute):
-					t.Fatalf("%d of %d subscribers unfinished (stalled): %+v", subs-i, subs, e.Stats())
-				}
-			}
-			t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
-		})
-	}
+		}
+		t.Logf("pool waits %d", e.Stats().Send.PoolWaits)
+	})
 }
 
 // TestHandlerWriteWithPoolEmpty: a handler's Write on a connection with nothing queued goes
@@ -413,57 +404,55 @@ func TestFanOutWakes(t *testing.T) {
 // 128 headers to ErrWouldBlock with a capped pool). What the socket does not take is
 // refused with ErrWouldBlock and the count written, and OnWritable follows.
 func TestHandlerWriteWithPoolEmpty(t *testing.T) {
-	for _, b := range wakeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			e, ln := wakeEngine(t, b, zc.Config{SendBufs: 2, SendBufSize: 64 << 10, SendPoolMax: 128 << 10,
-				SendPath: zc.SendCopy, SocketOptions: smallBufs})
-			a, _ := dialAccepted(t, e, ln, zc.HandlerFuncs{}) // A holds every buffer of the pool
-			var held []memreg.Buf
-			for {
-				buf, err := a.Buffer()
-				if err != nil {
-					break
-				}
-				held = append(held, buf)
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		e, ln := wakeEngine(t, b, zc.Config{SendBufs: 2, SendBufSize: 64 << 10, SendPoolMax: 128 << 10,
+			SendPath: zc.SendCopy, SocketOptions: smallBufs})
+		a, _ := dialAccepted(t, e, ln, zc.HandlerFuncs{}) // A holds every buffer of the pool
+		var held []memreg.Buf
+		for {
+			buf, err := a.Buffer()
+			if err != nil {
+				break
 			}
-			type res struct {
-				n   int
-				err error
-			}
-			results := make(chan res, 2)
-			writable := make(chan struct{}, 16)
-			big := make([]byte, 4<<20)
-			c, peer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: func(*zc.Conn) { writable <- struct{}{} }})
-			c.Post(func() {
-				n, err := c.Write([]byte("200 OK\n")) // the header: the socket takes it
-				results <- res{n, err}
-				n, err = c.Write(big) // more than the socket takes: the rest is refused
-				results <- res{n, err}
-			})
-			if r := <-results; r.n != 7 || r.err != nil {
-				t.Fatalf("a handler's small Write with the pool empty = %d, %v; want 7, nil", r.n, r.err)
-			}
-			r := <-results
-			if !errors.Is(r.err, zc.ErrWouldBlock) || r.n <= 0 || r.n >= len(big) {
-				t.Fatalf("a handler's large Write with the pool empty = %d, %v; want part of it and ErrWouldBlock", r.n, r.err)
-			}
-			got := make([]byte, 7+r.n)
-			if _, err := io.ReadFull(peer, got); err != nil || string(got[:7]) != "200 OK\n" {
-				t.Fatalf("the peer read %q, %v", got[:min(7, len(got))], err)
-			}
-			for _, buf := range held {
-				buf.Release()
-			}
-			select {
-			case <-writable:
-			case <-time.After(10 * time.Second):
-				t.Fatal("no OnWritable after the refused Write, with the pool's buffers back")
-			}
-			if d := e.Stats().Send.DirectWrites; d == 0 {
-				t.Errorf("Stats.Send.DirectWrites = 0")
-			}
+			held = append(held, buf)
+		}
+		type res struct {
+			n   int
+			err error
+		}
+		results := make(chan res, 2)
+		writable := make(chan struct{}, 16)
+		big := make([]byte, 4<<20)
+		c, peer := dialAccepted(t, e, ln, zc.HandlerFuncs{Writable: func(*zc.Conn) { writable <- struct{}{} }})
+		c.Post(func() {
+			n, err := c.Write([]byte("200 OK\n")) // the header: the socket takes it
+			results <- res{n, err}
+			n, err = c.Write(big) // more than the socket takes: the rest is refused
+			results <- res{n, err}
 		})
-	}
+		if r := <-results; r.n != 7 || r.err != nil {
+			t.Fatalf("a handler's small Write with the pool empty = %d, %v; want 7, nil", r.n, r.err)
+		}
+		r := <-results
+		if !errors.Is(r.err, zc.ErrWouldBlock) || r.n <= 0 || r.n >= len(big) {
+			t.Fatalf("a handler's large Write with the pool empty = %d, %v; want part of it and ErrWouldBlock", r.n, r.err)
+		}
+		got := make([]byte, 7+r.n)
+		if _, err := io.ReadFull(peer, got); err != nil || string(got[:7]) != "200 OK\n" {
+			t.Fatalf("the peer read %q, %v", got[:min(7, len(got))], err)
+		}
+		for _, buf := range held {
+			buf.Release()
+		}
+		select {
+		case <-writable:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no OnWritable after the refused Write, with the pool's buffers back")
+		}
+		if d := e.Stats().Send.DirectWrites; d == 0 {
+			t.Errorf("Stats.Send.DirectWrites = 0")
+		}
+	})
 }
 
 // TestGrantRefusedAgainServed: the window between a connection's refusal inside its own
@@ -475,92 +464,90 @@ func TestHandlerWriteWithPoolEmpty(t *testing.T) {
 // second OnWritable — nothing else will ever return a buffer. (wakeGrants serves the line
 // again after putting the connection back in it; without that the connection waits forever.)
 func TestGrantRefusedAgainServed(t *testing.T) {
-	for _, b := range wakeBackends {
-		t.Run(b.String(), func(t *testing.T) {
-			const bufs, size = 4, 4 << 10
-			e, ln := wakeEngine(t, b, zc.Config{SendBufs: bufs, SendBufSize: size, SendPoolMax: bufs * size,
-				MaxQueuedBytes: 1 << 20})
+	zc.EachBackend(t, func(t *testing.T, b zc.Backend) {
+		const bufs, size = 4, 4 << 10
+		e, ln := wakeEngine(t, b, zc.Config{SendBufs: bufs, SendBufSize: size, SendPoolMax: bufs * size,
+			MaxQueuedBytes: 1 << 20})
 
-			var (
-				mu       sync.Mutex
-				held     []memreg.Buf
-				writable int
-			)
-			dry := make(chan error, 1)
-			second := make(chan error, 1)
-			h := zc.HandlerFuncs{Writable: func(c *zc.Conn) {
-				mu.Lock()
-				defer mu.Unlock()
-				writable++
-				switch writable {
-				case 1:
-					g, err := c.Buffer() // the grant
-					if err != nil {
-						second <- fmt.Errorf("first OnWritable: the grant: %v", err)
-						return
-					}
-					held = append(held, g)
-					if _, err := c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
-						second <- fmt.Errorf("first OnWritable: second Buffer = %v, want ErrExhausted", err)
-						return
-					}
-					held[0].Release() // back while the connection is out of line
-					held = held[1:]
-				case 2:
-					g, err := c.Buffer()
-					if err == nil {
-						held = append(held, g)
-					}
-					second <- err
+		var (
+			mu       sync.Mutex
+			held     []memreg.Buf
+			writable int
+		)
+		dry := make(chan error, 1)
+		second := make(chan error, 1)
+		h := zc.HandlerFuncs{Writable: func(c *zc.Conn) {
+			mu.Lock()
+			defer mu.Unlock()
+			writable++
+			switch writable {
+			case 1:
+				g, err := c.Buffer() // the grant
+				if err != nil {
+					second <- fmt.Errorf("first OnWritable: the grant: %v", err)
+					return
 				}
-			}}
-			c, peer := dialAccepted(t, e, ln, h)
-			defer peer.Close()
-			c.Post(func() {
-				mu.Lock()
-				defer mu.Unlock()
-				for {
-					g, err := c.Buffer()
-					if err != nil {
-						if len(held) != bufs {
-							err = fmt.Errorf("refused after %d of %d buffers: %w", len(held), bufs, err)
-						} else if errors.Is(err, memreg.ErrExhausted) {
-							err = nil
-						}
-						dry <- err
-						return
-					}
+				held = append(held, g)
+				if _, err := c.Buffer(); !errors.Is(err, memreg.ErrExhausted) {
+					second <- fmt.Errorf("first OnWritable: second Buffer = %v, want ErrExhausted", err)
+					return
+				}
+				held[0].Release() // back while the connection is out of line
+				held = held[1:]
+			case 2:
+				g, err := c.Buffer()
+				if err == nil {
 					held = append(held, g)
 				}
-			})
-			if err := <-dry; err != nil {
+				second <- err
+			}
+		}}
+		c, peer := dialAccepted(t, e, ln, h)
+		defer peer.Close()
+		c.Post(func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for {
+				g, err := c.Buffer()
+				if err != nil {
+					if len(held) != bufs {
+						err = fmt.Errorf("refused after %d of %d buffers: %w", len(held), bufs, err)
+					} else if errors.Is(err, memreg.ErrExhausted) {
+						err = nil
+					}
+					dry <- err
+					return
+				}
+				held = append(held, g)
+			}
+		})
+		if err := <-dry; err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		last := held[len(held)-1]
+		held = held[:len(held)-1]
+		mu.Unlock()
+		last.Release() // the first grant
+		select {
+		case err := <-second:
+			if err != nil {
 				t.Fatal(err)
 			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no second OnWritable with a buffer free in the pool (lost wake-up): %+v", e.Stats().Send)
+		}
+		done := make(chan struct{})
+		c.Post(func() {
 			mu.Lock()
-			last := held[len(held)-1]
-			held = held[:len(held)-1]
-			mu.Unlock()
-			last.Release() // the first grant
-			select {
-			case err := <-second:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatalf("no second OnWritable with a buffer free in the pool (lost wake-up): %+v", e.Stats().Send)
+			for _, g := range held {
+				g.Release()
 			}
-			done := make(chan struct{})
-			c.Post(func() {
-				mu.Lock()
-				for _, g := range held {
-					g.Release()
-				}
-				held = nil
-				mu.Unlock()
-				close(done)
-			})
-			<-done
-			c.Close()
+			held = nil
+			mu.Unlock()
+			close(done)
 		})
-	}
+		<-done
+		c.Close()
+	})
 }

@@ -14,8 +14,8 @@ import (
 
 // TestZeroCopyResetSaysWhy: a peer that resets while zero-copy sends are in flight ends
 // the connection with the reset's errno (ECONNRESET or EPIPE), also when a SEND_ZC came
-// back short (io_uring reports the part it took and swallows the error): the session-10
-// probe saw "zero-copy send cut short ... short write" for 5–9 of 40 resets, which no
+// back short (io_uring reports the part it took and swallows the error): a probe
+// saw "zero-copy send cut short ... short write" for 5–9 of 40 resets, which no
 // errors.Is(err, syscall.ECONNRESET) matched. The short send is made deterministically
 // first (it passed vacuously when none of its racing resets happened to cut one short),
 // then a round of resets at random points checks every error.
