@@ -225,15 +225,18 @@ type Conn struct {
 	raddr netip.AddrPort
 
 	// Producer side (any goroutine), under mu.
-	mu       sync.Mutex
-	out      []seg
-	queued   int           // bytes accepted and not yet sent
-	werr     error         // sticky: sends fail with it
-	spaceCh  chan struct{} // made on the first blocked writer
-	doneCh   chan struct{} // made by the first Done (under mu): idle connections carry none
-	kicked   bool          // the loop knows about our work, or has a send in flight
-	closeReq bool
-	shutReq  bool
+	mu      sync.Mutex
+	out     []seg
+	queued  int           // bytes accepted and not yet sent
+	werr    error         // sticky: sends fail with it
+	spaceCh chan struct{} // made on the first blocked writer
+	doneCh  chan struct{} // made by the first Done (under mu): idle connections carry none
+	// closingCh: closed when a close is requested (requestCloseLocked), so that a writer
+	// waiting for a send buffer stops at Close, not only at the end (made on first use)
+	closingCh chan struct{}
+	kicked    bool // the loop knows about our work, or has a send in flight
+	closeReq  bool
+	shutReq   bool
 	// holdClose: a graceful close waits (as for queued sends, up to CloseTimeout) for a
 	// closeHolder to queue the bytes it holds for this connection (enqueueHeld) or to say
 	// it has none (releaseHold)
@@ -346,6 +349,34 @@ func (c *Conn) doneChan() chan struct{} {
 		c.doneCh = make(chan struct{})
 	}
 	return c.doneCh
+}
+
+// closingChan is closed once a close is requested (Close, an abort, the engine's close): a
+// Write, BufferWait or ReadFrom waiting for a send buffer stops there with ErrClosed, as a
+// Write blocked in Go's net does at Close. (Waiting for the end instead could wait for good:
+// a graceful close waits for the queued bytes, whose room the waiting writer may need.)
+func (c *Conn) closingChan() chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closingCh == nil {
+		if c.closeReq {
+			return closedChan
+		}
+		c.closingCh = make(chan struct{})
+	}
+	return c.closingCh
+}
+
+// requestCloseLocked marks a close requested (mu held) and wakes the writers waiting for a
+// send buffer (closingChan).
+func (c *Conn) requestCloseLocked() {
+	if c.closeReq {
+		return
+	}
+	c.closeReq = true
+	if c.closingCh != nil {
+		close(c.closingCh)
+	}
 }
 
 // markDone closes Done (loop only, once).
@@ -531,7 +562,7 @@ func (c *Conn) BufferWait(timeout time.Duration) (memreg.Buf, error) {
 		d := time.Now().Add(timeout)
 		dl = func() time.Time { return d }
 	}
-	b, err = c.q.waitSendBuf(c.doneChan(), nil, dl)
+	b, err = c.q.waitSendBuf(c.closingChan(), nil, dl)
 	if err != nil {
 		return b, c.opErr("buffer", err)
 	}
@@ -832,7 +863,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 					}
 					return written, c.opErr("write", err)
 				}
-				if b, err = c.q.waitSendBuf(c.doneChan(), cancel, c.withWriteDeadline(dl)); err != nil {
+				if b, err = c.q.waitSendBuf(c.closingChan(), cancel, c.withWriteDeadline(dl)); err != nil {
 					return written, c.opErr("write", err)
 				}
 			}
@@ -1084,7 +1115,7 @@ func (c *Conn) Close() error {
 		}
 		return c.opErr("close", ErrClosed)
 	}
-	c.closeReq = true
+	c.requestCloseLocked()
 	if c.werr == nil {
 		c.werr = ErrClosed
 	}

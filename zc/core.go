@@ -705,7 +705,7 @@ func (c *Conn) beginClose(err error) {
 	c.closeErr = err
 	c.cl = &closeState{}
 	c.mu.Lock()
-	c.closeReq = true
+	c.requestCloseLocked()
 	work := c.queued > 0
 	if c.werr == nil || c.werr == errWriteClosed || (err != nil && c.werr == ErrClosed) {
 		c.werr = ErrClosed

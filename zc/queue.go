@@ -518,7 +518,7 @@ func (q *queue) closeAll() {
 			continue
 		}
 		c.mu.Lock()
-		c.closeReq = true
+		c.requestCloseLocked()
 		if c.werr == nil {
 			c.werr = ErrClosed
 		}

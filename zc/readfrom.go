@@ -110,7 +110,7 @@ func (c *Conn) readIntoBuffers(r io.Reader) (int64, error) {
 		}
 		b, err := c.q.getSendBuf()
 		if err != nil {
-			if b, err = c.q.waitSendBuf(c.doneChan(), nil, c.writeDeadline); err != nil {
+			if b, err = c.q.waitSendBuf(c.closingChan(), nil, c.writeDeadline); err != nil {
 				return total, c.opErr("write", err)
 			}
 		}
@@ -396,7 +396,7 @@ func (c *Conn) queuePipe(pfd, n int) (int, error) {
 	for queued < n {
 		b, err := c.q.getSendBuf()
 		if err != nil {
-			if b, err = c.q.waitSendBuf(c.doneChan(), nil, nil); err != nil {
+			if b, err = c.q.waitSendBuf(c.closingChan(), nil, nil); err != nil {
 				return queued, err
 			}
 		}

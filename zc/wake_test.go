@@ -551,3 +551,81 @@ func TestGrantRefusedAgainServed(t *testing.T) {
 		c.Close()
 	})
 }
+
+// TestCloseWakesWriterWaitingForBuffer: a Write blocked off the loop waiting for a send
+// buffer (the pool is held elsewhere; its own peer does not read) returns when its
+// connection is closed — with what it wrote and an error matching ErrClosed, as a Write
+// blocked in Go's net does at Close — instead of waiting for the connection's end, which a
+// graceful close with bytes queued for a peer that does not read puts off (up to
+// CloseStall): the net.Conn face's nettest CloseTimeout hung this way. The same for
+// BufferWait.
+func TestCloseWakesWriterWaitingForBuffer(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b zc.Backend) {
+		const bufs, size = 4, 4 << 10
+		e, ln := wakeEngine(t, b, zc.Config{SendBufs: bufs, SendBufSize: size, SendPoolMax: bufs * size,
+			MaxQueuedBytes: 8 << 20, SocketOptions: smallBufs})
+
+		// A holds the whole pool.
+		var held []memreg.Buf
+		dry := make(chan struct{})
+		a, _ := dialAccepted(t, e, ln, zc.HandlerFuncs{})
+		a.Post(func() {
+			for {
+				g, err := a.Buffer()
+				if err != nil {
+					break
+				}
+				held = append(held, g)
+			}
+			close(dry)
+		})
+		<-dry
+		defer a.Post(func() {
+			for _, g := range held {
+				g.Release()
+			}
+		})
+
+		for _, call := range []string{"Write", "BufferWait"} {
+			c, _ := dialAccepted(t, e, ln, zc.HandlerFuncs{}) // its peer never reads
+			// Bytes queued that the peer will not take (from the application's memory: the
+			// pool is dry), so a graceful close of c waits for them and does not end soon.
+			if err := c.SendBytes(make([]byte, 4<<20), nil); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				n   int
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				if call == "Write" {
+					n, err := c.Write(make([]byte, 4<<20))
+					res <- result{n, err}
+					return
+				}
+				_, err := c.BufferWait(0)
+				res <- result{0, err}
+			}()
+			// Let it block (it either waits for a buffer, or — Write — first fills the
+			// kernel's buffers directly and then waits).
+			time.Sleep(200 * time.Millisecond)
+			select {
+			case r := <-res:
+				t.Fatalf("%s returned before Close: %d, %v (the pool should be dry)", call, r.n, r.err)
+			default:
+			}
+			c.Close()
+			select {
+			case r := <-res:
+				if !errors.Is(r.err, zc.ErrClosed) {
+					t.Errorf("%s after Close: %d, %v; want an error matching ErrClosed", call, r.n, r.err)
+				}
+				t.Logf("%s: %d, %v", call, r.n, r.err)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s waiting for a send buffer was not woken by Close", call)
+			}
+		}
+	})
+}
+
