@@ -133,7 +133,10 @@ func TestCloseSilentPeerCounted(t *testing.T) {
 func TestCloseStalledPeerGivesUp(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		const total = 1 << 20
-		cfg := Config{Backend: be, CloseTimeout: 50 * time.Millisecond, CloseStall: 2 * time.Second,
+		// CloseTimeout 500 ms: at the reset a send still in the kernel has twice that to end
+		// (its cancel), so that what it did not take is counted in Unsent (a loaded machine
+		// made 2 × 50 ms too short once: 63488 bytes uncounted).
+		cfg := Config{Backend: be, CloseTimeout: 500 * time.Millisecond, CloseStall: 2 * time.Second,
 			MaxQueuedBytes: 8 << 20, SendPath: SendCopy}
 		p := newSlowPeer(t, cfg, 16<<10, total)
 		if err := p.c.Close(); err != nil {
