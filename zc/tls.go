@@ -21,6 +21,7 @@ import (
 	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // TLSOptions make a listener's or a dial's connections TLS connections (ListenOptions.TLS,
@@ -53,6 +54,17 @@ type TLSOptions struct {
 	UserSpace bool
 	// HandshakeTimeout bounds the handshake (default 10 s).
 	HandshakeTimeout time.Duration
+	// RekeyRecords is how many TLS 1.3 records the kernel may encrypt under one key
+	// before the engine updates the connection's TX keys: between two sends it sends a
+	// KeyUpdate and gives the kernel the next keys (the application notices nothing;
+	// ConnStats.TLS.TxRekeys and Stats.TLS.TxRekeys count them). Zero means RFC 8446
+	// §5.5's limit for AES-GCM (2^24 records, under the RFC's 2^24.5) and none for
+	// ChaCha20-Poly1305; tests lower it (4 at least). The engine counts an upper bound of
+	// the records (every send may end one early) and cuts sends to stay under it, so an
+	// update may come sooner than the kernel's own count would need. A kernel takes new
+	// TX keys from Linux 6.14: before it the bound is not enforced (as crypto/tls does
+	// not enforce it), visibly: ConnStats.TLS.RekeyAt is 0. TLS 1.2 has no KeyUpdate.
+	RekeyRecords uint64
 }
 
 // tlsInfo is a TLS connection's state after its handshake (ConnStats.TLS shows it).
@@ -75,6 +87,7 @@ func (c *Conn) tlsStats(s *ConnStats) {
 	s.TLS.Version, s.TLS.CipherSuite, s.TLS.State = i.Version, i.CipherSuite, i.State
 	if t.kernel {
 		s.TLS.KeyUpdates, s.TLS.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
+		s.TLS.TxRekeys, s.TLS.RekeyAt = t.txRekeys.Load(), t.rekeyAt
 	}
 }
 
@@ -82,10 +95,16 @@ func (c *Conn) tlsStats(s *ConnStats) {
 // send path asks: no SEND_ZC, no MSG_WAITALL).
 func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
 
-// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection: splice(2) out of
-// a kernel-TLS socket stops at every control record (an alert, a KeyUpdate, close_notify)
-// without handing it over, so the relay forwards with SendData there, and the queue's
-// receive handles the records. (The user-space path's socket pair splices.)
+// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection, so the relay
+// forwards with SendData there and the queue's receive handles the control records.
+// Measured in the 7.3 guest (TestTLSSpliceControlRecord): splice(2) out of a kernel-TLS
+// socket moves data records and fails with EINVAL at a non-data record (an alert, a
+// KeyUpdate, close_notify), which stays at the head; a recvmsg with room for the record
+// type reads it and splice resumes after it. A splice relay could take that path, but
+// the relay runs both directions on one queue while a connection's control records, its
+// TX rekey and its peer's KeyUpdate requests are its own queue's (a KeyUpdate sent there
+// between the relay's splices into the socket would put records under the old keys after
+// it): not done yet. (The user-space path's socket pair splices.)
 func (c *Conn) tlsSpliceRefusal() error {
 	if !c.kernelTLS() {
 		return nil
@@ -103,7 +122,7 @@ type tlsEngine struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	kernel, user, refused, hsErrs, ctlRecords, keyUpdates, keyUpdatesSent, closeNotifies atomic.Uint64
+	kernel, user, refused, hsErrs, ctlRecords, keyUpdates, keyUpdatesSent, txRekeys, closeNotifies atomic.Uint64
 }
 
 // tlsRun is one goroutine (or pair) outside the queues; stop wakes it.
@@ -167,6 +186,7 @@ func (t *tlsEngine) stats(s *Stats) {
 	s.TLS.Kernel, s.TLS.User, s.TLS.Refused = t.kernel.Load(), t.user.Load(), t.refused.Load()
 	s.TLS.HandshakeErrors, s.TLS.ControlRecords = t.hsErrs.Load(), t.ctlRecords.Load()
 	s.TLS.KeyUpdates, s.TLS.KeyUpdatesSent, s.TLS.CloseNotifies = t.keyUpdates.Load(), t.keyUpdatesSent.Load(), t.closeNotifies.Load()
+	s.TLS.TxRekeys = t.txRekeys.Load()
 }
 
 // tlsSetup is a listener's or a dial's TLS: the options and the config the handshakes use
@@ -180,6 +200,9 @@ type tlsSetup struct {
 // kernelTLSProbe is whether this kernel takes the "tls" ULP (probed once).
 var kernelTLSProbe = sync.OnceValue(func() error { _, err := tcpglue.ProbeTLS(); return err })
 
+// kernelTLSRekey is whether this kernel takes new TX keys on a socket (Linux 6.14).
+var kernelTLSRekey = sync.OnceValue(tcpglue.ProbeTLSRekey)
+
 // tlsSetupFor checks TLS options against the engine and the other options.
 func (e *Engine) tlsSetupFor(o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (*tlsSetup, error) {
 	if o == nil {
@@ -192,6 +215,8 @@ func (e *Engine) tlsSetupFor(o *TLSOptions, isClient, readSelf bool, zcrxNIC str
 		return nil, &ConfigError{Field: "TLS.UserSpace", Value: true, Reason: "contradicts TLS.NoFallback"}
 	case o.HandshakeTimeout < 0:
 		return nil, &ConfigError{Field: "TLS.HandshakeTimeout", Value: o.HandshakeTimeout, Reason: "negative"}
+	case o.RekeyRecords > 0 && o.RekeyRecords < 4:
+		return nil, &ConfigError{Field: "TLS.RekeyRecords", Value: o.RekeyRecords, Reason: "leaves no record for data under a key (4 or more)"}
 	case e.backend == BackendShim:
 		return nil, errs.NotSupported("TLS connections", "the io_uring or plain backend (the zcshim module's sends bypass kernel TLS)", nil)
 	case readSelf:
@@ -226,10 +251,17 @@ type tlsConn struct {
 	// The kernel path (loop only, except the counters in ctl).
 	ctl      ktls.Control
 	suite    ktls.Suite
-	txSecret []byte // TLS 1.3 TX traffic secret (a KeyUpdate the peer asks for derives from it)
-	txOwed   bool   // a KeyUpdate is owed (no room yet)
-	notified bool   // close_notify sent
-	scratch  []byte // the control records' receive buffer
+	txSecret []byte // TLS 1.3 TX traffic secret (the next TX keys derive from it)
+	retrying bool   // a KeyUpdate waits for room (a retry is scheduled)
+	asked    bool   // the owed KeyUpdate answers the peer's request
+
+	// TX rekey: set on the loop, read by Stats and by direct writes (under the conn's mu).
+	rekeyAt   uint64        // update the TX keys at this many records (0: never)
+	txRecords atomic.Uint64 // an upper bound of the records sent under the current TX keys
+	txOwed    atomic.Bool   // a KeyUpdate is owed: the peer asked, or rekeyAt was reached
+	txRekeys  atomic.Uint64 // TX key updates made
+	notified  bool          // close_notify sent
+	scratch   []byte        // the control records' receive buffer
 
 	// The user-space path.
 	pump *tlsPump
@@ -363,6 +395,12 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 				t.kernel, t.info.Kernel = true, true
 				t.suite, t.txSecret = ktls.Suites[st.CipherSuite], tx.Secret
 				t.ctl.Version, t.ctl.Suite, t.ctl.RX = st.Version, t.suite, rx.Secret
+				if st.Version == tls.VersionTLS13 && kernelTLSRekey() == nil {
+					t.rekeyAt = s.opts.RekeyRecords
+					if t.rekeyAt == 0 && !t.suite.ChaCha() {
+						t.rekeyAt = 1 << 24
+					}
+				}
 				e.tls.kernel.Add(1)
 				return res // nc closes: the socket stays fd's
 			}
@@ -517,8 +555,17 @@ func (o tlsOps) Warn(desc uint8) {
 }
 func (o tlsOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.c.fd, cr) }
 func (o tlsOps) KeyUpdateOwed() {
-	o.c.tls.txOwed = true
-	o.c.tlsSendKeyUpdate()
+	c := o.c
+	c.tls.asked = true
+	c.tls.txOwed.Store(true)
+	// The KeyUpdate goes out between two sends, from pump: not now, while a send of the
+	// io_uring backend may still be in the kernel (its records must go under the old keys,
+	// before the KeyUpdate).
+	c.q.Post(func() {
+		if !c.ended() {
+			c.pump()
+		}
+	})
 }
 
 // tlsAlert sends a fatal alert, best effort, and shuts the socket down both ways (after a
@@ -528,18 +575,95 @@ func (c *Conn) tlsAlert(desc uint8) {
 	c.sock.Shutdown(unix.SHUT_RDWR)
 }
 
-// tlsSendKeyUpdate sends the KeyUpdate the peer asked for and gives the kernel the next TX
-// keys (loop only). The kernel closes a record still open before a control record, so the
-// KeyUpdate lands between records; without room it is tried again shortly.
-func (c *Conn) tlsSendKeyUpdate() {
-	t := c.tls
-	if !t.txOwed || c.ended() || c.st.SockClosed() {
+// tlsSent counts what a send of n bytes may have cost in records under the current TX keys
+// (its records, plus one that an earlier send left open) and owes a KeyUpdate once fewer
+// than three records are left under the bound (tlsSendCap keeps sends within it). The
+// loop calls it for what left the queue; a direct write (under mu) too.
+func (t *tlsConn) tlsSent(n int) {
+	if !t.kernel || t.rekeyAt == 0 || n <= 0 {
 		return
 	}
+	if t.txRecords.Add(uint64((n+ktls.MaxRecord-1)/ktls.MaxRecord)+1)+3 > t.rekeyAt {
+		t.txOwed.Store(true)
+	}
+}
+
+// tlsSendCap is how many bytes the next send of c may carry under the current TX keys so
+// that the bound of records holds (at most 1 GiB; -1: no bound). A send of n bytes costs
+// at most ceil(n/MaxRecord)+1 records, and tlsSent owes the update before fewer than three
+// are left, so there is room for a record at least (MaxRecord also when an update is owed
+// and waits: the caller sends it first).
+func (c *Conn) tlsSendCap() int {
+	t := c.tls
+	if t == nil || !t.kernel || t.rekeyAt == 0 {
+		return -1
+	}
+	n, left := t.txRecords.Load(), uint64(1)
+	if n+3 <= t.rekeyAt {
+		left = min(t.rekeyAt-n-2, 1<<16)
+	}
+	return int(left) * ktls.MaxRecord
+}
+
+// tlsCapIov trims iov to at most max bytes (max < 0: no bound) and returns how many
+// entries are left.
+func tlsCapIov(iov []unix.Iovec, max int) int {
+	if max < 0 {
+		return len(iov)
+	}
+	for i := range iov {
+		l := int(iov[i].Len)
+		if l >= max {
+			iov[i].SetLen(max)
+			return i + 1
+		}
+		max -= l
+	}
+	return len(iov)
+}
+
+// tlsDirectOK: a direct write of n bytes keeps the bound of records (no update owed, n
+// within tlsSendCap); otherwise the write goes through the queue, which updates first.
+func (c *Conn) tlsDirectOK(n int) bool {
+	if c.tls == nil || !c.tls.kernel {
+		return true
+	}
+	m := c.tlsSendCap()
+	return !c.tls.txOwed.Load() && (m < 0 || n <= m)
+}
+
+// tlsRekeyDue: a KeyUpdate is owed (direct writes wait for it: they go through the queue).
+func (c *Conn) tlsRekeyDue() bool { return c.tls != nil && c.tls.kernel && c.tls.txOwed.Load() }
+
+// tlsRekey sends an owed KeyUpdate (update_not_requested) under the current TX keys and
+// gives the kernel the next ones (loop only, with no send of the connection in the kernel:
+// pump and the plain backend's send loop call it between sends). It reports whether
+// sending may go on: false when the KeyUpdate found no room (it is tried again shortly,
+// and sending waits for it) or failed (the connection fails). The KeyUpdate answers the
+// peer's request (RFC 8446 §4.6.3: before our next data) or RekeyRecords' bound, whichever
+// came first. The kernel closes a record still open before a control record, so the
+// KeyUpdate lands between records. Under mu: a direct write cannot slip in between the
+// KeyUpdate and the new keys.
+func (c *Conn) tlsRekey() bool {
+	t := c.tls
+	if !c.tlsRekeyDue() || t.retrying {
+		return !t.retrying
+	}
+	if c.ended() || c.st.Socket() != connstate.SockOpen {
+		return true // nothing more goes out under these keys
+	}
+	c.mu.Lock()
 	n, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
 	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-		c.q.After(time.Millisecond, c.tlsSendKeyUpdate)
-		return
+		c.mu.Unlock()
+		t.retrying = true
+		c.q.After(time.Millisecond, func() {
+			t.retrying = false
+			if !c.ended() {
+				c.pump()
+			}
+		})
+		return false
 	}
 	if err == nil && n != len(ktls.KeyUpdateMsg) {
 		err = fmt.Errorf("sent %d bytes of a %d-byte KeyUpdate", n, len(ktls.KeyUpdateMsg))
@@ -547,14 +671,24 @@ func (c *Conn) tlsSendKeyUpdate() {
 	if err == nil {
 		next := ktls.NextSecret13(t.suite, t.txSecret)
 		if err = tcpglue.SetTLSTx(c.fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
-			t.txSecret, t.txOwed = next, false
-			c.e.tls.keyUpdatesSent.Add(1)
-			return
+			t.txSecret = next
+			t.txRecords.Store(0)
+			t.txOwed.Store(false)
+			c.mu.Unlock()
+			t.txRekeys.Add(1)
+			c.e.tls.txRekeys.Add(1)
+			if t.asked {
+				t.asked = false
+				c.e.tls.keyUpdatesSent.Add(1)
+			}
+			return true
 		}
 	}
+	c.mu.Unlock()
 	// The KeyUpdate may be out: the peer then expects the next keys. The connection
 	// cannot go on.
 	c.fail(c.opErr("write", fmt.Errorf("TLS: updating the TX keys: %w", err)))
+	return false
 }
 
 // tlsCloseNotify sends close_notify before the write side ends (Close, CloseWrite; kernel
