@@ -95,22 +95,136 @@ func (c *Conn) tlsStats(s *ConnStats) {
 // send path asks: no SEND_ZC, no MSG_WAITALL).
 func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
 
-// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection, so the relay
-// forwards with SendData there and the queue's receive handles the control records.
+// tlsSpliceRefusal says whether a splice relay may read and write kernel-TLS connection c.
 // Measured in the 7.3 guest (TestTLSSpliceControlRecord): splice(2) out of a kernel-TLS
 // socket moves data records and fails with EINVAL at a non-data record (an alert, a
-// KeyUpdate, close_notify), which stays at the head; a recvmsg with room for the record
-// type reads it and splice resumes after it. A splice relay could take that path, but
-// the relay runs both directions on one queue while a connection's control records, its
-// TX rekey and its peer's KeyUpdate requests are its own queue's (a KeyUpdate sent there
-// between the relay's splices into the socket would put records under the old keys after
-// it): not done yet. (The user-space path's socket pair splices.)
+// KeyUpdate, close_notify), which stays at the head: a recvmsg with room for the record
+// type reads it (tlsRelayControl) and splicing resumes after it. Into the socket, the
+// relay splices under txMu after an owed TX update (tlsSpliceInto). Kernels before Linux
+// 6.14 (not measured, and a KeyUpdate cannot be followed there) forward with SendData.
+// (The user-space path's socket pair splices.)
 func (c *Conn) tlsSpliceRefusal() error {
-	if !c.kernelTLS() {
+	if !c.kernelTLS() || kernelTLSRekey() == nil {
 		return nil
 	}
 	return &NotSupportedError{What: "splice relay of a kernel-TLS connection",
-		Need: "RelaySendData (splice(2) out of kernel TLS cannot hand over its control records)"}
+		Need: "Linux 6.14 (splice out of kernel TLS, its control records read between splices, new keys after a KeyUpdate); RelaySendData",
+		Err:  kernelTLSRekey()}
+}
+
+// tlsRelayControl handles what ended a splice relay's splice out of kernel-TLS connection
+// c (home queue; c's own receive is paused for good, so its control state is the relay's
+// now): at a non-data record splice(2) fails with EINVAL and leaves the record at the head.
+// The records there are read with recvmsg on fd (the relay's duplicate) and handled as the
+// queue's receive does (tlsRecvEnd): an alert ends the relay with a *TLSAlertError, a
+// KeyUpdate gives the kernel the next RX keys (a request is answered before the relay's
+// next splice into c), a ticket is dropped; eof: close_notify. Splicing resumes after.
+func (c *Conn) tlsRelayControl(fd int, serr error) (eof bool, err error) {
+	t := c.tls
+	switch {
+	case errors.Is(serr, unix.EINVAL), errors.Is(serr, unix.EIO), errors.Is(serr, unix.EKEYEXPIRED):
+	case errors.Is(serr, unix.EBADMSG):
+		return false, tlsFDAlert(c, fd, 20)
+	case errors.Is(serr, unix.EMSGSIZE):
+		return false, tlsFDAlert(c, fd, 22)
+	default:
+		return false, serr
+	}
+	ops := tlsFDOps{c: c, fd: fd}
+	handled := 0
+	for {
+		_, typ, perr := tcpglue.RecvTLS(fd, t.scratch[:1], unix.MSG_DONTWAIT|unix.MSG_PEEK)
+		switch {
+		case errors.Is(perr, unix.EINTR):
+			continue
+		case errors.Is(perr, unix.EBADMSG):
+			return false, tlsFDAlert(c, fd, 20)
+		case perr == nil && typ != ktls.TypeApplicationData:
+		case handled == 0:
+			// No record to read where splice stopped: its error stands.
+			return false, serr
+		case errors.Is(perr, unix.EAGAIN), perr == nil:
+			return false, nil // data (or nothing yet): splicing goes on
+		default:
+			return false, perr
+		}
+		n, typ, rerr := tcpglue.RecvTLS(fd, t.scratch, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(rerr, unix.EBADMSG):
+			return false, tlsFDAlert(c, fd, 20)
+		case errors.Is(rerr, unix.EMSGSIZE):
+			return false, tlsFDAlert(c, fd, 22)
+		case rerr != nil:
+			return false, rerr
+		case typ == ktls.TypeApplicationData:
+			return false, fmt.Errorf("TLS: %d bytes of data where a control record was", n)
+		}
+		handled++
+		c.e.tls.ctlRecords.Add(1)
+		before := t.ctl.KeyUpdates.Load()
+		ferr := t.ctl.Feed(typ, t.scratch[:n], ops)
+		c.e.tls.keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
+		switch {
+		case ferr == io.EOF:
+			return true, nil // close_notify
+		case ferr != nil:
+			return false, ferr
+		}
+	}
+}
+
+// tlsSpliceInto splices up to n bytes from pipe into fd, kernel-TLS connection c's socket
+// (a splice relay's duplicate; home queue): under txMu, after an owed TX update, and
+// within the rekey bound (tlsSendCap). EAGAIN: no room (for the data or the KeyUpdate).
+func (c *Conn) tlsSpliceInto(pipe, fd, n int) (int, error) {
+	t := c.tls
+	t.txMu.Lock()
+	defer t.txMu.Unlock()
+	again, err := c.tlsUpdateTX(fd)
+	switch {
+	case err != nil:
+		return 0, err
+	case again:
+		return 0, unix.EAGAIN
+	}
+	if m := c.tlsSendCap(); m >= 0 {
+		n = min(n, m)
+	}
+	k, err := rawfd.Splice(pipe, fd, n)
+	if k > 0 {
+		t.tlsSent(k)
+	}
+	return k, err
+}
+
+// tlsFDOps are what ktls.Control needs of a kernel-TLS connection whose socket a splice
+// relay reads (fd: its duplicate; home queue).
+type tlsFDOps struct {
+	c  *Conn
+	fd int
+}
+
+func (o tlsFDOps) Alert(desc uint8) { tlsFDAlert(o.c, o.fd, desc) }
+func (o tlsFDOps) Warn(desc uint8) {
+	o.c.tls.txMu.Lock()
+	tcpglue.SendTLSRecord(o.fd, ktls.TypeAlert, []byte{1, desc}, unix.MSG_DONTWAIT)
+	o.c.tls.txMu.Unlock()
+}
+func (o tlsFDOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.fd, cr) }
+func (o tlsFDOps) KeyUpdateOwed() {
+	// Answered before the relay's next splice into the socket (tlsSpliceInto).
+	o.c.tls.asked.Store(true)
+	o.c.tls.txOwed.Store(true)
+}
+
+// tlsFDAlert sends a fatal alert on fd, best effort, shuts the socket down both ways and
+// returns the alert as the error.
+func tlsFDAlert(c *Conn, fd int, desc uint8) error {
+	c.tls.txMu.Lock()
+	tcpglue.SendTLSRecord(fd, ktls.TypeAlert, []byte{2, desc}, unix.MSG_DONTWAIT)
+	c.tls.txMu.Unlock()
+	unix.Shutdown(fd, unix.SHUT_RDWR)
+	return &tcpglue.TLSAlertError{Alert: desc}
 }
 
 // tlsEngine is the engine's TLS bookkeeping: counters, and the goroutines a TLS
@@ -253,15 +367,19 @@ type tlsConn struct {
 	suite    ktls.Suite
 	txSecret []byte // TLS 1.3 TX traffic secret (the next TX keys derive from it)
 	retrying bool   // a KeyUpdate waits for room (a retry is scheduled)
-	asked    bool   // the owed KeyUpdate answers the peer's request
 
 	// TX rekey: set on the loop, read by Stats and by direct writes (under the conn's mu).
 	rekeyAt   uint64        // update the TX keys at this many records (0: never)
 	txRecords atomic.Uint64 // an upper bound of the records sent under the current TX keys
 	txOwed    atomic.Bool   // a KeyUpdate is owed: the peer asked, or rekeyAt was reached
+	asked     atomic.Bool   // the owed KeyUpdate answers the peer's request
 	txRekeys  atomic.Uint64 // TX key updates made
-	notified  bool          // close_notify sent
-	scratch   []byte        // the control records' receive buffer
+	// txMu orders TX key changes with the sends of whoever else writes the socket: a
+	// splice relay's home queue, which splices into it under txMu (txSecret is under it).
+	txMu sync.Mutex
+
+	notified bool   // close_notify sent
+	scratch  []byte // the control records' receive buffer
 
 	// The user-space path.
 	pump *tlsPump
@@ -556,7 +674,7 @@ func (o tlsOps) Warn(desc uint8) {
 func (o tlsOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.c.fd, cr) }
 func (o tlsOps) KeyUpdateOwed() {
 	c := o.c
-	c.tls.asked = true
+	c.tls.asked.Store(true)
 	c.tls.txOwed.Store(true)
 	// The KeyUpdate goes out between two sends, from pump: not now, while a send of the
 	// io_uring backend may still be in the kernel (its records must go under the old keys,
@@ -653,9 +771,12 @@ func (c *Conn) tlsRekey() bool {
 		return true // nothing more goes out under these keys
 	}
 	c.mu.Lock()
-	n, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
-	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-		c.mu.Unlock()
+	t.txMu.Lock()
+	again, err := c.tlsUpdateTX(c.fd)
+	t.txMu.Unlock()
+	c.mu.Unlock()
+	switch {
+	case again:
 		t.retrying = true
 		c.q.After(time.Millisecond, func() {
 			t.retrying = false
@@ -664,31 +785,44 @@ func (c *Conn) tlsRekey() bool {
 			}
 		})
 		return false
+	case err != nil:
+		c.fail(c.opErr("write", err))
+		return false
+	}
+	return true
+}
+
+// tlsUpdateTX sends an owed KeyUpdate on fd (c's socket or a duplicate) and gives the
+// kernel the next TX keys (under txMu, with no send of c in the kernel). again: no room
+// for the KeyUpdate yet (it stays owed). An error leaves the connection unusable: the
+// KeyUpdate may be out, and the peer then expects the next keys.
+func (c *Conn) tlsUpdateTX(fd int) (again bool, err error) {
+	t := c.tls
+	if !t.txOwed.Load() {
+		return false, nil
+	}
+	n, err := tcpglue.SendTLSRecord(fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+		return true, nil
 	}
 	if err == nil && n != len(ktls.KeyUpdateMsg) {
 		err = fmt.Errorf("sent %d bytes of a %d-byte KeyUpdate", n, len(ktls.KeyUpdateMsg))
 	}
 	if err == nil {
 		next := ktls.NextSecret13(t.suite, t.txSecret)
-		if err = tcpglue.SetTLSTx(c.fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
+		if err = tcpglue.SetTLSTx(fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
 			t.txSecret = next
 			t.txRecords.Store(0)
 			t.txOwed.Store(false)
-			c.mu.Unlock()
 			t.txRekeys.Add(1)
 			c.e.tls.txRekeys.Add(1)
-			if t.asked {
-				t.asked = false
+			if t.asked.Swap(false) {
 				c.e.tls.keyUpdatesSent.Add(1)
 			}
-			return true
+			return false, nil
 		}
 	}
-	c.mu.Unlock()
-	// The KeyUpdate may be out: the peer then expects the next keys. The connection
-	// cannot go on.
-	c.fail(c.opErr("write", fmt.Errorf("TLS: updating the TX keys: %w", err)))
-	return false
+	return false, fmt.Errorf("TLS: updating the TX keys: %w", err)
 }
 
 // tlsCloseNotify sends close_notify before the write side ends (Close, CloseWrite; kernel

@@ -6,10 +6,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/ztls"
 )
 
 // TestTLSRekeyOptions: RekeyRecords below 4 would leave no record for data under a key.
@@ -117,3 +120,115 @@ func checkRekeys(t *testing.T, e *Engine, st ConnStats, bound, n int) {
 }
 
 const ktlsMaxRecord = 16384
+
+// tlsRelayPath is the path a relay of a TLS connection takes here: splice, except on
+// kernel TLS before Linux 6.14 (SendData).
+func tlsRelayPath(t *testing.T) RelayPath {
+	if wantKernelTLS(t) && tcpglue.ProbeTLSRekey() != nil {
+		return RelaySendData
+	}
+	return RelaySplice
+}
+
+// TestTLSRelaySplice: a TLS-terminating splice relay on kernel TLS with KeyUpdates both
+// ways: a zc/ztls client rekeying every 8 records sends 1 MiB through the relay to a plain
+// echo backend (each KeyUpdate stops the splice out of the TLS socket; the relay reads it,
+// gives the kernel the next RX keys and splices on), and the listener's RekeyRecords 8
+// makes the relay's splices into the TLS socket update their TX keys. Every byte comes
+// back; the client's close_notify reaches the backend as its EOF, the backend's FIN comes
+// back as close_notify. Linux 6.14 (the 7.3 guest).
+func TestTLSRelaySplice(t *testing.T) {
+	if !wantKernelTLS(t) {
+		t.Skip("no kernel TLS here (CONFIG_TLS is not set): the qemu guests run it")
+	}
+	testutil.SkipIfNotSupported(t, tcpglue.ProbeTLSRekey(), "6.14")
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			backend, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer backend.Close()
+			go func() {
+				c, err := backend.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 32<<10))
+			}()
+			relays := make(chan *RelayStats, 1)
+			fronts := make(chan *Conn, 1)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(front *Conn) Handler {
+				fronts <- front
+				front.SetReceivePaused(true)
+				e.DialAsync(context.Background(), "tcp", backend.Addr().String(), HandlerFuncs{}, func(back *Conn, err error) {
+					if err != nil {
+						front.Close()
+						return
+					}
+					r, err := Relay(front, back, RelayOptions{Path: RelaySplice})
+					if err != nil {
+						t.Error(err)
+						front.Close()
+						back.Close()
+						return
+					}
+					relays <- r
+				})
+				return HandlerFuncs{}
+			}, ListenOptions{TLS: &TLSOptions{Config: scfg, RekeyRecords: 8}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			var d net.Dialer
+			d.SetMultipathTCP(false)
+			raw, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			zt := ztls.Client(raw, ccfg, &ztls.Options{RekeyRecords: 8, NoFallback: true})
+			defer zt.Close()
+			zt.SetDeadline(time.Now().Add(2 * time.Minute))
+			if err := zt.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			data := make([]byte, 1<<20)
+			newStreamGen(15).fill(data)
+			werr := make(chan error, 1)
+			go func() {
+				err := randomWrites(zt, data, 15)
+				if err == nil {
+					err = zt.CloseWrite()
+				}
+				werr <- err
+			}()
+			got, err := io.ReadAll(zt)
+			if err != nil {
+				t.Fatalf("%v (read %d of %d bytes)\n%s", err, len(got), len(data), engineDump(e))
+			}
+			if err := <-werr; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
+			}
+			r := recvEvent(t, relays, "relay")
+			front := recvEvent(t, fronts, "front")
+			<-front.Done()
+			if r.Path != RelaySplice || r.AtoB.Load() != 1<<20 || r.BtoA.Load() != 1<<20 {
+				t.Fatalf("relay %v forwarded %d and %d bytes (err %v)", r.Path, r.AtoB.Load(), r.BtoA.Load(), r.Err())
+			}
+			st := front.Stats().TLS
+			es := e.Stats()
+			if st.KeyUpdates == 0 || st.TxRekeys < 8 || zt.Info().KeyUpdates != st.TxRekeys || es.Forward.BytesSpliced == 0 {
+				t.Fatalf("relay: %d KeyUpdates received (the client sent %d), %d TX updates (the client applied %d), %d bytes spliced",
+					st.KeyUpdates, zt.Info().TxRekeys, st.TxRekeys, zt.Info().KeyUpdates, es.Forward.BytesSpliced)
+			}
+			t.Logf("%d KeyUpdates received and %d sent through the splice relay, %d bytes spliced", st.KeyUpdates, st.TxRekeys, es.Forward.BytesSpliced)
+		})
+	}
+}
