@@ -30,11 +30,16 @@ import (
 // decrypts the records (kernel TLS: TCP_ULP "tls" with the negotiated keys), so handlers
 // receive decrypted Data and Send, Write, SendFile, SendData and FanOut's shared sends are
 // encrypted by the kernel: no byte is encrypted or copied in user space, and SendFile stays
-// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC).
+// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC). A Relay between a TLS
+// connection and a plain one (TLS termination) splices both ways from Linux 6.14: the
+// kernel decrypts into the pipe and encrypts out of it, and the relay reads the control
+// records (alerts, KeyUpdates, close_notify) between splices; before 6.14 it forwards with
+// SendData (RelayStats.Fallback says why). After the handshake the engine follows the
+// peer's KeyUpdates and updates its own TX keys (RekeyRecords) where the kernel can (6.14).
 //
 // Where the kernel cannot (no tls module, as on kernels built without CONFIG_TLS; a cipher
 // suite other than AES-GCM or ChaCha20-Poly1305) the connection runs crypto/tls in user
-// space instead, visibly (Conn.TLS says which and why, Stats.TLS counts both) and only
+// space instead, visibly (ConnStats.TLS says which and why, Stats.TLS counts both) and only
 // when allowed (NoFallback). On that path a goroutine pair carries the records between the
 // TCP socket and a socket pair whose other end is the connection's: the API is the same,
 // but every byte is copied twice more and encrypted in user space, and the connection's
@@ -223,7 +228,7 @@ func tlsFDAlert(c *Conn, fd int, desc uint8) error {
 	c.tls.txMu.Lock()
 	tcpglue.SendTLSRecord(fd, ktls.TypeAlert, []byte{2, desc}, unix.MSG_DONTWAIT)
 	c.tls.txMu.Unlock()
-	unix.Shutdown(fd, unix.SHUT_RDWR)
+	rawfd.Shutdown(fd)
 	return &tcpglue.TLSAlertError{Alert: desc}
 }
 
