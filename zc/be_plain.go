@@ -109,6 +109,9 @@ func (b *plainBackend) closeSocket(c *Conn) {
 func (b *plainBackend) send(c *Conn) {
 	progress := false
 	for c.pendLen() > 0 && !c.st.SockClosed() {
+		if c.tls != nil && !c.tlsRekey() {
+			break // a KeyUpdate waits for room (or failed): it goes first
+		}
 		n := 0
 		for n < c.pendLen() && n < maxIov {
 			s := &c.tx.pend[n]
@@ -116,7 +119,7 @@ func (b *plainBackend) send(c *Conn) {
 			b.iov[n].SetLen(int(s.n - s.off))
 			n++
 		}
-		w, err := writev(c.fd, b.iov[:n])
+		w, err := writev(c.fd, b.iov[:tlsCapIov(b.iov[:n], c.tlsSendCap())])
 		clear(b.iov[:n])
 		if err == unix.EINTR {
 			continue

@@ -266,6 +266,9 @@ func (b *uringBackend) send(c *Conn) {
 	}
 	ud := b.newOp(c, tagSend)
 	sqe := b.u.GetSQE()
+	if m := c.tlsSendCap(); m >= 0 && left > m {
+		left = m // kernel TLS: the records one send may cost stay under the rekey bound
+	}
 	if n == 1 {
 		sqe.PrepSend(int32(c.fd), head.addr(int(head.off)), uint32(left), copyFlags(c))
 	} else {
@@ -275,6 +278,7 @@ func (b *uringBackend) send(c *Conn) {
 			iv.iov[i].Base = s.ptr(int(s.off))
 			iv.iov[i].SetLen(int(s.n - s.off))
 		}
+		n = tlsCapIov(iv.iov[:n], c.tlsSendCap())
 		iv.msg = unix.Msghdr{Iov: &iv.iov[0]}
 		iv.msg.SetIovlen(n)
 		sqe.PrepSendmsg(int32(c.fd), unsafe.Pointer(&iv.msg), copyFlags(c))

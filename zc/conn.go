@@ -54,6 +54,8 @@ type ConnStats struct {
 		CipherSuite uint16 // the crypto/tls cipher suite
 		KeyUpdates  uint64 // TLS 1.3 KeyUpdates received and applied in the kernel
 		Tickets     uint64 // TLS 1.3 session tickets received in the kernel and dropped
+		TxRekeys    uint64 // TLS 1.3 TX key updates the engine made (KeyUpdate sent, next TX keys set): the peer asked, or RekeyAt was reached
+		RekeyAt     uint64 // records under one TX key before the engine updates it (TLSOptions.RekeyRecords); 0: never (TLS 1.2, ChaCha20-Poly1305 by default, a kernel before Linux 6.14)
 		// State is crypto/tls's view of the handshake (peer certificates, ALPN, ...).
 		State tls.ConnectionState
 	}
@@ -925,7 +927,7 @@ func (c *Conn) idleLocked() bool {
 // from starting a send meanwhile), and the send policy copies a write of this size. The
 // socket is non-blocking: what it does not take goes through the queue.
 func (c *Conn) mayWriteDirectLocked(p []byte) bool {
-	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p))
+	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && c.tlsDirectOK(len(p))
 }
 
 func (c *Conn) mayCopy(n int) bool {
@@ -951,6 +953,9 @@ func (c *Conn) directWrite(p []byte) (int, error) {
 		return 0, err
 	}
 	if n > 0 {
+		if c.tls != nil {
+			c.tls.tlsSent(n)
+		}
 		c.txLocked().sentCopy.Add(uint64(n))
 		c.q.ctr.sentCopy.Add(uint64(n))
 		c.q.ctr.directWrites.Add(1)

@@ -95,6 +95,9 @@ func (c *Conn) pump() {
 	if c.st.SockClosed() || !c.opened() || c.connect != nil {
 		return
 	}
+	if c.tls != nil && !c.q.be.sending(c) && !c.tlsRekey() {
+		return // a KeyUpdate waits for room: it goes first
+	}
 	c.takeWork()
 	if c.pendLen() > 0 {
 		if c.tx.pend[0].kind == segFile {
@@ -205,6 +208,9 @@ func (c *Conn) rehomePend(i int, loan memreg.Loan, k int32) *seg {
 func (c *Conn) sentBytes(n int) {
 	if n <= 0 {
 		return
+	}
+	if c.tls != nil {
+		c.tls.tlsSent(n)
 	}
 	if cl := c.cl; cl != nil && c.closeErr == nil && !c.e.closed.Load() {
 		// A graceful close made progress: the peer reads, however slowly. CloseTimeout

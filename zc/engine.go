@@ -425,6 +425,7 @@ type Stats struct {
 		ControlRecords  uint64 // non-data records (alerts, KeyUpdates, tickets) the queues read on the kernel path
 		KeyUpdates      uint64 // KeyUpdates received and applied in the kernel
 		KeyUpdatesSent  uint64 // KeyUpdates sent because the peer asked (then new TX keys)
+		TxRekeys        uint64 // TX key updates (a KeyUpdate, then new TX keys): those the peer asked for and those at TLSOptions.RekeyRecords' bound
 		CloseNotifies   uint64 // close_notify alerts the kernel path sent on Close and CloseWrite
 	}
 

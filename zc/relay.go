@@ -52,8 +52,9 @@ type RelayPath uint8
 
 const (
 	// RelayAuto picks the cheapest correct path: RelaySplice where both connections' queues
-	// can splice (the io_uring, plain and zcshim backends) and no zero-copy receive (RecvZcrx)
-	// delivers into registered memory; RelaySendData otherwise. RelayStats.Path says which,
+	// can splice (the io_uring, plain and zcshim backends), no zero-copy receive (RecvZcrx)
+	// delivers into registered memory and no kernel-TLS connection runs on a kernel before
+	// Linux 6.14; RelaySendData otherwise. RelayStats.Path says which,
 	// and RelayStats.Fallback why not splice.
 	RelayAuto RelayPath = iota
 	// RelaySendData receives into the queue's registered receive buffers and sends them as

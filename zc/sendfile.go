@@ -182,13 +182,20 @@ func (c *Conn) sendFileHead() {
 			c.q.Post(c.pump)
 			return
 		}
+		if c.tls != nil && !c.tlsRekey() {
+			return // a KeyUpdate waits for room (its retry pumps), or failed
+		}
+		chunk := int(min(s.n-s.off, sendFileChunk))
+		if m := c.tlsSendCap(); m >= 0 {
+			chunk = min(chunk, m)
+		}
 		off := fs.base + int64(s.off)
 		var k int
 		var err error
 		if fs.pipe != nil {
-			k, err = c.sock.SpliceFrom(fs.pipe.p.r, int(min(s.n-s.off, sendFileChunk)))
+			k, err = c.sock.SpliceFrom(fs.pipe.p.r, chunk)
 		} else {
-			k, err = c.sock.SendFile(fs.ref.fd, &off, int(min(s.n-s.off, sendFileChunk)))
+			k, err = c.sock.SendFile(fs.ref.fd, &off, chunk)
 		}
 		switch {
 		case errors.Is(err, unix.EAGAIN):

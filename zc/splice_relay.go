@@ -209,7 +209,13 @@ func (d *spliceDir) pump() {
 	moved := 0
 	for {
 		if d.inPipe > 0 {
-			n, err := rawfd.Splice(d.p.r, d.dfd, d.inPipe)
+			var n int
+			var err error
+			if d.dst.kernelTLS() {
+				n, err = d.dst.tlsSpliceInto(d.p.r, d.dfd, d.inPipe) // after an owed TX key update
+			} else {
+				n, err = rawfd.Splice(d.p.r, d.dfd, d.inPipe)
+			}
 			r.home.ctr.relaySpliceCalls.Add(1)
 			switch {
 			case err == unix.EAGAIN:
@@ -252,6 +258,15 @@ func (d *spliceDir) pump() {
 				r.fail(d.i, err)
 			}
 			return
+		case err != nil && d.src.kernelTLS():
+			// A control record at the head (kernel TLS): read and handled, then splicing
+			// resumes; close_notify is the source's EOF.
+			eof, cerr := d.src.tlsRelayControl(d.sfd, err)
+			if cerr != nil {
+				r.fail(d.i, cerr)
+				return
+			}
+			d.eof = d.eof || eof
 		case err != nil:
 			r.fail(d.i, err) // the source failed (a reset)
 			return

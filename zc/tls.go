@@ -21,6 +21,7 @@ import (
 	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
 // TLSOptions make a listener's or a dial's connections TLS connections (ListenOptions.TLS,
@@ -29,11 +30,16 @@ import (
 // decrypts the records (kernel TLS: TCP_ULP "tls" with the negotiated keys), so handlers
 // receive decrypted Data and Send, Write, SendFile, SendData and FanOut's shared sends are
 // encrypted by the kernel: no byte is encrypted or copied in user space, and SendFile stays
-// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC).
+// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC). A Relay between a TLS
+// connection and a plain one (TLS termination) splices both ways from Linux 6.14: the
+// kernel decrypts into the pipe and encrypts out of it, and the relay reads the control
+// records (alerts, KeyUpdates, close_notify) between splices; before 6.14 it forwards with
+// SendData (RelayStats.Fallback says why). After the handshake the engine follows the
+// peer's KeyUpdates and updates its own TX keys (RekeyRecords) where the kernel can (6.14).
 //
 // Where the kernel cannot (no tls module, as on kernels built without CONFIG_TLS; a cipher
 // suite other than AES-GCM or ChaCha20-Poly1305) the connection runs crypto/tls in user
-// space instead, visibly (Conn.TLS says which and why, Stats.TLS counts both) and only
+// space instead, visibly (ConnStats.TLS says which and why, Stats.TLS counts both) and only
 // when allowed (NoFallback). On that path a goroutine pair carries the records between the
 // TCP socket and a socket pair whose other end is the connection's: the API is the same,
 // but every byte is copied twice more and encrypted in user space, and the connection's
@@ -53,6 +59,17 @@ type TLSOptions struct {
 	UserSpace bool
 	// HandshakeTimeout bounds the handshake (default 10 s).
 	HandshakeTimeout time.Duration
+	// RekeyRecords is how many TLS 1.3 records the kernel may encrypt under one key
+	// before the engine updates the connection's TX keys: between two sends it sends a
+	// KeyUpdate and gives the kernel the next keys (the application notices nothing;
+	// ConnStats.TLS.TxRekeys and Stats.TLS.TxRekeys count them). Zero means RFC 8446
+	// §5.5's limit for AES-GCM (2^24 records, under the RFC's 2^24.5) and none for
+	// ChaCha20-Poly1305; tests lower it (4 at least). The engine counts an upper bound of
+	// the records (every send may end one early) and cuts sends to stay under it, so an
+	// update may come sooner than the kernel's own count would need. A kernel takes new
+	// TX keys from Linux 6.14: before it the bound is not enforced (as crypto/tls does
+	// not enforce it), visibly: ConnStats.TLS.RekeyAt is 0. TLS 1.2 has no KeyUpdate.
+	RekeyRecords uint64
 }
 
 // tlsInfo is a TLS connection's state after its handshake (ConnStats.TLS shows it).
@@ -75,6 +92,7 @@ func (c *Conn) tlsStats(s *ConnStats) {
 	s.TLS.Version, s.TLS.CipherSuite, s.TLS.State = i.Version, i.CipherSuite, i.State
 	if t.kernel {
 		s.TLS.KeyUpdates, s.TLS.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
+		s.TLS.TxRekeys, s.TLS.RekeyAt = t.txRekeys.Load(), t.rekeyAt
 	}
 }
 
@@ -82,16 +100,136 @@ func (c *Conn) tlsStats(s *ConnStats) {
 // send path asks: no SEND_ZC, no MSG_WAITALL).
 func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
 
-// tlsSpliceRefusal refuses the splice relay on a kernel-TLS connection: splice(2) out of
-// a kernel-TLS socket stops at every control record (an alert, a KeyUpdate, close_notify)
-// without handing it over, so the relay forwards with SendData there, and the queue's
-// receive handles the records. (The user-space path's socket pair splices.)
+// tlsSpliceRefusal says whether a splice relay may read and write kernel-TLS connection c.
+// Measured in the 7.3 guest (TestTLSSpliceControlRecord): splice(2) out of a kernel-TLS
+// socket moves data records and fails with EINVAL at a non-data record (an alert, a
+// KeyUpdate, close_notify), which stays at the head: a recvmsg with room for the record
+// type reads it (tlsRelayControl) and splicing resumes after it. Into the socket, the
+// relay splices under txMu after an owed TX update (tlsSpliceInto). Kernels before Linux
+// 6.14 (not measured, and a KeyUpdate cannot be followed there) forward with SendData.
+// (The user-space path's socket pair splices.)
 func (c *Conn) tlsSpliceRefusal() error {
-	if !c.kernelTLS() {
+	if !c.kernelTLS() || kernelTLSRekey() == nil {
 		return nil
 	}
 	return &NotSupportedError{What: "splice relay of a kernel-TLS connection",
-		Need: "RelaySendData (splice(2) out of kernel TLS cannot hand over its control records)"}
+		Need: "Linux 6.14 (splice out of kernel TLS, its control records read between splices, new keys after a KeyUpdate); RelaySendData",
+		Err:  kernelTLSRekey()}
+}
+
+// tlsRelayControl handles what ended a splice relay's splice out of kernel-TLS connection
+// c (home queue; c's own receive is paused for good, so its control state is the relay's
+// now): at a non-data record splice(2) fails with EINVAL and leaves the record at the head.
+// The records there are read with recvmsg on fd (the relay's duplicate) and handled as the
+// queue's receive does (tlsRecvEnd): an alert ends the relay with a *TLSAlertError, a
+// KeyUpdate gives the kernel the next RX keys (a request is answered before the relay's
+// next splice into c), a ticket is dropped; eof: close_notify. Splicing resumes after.
+func (c *Conn) tlsRelayControl(fd int, serr error) (eof bool, err error) {
+	t := c.tls
+	switch {
+	case errors.Is(serr, unix.EINVAL), errors.Is(serr, unix.EIO), errors.Is(serr, unix.EKEYEXPIRED):
+	case errors.Is(serr, unix.EBADMSG):
+		return false, tlsFDAlert(c, fd, 20)
+	case errors.Is(serr, unix.EMSGSIZE):
+		return false, tlsFDAlert(c, fd, 22)
+	default:
+		return false, serr
+	}
+	ops := tlsFDOps{c: c, fd: fd}
+	handled := 0
+	for {
+		_, typ, perr := tcpglue.RecvTLS(fd, t.scratch[:1], unix.MSG_DONTWAIT|unix.MSG_PEEK)
+		switch {
+		case errors.Is(perr, unix.EINTR):
+			continue
+		case errors.Is(perr, unix.EBADMSG):
+			return false, tlsFDAlert(c, fd, 20)
+		case perr == nil && typ != ktls.TypeApplicationData:
+		case handled == 0:
+			// No record to read where splice stopped: its error stands.
+			return false, serr
+		case errors.Is(perr, unix.EAGAIN), perr == nil:
+			return false, nil // data (or nothing yet): splicing goes on
+		default:
+			return false, perr
+		}
+		n, typ, rerr := tcpglue.RecvTLS(fd, t.scratch, unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(rerr, unix.EBADMSG):
+			return false, tlsFDAlert(c, fd, 20)
+		case errors.Is(rerr, unix.EMSGSIZE):
+			return false, tlsFDAlert(c, fd, 22)
+		case rerr != nil:
+			return false, rerr
+		case typ == ktls.TypeApplicationData:
+			return false, fmt.Errorf("TLS: %d bytes of data where a control record was", n)
+		}
+		handled++
+		c.e.tls.ctlRecords.Add(1)
+		before := t.ctl.KeyUpdates.Load()
+		ferr := t.ctl.Feed(typ, t.scratch[:n], ops)
+		c.e.tls.keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
+		switch {
+		case ferr == io.EOF:
+			return true, nil // close_notify
+		case ferr != nil:
+			return false, ferr
+		}
+	}
+}
+
+// tlsSpliceInto splices up to n bytes from pipe into fd, kernel-TLS connection c's socket
+// (a splice relay's duplicate; home queue): under txMu, after an owed TX update, and
+// within the rekey bound (tlsSendCap). EAGAIN: no room (for the data or the KeyUpdate).
+func (c *Conn) tlsSpliceInto(pipe, fd, n int) (int, error) {
+	t := c.tls
+	t.txMu.Lock()
+	defer t.txMu.Unlock()
+	again, err := c.tlsUpdateTX(fd)
+	switch {
+	case err != nil:
+		return 0, err
+	case again:
+		return 0, unix.EAGAIN
+	}
+	if m := c.tlsSendCap(); m >= 0 {
+		n = min(n, m)
+	}
+	k, err := rawfd.Splice(pipe, fd, n)
+	if k > 0 {
+		t.tlsSent(k)
+	}
+	return k, err
+}
+
+// tlsFDOps are what ktls.Control needs of a kernel-TLS connection whose socket a splice
+// relay reads (fd: its duplicate; home queue).
+type tlsFDOps struct {
+	c  *Conn
+	fd int
+}
+
+func (o tlsFDOps) Alert(desc uint8) { tlsFDAlert(o.c, o.fd, desc) }
+func (o tlsFDOps) Warn(desc uint8) {
+	o.c.tls.txMu.Lock()
+	tcpglue.SendTLSRecord(o.fd, ktls.TypeAlert, []byte{1, desc}, unix.MSG_DONTWAIT)
+	o.c.tls.txMu.Unlock()
+}
+func (o tlsFDOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.fd, cr) }
+func (o tlsFDOps) KeyUpdateOwed() {
+	// Answered before the relay's next splice into the socket (tlsSpliceInto).
+	o.c.tls.asked.Store(true)
+	o.c.tls.txOwed.Store(true)
+}
+
+// tlsFDAlert sends a fatal alert on fd, best effort, shuts the socket down both ways and
+// returns the alert as the error.
+func tlsFDAlert(c *Conn, fd int, desc uint8) error {
+	c.tls.txMu.Lock()
+	tcpglue.SendTLSRecord(fd, ktls.TypeAlert, []byte{2, desc}, unix.MSG_DONTWAIT)
+	c.tls.txMu.Unlock()
+	rawfd.Shutdown(fd)
+	return &tcpglue.TLSAlertError{Alert: desc}
 }
 
 // tlsEngine is the engine's TLS bookkeeping: counters, and the goroutines a TLS
@@ -103,7 +241,7 @@ type tlsEngine struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	kernel, user, refused, hsErrs, ctlRecords, keyUpdates, keyUpdatesSent, closeNotifies atomic.Uint64
+	kernel, user, refused, hsErrs, ctlRecords, keyUpdates, keyUpdatesSent, txRekeys, closeNotifies atomic.Uint64
 }
 
 // tlsRun is one goroutine (or pair) outside the queues; stop wakes it.
@@ -167,6 +305,7 @@ func (t *tlsEngine) stats(s *Stats) {
 	s.TLS.Kernel, s.TLS.User, s.TLS.Refused = t.kernel.Load(), t.user.Load(), t.refused.Load()
 	s.TLS.HandshakeErrors, s.TLS.ControlRecords = t.hsErrs.Load(), t.ctlRecords.Load()
 	s.TLS.KeyUpdates, s.TLS.KeyUpdatesSent, s.TLS.CloseNotifies = t.keyUpdates.Load(), t.keyUpdatesSent.Load(), t.closeNotifies.Load()
+	s.TLS.TxRekeys = t.txRekeys.Load()
 }
 
 // tlsSetup is a listener's or a dial's TLS: the options and the config the handshakes use
@@ -180,6 +319,9 @@ type tlsSetup struct {
 // kernelTLSProbe is whether this kernel takes the "tls" ULP (probed once).
 var kernelTLSProbe = sync.OnceValue(func() error { _, err := tcpglue.ProbeTLS(); return err })
 
+// kernelTLSRekey is whether this kernel takes new TX keys on a socket (Linux 6.14).
+var kernelTLSRekey = sync.OnceValue(tcpglue.ProbeTLSRekey)
+
 // tlsSetupFor checks TLS options against the engine and the other options.
 func (e *Engine) tlsSetupFor(o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (*tlsSetup, error) {
 	if o == nil {
@@ -192,6 +334,8 @@ func (e *Engine) tlsSetupFor(o *TLSOptions, isClient, readSelf bool, zcrxNIC str
 		return nil, &ConfigError{Field: "TLS.UserSpace", Value: true, Reason: "contradicts TLS.NoFallback"}
 	case o.HandshakeTimeout < 0:
 		return nil, &ConfigError{Field: "TLS.HandshakeTimeout", Value: o.HandshakeTimeout, Reason: "negative"}
+	case o.RekeyRecords > 0 && o.RekeyRecords < 4:
+		return nil, &ConfigError{Field: "TLS.RekeyRecords", Value: o.RekeyRecords, Reason: "leaves no record for data under a key (4 or more)"}
 	case e.backend == BackendShim:
 		return nil, errs.NotSupported("TLS connections", "the io_uring or plain backend (the zcshim module's sends bypass kernel TLS)", nil)
 	case readSelf:
@@ -226,8 +370,19 @@ type tlsConn struct {
 	// The kernel path (loop only, except the counters in ctl).
 	ctl      ktls.Control
 	suite    ktls.Suite
-	txSecret []byte // TLS 1.3 TX traffic secret (a KeyUpdate the peer asks for derives from it)
-	txOwed   bool   // a KeyUpdate is owed (no room yet)
+	txSecret []byte // TLS 1.3 TX traffic secret (the next TX keys derive from it)
+	retrying bool   // a KeyUpdate waits for room (a retry is scheduled)
+
+	// TX rekey: set on the loop, read by Stats and by direct writes (under the conn's mu).
+	rekeyAt   uint64        // update the TX keys at this many records (0: never)
+	txRecords atomic.Uint64 // an upper bound of the records sent under the current TX keys
+	txOwed    atomic.Bool   // a KeyUpdate is owed: the peer asked, or rekeyAt was reached
+	asked     atomic.Bool   // the owed KeyUpdate answers the peer's request
+	txRekeys  atomic.Uint64 // TX key updates made
+	// txMu orders TX key changes with the sends of whoever else writes the socket: a
+	// splice relay's home queue, which splices into it under txMu (txSecret is under it).
+	txMu sync.Mutex
+
 	notified bool   // close_notify sent
 	scratch  []byte // the control records' receive buffer
 
@@ -363,6 +518,12 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 				t.kernel, t.info.Kernel = true, true
 				t.suite, t.txSecret = ktls.Suites[st.CipherSuite], tx.Secret
 				t.ctl.Version, t.ctl.Suite, t.ctl.RX = st.Version, t.suite, rx.Secret
+				if st.Version == tls.VersionTLS13 && kernelTLSRekey() == nil {
+					t.rekeyAt = s.opts.RekeyRecords
+					if t.rekeyAt == 0 && !t.suite.ChaCha() {
+						t.rekeyAt = 1 << 24
+					}
+				}
 				e.tls.kernel.Add(1)
 				return res // nc closes: the socket stays fd's
 			}
@@ -517,8 +678,17 @@ func (o tlsOps) Warn(desc uint8) {
 }
 func (o tlsOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.c.fd, cr) }
 func (o tlsOps) KeyUpdateOwed() {
-	o.c.tls.txOwed = true
-	o.c.tlsSendKeyUpdate()
+	c := o.c
+	c.tls.asked.Store(true)
+	c.tls.txOwed.Store(true)
+	// The KeyUpdate goes out between two sends, from pump: not now, while a send of the
+	// io_uring backend may still be in the kernel (its records must go under the old keys,
+	// before the KeyUpdate).
+	c.q.Post(func() {
+		if !c.ended() {
+			c.pump()
+		}
+	})
 }
 
 // tlsAlert sends a fatal alert, best effort, and shuts the socket down both ways (after a
@@ -528,33 +698,136 @@ func (c *Conn) tlsAlert(desc uint8) {
 	c.sock.Shutdown(unix.SHUT_RDWR)
 }
 
-// tlsSendKeyUpdate sends the KeyUpdate the peer asked for and gives the kernel the next TX
-// keys (loop only). The kernel closes a record still open before a control record, so the
-// KeyUpdate lands between records; without room it is tried again shortly.
-func (c *Conn) tlsSendKeyUpdate() {
-	t := c.tls
-	if !t.txOwed || c.ended() || c.st.SockClosed() {
+// tlsSent counts what a send of n bytes may have cost in records under the current TX keys
+// (its records, plus one that an earlier send left open) and owes a KeyUpdate once fewer
+// than three records are left under the bound (tlsSendCap keeps sends within it). The
+// loop calls it for what left the queue; a direct write (under mu) too.
+func (t *tlsConn) tlsSent(n int) {
+	if !t.kernel || t.rekeyAt == 0 || n <= 0 {
 		return
 	}
-	n, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
+	if t.txRecords.Add(uint64((n+ktls.MaxRecord-1)/ktls.MaxRecord)+1)+3 > t.rekeyAt {
+		t.txOwed.Store(true)
+	}
+}
+
+// tlsSendCap is how many bytes the next send of c may carry under the current TX keys so
+// that the bound of records holds (at most 1 GiB; -1: no bound). A send of n bytes costs
+// at most ceil(n/MaxRecord)+1 records, and tlsSent owes the update before fewer than three
+// are left, so there is room for a record at least (MaxRecord also when an update is owed
+// and waits: the caller sends it first).
+func (c *Conn) tlsSendCap() int {
+	t := c.tls
+	if t == nil || !t.kernel || t.rekeyAt == 0 {
+		return -1
+	}
+	n, left := t.txRecords.Load(), uint64(1)
+	if n+3 <= t.rekeyAt {
+		left = min(t.rekeyAt-n-2, 1<<16)
+	}
+	return int(left) * ktls.MaxRecord
+}
+
+// tlsCapIov trims iov to at most max bytes (max < 0: no bound) and returns how many
+// entries are left.
+func tlsCapIov(iov []unix.Iovec, max int) int {
+	if max < 0 {
+		return len(iov)
+	}
+	for i := range iov {
+		l := int(iov[i].Len)
+		if l >= max {
+			iov[i].SetLen(max)
+			return i + 1
+		}
+		max -= l
+	}
+	return len(iov)
+}
+
+// tlsDirectOK: a direct write of n bytes keeps the bound of records (no update owed, n
+// within tlsSendCap); otherwise the write goes through the queue, which updates first.
+func (c *Conn) tlsDirectOK(n int) bool {
+	if c.tls == nil || !c.tls.kernel {
+		return true
+	}
+	m := c.tlsSendCap()
+	return !c.tls.txOwed.Load() && (m < 0 || n <= m)
+}
+
+// tlsRekeyDue: a KeyUpdate is owed (direct writes wait for it: they go through the queue).
+func (c *Conn) tlsRekeyDue() bool { return c.tls != nil && c.tls.kernel && c.tls.txOwed.Load() }
+
+// tlsRekey sends an owed KeyUpdate (update_not_requested) under the current TX keys and
+// gives the kernel the next ones (loop only, with no send of the connection in the kernel:
+// pump and the plain backend's send loop call it between sends). It reports whether
+// sending may go on: false when the KeyUpdate found no room (it is tried again shortly,
+// and sending waits for it) or failed (the connection fails). The KeyUpdate answers the
+// peer's request (RFC 8446 §4.6.3: before our next data) or RekeyRecords' bound, whichever
+// came first. The kernel closes a record still open before a control record, so the
+// KeyUpdate lands between records. Under mu: a direct write cannot slip in between the
+// KeyUpdate and the new keys.
+func (c *Conn) tlsRekey() bool {
+	t := c.tls
+	if !c.tlsRekeyDue() || t.retrying {
+		return !t.retrying
+	}
+	if c.ended() || c.st.Socket() != connstate.SockOpen {
+		return true // nothing more goes out under these keys
+	}
+	c.mu.Lock()
+	t.txMu.Lock()
+	again, err := c.tlsUpdateTX(c.fd)
+	t.txMu.Unlock()
+	c.mu.Unlock()
+	switch {
+	case again:
+		t.retrying = true
+		c.q.After(time.Millisecond, func() {
+			t.retrying = false
+			if !c.ended() {
+				c.pump()
+			}
+		})
+		return false
+	case err != nil:
+		c.fail(c.opErr("write", err))
+		return false
+	}
+	return true
+}
+
+// tlsUpdateTX sends an owed KeyUpdate on fd (c's socket or a duplicate) and gives the
+// kernel the next TX keys (under txMu, with no send of c in the kernel). again: no room
+// for the KeyUpdate yet (it stays owed). An error leaves the connection unusable: the
+// KeyUpdate may be out, and the peer then expects the next keys.
+func (c *Conn) tlsUpdateTX(fd int) (again bool, err error) {
+	t := c.tls
+	if !t.txOwed.Load() {
+		return false, nil
+	}
+	n, err := tcpglue.SendTLSRecord(fd, ktls.TypeHandshake, ktls.KeyUpdateMsg, unix.MSG_DONTWAIT)
 	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-		c.q.After(time.Millisecond, c.tlsSendKeyUpdate)
-		return
+		return true, nil
 	}
 	if err == nil && n != len(ktls.KeyUpdateMsg) {
 		err = fmt.Errorf("sent %d bytes of a %d-byte KeyUpdate", n, len(ktls.KeyUpdateMsg))
 	}
 	if err == nil {
 		next := ktls.NextSecret13(t.suite, t.txSecret)
-		if err = tcpglue.SetTLSTx(c.fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
-			t.txSecret, t.txOwed = next, false
-			c.e.tls.keyUpdatesSent.Add(1)
-			return
+		if err = tcpglue.SetTLSTx(fd, ktls.TrafficKeys13(t.suite, next, 0)); err == nil {
+			t.txSecret = next
+			t.txRecords.Store(0)
+			t.txOwed.Store(false)
+			t.txRekeys.Add(1)
+			c.e.tls.txRekeys.Add(1)
+			if t.asked.Swap(false) {
+				c.e.tls.keyUpdatesSent.Add(1)
+			}
+			return false, nil
 		}
 	}
-	// The KeyUpdate may be out: the peer then expects the next keys. The connection
-	// cannot go on.
-	c.fail(c.opErr("write", fmt.Errorf("TLS: updating the TX keys: %w", err)))
+	return false, fmt.Errorf("TLS: updating the TX keys: %w", err)
 }
 
 // tlsCloseNotify sends close_notify before the write side ends (Close, CloseWrite; kernel

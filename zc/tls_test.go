@@ -688,9 +688,9 @@ func TestTLSKeyUpdate(t *testing.T) {
 // TestTLSRelay: a TLS-terminating relay: crypto/tls clients → a TLS listener → Relay → a
 // plain TCP backend that echoes. Every byte of 2 MiB (random writes) comes back through
 // both conversions; the client's close_notify reaches the backend as its EOF and the
-// backend's FIN comes back as the server's close_notify. On the kernel path the relay
-// forwards with SendData (splice cannot hand over control records), on the user-space
-// path it may splice the socket pair.
+// backend's FIN comes back as the server's close_notify. The relay splices (on the kernel
+// path from Linux 6.14, the control records read between splices; before it SendData), on
+// the user-space path the socket pair.
 func TestTLSRelay(t *testing.T) {
 	for _, b := range tlsBackends {
 		t.Run(b.String(), func(t *testing.T) {
@@ -745,8 +745,8 @@ func TestTLSRelay(t *testing.T) {
 			if r.AtoB.Load() != 2<<20 || r.BtoA.Load() != 2<<20 {
 				t.Fatalf("relay forwarded %d and %d bytes", r.AtoB.Load(), r.BtoA.Load())
 			}
-			if wantKernelTLS(t) && r.Path != RelaySendData {
-				t.Fatalf("relay path %v on a kernel-TLS connection", r.Path)
+			if want := tlsRelayPath(t); r.Path != want {
+				t.Fatalf("relay path %v (fallback %v), want %v", r.Path, r.Fallback, want)
 			}
 			for range 2 {
 				<-recvEvent(t, pair, "relayed connection").Done() // the relay closes both

@@ -53,6 +53,9 @@ func InQueue(fd int) (int, error) { return unix.IoctlGetInt(fd, unix.SIOCINQ) }
 // ShutdownWrite shuts a socket's write side (SHUT_WR).
 func ShutdownWrite(fd int) error { return unix.Shutdown(fd, unix.SHUT_WR) }
 
+// Shutdown shuts fd's socket down both ways (after a fatal TLS alert: the peer must see the end).
+func Shutdown(fd int) error { return unix.Shutdown(fd, unix.SHUT_RDWR) }
+
 // FileInfo returns what sendfile(2) needs to know of a file before it is queued: its type
 // bits (unix.S_IFMT of st_mode), size and open flags (F_GETFL).
 func FileInfo(fd int) (mode uint32, size int64, flags int, err error) {
