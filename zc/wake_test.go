@@ -628,4 +628,3 @@ func TestCloseWakesWriterWaitingForBuffer(t *testing.T) {
 		}
 	})
 }
-
