@@ -28,18 +28,20 @@ func Example_tls() {
 	}
 	defer e.Close()
 
+	// tls:begin
 	opts := zc.ListenOptions{TLS: &zc.TLSOptions{Config: &tls.Config{Certificates: []tls.Certificate{cert}}}}
 	l, err := e.Listen("tcp", "127.0.0.1:0", func(c *zc.Conn) zc.Handler {
-		info := c.Stats().TLS
+		info := c.Stats().TLS // Kernel: the kernel has the records; else Reason says why not
 		fmt.Println("TLS 1.3:", info.Version == tls.VersionTLS13, "path known:", info.Kernel || info.Reason != "")
 		return zc.HandlerFuncs{
 			Data: func(c *zc.Conn, d zc.Data) {
-				c.Write(append([]byte("hello, "), d.Bytes()...))
+				c.Write(append([]byte("hello, "), d.Bytes()...)) // encrypted by the kernel
 				d.Release()
 				c.Close() // close_notify, then the TCP close
 			},
 		}
 	}, opts)
+	// tls:end
 	if err != nil {
 		fmt.Println(err)
 		return

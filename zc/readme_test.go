@@ -18,7 +18,8 @@ func TestReadmeExamples(t *testing.T) {
 		"fanout": "example_fanout_test.go", "publish": "example_fanout_test.go",
 		"sendfile": "example_sendfile_test.go", "reader": "framed/example_test.go",
 		"new": "example_send_test.go", "send": "example_send_test.go", "netlisten": "netconn/example_test.go",
-		"readself": "example_readself_test.go", "sendbytes": "example_sendbytes_test.go"}
+		"readself": "example_readself_test.go", "sendbytes": "example_sendbytes_test.go",
+		"tls": "example_tls_test.go"}
 	for name, file := range blocks {
 		src, err := os.ReadFile(file)
 		if err != nil {
