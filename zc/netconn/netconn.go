@@ -279,7 +279,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	}
 }
 
-// Write sends p. A p of at least 64 KiB is sent from p itself (zc.Conn.SendBytes: no copy
+// Write sends p. A p of at least 1 MiB is sent from p itself (zc.Conn.SendBytes: no copy
 // into send buffers) and Write returns once the kernel no longer needs p: p is the
 // caller's again whatever Write returns. A smaller p is copied into the connection's send
 // buffers (zc.Conn.Write: written at once when nothing is queued and the socket takes it)
@@ -316,7 +316,7 @@ func (n *netConn) Write(p []byte) (int, error) {
 
 // WriteBuffers writes the buffers of v in order, as one write: concurrent Writes do not
 // come between them (what net.Buffers' WriteTo gives on a *net.TCPConn with writev). Each
-// buffer of at least 64 KiB is sent from its own memory, the others are copied, and
+// buffer of at least 1 MiB is sent from its own memory, the others are copied, and
 // WriteBuffers returns once the kernel no longer needs any of them; deadlines, Close and
 // errors are as for Write. It consumes what it wrote from v, as net.Buffers.WriteTo does.
 //
@@ -361,10 +361,14 @@ func (n *netConn) WriteBuffers(v *net.Buffers) (int64, error) {
 }
 
 // refWriteMin is the size from which the face's Write sends from the caller's slice and
-// waits for the kernel to be done with it, instead of copying it into send buffers. Below
-// it the copy costs less than the hand-off to the queue and back (measured on loopback,
-// see doc/notes/issue-29-s12-face29.md). A variable for the tests.
-var refWriteMin = 64 << 10
+// waits for the kernel to be done with it, instead of zc.Conn.Write (which writes directly
+// from the slice when the socket takes it all and copies the rest into send buffers).
+// Measured on loopback (doc/notes/issue-29-s12-face29.md, BenchmarkFaceWrite): by
+// reference costs 3-4x the CPU at 16 KiB and +40% per request for net/http's 60 KiB body
+// writes under wrk (the hand-off to the queue and back costs more than the copy, and the
+// direct write(2) already sends from the slice), ties at 256 KiB and saves 23-28% at 1 and
+// 4 MiB. A variable for the tests.
+var refWriteMin = 1 << 20
 
 // writeBufs sends bufs in order (wmu held, not on a queue goroutine): those of at least
 // refWriteMin bytes from their own memory, the others copied, and waits until the kernel
