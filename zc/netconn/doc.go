@@ -6,8 +6,27 @@
 // in Go's net (one copy, no hand-off to the queue); Options.Ring reads through the queue's
 // receive ring instead. Writes (zc.Conn.Write), io.Copy into a Conn (zc.Conn.ReadFrom:
 // sendfile from a file, splice from a socket) and closing go through the engine's queue.
-// Deadlines work as in Go's net, and every error is a *net.OpError whose Err is what zc
-// reported (matching zc's sentinels with errors.Is) or os.ErrDeadlineExceeded.
+// A Write of 1 MiB or more is sent from the caller's slice (zc.Conn.SendBytes) and returns
+// once the kernel no longer needs it; smaller ones are written directly when the socket
+// takes them, the rest copied into send buffers. A write deadline that passes while such a
+// large Write waits for the kernel closes the connection (unlike Go's net, where it stays
+// usable: the bytes queued from the slice cannot be taken back while the kernel may read
+// them); the Write returns os.ErrDeadlineExceeded only once the close let go of the slice
+// (at once when the socket had taken it all, otherwise within zc.Config.CloseTimeout on a
+// silent peer, zc.Config.CloseStall on one that answers but does not read). A Close, a
+// reset or zc.Engine.Close while a large Write waits makes it return the error that ended
+// the connection, once the slice is released; after such an error it reports 0 bytes
+// written. Concurrent Writes go one after the other, each whole, as in Go's net.
+//
+// net.Buffers: Go's net.Buffers.WriteTo uses writev only on package net's own connections
+// (it looks for an interface whose method package net does not export, which no other
+// package can implement), so on this face it calls Write once per buffer, and a concurrent
+// Write may come between two buffers. Conn.WriteBuffers writes them as one write, each
+// buffer of 1 MiB or more from its own memory.
+//
+// Deadlines work as in Go's net (but for the large Write above), and every error is a
+// *net.OpError whose Err is what zc reported (matching zc's sentinels with errors.Is) or
+// os.ErrDeadlineExceeded.
 //
 // The face is built on zc's public API only: zc.ListenOptions/DialOptions' ReadSelf (the
 // application reads the socket itself, zc.Conn.Read) and Exclusive (the face's handler is

@@ -180,9 +180,18 @@ func TestEngineCloseTimeoutNetConn(t *testing.T) {
 			if err := c.Zc().Socket(func(s *tcpglue.Socket) error { _, err := s.SetSendBuffer(4096); return err }); err != nil {
 				t.Fatal(err)
 			}
+			// A large Write is sent from its slice and waits for the kernel (as Go's net's
+			// does on a peer that does not read): Engine.Close's timed-out close ends it.
 			const total = 1 << 20
-			if n, err := c.Write(make([]byte, total)); n != total || err != nil {
-				t.Fatalf("Write = %d, %v", n, err)
+			wrote := make(chan error, 1)
+			go func() {
+				_, err := c.Write(make([]byte, total))
+				wrote <- err
+			}()
+			for deadline := time.Now().Add(time.Minute); c.Zc().Queued() == 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("nothing queued")
+				}
 			}
 			read := make(chan error, 1)
 			go func() {
@@ -191,6 +200,14 @@ func TestEngineCloseTimeoutNetConn(t *testing.T) {
 			}()
 			if err := e.Close(); !errors.Is(err, zc.ErrCloseTimeout) {
 				t.Errorf("Engine.Close = %v, want ErrCloseTimeout", err)
+			}
+			select {
+			case err := <-wrote:
+				if !errors.Is(err, zc.ErrCloseTimeout) || !errors.Is(err, net.ErrClosed) {
+					t.Errorf("Write waiting at Engine.Close = %v, want ErrCloseTimeout and net.ErrClosed", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("Write not woken by Engine.Close")
 			}
 			select {
 			case err := <-read:
