@@ -1,0 +1,92 @@
+package zc
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cutTLSConn passes writes through until cut is set; then the next write sends the first
+// half of its bytes (a record's header and part of its body: crypto/tls writes a record per
+// call) and resets the connection (SO_LINGER 0): a peer that dies in the middle of a record.
+type cutTLSConn struct {
+	*net.TCPConn
+	mu  sync.Mutex
+	cut bool
+}
+
+func (c *cutTLSConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	cut := c.cut
+	c.mu.Unlock()
+	if !cut {
+		return c.TCPConn.Write(p)
+	}
+	if _, err := c.TCPConn.Write(p[:len(p)/2]); err != nil {
+		return 0, err
+	}
+	time.Sleep(50 * time.Millisecond) // let the half record arrive before the reset
+	c.TCPConn.SetLinger(0)
+	c.TCPConn.Close()
+	return len(p) / 2, io.ErrClosedPipe
+}
+
+// TestTLSPeerResetMidRecord: a client that resets in the middle of a record (its header
+// and half its body arrived) ends the zc TLS server's connection with the reset (OnClose: an
+// error matching ECONNRESET, or the unexpected end), after exactly the whole records before
+// it reached the handler: no byte of the cut record, nothing left waiting. Kernel path in
+// the guests, user space here.
+func TestTLSPeerResetMidRecord(t *testing.T) {
+	for _, b := range tlsBackends {
+		t.Run(b.String(), func(t *testing.T) {
+			e := newTLSEngine(t, b)
+			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
+			h := newTLSCollector()
+			conns := make(chan *Conn, 1)
+			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+				conns <- c
+				return h
+			}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			raw, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cut := &cutTLSConn{TCPConn: raw.(*net.TCPConn)}
+			tc := tls.Client(cut, ccfg)
+			defer tc.Close()
+			tc.SetDeadline(time.Now().Add(time.Minute))
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			c := recvEvent(t, conns, "conn")
+			checkTLSPath(t, c)
+			whole := bytes.Repeat([]byte("whole record bytes "), 1000)
+			if _, err := tc.Write(whole); err != nil {
+				t.Fatal(err)
+			}
+			cut.mu.Lock()
+			cut.cut = true
+			cut.mu.Unlock()
+			tc.Write(bytes.Repeat([]byte("cut "), 800)) // half of it, then the reset
+
+			err = recvEvent(t, h.done, "OnClose")
+			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("OnClose after the reset: %v, want an error matching ECONNRESET (or io.ErrUnexpectedEOF)", err)
+			}
+			if got := h.bytes(); !bytes.Equal(got, whole) {
+				t.Fatalf("the handler got %d bytes, want exactly the %d of the whole records", len(got), len(whole))
+			}
+			t.Logf("OnClose: %v (kernel path %v)", err, c.Stats().TLS.Kernel)
+		})
+	}
+}
