@@ -427,6 +427,11 @@ type Stats struct {
 		KeyUpdatesSent  uint64 // KeyUpdates sent because the peer asked (then new TX keys)
 		TxRekeys        uint64 // TX key updates (a KeyUpdate, then new TX keys): those the peer asked for and those at TLSOptions.RekeyRecords' bound
 		CloseNotifies   uint64 // close_notify alerts the kernel path sent on Close and CloseWrite
+		// KernelCounters are the kernel's own TLS counters (/proc/net/tls_stat of the
+		// calling thread's network namespace: TlsCurrTxSw, TlsTxSw, TlsRxSw,
+		// TlsDecryptError, TlsRxRekeyOk, ...), read by Stats once this engine has moved a
+		// connection's records into the kernel (nil before, and where the kernel has no TLS).
+		KernelCounters map[string]uint64
 	}
 
 	// Recv: every byte received, by the path it took, and what receiving waited for.

@@ -306,6 +306,9 @@ func (t *tlsEngine) stats(s *Stats) {
 	s.TLS.HandshakeErrors, s.TLS.ControlRecords = t.hsErrs.Load(), t.ctlRecords.Load()
 	s.TLS.KeyUpdates, s.TLS.KeyUpdatesSent, s.TLS.CloseNotifies = t.keyUpdates.Load(), t.keyUpdatesSent.Load(), t.closeNotifies.Load()
 	s.TLS.TxRekeys = t.txRekeys.Load()
+	if s.TLS.Kernel > 0 {
+		s.TLS.KernelCounters, _ = ktls.KernelStats() // nil when the file cannot be read
+	}
 }
 
 // tlsSetup is a listener's or a dial's TLS: the options and the config the handshakes use

@@ -257,6 +257,10 @@ func TestTLSServerEcho(t *testing.T) {
 				if wantKernelTLS(t) && st.TLS.CloseNotifies != clients {
 					t.Fatalf("TLS stats %+v: want %d close_notify sent by the kernel path", st.TLS, clients)
 				}
+				// The kernel's own counters come with Stats once the kernel has records.
+				if kc := st.TLS.KernelCounters; wantKernelTLS(t) != (kc != nil) || (kc != nil && (kc["TlsTxSw"] == 0 || kc["TlsRxSw"] == 0)) {
+					t.Fatalf("Stats.TLS.KernelCounters %v with the kernel path %v", kc, wantKernelTLS(t))
+				}
 			})
 		}
 	}
