@@ -6,36 +6,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
-
-// cutTLSConn passes writes through until cut is set; then the next write sends the first
-// half of its bytes (a record's header and part of its body: crypto/tls writes a record per
-// call) and resets the connection (SO_LINGER 0): a peer that dies in the middle of a record.
-type cutTLSConn struct {
-	*net.TCPConn
-	mu  sync.Mutex
-	cut bool
-}
-
-func (c *cutTLSConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	cut := c.cut
-	c.mu.Unlock()
-	if !cut {
-		return c.TCPConn.Write(p)
-	}
-	if _, err := c.TCPConn.Write(p[:len(p)/2]); err != nil {
-		return 0, err
-	}
-	time.Sleep(50 * time.Millisecond) // let the half record arrive before the reset
-	c.TCPConn.SetLinger(0)
-	c.TCPConn.Close()
-	return len(p) / 2, io.ErrClosedPipe
-}
 
 // TestTLSPeerResetMidRecord: a client that resets in the middle of a record (its header
 // and half its body arrived) ends the zc TLS server's connection with the reset (OnClose: an
@@ -61,7 +37,7 @@ func TestTLSPeerResetMidRecord(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cut := &cutTLSConn{TCPConn: raw.(*net.TCPConn)}
+			cut := &testutil.CutConn{TCPConn: raw.(*net.TCPConn)}
 			tc := tls.Client(cut, ccfg)
 			defer tc.Close()
 			tc.SetDeadline(time.Now().Add(time.Minute))
@@ -74,9 +50,7 @@ func TestTLSPeerResetMidRecord(t *testing.T) {
 			if _, err := tc.Write(whole); err != nil {
 				t.Fatal(err)
 			}
-			cut.mu.Lock()
-			cut.cut = true
-			cut.mu.Unlock()
+			cut.Cut()
 			tc.Write(bytes.Repeat([]byte("cut "), 800)) // half of it, then the reset
 
 			err = recvEvent(t, h.done, "OnClose")

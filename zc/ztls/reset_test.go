@@ -6,37 +6,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/zcnet/zcnet/internal/testutil"
 )
-
-// cutConn passes writes through until cut is set; then the next write sends only the
-// first half of its bytes (a record's header and part of its body: crypto/tls writes a
-// record per call) and resets the connection (SO_LINGER 0, close): a peer that dies in the
-// middle of a record.
-type cutConn struct {
-	*net.TCPConn
-	mu  sync.Mutex
-	cut bool
-}
-
-func (c *cutConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	cut := c.cut
-	c.mu.Unlock()
-	if !cut {
-		return c.TCPConn.Write(p)
-	}
-	if _, err := c.TCPConn.Write(p[:len(p)/2]); err != nil {
-		return 0, err
-	}
-	time.Sleep(50 * time.Millisecond) // let the half record arrive before the reset
-	c.TCPConn.SetLinger(0)
-	c.TCPConn.Close()
-	return len(p) / 2, io.ErrClosedPipe
-}
 
 // TestPeerResetMidRecord: a peer that resets in the middle of a record (its header and half
 // of its body arrived) makes ztls's Read fail with the reset (an error matching
@@ -47,7 +22,7 @@ func TestPeerResetMidRecord(t *testing.T) {
 		t.Run(cc.name, func(t *testing.T) {
 			scfg, ccfg := configs(t, cc)
 			a, b := tcpPair(t)
-			cut := &cutConn{TCPConn: b.(*net.TCPConn)}
+			cut := &testutil.CutConn{TCPConn: b.(*net.TCPConn)}
 			z, p := Server(a, scfg, nil), tls.Client(cut, ccfg)
 			defer z.Close()
 			hs := make(chan error, 1)
@@ -63,9 +38,7 @@ func TestPeerResetMidRecord(t *testing.T) {
 			if _, err := p.Write(whole); err != nil {
 				t.Fatal(err)
 			}
-			cut.mu.Lock()
-			cut.cut = true
-			cut.mu.Unlock()
+			cut.Cut()
 			p.Write(pattern(3000, 4)) // half of it, then the reset
 
 			z.SetReadDeadline(time.Now().Add(time.Minute))
