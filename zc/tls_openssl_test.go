@@ -4,20 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"errors"
 	"fmt"
-	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -44,72 +35,12 @@ var sslCases = []sslCase{
 	{"1.2-CHACHA20", tls.VersionTLS12, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, []string{"-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"}},
 }
 
-func sslBin(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("openssl")
-	if err != nil {
-		t.Fatalf("openssl: %v (Debian's openssl package; the guests carry the host's)", err)
-	}
-	return p
-}
-
-// sslOutput is a command's output, read while it runs.
-type sslOutput struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (o *sslOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.Write(p)
-}
-
-func (o *sslOutput) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.String()
-}
-
-// wait polls (a bounded number of times) until out holds s.
-func (o *sslOutput) wait(t *testing.T, s string) {
-	t.Helper()
-	for i := 0; !strings.Contains(o.String(), s); i++ {
-		if i == 3000 || strings.Contains(o.String(), ":error:") {
-			t.Fatalf("openssl did not print %d bytes (%.40q...):\n%.2000s", len(s), s, o.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // sslDigits is n ASCII digits from a seeded stream (s_server and s_client read letters
 // on their input as commands).
 func sslDigits(n int, seed uint64) []byte {
 	b := make([]byte, n)
 	newStreamGen(seed).fill(b)
-	for i := range b {
-		b[i] = '0' + b[i]%10
-	}
-	return b
-}
-
-// sslCertFiles writes the test certificate and its key as PEM files for s_server.
-func sslCertFiles(t *testing.T) (cert, key string) {
-	t.Helper()
-	tlsConfigs(t, tls.VersionTLS13)
-	dir := t.TempDir()
-	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	kder, err := x509.MarshalPKCS8PrivateKey(tlsCert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsCert.Certificate[0]}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
+	return testutil.ASCIIDigits(b)
 }
 
 // sslCollector is a zc handler that keeps what it receives and signals each arrival.
@@ -167,7 +98,7 @@ func (h *sslCollector) waitFor(t *testing.T, n int, what func() string) []byte {
 // checked, the suite negotiated as asked, and the end by zc's close_notify (s_client
 // -quiet exits on it). The backends take turns.
 func TestTLSOpenSSL(t *testing.T) {
-	bin := sslBin(t)
+	bin := testutil.OpenSSLBin(t)
 	for i, sc := range sslCases {
 		b := tlsBackends[i%len(tlsBackends)]
 		t.Run(sc.name+"/server", func(t *testing.T) { sslServerSide(t, bin, b, sc) })
@@ -197,7 +128,7 @@ func sslServerSide(t *testing.T, bin string, b Backend, sc sslCase) {
 	toServer, toClient := sslDigits(200_000, 21), sslDigits(200_003, 22)
 	cmd := exec.Command(bin, append([]string{"s_client", "-connect", l.Addr().String(), "-quiet", "-servername", "localhost"}, sc.flags...)...)
 	cmd.Stdin = bytes.NewReader(toServer)
-	var out, errOut sslOutput
+	var out, errOut testutil.Output
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -223,67 +154,35 @@ func sslServerSide(t *testing.T, bin string, b Backend, sc sslCase) {
 	<-c.Done()
 }
 
-// startSSLServer runs s_server for one connection and dials it with zc once it listens.
-func startSSLServer(t *testing.T, bin string, e *Engine, opts *TLSOptions, h Handler, sc sslCase, quiet bool) (*Conn, *os.File, *sslOutput) {
+// startSSLServer runs s_server for one connection and dials it with zc.
+func startSSLServer(t *testing.T, bin string, e *Engine, opts *TLSOptions, h Handler, sc sslCase, quiet bool) (*Conn, *testutil.SServer) {
 	t.Helper()
-	certFile, keyFile := sslCertFiles(t)
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	tlsConfigs(t, sc.version)
+	srv := testutil.StartSServer(t, bin, tlsCert, sc.flags, quiet)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := e.Dial(ctx, "tcp4", srv.Addr, h, DialOptions{TLS: opts})
 	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	args := append([]string{"s_server", "-accept", addr, "-naccept", "1", "-cert", certFile, "-key", keyFile}, sc.flags...)
-	if quiet {
-		args = append(args, "-quiet")
-	}
-	cmd := exec.Command(bin, args...)
-	pr, stdin, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := &sslOutput{}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, out, out
-	err = cmd.Start()
-	pr.Close()
-	if err != nil {
-		stdin.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	// Until s_server listens: a bounded number of tries, each refused at connect (before
-	// any handshake) while nothing listens.
-	var c *Conn
-	for i := 0; ; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		c, err = e.Dial(ctx, "tcp4", addr, h, DialOptions{TLS: opts})
-		cancel()
-		if err == nil || !errors.Is(err, unix.ECONNREFUSED) || i == 1000 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("dial s_server: %v\n%s", err, out.String())
+		t.Fatalf("dial s_server: %v\n%s", err, srv.Out.String())
 	}
 	checkSuite(t, c, sc)
-	return c, stdin, out
+	return c, srv
 }
 
 func sslClientSide(t *testing.T, bin string, b Backend, sc sslCase) {
 	e := newTLSEngine(t, b)
 	_, ccfg := tlsConfigs(t, sc.version)
 	h := newSSLCollector()
-	c, stdin, out := startSSLServer(t, bin, e, &TLSOptions{Config: ccfg}, h, sc, true)
+	c, srv := startSSLServer(t, bin, e, &TLSOptions{Config: ccfg}, h, sc, true)
 	toClient, toServer := sslDigits(200_000, 23), sslDigits(200_007, 24)
-	go stdin.Write(toClient)
-	if got := h.waitFor(t, len(toClient), out.String); !bytes.Equal(got[:len(toClient)], toClient) {
+	go srv.Stdin.Write(toClient)
+	if got := h.waitFor(t, len(toClient), srv.Out.String); !bytes.Equal(got[:len(toClient)], toClient) {
 		t.Fatalf("from s_server: %s", tlsFirstDiff(got, toClient))
 	}
 	if _, err := c.Write(toServer); err != nil {
 		t.Fatal(err)
 	}
-	out.wait(t, string(toServer))
+	srv.Out.Wait(t, string(toServer), 1)
 	c.Close()
 	<-c.Done()
 }
@@ -294,7 +193,7 @@ func sslClientSide(t *testing.T, bin string, b Backend, sc sslCase) {
 // before its next data; s_server then decrypts what zc sends. On the kernel path it needs
 // Linux 6.14 (new keys on a socket).
 func TestTLSOpenSSLKeyUpdate(t *testing.T) {
-	bin := sslBin(t)
+	bin := testutil.OpenSSLBin(t)
 	if wantKernelTLS(t) {
 		testutil.SkipIfNotSupported(t, tcpglue.ProbeTLSRekey(), "6.14")
 	}
@@ -304,7 +203,8 @@ func TestTLSOpenSSLKeyUpdate(t *testing.T) {
 			e := newTLSEngine(t, b)
 			_, ccfg := tlsConfigs(t, sc.version)
 			h := newSSLCollector()
-			c, stdin, out := startSSLServer(t, bin, e, &TLSOptions{Config: ccfg}, h, sc, false)
+			c, srv := startSSLServer(t, bin, e, &TLSOptions{Config: ccfg}, h, sc, false)
+			stdin, out := srv.Stdin, srv.Out
 			var want bytes.Buffer
 			for i, cmd := range []string{"k", "K", "K", "k"} {
 				line := fmt.Sprintf("line-%d\n", i)
@@ -318,7 +218,7 @@ func TestTLSOpenSSLKeyUpdate(t *testing.T) {
 				if _, err := stdin.WriteString(cmd + "\n"); err != nil {
 					t.Fatal(err)
 				}
-				sslDrained(t, stdin) // s_server takes a command only as a line read alone
+				srv.Drained(t) // s_server takes a command only as a line read alone
 			}
 			want.WriteString("last\n")
 			stdin.WriteString("last\n")
@@ -329,7 +229,7 @@ func TestTLSOpenSSLKeyUpdate(t *testing.T) {
 			if _, err := c.Write([]byte("from-zc-after-rekey\n")); err != nil {
 				t.Fatal(err)
 			}
-			out.wait(t, "from-zc-after-rekey")
+			out.Wait(t, "from-zc-after-rekey", 1)
 			st := c.Stats().TLS
 			if st.Kernel {
 				es := e.Stats().TLS
@@ -340,23 +240,5 @@ func TestTLSOpenSSLKeyUpdate(t *testing.T) {
 			c.Close()
 			<-c.Done()
 		})
-	}
-}
-
-// sslDrained waits until the reader of the pipe w took everything written to it.
-func sslDrained(t *testing.T, w *os.File) {
-	t.Helper()
-	for i := 0; ; i++ {
-		n, err := unix.IoctlGetInt(int(w.Fd()), unix.TIOCINQ)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if i == 3000 {
-			t.Fatalf("s_server left %d bytes of its input unread", n)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -4,21 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"io"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/testutil"
 )
@@ -42,69 +33,13 @@ var opensslCases = []opensslCase{
 	{allCiphers[5], []string{"-tls1_2", "-cipher", "ECDHE-RSA-CHACHA20-POLY1305"}},
 }
 
-func opensslBin(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("openssl")
-	if err != nil {
-		t.Fatalf("openssl: %v (install Debian's openssl package)", err)
-	}
-	return p
-}
-
-// pemFiles writes cert's chain and key as PEM files.
-func pemFiles(t *testing.T, cert tls.Certificate) (certFile, keyFile string) {
-	t.Helper()
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	var cb bytes.Buffer
-	for _, der := range cert.Certificate {
-		pem.Encode(&cb, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
-	if err := os.WriteFile(certFile, cb.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, kb, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 // digits is a pattern of ASCII digits (s_server reads some letters on stdin as commands).
-func digits(n int, seed byte) []byte {
-	b := pattern(n, seed)
-	for i := range b {
-		b[i] = '0' + b[i]%10
-	}
-	return b
-}
-
-// lockedBuffer collects a command's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+func digits(n int, seed byte) []byte { return testutil.ASCIIDigits(pattern(n, seed)) }
 
 // TestOpenSSL: ztls server against s_client and ztls client against s_server, 200 KB each
 // way checked byte for byte, close_notify at the end.
 func TestOpenSSL(t *testing.T) {
-	bin := opensslBin(t)
+	bin := testutil.OpenSSLBin(t)
 	for _, oc := range opensslCases {
 		t.Run(oc.cc.name+"/ztls-server", func(t *testing.T) { opensslServerSide(t, bin, oc) })
 		t.Run(oc.cc.name+"/ztls-client", func(t *testing.T) { opensslClientSide(t, bin, oc) })
@@ -122,7 +57,7 @@ func opensslServerSide(t *testing.T, bin string, oc opensslCase) {
 	args := append([]string{"s_client", "-connect", ln.Addr().String(), "-quiet", "-servername", "localhost"}, oc.flags...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdin = bytes.NewReader(toServer)
-	var out, errOut lockedBuffer
+	var out, errOut testutil.Output
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -160,77 +95,40 @@ func opensslServerSide(t *testing.T, bin string, oc opensslCase) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago (for s_server's -accept).
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, p, _ := net.SplitHostPort(l.Addr().String())
-	return p
-}
-
-// startSServer runs s_server for one connection and dials it with ztls once it listens.
-func startSServer(t *testing.T, bin string, oc opensslCase, quiet bool) (*Conn, *os.File, *lockedBuffer, *exec.Cmd) {
+// startSServer runs s_server for one connection and dials it with ztls.
+func startSServer(t *testing.T, bin string, oc opensslCase, quiet bool) (*Conn, *testutil.SServer) {
 	t.Helper()
 	scfg, ccfg := configs(t, oc.cc)
-	certFile, keyFile := pemFiles(t, scfg.Certificates[0])
-	port := freePort(t)
-	args := append([]string{"s_server", "-accept", "127.0.0.1:" + port, "-naccept", "1", "-cert", certFile, "-key", keyFile}, oc.flags...)
-	if quiet {
-		args = append(args, "-quiet")
-	}
-	cmd := exec.Command(bin, args...)
-	pr, stdin, err := os.Pipe()
+	srv := testutil.StartSServer(t, bin, scfg.Certificates[0], oc.flags, quiet)
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	raw, err := d.Dial("tcp4", srv.Addr)
 	if err != nil {
-		t.Fatal(err)
-	}
-	out := &lockedBuffer{}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, out, out
-	err = cmd.Start()
-	pr.Close()
-	if err != nil {
-		stdin.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
-	var raw net.Conn
-	for i := 0; ; i++ { // until s_server listens: a bounded number of tries, not a time
-		var d net.Dialer
-		d.SetMultipathTCP(false)
-		raw, err = d.Dial("tcp4", "127.0.0.1:"+port)
-		if err == nil || i == 500 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("dial s_server: %v\n%s", err, out.String())
+		t.Fatalf("dial s_server: %v\n%s", err, srv.Out.String())
 	}
 	z := Client(raw, ccfg, nil)
 	t.Cleanup(func() { z.Close() })
 	if err := z.Handshake(); err != nil {
-		t.Fatalf("handshake: %v\n%s", err, out.String())
+		t.Fatalf("handshake: %v\n%s", err, srv.Out.String())
 	}
 	if got := z.ConnectionState().CipherSuite; got != oc.cc.suite {
 		t.Fatalf("negotiated %s", tls.CipherSuiteName(got))
 	}
 	checkPath(t, z)
-	return z, stdin, out, cmd
+	return z, srv
 }
 
 func opensslClientSide(t *testing.T, bin string, oc opensslCase) {
-	z, stdin, out, cmd := startSServer(t, bin, oc, true)
+	z, srv := startSServer(t, bin, oc, true)
 	toClient, toServer := digits(200_000, 23), digits(200_007, 24)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := stdin.Write(toClient)
+		_, err := srv.Stdin.Write(toClient)
 		errc <- err
 	}()
 	got := make([]byte, len(toClient))
 	if _, err := io.ReadFull(z, got); err != nil {
-		t.Fatalf("read: %v\n%s", err, out.String())
+		t.Fatalf("read: %v\n%s", err, srv.Out.String())
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
@@ -241,21 +139,20 @@ func opensslClientSide(t *testing.T, bin string, oc opensslCase) {
 	if _, err := z.Write(toServer); err != nil {
 		t.Fatal(err)
 	}
+	srv.Out.Wait(t, string(toServer), 1)
 	z.Close()
-	cmd.Wait() // s_server ends after its one connection
-	if o := out.String(); !strings.HasSuffix(o, string(toServer)) && !strings.Contains(o, string(toServer)) {
-		t.Fatalf("s_server printed %d bytes, not the %d sent", len(o), len(toServer))
-	}
+	srv.Exited(t) // s_server ends after its one connection
 }
 
 // TestOpenSSLKeyUpdate: s_server sends KeyUpdates ("k": not requested, "K": requested)
 // between data; ztls reads on across them and, when asked, updates its own keys, after
 // which s_server still reads what ztls sends. The kernel path needs Linux 6.14.
 func TestOpenSSLKeyUpdate(t *testing.T) {
-	bin := opensslBin(t)
+	bin := testutil.OpenSSLBin(t)
 	for _, oc := range opensslCases[:3] {
 		t.Run(oc.cc.name, func(t *testing.T) {
-			z, stdin, out, _ := startSServer(t, bin, oc, false)
+			z, srv := startSServer(t, bin, oc, false)
+			stdin, out := srv.Stdin, srv.Out
 			r := bufio.NewReader(z)
 			for i, cmd := range []string{"k", "K", "K", "k"} {
 				line := "line-" + strconv.Itoa(i) + "\n"
@@ -277,7 +174,7 @@ func TestOpenSSLKeyUpdate(t *testing.T) {
 				}
 				// s_server takes a command only as a line read alone: wait until it
 				// has read the pipe empty before the next line.
-				drained(t, stdin)
+				srv.Drained(t)
 			}
 			if _, err := io.WriteString(stdin, "last\n"); err != nil {
 				t.Fatal(err)
@@ -296,37 +193,8 @@ func TestOpenSSLKeyUpdate(t *testing.T) {
 			if _, err := io.WriteString(z, "from-ztls-after-rekey\n"); err != nil {
 				t.Fatal(err)
 			}
-			waitOutput(t, out, "from-ztls-after-rekey", 1)
+			out.Wait(t, "from-ztls-after-rekey", 1)
 		})
-	}
-}
-
-// drained waits until the reader of the pipe w has taken everything written to it.
-func drained(t *testing.T, w *os.File) {
-	t.Helper()
-	for i := 0; ; i++ {
-		n, err := unix.IoctlGetInt(int(w.Fd()), unix.TIOCINQ)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if i == 1000 {
-			t.Fatalf("s_server left %d bytes of its input unread", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// waitOutput waits until out holds n copies of s (polling a bounded number of times).
-func waitOutput(t *testing.T, out *lockedBuffer, s string, n int) {
-	t.Helper()
-	for i := 0; strings.Count(out.String(), s) < n; i++ {
-		if i == 1000 || strings.Contains(out.String(), ":error:") {
-			t.Fatalf("s_server did not print %q %d times:\n%s", s, n, out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -336,7 +204,7 @@ func waitOutput(t *testing.T, out *lockedBuffer, s string, n int) {
 // layer built from the derived state, s_client or s_server on the other end (s_server
 // sends two session tickets first).
 func TestKeysAgainstOpenSSL(t *testing.T) {
-	bin := opensslBin(t)
+	bin := testutil.OpenSSLBin(t)
 	for _, oc := range []opensslCase{opensslCases[0], opensslCases[1], opensslCases[3], opensslCases[4]} {
 		t.Run(oc.cc.name+"/ztls-server", func(t *testing.T) {
 			scfg, _ := configs(t, oc.cc)
@@ -351,7 +219,7 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 			args := append([]string{"s_client", "-connect", ln.Addr().String(), "-quiet", "-servername", "localhost"}, oc.flags...)
 			cmd := exec.Command(bin, args...)
 			cmd.Stdin = bytes.NewReader(toServer)
-			var out, errOut lockedBuffer
+			var out, errOut testutil.Output
 			cmd.Stdout, cmd.Stderr = &out, &errOut
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -385,32 +253,11 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 		})
 		t.Run(oc.cc.name+"/ztls-client", func(t *testing.T) {
 			scfg, ccfg := configs(t, oc.cc)
-			certFile, keyFile := pemFiles(t, scfg.Certificates[0])
-			port := freePort(t)
-			args := append([]string{"s_server", "-accept", "127.0.0.1:" + port, "-naccept", "1", "-quiet", "-cert", certFile, "-key", keyFile}, oc.flags...)
-			cmd := exec.Command(bin, args...)
-			pr, stdin, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := &lockedBuffer{}
-			cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, out, out
-			err = cmd.Start()
-			pr.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
-			var raw net.Conn
-			for i := 0; ; i++ {
-				var d net.Dialer
-				d.SetMultipathTCP(false)
-				raw, err = d.Dial("tcp4", "127.0.0.1:"+port)
-				if err == nil || i == 500 {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			srv := testutil.StartSServer(t, bin, scfg.Certificates[0], oc.flags, true)
+			stdin, out := srv.Stdin, srv.Out
+			var d net.Dialer
+			d.SetMultipathTCP(false)
+			raw, err := d.Dial("tcp4", srv.Addr)
 			if err != nil {
 				t.Fatalf("dial s_server: %v\n%s", err, out.String())
 			}
@@ -431,7 +278,7 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 			if err := sc.write(toServer); err != nil {
 				t.Fatal(err)
 			}
-			waitOutput(t, out, string(toServer), 1)
+			out.Wait(t, string(toServer), 1)
 		})
 	}
 }
