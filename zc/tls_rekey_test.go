@@ -12,7 +12,6 @@ import (
 
 	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
-	"github.com/zcnet/zcnet/zc/ztls"
 )
 
 // TestTLSRekeyOptions: RekeyRecords below 4 would leave no record for data under a key.
@@ -184,38 +183,7 @@ func TestTLSRelaySplice(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			var d net.Dialer
-			d.SetMultipathTCP(false)
-			raw, err := d.Dial("tcp", l.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			zt := ztls.Client(raw, ccfg, &ztls.Options{RekeyRecords: 8, NoFallback: true})
-			defer zt.Close()
-			zt.SetDeadline(time.Now().Add(2 * time.Minute))
-			if err := zt.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			data := make([]byte, 1<<20)
-			newStreamGen(15).fill(data)
-			werr := make(chan error, 1)
-			go func() {
-				err := randomWrites(zt, data, 15)
-				if err == nil {
-					err = zt.CloseWrite()
-				}
-				werr <- err
-			}()
-			got, err := io.ReadAll(zt)
-			if err != nil {
-				t.Fatalf("%v (read %d of %d bytes)\n%s", err, len(got), len(data), engineDump(e))
-			}
-			if err := <-werr; err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, data) {
-				t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
-			}
+			zt := rekeyingEcho(t, e, l.Addr().String(), ccfg, 15, 2*time.Minute)
 			r := recvEvent(t, relays, "relay")
 			front := recvEvent(t, fronts, "front")
 			<-front.Done()

@@ -643,38 +643,7 @@ func TestTLSKeyUpdate(t *testing.T) {
 			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
 			conns, ends := make(chan *Conn, 1), make(chan error, 1)
 			l := tlsServerEcho(t, e, &TLSOptions{Config: scfg}, conns, ends)
-			var d net.Dialer
-			d.SetMultipathTCP(false)
-			raw, err := d.Dial("tcp", l.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			zt := ztls.Client(raw, ccfg, &ztls.Options{RekeyRecords: 8, NoFallback: true})
-			defer zt.Close()
-			zt.SetDeadline(time.Now().Add(time.Minute))
-			if err := zt.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			data := make([]byte, 1<<20)
-			newStreamGen(5).fill(data)
-			werr := make(chan error, 1)
-			go func() {
-				err := randomWrites(zt, data, 5)
-				if err == nil {
-					err = zt.CloseWrite()
-				}
-				werr <- err
-			}()
-			got, err := io.ReadAll(zt)
-			if err != nil {
-				t.Fatalf("%v (read %d of %d bytes, the client rekeyed %d times)\n%s", err, len(got), len(data), zt.Info().TxRekeys, engineDump(e)+tlsCloseErrsString())
-			}
-			if err := <-werr; err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, data) {
-				t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
-			}
+			zt := rekeyingEcho(t, e, l.Addr().String(), ccfg, 5, time.Minute)
 			c := recvEvent(t, conns, "conn")
 			checkTLSPath(t, c)
 			<-c.Done()
@@ -687,6 +656,46 @@ func TestTLSKeyUpdate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rekeyingEcho dials addr (an echo) with a zc/ztls client that updates its keys every 8
+// records on the kernel path, writes 1 MiB of seed's stream in random writes, half-closes,
+// and checks that every byte comes back; it returns the client (closed at the test's end).
+func rekeyingEcho(t *testing.T, e *Engine, addr string, ccfg *tls.Config, seed uint64, limit time.Duration) *ztls.Conn {
+	t.Helper()
+	var d net.Dialer
+	d.SetMultipathTCP(false)
+	raw, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zt := ztls.Client(raw, ccfg, &ztls.Options{RekeyRecords: 8, NoFallback: true})
+	t.Cleanup(func() { zt.Close() })
+	zt.SetDeadline(time.Now().Add(limit))
+	if err := zt.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 1<<20)
+	newStreamGen(seed).fill(data)
+	werr := make(chan error, 1)
+	go func() {
+		err := randomWrites(zt, data, seed)
+		if err == nil {
+			err = zt.CloseWrite()
+		}
+		werr <- err
+	}()
+	got, err := io.ReadAll(zt)
+	if err != nil {
+		t.Fatalf("%v (read %d of %d bytes, the client rekeyed %d times)\n%s", err, len(got), len(data), zt.Info().TxRekeys, engineDump(e)+tlsCloseErrsString())
+	}
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
+	}
+	return zt
 }
 
 // TestTLSRelay: a TLS-terminating relay: crypto/tls clients → a TLS listener → Relay → a
