@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -126,14 +125,8 @@ func sslServerSide(t *testing.T, bin string, b Backend, sc sslCase) {
 	}
 	defer l.Close()
 	toServer, toClient := sslDigits(200_000, 21), sslDigits(200_003, 22)
-	cmd := exec.Command(bin, append([]string{"s_client", "-connect", l.Addr().String(), "-quiet", "-servername", "localhost"}, sc.flags...)...)
-	cmd.Stdin = bytes.NewReader(toServer)
-	var out, errOut testutil.Output
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	cl := testutil.StartSClient(t, bin, l.Addr().String(), sc.flags, toServer)
+	errOut := cl.ErrOut
 	c := recvEvent(t, conns, "accepted connection")
 	checkSuite(t, c, sc)
 	if got := h.waitFor(t, len(toServer), errOut.String); !bytes.Equal(got, toServer) {
@@ -143,12 +136,8 @@ func sslServerSide(t *testing.T, bin string, b Backend, sc sslCase) {
 		t.Fatal(err)
 	}
 	c.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	if err := recvEvent(t, done, "s_client's exit (after close_notify)"); err != nil {
-		t.Fatalf("s_client: %v\n%s", err, errOut.String())
-	}
-	if o := out.String(); o != string(toClient) {
+	cl.Exited(t) // s_client -quiet ends on close_notify
+	if o := cl.Out.String(); o != string(toClient) {
 		t.Fatalf("s_client got: %s", tlsFirstDiff([]byte(o), toClient))
 	}
 	<-c.Done()

@@ -229,3 +229,47 @@ func (s *SServer) Drained(tb testing.TB) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// SClient is an `openssl s_client -quiet` connected to a TLS server under test.
+type SClient struct {
+	Out    *Output // what it received (stdout)
+	ErrOut *Output // its messages (stderr)
+	Cmd    *exec.Cmd
+
+	done chan error // Cmd.Wait's result
+}
+
+// StartSClient runs s_client against addr with flags, sending in (then its input ends).
+// The process is ended at the test's end.
+func StartSClient(tb testing.TB, bin, addr string, flags []string, in []byte) *SClient {
+	tb.Helper()
+	args := append([]string{"s_client", "-connect", addr, "-quiet", "-servername", "localhost"}, flags...)
+	c := &SClient{Out: &Output{}, ErrOut: &Output{}, Cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	c.Cmd.Stdin = bytes.NewReader(in)
+	c.Cmd.Stdout, c.Cmd.Stderr = c.Out, c.ErrOut
+	if err := c.Cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() { c.done <- c.Cmd.Wait() }()
+	tb.Cleanup(func() {
+		c.Cmd.Process.Kill()
+		<-c.done
+		c.done <- nil
+	})
+	return c
+}
+
+// Exited waits (bounded) until s_client has ended (-quiet: it ends on the server's
+// close_notify) and fails tb when it ended with an error.
+func (c *SClient) Exited(tb testing.TB) {
+	tb.Helper()
+	select {
+	case err := <-c.done:
+		c.done <- err
+		if err != nil {
+			tb.Fatalf("s_client: %v\n%.2000s", err, c.ErrOut.String())
+		}
+	case <-time.After(sslPolls * 10 * time.Millisecond):
+		tb.Fatalf("s_client did not end:\n%.2000s", c.ErrOut.String())
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os/exec"
 	"strconv"
 	"testing"
 
@@ -54,15 +53,8 @@ func opensslServerSide(t *testing.T, bin string, oc opensslCase) {
 	}
 	defer ln.Close()
 	toServer, toClient := digits(200_000, 21), digits(200_003, 22)
-	args := append([]string{"s_client", "-connect", ln.Addr().String(), "-quiet", "-servername", "localhost"}, oc.flags...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stdin = bytes.NewReader(toServer)
-	var out, errOut testutil.Output
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	cl := testutil.StartSClient(t, bin, ln.Addr().String(), oc.flags, toServer)
+	errOut := cl.ErrOut
 	nc, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -87,10 +79,8 @@ func opensslServerSide(t *testing.T, bin string, oc opensslCase) {
 		t.Fatal(err)
 	}
 	z.Close() // s_client -quiet exits on close_notify
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("s_client: %v\n%s", err, errOut.String())
-	}
-	if o := out.String(); o != string(toClient) {
+	cl.Exited(t)
+	if o := cl.Out.String(); o != string(toClient) {
 		t.Fatalf("s_client got: %s", firstDiff([]byte(o), toClient))
 	}
 }
@@ -216,15 +206,8 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 			}
 			defer ln.Close()
 			toServer, toClient := digits(50_000, 31), digits(70_001, 32)
-			args := append([]string{"s_client", "-connect", ln.Addr().String(), "-quiet", "-servername", "localhost"}, oc.flags...)
-			cmd := exec.Command(bin, args...)
-			cmd.Stdin = bytes.NewReader(toServer)
-			var out, errOut testutil.Output
-			cmd.Stdout, cmd.Stderr = &out, &errOut
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
+			cl := testutil.StartSClient(t, bin, ln.Addr().String(), oc.flags, toServer)
+			errOut := cl.ErrOut
 			raw, err := ln.Accept()
 			if err != nil {
 				t.Fatal(err)
@@ -244,10 +227,8 @@ func TestKeysAgainstOpenSSL(t *testing.T) {
 			if err := sc.record(typeAlert, []byte{1, 0}); err != nil { // close_notify
 				t.Fatal(err)
 			}
-			if err := cmd.Wait(); err != nil {
-				t.Fatalf("s_client: %v\n%s", err, errOut.String())
-			}
-			if o := out.String(); o != string(toClient) {
+			cl.Exited(t)
+			if o := cl.Out.String(); o != string(toClient) {
 				t.Fatalf("s_client got: %s\n%s", firstDiff([]byte(o), toClient), errOut.String())
 			}
 		})
