@@ -600,8 +600,8 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		return c.opErr("send", ErrTooLarge)
 	}
 	var sum uint64
-	if c.e.dbg != nil && c.e.dbg.opt.Buffers {
-		sum = debugSum(b.Bytes()[:n])
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		sum = dbg.sum(b.Bytes()[:n])
 	}
 	loan, err := b.Lend()
 	if err != nil {
@@ -663,9 +663,9 @@ func (c *Conn) SendData(d Data) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil {
-		dbg.untrackHeld(d.buf) // SendData took it: no Release to come
-		if dbg.opt.Buffers {
-			sum = debugSum(d.Bytes())
+		dbg.released(d) // SendData took it: no Release to come
+		if dbg.buffers() {
+			sum = dbg.sum(d.Bytes())
 		}
 	}
 	shared := d.buf.Shared() // retained: the loan is one owner among others

@@ -164,8 +164,8 @@ func (c *Conn) finishSeg(s seg) {
 		s.file.release(s.n - s.off)
 		return
 	}
-	if s.sum != 0 {
-		c.checkSent(s)
+	if s.sum != 0 && c.e.dbg != nil {
+		c.e.dbg.sent(c, s)
 	}
 	switch s.kind {
 	case segExt:
@@ -452,7 +452,7 @@ func (c *Conn) deliver(d Data) {
 	d.c = c
 	c.held.Add(d.credit())
 	if c.e.dbg != nil {
-		c.trackHeld(d)
+		c.e.dbg.delivered(c, d)
 	}
 	if c.paused&pauseUser != 0 || c.parked != nil {
 		// A receive already in flight when SetReceivePaused(true) took effect (its cancel

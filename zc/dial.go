@@ -290,8 +290,8 @@ func (c *Conn) callDone(done func(*Conn, error), conn *Conn, err error) {
 			}
 		}
 	}()
-	if c.slowCheck() {
-		defer c.timed("DialAsync done", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "DialAsync done", time.Now())
 	}
 	done(conn, err)
 }

@@ -39,7 +39,7 @@ type Engine struct {
 	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
 	addedProcs int           // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
-	dbg        *debugState   // Config.Debug (nil: no checks)
+	dbg        debugHooks    // Config.Debug (nil: no checks)
 	stopWatch  chan struct{} // ends watchStalls
 	stalls     atomic.Uint64 // Stats.Loop.Stalls
 	tls        tlsEngine     // TLS handshakes and user-space pumps, counters (tls.go)
@@ -77,7 +77,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if err == nil {
 		e.checkMemlock()
-		e.dbg.start()
+		if e.dbg != nil {
+			e.dbg.start()
+		}
 		e.stopWatch = make(chan struct{})
 		go e.watchStalls(stallTick)
 	}
@@ -122,7 +124,9 @@ func startEngine(cfg Config) (*Engine, error) {
 		return nil, &OpError{Op: "new", Err: err}
 	}
 	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
-	e.dbg = newDebug(e, cfg.Debug)
+	if newDebugHooks != nil {
+		e.dbg = newDebugHooks(e, cfg.Debug)
+	}
 	switch cfg.Backend {
 	case BackendPlain, BackendShim:
 		if err := e.startQueues(cfg.Backend); err != nil {
@@ -353,7 +357,9 @@ wait:
 	if e.addedProcs > 0 {
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
-	e.dbg.close()
+	if e.dbg != nil {
+		e.dbg.close()
+	}
 }
 
 // Stats are engine-wide counters, by concern: Send, Recv, Forward, Memory, Loop, Faults,
@@ -594,8 +600,8 @@ func (e *Engine) Stats() Stats {
 	s.Memory.MemlockShort = e.memlockShort.Load()
 	s.Loop.Stalls = e.stalls.Load()
 	s.Faults.HandlerPanics += e.callbackPanics.Load()
-	if d := e.dbg; d != nil {
-		s.Debug.Misuses, s.Debug.SlowHandlerCalls, s.Debug.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
+	if e.dbg != nil {
+		e.dbg.stats(&s)
 	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
@@ -670,4 +676,12 @@ func (e *Engine) watchStalls(tick time.Duration) {
 			last[i] = progress
 		}
 	}
+}
+
+// poolOptions adds what Config.Debug's checks need to a pool's options (send: a send pool).
+func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
+	if e.dbg != nil {
+		return e.dbg.poolOptions(o, send)
+	}
+	return o
 }

@@ -294,7 +294,7 @@ func (q *queue) forgetConn(c *Conn) {
 func (q *queue) waitSendBuf(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	b, err := q.awaitSendBuf(done, cancel, dl)
 	if err == nil && q.e.dbg != nil {
-		q.checkPoison(b, nil)
+		q.e.dbg.taken(b, nil)
 	}
 	return b, err
 }
@@ -375,7 +375,7 @@ func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getBuf(nil, nil) }
 func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
 	b, err := q.takeBuf(c, waiter)
 	if err == nil && q.e.dbg != nil {
-		q.checkPoison(b, c)
+		q.e.dbg.taken(b, c)
 	}
 	return b, err
 }

@@ -60,7 +60,7 @@ func (d Data) mapped() bool {
 // its own; the buffer, and its receive credit, go back with the last.
 func (d Data) Release() error {
 	if d.c != nil && d.c.e.dbg != nil {
-		d.c.e.dbg.untrackHeld(heldKey(d))
+		d.c.e.dbg.released(d)
 	}
 	if d.src != nil {
 		return d.src.release(d)

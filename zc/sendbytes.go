@@ -117,8 +117,8 @@ func (c *Conn) SendBytes(p []byte, done func(err error)) error {
 	a.pin.Pin(&p[0])
 	c.e.shareCtr.appHeld.Add(1)
 	s := appSeg(a)
-	if c.e.dbg != nil && c.e.dbg.opt.Buffers {
-		s.sum = debugSum(p)
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		s.sum = dbg.sum(p)
 	}
 	return c.enqueue(s)
 }

@@ -85,9 +85,9 @@ func (c *Conn) sendRef(d Data, r *memreg.Ref) error {
 		return c.opErr("send", err)
 	}
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
 		if b := r.Bytes(); b != nil {
-			sum = debugSum(b[:d.off+d.n]) // what checkSent reads back: from the start
+			sum = dbg.sum(b[:d.off+d.n]) // what dbg.sent reads back: from the start
 		}
 	}
 	loan, err := r.Lend()
@@ -201,9 +201,9 @@ func (s *Shared) send(c *Conn) error {
 		return c.opErr("send", ErrForeignBuffer)
 	}
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
 		if b := s.ref.Bytes(); b != nil {
-			sum = debugSum(b[:s.off+s.n]) // what checkSent reads back: from the start
+			sum = dbg.sum(b[:s.off+s.n]) // what dbg.sent reads back: from the start
 		}
 	}
 	loan, err := s.ref.Lend()

@@ -334,8 +334,8 @@ func (c *Conn) sendZcrx(d Data) error {
 	hold.c = d.c
 	d.Release() // the send's hold keeps the buffer
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
-		sum = debugSum(hold.bytes()[:d.off+d.n]) // what checkSent reads back: from the start
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		sum = dbg.sum(hold.bytes()[:d.off+d.n]) // what dbg.sent reads back: from the start
 	}
 	c.e.shareCtr.zcrxSent.Add(uint64(d.n))
 	s := extSeg(hold, int32(d.off), int32(d.off+d.n))
