@@ -455,7 +455,9 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	}
 	_ = lq // q.Queue was set by init, on the loop, which already runs
 	e.queues = []*queue{q}
-	e.dbg.start()
+	if e.dbg != nil {
+		e.dbg.start()
+	}
 	return e, nil
 }
 
