@@ -358,6 +358,12 @@ func (c *Config) normalize() error {
 	return nil
 }
 
+// validPolicy reports whether p is a policy bpf accepts.
+func validPolicy(p bpf.Policy) bool {
+	known := bpf.PolicyDSCP | bpf.PolicyCPU | bpf.PolicyHash
+	return p&^known == 0 && (p&bpf.PolicyHash == 0 || p == bpf.PolicyHash)
+}
+
 // DebugOptions turns on checks that catch misuse of the API at a cost (Config.Debug). All
 // are off by default; each finding is counted in Stats and reported to OnMisuse as a
 // *MisuseError, and the engine goes on: a check never changes what is sent or received.

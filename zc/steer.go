@@ -166,12 +166,6 @@ func (c *steerCounters) fill(s *Stats) {
 	s.Steering.AttachFallbacks = c.attachFallbacks.Load()
 }
 
-// validPolicy reports whether p is a policy bpf accepts.
-func validPolicy(p bpf.Policy) bool {
-	known := bpf.PolicyDSCP | bpf.PolicyCPU | bpf.PolicyHash
-	return p&^known == 0 && (p&bpf.PolicyHash == 0 || p == bpf.PolicyHash)
-}
-
 // checkSteerOptions refuses bad ListenOptions.SteerInterfaces before any socket exists.
 func (e *Engine) checkSteerOptions(opts *ListenOptions) error {
 	if len(opts.SteerInterfaces) == 0 {
