@@ -73,7 +73,7 @@ func (c *Conn) takeWork() {
 }
 
 // takeCut returns how many of c.out's segments takeWork moves (mu held): all of them, except
-// that a SendFile segment goes alone (sendFileHead moves it, a backend's send never sees it):
+// that a SendFile segment goes alone (its fileMover moves it, a backend's send never sees it):
 // the segments before it go first, and those after it wait until it is sent.
 func (c *Conn) takeCut() int {
 	if c.pendLen() > 0 && c.tx.pend[0].kind == segFile {
@@ -100,8 +100,8 @@ func (c *Conn) pump() {
 	}
 	c.takeWork()
 	if c.pendLen() > 0 {
-		if c.tx.pend[0].kind == segFile {
-			c.sendFileHead()
+		if s := &c.tx.pend[0]; s.kind == segFile {
+			s.own.(fileMover).sendHead(c)
 		} else {
 			c.q.be.send(c)
 		}
@@ -161,18 +161,16 @@ func (c *Conn) advance(res int) {
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
 	if s.kind == segFile {
-		s.file.release(s.n - s.off)
+		s.own.segDone(c, s, true)
 		return
 	}
 	if s.sum != 0 && c.e.dbg != nil {
 		c.e.dbg.sent(c, s)
 	}
-	switch s.kind {
-	case segExt:
-		s.ext.release(Data{c: s.ext.c}) // the last reference returns the buffer and the credit
-		return
-	case segApp:
-		c.finishApp(s) // unpinned, and the application hears of it
+	if s.kind != segLoan {
+		// a zcrx hold: the last reference returns the buffer and the credit; SendBytes'
+		// memory: unpinned, and the application hears of it
+		s.own.segDone(c, s, true)
 		return
 	}
 	size := int64(s.loan.Region().BufSize())
@@ -878,7 +876,7 @@ func (c *Conn) dropped(n int) {
 // droppedSeg counts what dropping s loses, except a splice relay's pipe: its relay counts
 // that itself (pipeSeg.release), and reads the rest from droppedBytes.
 func (c *Conn) droppedSeg(s seg) {
-	if s.kind != segFile || s.file.pipe == nil {
+	if s.kind != segFile || !s.own.(fileMover).countsDrops() {
 		c.dropped(int(s.n - s.off))
 	}
 }
@@ -942,7 +940,7 @@ func (c *Conn) dropProducer() {
 // SendBytes segment goes back to the caller without its callback.
 func (c *Conn) dropSeg(s seg) {
 	if s.kind == segApp {
-		c.refuseApp(s)
+		s.own.segDone(c, s, false)
 		return
 	}
 	c.finishSeg(s)

@@ -42,6 +42,17 @@ type mappedData struct {
 	released atomic.Bool
 }
 
+// mapped reports whether the bytes are pages of the socket's receive queue mapped into the
+// connection's window (RecvMapped), rather than a copy in a receive buffer
+// (Stats.Recv.BytesMapped and ConnStats.BytesRecvMapped count them).
+func (d Data) mapped() bool {
+	m, ok := d.src.(*mappedData)
+	return ok && m.mapped
+}
+
+// send copies mapped Data: the pages belong to the socket's receive queue.
+func (d *mappedData) send(c *Conn, dd Data) error { return c.sendCopy(dd) }
+
 func (d *mappedData) bytes() []byte {
 	if d.released.Load() {
 		return nil

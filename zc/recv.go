@@ -26,6 +26,9 @@ type dataSource interface {
 	release(d Data) error
 	// retain returns one more reference to the same bytes (Data.Retain).
 	retain(d Data) (dataSource, error)
+	// send is c.SendData(d): a retained ring buffer goes out shared, a zcrx buffer from the
+	// area itself, mapped pages (which belong to the socket's receive queue) are copied.
+	send(c *Conn, d Data) error
 }
 
 // Bytes returns the received bytes, or nil after Release.
@@ -44,14 +47,6 @@ func (d Data) Bytes() []byte {
 
 // Len returns the number of bytes received.
 func (d Data) Len() int { return d.n }
-
-// mapped reports whether the bytes are pages of the socket's receive queue mapped into the
-// connection's window (RecvMapped), rather than a copy in a receive buffer
-// (Stats.Recv.BytesMapped and ConnStats.BytesRecvMapped count them).
-func (d Data) mapped() bool {
-	m, ok := d.src.(*mappedData)
-	return ok && m.mapped
-}
 
 // Release gives the buffer back (to the queue's receive pool, the mapped window, or the zcrx
 // area through its refill ring), from any goroutine. A second Release returns

@@ -70,6 +70,9 @@ func (r *refData) release(Data) error {
 	return r.ref().Release()
 }
 func (r *refData) credit(Data) int64 { return int64(r.ref().Region().BufSize()) }
+
+// send sends a retained reference: the shared buffer goes out.
+func (r *refData) send(c *Conn, d Data) error { return c.sendRef(d, r.ref()) }
 func (r *refData) retain(Data) (dataSource, error) {
 	x, err := r.ref().Share()
 	if err != nil {

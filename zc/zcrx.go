@@ -259,6 +259,8 @@ func (z *zcrxData) bytes() []byte {
 
 func (z *zcrxData) credit(Data) int64 { return zcrxCredit(z.n) }
 
+func (z *zcrxData) send(c *Conn, d Data) error { return c.sendZcrx(d) }
+
 func (z *zcrxData) retain(Data) (dataSource, error) { return z.newRef(&z.done) }
 
 func (z *zcrxData) release(d Data) error {
@@ -312,6 +314,14 @@ func (r *zcrxRef) bytes() []byte {
 
 func (r *zcrxRef) credit(Data) int64 { return zcrxCredit(r.z.n) }
 
+func (r *zcrxRef) send(c *Conn, d Data) error { return c.sendZcrx(d) }
+
+// segBytes and segDone make a send's hold a segOwner (segExt): the hold's release gives the
+// buffer back, and the credit with the last reference.
+func (r *zcrxRef) segBytes() []byte { return r.bytes() }
+
+func (r *zcrxRef) segDone(*Conn, seg, bool) { r.release(Data{c: r.c}) }
+
 func (r *zcrxRef) retain(Data) (dataSource, error) { return r.z.newRef(&r.done) }
 
 func (r *zcrxRef) release(d Data) error {
@@ -326,6 +336,10 @@ func (r *zcrxRef) release(d Data) error {
 // buffer, seg.ext, which keeps it from the refill ring) and the buffer goes back, with the
 // receiving connection's credit, when the send (and its zero-copy notification) is done.
 func (c *Conn) sendZcrx(d Data) error {
+	if c.q.be.name() == BackendShim {
+		// The shim sends only from memory registered with it: copy.
+		return c.sendCopy(d)
+	}
 	src, err := d.src.retain(d)
 	if err != nil {
 		return c.opErr("send", err) // a released Data: memreg.ErrStale
