@@ -678,6 +678,22 @@ func (e *Engine) watchStalls(tick time.Duration) {
 	}
 }
 
+// shareCounters are the engine's counters of sends from memory other than a connection's
+// own send buffers (Stats.Send): shared buffers (SendData counts them, shared.go the rest),
+// SendData's copies, zcrx areas (zcrx.go) and the application's memory (sendbytes.go).
+type shareCounters struct {
+	sends, bytes, dataCopied, zcrxSent atomic.Uint64
+	appSent, appCopied                 atomic.Uint64 // SendBytes (sendbytes.go)
+	appHeld                            atomic.Int64  // SendBytes' slices pinned and not handed back
+}
+
+func (c *shareCounters) fill(s *Stats) {
+	s.Send.SharedSends, s.Send.BytesShared = c.sends.Load(), c.bytes.Load()
+	s.Send.BytesDataCopied = c.dataCopied.Load()
+	s.Send.BytesZcrxSent = c.zcrxSent.Load()
+	s.Send.BytesApp, s.Send.BytesAppCopied = c.appSent.Load(), c.appCopied.Load()
+}
+
 // poolOptions adds what Config.Debug's checks need to a pool's options (send: a send pool).
 func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
 	if e.dbg != nil {

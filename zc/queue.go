@@ -73,7 +73,7 @@ type queue struct {
 	// lateNotifs: finished connections with zero-copy notifications outstanding: a late
 	// notification still retires its send (zcFinish); once the queue stopped, the
 	// application memory (SendBytes) of those that never came is handed back
-	// (appAfterStop, sendbytes.go). Loop only.
+	// (appAfterStop). Loop only.
 	lateNotifs map[*Conn]struct{}
 	stopping   bool // abortAll runs: finish keeps nothing for a completion that will not come
 
@@ -583,4 +583,21 @@ func (q *queue) abortAll() {
 		c.advanceClose()
 		c.finish()
 	}
+}
+
+// appAfterStop hands back the application memory of zero-copy sends whose notification
+// never came before the queue stopped: the ring is gone, so the kernel no longer reads it
+// (AfterStop, on the loop's goroutine). Their callbacks run now, exactly once.
+func (q *queue) appAfterStop() {
+	for c := range q.lateNotifs {
+		for i := range c.zwaitLen() {
+			w := &c.tx.zwait[i]
+			if w.s.kind == segApp {
+				s := w.s
+				w.s = seg{}
+				c.finishSeg(s)
+			}
+		}
+	}
+	q.lateNotifs = nil
 }

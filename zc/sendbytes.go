@@ -187,20 +187,3 @@ func (c *Conn) callAppDone(done func(error), err error) {
 	}()
 	done(err)
 }
-
-// appAfterStop hands back the application memory of zero-copy sends whose notification
-// never came before the queue stopped: the ring is gone, so the kernel no longer reads it
-// (AfterStop, on the loop's goroutine). Their callbacks run now, exactly once.
-func (q *queue) appAfterStop() {
-	for c := range q.lateNotifs {
-		for i := range c.zwaitLen() {
-			w := &c.tx.zwait[i]
-			if w.s.kind == segApp {
-				s := w.s
-				w.s = seg{}
-				c.finishSeg(s)
-			}
-		}
-	}
-	q.lateNotifs = nil
-}

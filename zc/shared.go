@@ -3,7 +3,6 @@ package zc
 import (
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -13,20 +12,6 @@ import (
 // send is one owner until the kernel is done with it (its completion, or its zero-copy
 // notification), and the buffer goes back to its pool with the last owner. Nobody may write
 // a shared buffer.
-
-// shareCounters are the engine's shared-send counters (Stats).
-type shareCounters struct {
-	sends, bytes, dataCopied, zcrxSent atomic.Uint64
-	appSent, appCopied                 atomic.Uint64 // SendBytes (sendbytes.go)
-	appHeld                            atomic.Int64  // SendBytes' slices pinned and not handed back
-}
-
-func (c *shareCounters) fill(s *Stats) {
-	s.Send.SharedSends, s.Send.BytesShared = c.sends.Load(), c.bytes.Load()
-	s.Send.BytesDataCopied = c.dataCopied.Load()
-	s.Send.BytesZcrxSent = c.zcrxSent.Load()
-	s.Send.BytesApp, s.Send.BytesAppCopied = c.appSent.Load(), c.appCopied.Load()
-}
 
 // Retain returns a second reference to d's bytes, without copying them: d and the result are
 // released (Release) or forwarded (Conn.SendData) each on its own, from any goroutine, and
