@@ -1067,7 +1067,7 @@ func (c *Conn) finish() {
 		c.self.finished(c.closeErr)
 	}
 	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
-	c.q.stopTimers(c)
+	c.q.endHolds(c)   // its AfterFunc timers
 	c.q.removeConn(c)
 	c.callClose(c.closeErr)
 	c.markDone()

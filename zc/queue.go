@@ -62,7 +62,7 @@ type queue struct {
 	memCapAt   atomic.Uint64
 	memCapSeen atomic.Int64 // when memCapped last read the limit (UnixNano)
 
-	timers map[*Conn][]*timer // pending AfterFunc timers (loop only)
+	holds map[*Conn][]connHold // what features keep for connections, ended with them (loop only)
 
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64
@@ -600,4 +600,49 @@ func (q *queue) appAfterStop() {
 		}
 	}
 	q.lateNotifs = nil
+}
+
+// A connHold is something a feature keeps on a connection's queue for it that must go when
+// the connection finishes (a pending Conn.AfterFunc timer, timer.go): the queue keeps the
+// holds by connection (addHold, dropHold, loop only) and ends those left as the connection
+// finishes (endHolds), so nothing of a finished connection stays on its loop.
+type connHold interface {
+	// connEnded: the connection finished (loop only).
+	connEnded()
+}
+
+func (q *queue) addHold(c *Conn, h connHold) {
+	if q.holds == nil {
+		q.holds = map[*Conn][]connHold{}
+	}
+	q.holds[c] = append(q.holds[c], h)
+}
+
+func (q *queue) dropHold(c *Conn, h connHold) {
+	hs := q.holds[c]
+	for i, x := range hs {
+		if x == h {
+			hs[i] = hs[len(hs)-1]
+			hs[len(hs)-1] = nil
+			hs = hs[:len(hs)-1]
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(q.holds, c)
+	} else {
+		q.holds[c] = hs
+	}
+}
+
+// endHolds ends a finishing connection's holds (loop only).
+func (q *queue) endHolds(c *Conn) {
+	hs, ok := q.holds[c]
+	if !ok {
+		return
+	}
+	delete(q.holds, c)
+	for _, h := range hs {
+		h.connEnded()
+	}
 }
