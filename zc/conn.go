@@ -290,7 +290,7 @@ type Conn struct {
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
 	tls        *tlsConn                  // TLS state (tls.go); nil: plain TCP
 	tlsDial    *tlsSetup                 // a TLS dial: the handshake runs after the connect (tls.go)
-	self       *selfReader               // ReadSelf: the socket's duplicate that Read uses (readself.go)
+	self       selfHooks                 // ReadSelf: the socket's duplicate that Read uses (readself.go)
 	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState
 
@@ -901,6 +901,14 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 		c.schedule()
 	}
 	return written, nil
+}
+
+// writeDeadline is the write deadline (zero: none).
+func (c *Conn) writeDeadline() time.Time {
+	if t := c.wdl.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
 }
 
 // withWriteDeadline returns a deadline function giving the earlier of dl's deadline and

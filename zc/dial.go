@@ -97,7 +97,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 		return fail(nil, err)
 	}
 	if opts.ReadSelf {
-		if err := e.readSelfSupported(); err != nil {
+		if err := features.readSelfCheck(e); err != nil {
 			return fail(nil, err)
 		}
 	}
@@ -148,7 +148,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	if opts.ReadSelf {
 		// Before the loop sees the connection. A descriptor that cannot be duplicated (out
 		// of descriptors) fails the dial.
-		if err := c.openSelf(); err != nil {
+		if err := features.readSelfOpen(c); err != nil {
 			s.Close()
 			return fail(raddr, err)
 		}

@@ -43,3 +43,25 @@ type debugHooks interface {
 // newDebugHooks makes an engine's debugging hooks for Config.Debug (nil: nothing asked).
 // debug.go sets it; without it Config.Debug is ignored.
 var newDebugHooks func(e *Engine, opt DebugOptions) debugHooks
+
+// selfHooks is ReadSelf's duplicate of a connection's socket (Conn.self, readself.go) as the
+// core drives it; nil for a connection opened without ReadSelf.
+type selfHooks interface {
+	// appClosed: the application closed the connection, or nobody got it (a refused accept,
+	// a failed dial): the duplicate goes.
+	appClosed()
+	// finished: the engine finished the connection with err (loop only).
+	finished(err error)
+}
+
+// features are the entry points the core calls, at fixed points of an engine's, a listener's
+// and a connection's life, into the features an option asks for. Each feature's file sets
+// its own in an init function, so the core names none of a feature's declarations; the order
+// of the calls is the core's (Listen, Dial, the accept and the end of a connection say it).
+var features struct {
+	// ReadSelf (readself.go): readSelfCheck refuses an engine that cannot serve it (Listen,
+	// Dial); readSelfOpen makes a connection a ReadSelf one (Conn.self) before its loop sees
+	// it.
+	readSelfCheck func(e *Engine) error
+	readSelfOpen  func(c *Conn) error
+}

@@ -94,7 +94,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 		return fail(nil, err)
 	}
 	if o.ReadSelf {
-		if err := e.readSelfSupported(); err != nil {
+		if err := features.readSelfCheck(e); err != nil {
 			return fail(nil, err)
 		}
 	}
@@ -431,7 +431,7 @@ func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
 	}
 	c.st.Open()
 	if l.readSelf {
-		if err := c.openSelf(); err != nil {
+		if err := features.readSelfOpen(c); err != nil {
 			// Out of descriptors, most likely: as if the accept had failed.
 			l.acceptErrs.Add(1)
 			q.ctr.acceptErrs.Add(1)
