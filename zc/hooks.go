@@ -64,4 +64,8 @@ var features struct {
 	// it.
 	readSelfCheck func(e *Engine) error
 	readSelfOpen  func(c *Conn) error
+	// recvSetup[p] prepares the receive path p (Config.RecvPath) for a connection about to
+	// open (setupRecvPath): RecvMapped's window (mapped.go), RecvZcrx's queue (zcrx.go); the
+	// ring needs none. Each sets Conn.rx, or falls back to the ring visibly.
+	recvSetup [RecvZcrx + 1]func(c *Conn)
 }

@@ -101,16 +101,11 @@ func (d *mappedData) release(Data) error {
 	return nil
 }
 
-// setupRecvPath prepares the receive path asked for: the mapped window (RecvMapped), zcrx
-// (RecvZcrx, zcrx.go) (loop only).
-func (c *Conn) setupRecvPath() {
-	if c.e.cfg.RecvPath == RecvZcrx {
-		c.setupZcrx()
-		return
-	}
-	if c.e.cfg.RecvPath != RecvMapped {
-		return
-	}
+func init() { features.recvSetup[RecvMapped] = (*Conn).setupMapped }
+
+// setupMapped prepares RecvMapped's window: the io_uring backend only, else the ring,
+// counted (loop only).
+func (c *Conn) setupMapped() {
 	if c.q.be.name() != BackendIOUring {
 		c.q.ctr.mappedFallbacks.Add(1)
 		return

@@ -78,6 +78,15 @@ func (d Data) credit() int64 {
 	return int64(d.buf.Region().BufSize())
 }
 
+// setupRecvPath prepares the receive path Config.RecvPath asks for, through its feature's
+// hook (features.recvSetup: the ring needs none), before the connection's first receive
+// (loop only).
+func (c *Conn) setupRecvPath() {
+	if p := c.e.cfg.RecvPath; p >= 0 && int(p) < len(features.recvSetup) && features.recvSetup[p] != nil {
+		features.recvSetup[p](c)
+	}
+}
+
 // A recvPath is where a connection's bytes land when it does not receive into the queue's
 // provided-buffer ring (Conn.rx nil, the default): the socket's own pages through a mapped
 // window (*mappedRecv, RecvMapped, mapped.go) or a zcrx area (*zcrxConn, RecvZcrx,

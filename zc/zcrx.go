@@ -143,6 +143,8 @@ type zcrxConn struct {
 	inStop bool         // a Cancel we called is running (it may end the stream at once)
 }
 
+func init() { features.recvSetup[RecvZcrx] = (*Conn).setupZcrx }
+
 // setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only):
 // its listener's NIC-bound instance (already set), the queue's device-less one, or the ring.
 func (c *Conn) setupZcrx() {
