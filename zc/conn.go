@@ -288,8 +288,8 @@ type Conn struct {
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
-	tls        *tlsConn                  // TLS state (tls.go); nil: plain TCP
-	tlsDial    *tlsSetup                 // a TLS dial: the handshake runs after the connect (tls.go)
+	tls        tlsHooks                  // TLS state (tls.go); nil: plain TCP
+	tlsDial    tlsSetupHooks             // a TLS dial: the handshake runs after the connect (tls.go)
 	self       selfHooks                 // ReadSelf: the socket's duplicate that Read uses (readself.go)
 	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState
@@ -489,7 +489,9 @@ func (c *Conn) Stats() ConnStats {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
 	}
 	s.RecvPaused = c.pausedAt.Load() != 0 || int64(s.RecvHeld) >= c.credit()
-	c.tlsStats(&s)
+	if c.tls != nil {
+		c.tls.stats(&s)
+	}
 	return s
 }
 
@@ -940,7 +942,7 @@ func (c *Conn) idleLocked() bool {
 // from starting a send meanwhile), and the send policy copies a write of this size. The
 // socket is non-blocking: what it does not take goes through the queue.
 func (c *Conn) mayWriteDirectLocked(p []byte) bool {
-	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && c.tlsDirectOK(len(p))
+	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && (c.tls == nil || c.tls.directOK(c, len(p)))
 }
 
 func (c *Conn) mayCopy(n int) bool {

@@ -95,7 +95,7 @@ func (c *Conn) pump() {
 	if c.st.SockClosed() || !c.opened() || c.connect != nil {
 		return
 	}
-	if c.tls != nil && !c.q.be.sending(c) && !c.tlsRekey() {
+	if c.tls != nil && !c.q.be.sending(c) && !c.tls.rekey(c) {
 		return // a KeyUpdate waits for room: it goes first
 	}
 	c.takeWork()
@@ -646,7 +646,7 @@ func (c *Conn) gotEOF(err error) {
 	}
 	if c.tls != nil {
 		var resume bool
-		if resume, err = c.tlsRecvEnd(err); resume {
+		if resume, err = c.tls.recvEnd(c, err); resume {
 			c.armRecv() // a control record was handled: receiving goes on
 			return
 		}
@@ -679,7 +679,9 @@ func (c *Conn) maybeShutdownWrite() {
 	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
-		c.tlsCloseNotify()
+		if c.tls != nil {
+			c.tls.closeNotify(c)
+		}
 		c.st.ShutWrite()
 		c.sock.Shutdown(unix.SHUT_WR)
 	}
@@ -982,8 +984,8 @@ func (c *Conn) advanceClose() {
 		if c.recvArmed {
 			c.q.be.stopRecv(c)
 		}
-		if c.closeErr == nil {
-			c.tlsCloseNotify()
+		if c.closeErr == nil && c.tls != nil {
+			c.tls.closeNotify(c)
 		}
 		c.q.be.closeSocket(c)
 		c.socketClosed()
@@ -1046,7 +1048,9 @@ func (c *Conn) finish() {
 	if c.rx != nil {
 		c.rx.finish()
 	}
-	c.tlsFinished()
+	if c.tls != nil {
+		c.tls.finished(c)
+	}
 	if c.steer != nil {
 		c.steer.Forget(bpf.FlowKey{Remote: c.raddr, Local: c.laddr}) // no stale flow entries after churn
 	}

@@ -101,7 +101,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 			return fail(nil, err)
 		}
 	}
-	ts, err := e.tlsSetupFor(opts.TLS, true, opts.ReadSelf, "")
+	ts, err := e.setupTLS(opts.TLS, true, opts.ReadSelf, "")
 	if err != nil {
 		return fail(nil, err)
 	}
@@ -219,7 +219,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	if c.tlsDial != nil && c.tls == nil {
-		c.startTLSDial(cs) // the handshake before the connection opens (tls.go)
+		c.tlsDial.dial(c, cs) // the handshake before the connection opens (tls.go)
 		return
 	}
 	if cs.stop != nil {
@@ -272,7 +272,9 @@ func (c *Conn) dialFailed(err error) {
 	c.st.CloseSock()
 	c.sock.Close()
 	c.fd = -1
-	c.tlsFinished()
+	if c.tls != nil {
+		c.tls.finished(c)
+	}
 	c.q.removeConn(c)
 	c.markDone()
 	c.dropProducer()

@@ -35,14 +35,13 @@ type Engine struct {
 	steerFallbacks atomic.Uint64
 	memlockShort   atomic.Bool   // SendPoolMax × Queues exceeds RLIMIT_MEMLOCK (checkMemlock)
 	callbackPanics atomic.Uint64 // OnLimit or Debug.OnMisuse panicked (counted in HandlerPanics)
-	steerCtr       steerCounters
 	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
 	addedProcs int           // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
 	dbg        debugHooks    // Config.Debug (nil: no checks)
 	stopWatch  chan struct{} // ends watchStalls
 	stalls     atomic.Uint64 // Stats.Loop.Stalls
-	tls        tlsEngine     // TLS handshakes and user-space pumps, counters (tls.go)
+	parts      []enginePart  // the features' state on the engine: TLS, steering (hooks.go)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -124,6 +123,7 @@ func startEngine(cfg Config) (*Engine, error) {
 		return nil, &OpError{Op: "new", Err: err}
 	}
 	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
+	e.makeParts()
 	if newDebugHooks != nil {
 		e.dbg = newDebugHooks(e, cfg.Debug)
 	}
@@ -321,7 +321,9 @@ func (e *Engine) shutdown(ctx context.Context) {
 	for _, l := range ls {
 		l.Close()
 	}
-	e.tls.closeStart()
+	for _, p := range e.parts {
+		p.closeStart()
+	}
 	timeouts := func() (n uint64) {
 		for _, q := range e.queues {
 			n += q.ctr.closeTimeouts.Load()
@@ -346,7 +348,9 @@ wait:
 		}
 	}
 	e.closeErr = e.stopQueues()
-	e.tls.closeEnd()
+	for _, p := range e.parts {
+		p.closeEnd()
+	}
 	if cut != nil && e.closeErr == nil {
 		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
 	}
@@ -606,8 +610,9 @@ func (e *Engine) Stats() Stats {
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}
-	e.steerCtr.fill(&s)
-	e.tls.stats(&s)
+	for _, p := range e.parts {
+		p.stats(&s) // steering, TLS
+	}
 	e.shareCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())

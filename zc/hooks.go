@@ -68,4 +68,87 @@ var features struct {
 	// open (setupRecvPath): RecvMapped's window (mapped.go), RecvZcrx's queue (zcrx.go); the
 	// ring needs none. Each sets Conn.rx, or falls back to the ring visibly.
 	recvSetup [RecvZcrx + 1]func(c *Conn)
+	// TLS (tls.go): tlsSetup checks a listener's or a dial's TLSOptions against the engine
+	// and the other options (called only with some) and makes what starts the handshakes.
+	tlsSetup func(e *Engine, o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error)
+}
+
+// An enginePart is a feature's state on an engine (TLS's handshakes and counters, tls.go;
+// steering's counters, steer.go): made for every engine at New by the constructor its file
+// registered (registerEnginePart), and found again by the index that returned, in
+// Engine.parts.
+type enginePart interface {
+	// closeStart: Engine.Close began (the queues still run). closeEnd: the queues stopped;
+	// Close returns after closeEnd does.
+	closeStart()
+	closeEnd()
+	// stats fills the part's counters into Stats.
+	stats(s *Stats)
+}
+
+// enginePartMakers are the registered parts' constructors, in registration order.
+var enginePartMakers []func() enginePart
+
+// registerEnginePart registers an engine part's constructor (from a package variable's
+// initializer, so before any engine exists) and returns its index in Engine.parts.
+func registerEnginePart(mk func() enginePart) int {
+	enginePartMakers = append(enginePartMakers, mk)
+	return len(enginePartMakers) - 1
+}
+
+// makeParts makes an engine's parts (New, before the queues start).
+func (e *Engine) makeParts() {
+	e.parts = make([]enginePart, len(enginePartMakers))
+	for i, mk := range enginePartMakers {
+		e.parts[i] = mk()
+	}
+}
+
+// tlsHooks is a TLS connection's state (Conn.tls, tls.go's tlsConn) as the core drives it;
+// nil for plain TCP.
+type tlsHooks interface {
+	// tlsSent counts n bytes that left the connection's queue (or a direct write) against
+	// the bound of records under the current TX keys.
+	tlsSent(n int)
+	// directOK reports whether a direct write of n bytes keeps that bound (else the write
+	// goes through the queue, which updates the keys first).
+	directOK(c *Conn, n int) bool
+	// rekey sends an owed KeyUpdate before the next send (loop only); false: sending waits
+	// (it is tried again) or the connection failed.
+	rekey(c *Conn) bool
+	// recvEnd handles the end of a receive (gotEOF, loop only): resume says receiving goes
+	// on, else err is the end's error.
+	recvEnd(c *Conn, err error) (resume bool, _ error)
+	// closeNotify: the write side ends (Close, CloseWrite; loop only).
+	closeNotify(c *Conn)
+	// finished: the connection finished (loop only).
+	finished(c *Conn)
+	// stats fills ConnStats.TLS.
+	stats(s *ConnStats)
+}
+
+// tlsSetupHooks is a listener's or a dial's TLS after its checks (ListenOptions.TLS,
+// DialOptions.TLS; tls.go's tlsSetup, made by features.tlsSetup): the core starts the
+// handshakes through it.
+type tlsSetupHooks interface {
+	// accept runs an accepted descriptor's handshake; the connection opens on its queue
+	// after it (Listener.open with its tlsAttach), or the descriptor is closed (loop only).
+	accept(l *Listener, from *queue, fd int)
+	// dial runs a dial's handshake after its connect; the connection opens after it, or
+	// the dial fails (loop only).
+	dial(c *Conn, cs *connectState)
+}
+
+// tlsAttach is what an accepted connection's handshake hands Listener.open: attach makes c
+// a TLS connection before it opens (Conn.tls).
+type tlsAttach interface {
+	attach(c *Conn)
+}
+
+// setupTLS checks TLS options (nil: a plain listener or dial) through features.tlsSetup.
+func (e *Engine) setupTLS(o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error) {
+	if o == nil {
+		return nil, nil
+	}
+	return features.tlsSetup(e, o, isClient, readSelf, zcrxNIC)
 }

@@ -441,6 +441,7 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), backend: BackendAuto}
+	e.makeParts()
 	e.dbg = newDebug(e, cfg.Debug)
 	q := &queue{e: e, idx: 0, cpu: 0, space: make(chan struct{}, 1)}
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {

@@ -25,9 +25,9 @@ type Listener struct {
 	addr      *net.TCPAddr
 	accept    func(*Conn) Handler
 	family    int
-	readSelf  bool      // ListenOptions.ReadSelf
-	exclusive bool      // ListenOptions.Exclusive
-	tls       *tlsSetup // ListenOptions.TLS (tls.go)
+	readSelf  bool          // ListenOptions.ReadSelf
+	exclusive bool          // ListenOptions.Exclusive
+	tls       tlsSetupHooks // ListenOptions.TLS (tls.go)
 	socks     []*tcpglue.Socket
 	parts     []*lpart
 	closed    atomic.Bool
@@ -98,7 +98,7 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 			return fail(nil, err)
 		}
 	}
-	ts, err := e.tlsSetupFor(o.TLS, false, o.ReadSelf, o.ZcrxNIC)
+	ts, err := e.setupTLS(o.TLS, false, o.ReadSelf, o.ZcrxNIC)
 	if err != nil {
 		return fail(nil, err)
 	}
@@ -316,7 +316,7 @@ func (p *lpart) accepted(fd int) {
 	p.backoff = 0
 	p.l.accepted.Add(1)
 	if p.l.tls != nil {
-		p.l.startTLS(p.q, fd) // the handshake first (tls.go)
+		p.l.tls.accept(p.l, p.q, fd) // the handshake first (tls.go)
 		return
 	}
 	p.l.handoff(p.q, fd)
@@ -413,10 +413,10 @@ func (l *Listener) create(q *queue, fd int) {
 
 // open makes the connection of socket s (descriptor fd) on q (a TLS connection's after its
 // handshake: t) and asks the accept function for its handler.
-func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
+func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t tlsAttach) {
 	c := newConn(l.e, q, s, fd, l.network)
 	if t != nil {
-		c.attachTLS(t)
+		t.attach(c)
 	}
 	c.fillAddrs()
 	if l.steer != nil && c.laddr.IsValid() && c.raddr.IsValid() {

@@ -160,7 +160,18 @@ type steerCounters struct {
 	cpu, policyFallbacks, attachFallbacks atomic.Uint64
 }
 
-func (c *steerCounters) fill(s *Stats) {
+// steerPart is the index of the engine's steerCounters in Engine.parts.
+var steerPart = registerEnginePart(func() enginePart { return new(steerCounters) })
+
+// steerCtr is the engine's steering counters.
+func (e *Engine) steerCtr() *steerCounters { return e.parts[steerPart].(*steerCounters) }
+
+// steerCounters are an enginePart: counters only.
+func (c *steerCounters) closeStart() {}
+func (c *steerCounters) closeEnd()   {}
+
+// stats fills Stats.Steering's counters.
+func (c *steerCounters) stats(s *Stats) {
 	s.Steering.CPU = c.cpu.Load()
 	s.Steering.PolicyFallbacks = c.policyFallbacks.Load()
 	s.Steering.AttachFallbacks = c.attachFallbacks.Load()
@@ -409,7 +420,7 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 		e.steerFallbacks.Add(1)
 		for i, name := range opts.SteerInterfaces {
 			info.Interfaces = append(info.Interfaces, InterfaceSteering{Name: name, Index: ifindex[i], Reason: "BPF steering unavailable"})
-			e.steerCtr.attachFallbacks.Add(1)
+			e.steerCtr().attachFallbacks.Add(1)
 		}
 		return nil
 	}
@@ -450,9 +461,9 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 	}
 	info.BPF, info.Policy, info.Exact, info.PolicyReason, info.CPUQueues = true, policy, exact, why, cpuMap
 	if policy&bpf.PolicyCPU != 0 {
-		e.steerCtr.cpu.Add(1)
+		e.steerCtr().cpu.Add(1)
 	} else if e.cfg.SteerPolicy == bpf.PolicyAuto && len(l.socks) > 1 {
-		e.steerCtr.policyFallbacks.Add(1)
+		e.steerCtr().policyFallbacks.Add(1)
 	}
 	ok = true
 	l.steer = s
@@ -537,7 +548,7 @@ func (l *Listener) attachInterface(s *bpf.Steering, name string, index int, pinn
 	}
 	is.Reason = strings.Join(reasons, "; ")
 	if !is.complete() {
-		e.steerCtr.attachFallbacks.Add(1)
+		e.steerCtr().attachFallbacks.Add(1)
 	}
 	return is, nil
 }
