@@ -132,7 +132,7 @@ func startEngine(cfg Config) (*Engine, error) {
 		if err := e.startQueues(cfg.Backend); err != nil {
 			return nil, &OpError{Op: "new", Err: err}
 		}
-		if err := e.checkZcrxBackend(); err != nil {
+		if err := features.backendCheck(e); err != nil {
 			e.stopQueues()
 			return nil, &OpError{Op: "new", Err: err}
 		}
@@ -142,8 +142,8 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err == nil {
 		return e, nil
 	}
-	if zu := (*zcrxRefused)(nil); errors.As(err, &zu) {
-		return nil, &OpError{Op: "new", Err: err} // io_uring works; zcrx does not
+	if fr := (*featureRefused)(nil); errors.As(err, &fr) {
+		return nil, &OpError{Op: "new", Err: err} // io_uring works; a feature does not
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
@@ -190,6 +190,7 @@ func (e *Engine) startQueues(b Backend) error {
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
 		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1)}
+		q.makeParts()
 		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
@@ -617,7 +618,9 @@ func (e *Engine) Stats() Stats {
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)
-		q.addZcrxStats(&s)
+		for _, p := range q.parts {
+			p.stats(&s) // zcrx
+		}
 		ls := q.Queue.Stats()
 		s.Loop.Waits += ls.Waits
 		s.Loop.BusyPolls += ls.Spins
@@ -682,6 +685,14 @@ func (e *Engine) watchStalls(tick time.Duration) {
 		}
 	}
 }
+
+// featureRefused is New's (or Listen's) error when the backend works but a feature Config
+// asks for cannot be set up on it and Config.NoFallback forbids doing without it (RecvZcrx:
+// zcrx.go's zcrxUnavailable): New fails rather than falling back to another backend.
+type featureRefused struct{ err error }
+
+func (f *featureRefused) Error() string { return f.err.Error() }
+func (f *featureRefused) Unwrap() error { return f.err }
 
 // shareCounters are the engine's counters of sends from memory other than a connection's
 // own send buffers (Stats.Send): shared buffers (SendData counts them, shared.go the rest),

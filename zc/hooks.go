@@ -71,6 +71,17 @@ var features struct {
 	// TLS (tls.go): tlsSetup checks a listener's or a dial's TLSOptions against the engine
 	// and the other options (called only with some) and makes what starts the handshakes.
 	tlsSetup func(e *Engine, o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error)
+	// Listen's features, in the order Listen calls them: steerCheck refuses ListenOptions
+	// that steering cannot serve before any socket exists (steer.go); then, once the
+	// sockets exist, zcrxNIC binds the listener to a NIC queue (ListenOptions.ZcrxNIC,
+	// zcrx.go) and steer sets up its steering (steer.go). Each returns the listener's part
+	// (nil: nothing asked), also with an error, which fails Listen.
+	steerCheck func(e *Engine, o *ListenOptions) error
+	// backendCheck refuses, at New, a backend that cannot serve what Config asks for with
+	// NoFallback (RecvZcrx needs io_uring, zcrx.go): a *featureRefused.
+	backendCheck func(e *Engine) error
+	zcrxNIC      func(l *Listener, o *ListenOptions) (listenerPart, error)
+	steer        func(l *Listener, o *ListenOptions) (listenerPart, error)
 }
 
 // An enginePart is a feature's state on an engine (TLS's handshakes and counters, tls.go;
@@ -151,4 +162,44 @@ func (e *Engine) setupTLS(o *TLSOptions, isClient, readSelf bool, zcrxNIC string
 		return nil, nil
 	}
 	return features.tlsSetup(e, o, isClient, readSelf, zcrxNIC)
+}
+
+// A listenerPart is a feature's state on a listener (its zcrx NIC binding, zcrx.go; its
+// steering, steer.go): made at Listen by the feature's entry in features, in the order
+// Listen calls them, once the listening sockets exist.
+type listenerPart interface {
+	// accepted: connection c of the listener is about to open, before its receive path is
+	// set up (loop only).
+	accepted(c *Conn)
+	// close: the listener's sockets close (Close, or a Listen that failed after the part
+	// was made).
+	close()
+	// stats fills the part's share of ListenerStats.
+	stats(s *ListenerStats)
+}
+
+// A queuePart is a feature's state on a queue (its zcrx instance and counters, zcrx.go):
+// made with the queue, before its backend starts, by the constructor its file registered
+// (registerQueuePart), and found again by the index that returned, in queue.parts.
+type queuePart interface {
+	// stats adds the part's counters to s (Engine.Stats, once per queue).
+	stats(s *Stats)
+}
+
+// queuePartMakers are the registered queue parts' constructors, in registration order.
+var queuePartMakers []func() queuePart
+
+// registerQueuePart registers a queue part's constructor (from a package variable's
+// initializer) and returns its index in queue.parts.
+func registerQueuePart(mk func() queuePart) int {
+	queuePartMakers = append(queuePartMakers, mk)
+	return len(queuePartMakers) - 1
+}
+
+// makeParts makes a queue's parts (before its backend starts).
+func (q *queue) makeParts() {
+	q.parts = make([]queuePart, len(queuePartMakers))
+	for i, mk := range queuePartMakers {
+		q.parts[i] = mk()
+	}
 }

@@ -444,6 +444,7 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	e.makeParts()
 	e.dbg = newDebug(e, cfg.Debug)
 	q := &queue{e: e, idx: 0, cpu: 0, space: make(chan struct{}, 1)}
+	q.makeParts()
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
 		q.Queue = lq
 		lq.AtStop(q.abortAll)

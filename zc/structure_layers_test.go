@@ -36,7 +36,7 @@ import (
 // upwardArrowsBound is the count of upward arrows at this commit: 53 (bafd2de, the base of
 // issue 30, had 40 by this scan: its own scan, not in the repository, said 62 of 217; this
 // one counts 260 arrows there). Issue 30 asks for at most half of the base's.
-const upwardArrowsBound = 15
+const upwardArrowsBound = 11
 
 // zcLayers gives each non-test file of zc its layer. A file missing here fails the test: a
 // new file must say where it stands. The files only bafd2de had are here so the same test
