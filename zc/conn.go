@@ -490,7 +490,7 @@ func (c *Conn) Stats() ConnStats {
 	}
 	s.RecvPaused = c.pausedAt.Load() != 0 || int64(s.RecvHeld) >= c.credit()
 	if c.tls != nil {
-		c.tls.stats(&s)
+		s.TLS = c.tls.stats()
 	}
 	return s
 }

@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"crypto/tls"
 	"time"
 
 	"github.com/zcnet/zcnet/memreg"
@@ -134,8 +135,24 @@ type tlsHooks interface {
 	closeNotify(c *Conn)
 	// finished: the connection finished (loop only).
 	finished(c *Conn)
-	// stats fills ConnStats.TLS.
-	stats(s *ConnStats)
+	// stats returns ConnStats.TLS (by value: Conn.Stats allocates nothing).
+	stats() connTLSStats
+}
+
+// connTLSStats has ConnStats.TLS's fields, in order (the compiler checks it: Conn.Stats
+// assigns one to the other), so that the TLS hook returns them without a pointer into the
+// caller's ConnStats, which would move every Conn.Stats' result to the heap.
+type connTLSStats struct {
+	On          bool
+	Kernel      bool
+	Reason      string
+	Version     uint16
+	CipherSuite uint16
+	KeyUpdates  uint64
+	Tickets     uint64
+	TxRekeys    uint64
+	RekeyAt     uint64
+	State       tls.ConnectionState
 }
 
 // tlsSetupHooks is a listener's or a dial's TLS after its checks (ListenOptions.TLS,

@@ -66,15 +66,16 @@ func (s *tlsSetup) accept(l *Listener, from *queue, fd int) { l.startTLS(from, f
 func (s *tlsSetup) dial(c *Conn, cs *connectState)          { c.startTLSDial(cs) }
 func (r *tlsResult) attach(c *Conn)                         { c.attachTLS(r) }
 
-// stats fills ConnStats.TLS.
-func (t *tlsConn) stats(s *ConnStats) {
+// stats is ConnStats.TLS.
+func (t *tlsConn) stats() (s connTLSStats) {
 	i := t.info
-	s.TLS.On, s.TLS.Kernel, s.TLS.Reason = true, i.Kernel, i.Reason
-	s.TLS.Version, s.TLS.CipherSuite, s.TLS.State = i.Version, i.CipherSuite, i.State
+	s.On, s.Kernel, s.Reason = true, i.Kernel, i.Reason
+	s.Version, s.CipherSuite, s.State = i.Version, i.CipherSuite, i.State
 	if t.kernel {
-		s.TLS.KeyUpdates, s.TLS.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
-		s.TLS.TxRekeys, s.TLS.RekeyAt = t.txRekeys.Load(), t.rekeyAt
+		s.KeyUpdates, s.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
+		s.TxRekeys, s.RekeyAt = t.txRekeys.Load(), t.rekeyAt
 	}
+	return s
 }
 
 // kernelTLS reports whether the kernel carries c's records (the connection capability the
