@@ -8,9 +8,57 @@ import (
 )
 
 // The core's hook points: what the core calls of the features built on it, declared here so
-// that the core names only these types and the features (in their own files) implement
-// them. A hook that a feature does not install is nil, and each call site checks that first:
-// a default engine pays one nil check per hook point, and no call allocates.
+// that the core names only these declarations and the features, in their own files,
+// implement them (the features depend on the core, never the other way). Three kinds:
+//
+//   - the features table: entry points the core calls at fixed points of a Listen, a Dial,
+//     New or a connection's opening, in the core's order; each feature's file sets its own
+//     in an init function;
+//   - hooks hung on a connection or an engine while a feature serves it (Conn.tls,
+//     Conn.self, Engine.dbg): nil otherwise, and every call site checks that first, so a
+//     connection without the feature pays one nil check per hook point;
+//   - parts: a feature's state on an engine, a listener or a queue, made with it and held
+//     behind an interface (closing and Stats go through it); the feature finds its own part
+//     again by the index its registration returned.
+//
+// What features put into the core's own structures is driven through interfaces declared
+// beside them: a segment's segOwner and fileMover (conn.go), a Data's dataSource and a
+// connection's recvPath (recv.go), a queue's connHold (queue.go).
+//
+// No hook is called per completion or per send unless the connection uses the feature, and
+// no hook call on a connection's path allocates. (Engine.Stats and Listener.Stats hand their
+// result to the parts, which moves it to the heap: one allocation per Stats call.)
+
+// features are the entry points the core calls, at fixed points of an engine's, a listener's
+// and a connection's life, into the features an option asks for. Each feature's file sets
+// its own in an init function (all are set: they are one package), so the core names none of
+// a feature's declarations; the order of the calls is the core's (New, Listen, Dial and a
+// connection's opening say it).
+var features struct {
+	// ReadSelf (readself.go): readSelfCheck refuses an engine that cannot serve it (Listen,
+	// Dial); readSelfOpen makes a connection a ReadSelf one (Conn.self) before its loop sees
+	// it.
+	readSelfCheck func(e *Engine) error
+	readSelfOpen  func(c *Conn) error
+	// recvSetup[p] prepares the receive path p (Config.RecvPath) for a connection about to
+	// open (setupRecvPath): RecvMapped's window (mapped.go), RecvZcrx's queue (zcrx.go); the
+	// ring needs none. Each sets Conn.rx, or falls back to the ring visibly.
+	recvSetup [RecvZcrx + 1]func(c *Conn)
+	// TLS (tls.go): tlsSetup checks a listener's or a dial's TLSOptions against the engine
+	// and the other options (called only with some) and makes what starts the handshakes.
+	tlsSetup func(e *Engine, o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error)
+	// Listen's features, in the order Listen calls them: steerCheck refuses ListenOptions
+	// that steering cannot serve before any socket exists (steer.go); then, once the
+	// sockets exist, zcrxNIC binds the listener to a NIC queue (ListenOptions.ZcrxNIC,
+	// zcrx.go) and steer sets up its steering (steer.go). Each returns the listener's part
+	// (nil: nothing asked), also with an error, which fails Listen.
+	steerCheck func(e *Engine, o *ListenOptions) error
+	zcrxNIC    func(l *Listener, o *ListenOptions) (listenerPart, error)
+	steer      func(l *Listener, o *ListenOptions) (listenerPart, error)
+	// backendCheck refuses, at New, a backend that cannot serve what Config asks for with
+	// NoFallback (RecvZcrx needs io_uring, zcrx.go): a *featureRefused.
+	backendCheck func(e *Engine) error
+}
 
 // debugHooks are Config.Debug's checks (debug.go implements them, newDebugHooks makes them).
 // Engine.dbg is nil when Config.Debug asks for nothing.
@@ -53,67 +101,6 @@ type selfHooks interface {
 	appClosed()
 	// finished: the engine finished the connection with err (loop only).
 	finished(err error)
-}
-
-// features are the entry points the core calls, at fixed points of an engine's, a listener's
-// and a connection's life, into the features an option asks for. Each feature's file sets
-// its own in an init function, so the core names none of a feature's declarations; the order
-// of the calls is the core's (Listen, Dial, the accept and the end of a connection say it).
-var features struct {
-	// ReadSelf (readself.go): readSelfCheck refuses an engine that cannot serve it (Listen,
-	// Dial); readSelfOpen makes a connection a ReadSelf one (Conn.self) before its loop sees
-	// it.
-	readSelfCheck func(e *Engine) error
-	readSelfOpen  func(c *Conn) error
-	// recvSetup[p] prepares the receive path p (Config.RecvPath) for a connection about to
-	// open (setupRecvPath): RecvMapped's window (mapped.go), RecvZcrx's queue (zcrx.go); the
-	// ring needs none. Each sets Conn.rx, or falls back to the ring visibly.
-	recvSetup [RecvZcrx + 1]func(c *Conn)
-	// TLS (tls.go): tlsSetup checks a listener's or a dial's TLSOptions against the engine
-	// and the other options (called only with some) and makes what starts the handshakes.
-	tlsSetup func(e *Engine, o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error)
-	// Listen's features, in the order Listen calls them: steerCheck refuses ListenOptions
-	// that steering cannot serve before any socket exists (steer.go); then, once the
-	// sockets exist, zcrxNIC binds the listener to a NIC queue (ListenOptions.ZcrxNIC,
-	// zcrx.go) and steer sets up its steering (steer.go). Each returns the listener's part
-	// (nil: nothing asked), also with an error, which fails Listen.
-	steerCheck func(e *Engine, o *ListenOptions) error
-	// backendCheck refuses, at New, a backend that cannot serve what Config asks for with
-	// NoFallback (RecvZcrx needs io_uring, zcrx.go): a *featureRefused.
-	backendCheck func(e *Engine) error
-	zcrxNIC      func(l *Listener, o *ListenOptions) (listenerPart, error)
-	steer        func(l *Listener, o *ListenOptions) (listenerPart, error)
-}
-
-// An enginePart is a feature's state on an engine (TLS's handshakes and counters, tls.go;
-// steering's counters, steer.go): made for every engine at New by the constructor its file
-// registered (registerEnginePart), and found again by the index that returned, in
-// Engine.parts.
-type enginePart interface {
-	// closeStart: Engine.Close began (the queues still run). closeEnd: the queues stopped;
-	// Close returns after closeEnd does.
-	closeStart()
-	closeEnd()
-	// stats fills the part's counters into Stats.
-	stats(s *Stats)
-}
-
-// enginePartMakers are the registered parts' constructors, in registration order.
-var enginePartMakers []func() enginePart
-
-// registerEnginePart registers an engine part's constructor (from a package variable's
-// initializer, so before any engine exists) and returns its index in Engine.parts.
-func registerEnginePart(mk func() enginePart) int {
-	enginePartMakers = append(enginePartMakers, mk)
-	return len(enginePartMakers) - 1
-}
-
-// makeParts makes an engine's parts (New, before the queues start).
-func (e *Engine) makeParts() {
-	e.parts = make([]enginePart, len(enginePartMakers))
-	for i, mk := range enginePartMakers {
-		e.parts[i] = mk()
-	}
 }
 
 // tlsHooks is a TLS connection's state (Conn.tls, tls.go's tlsConn) as the core drives it;
@@ -179,6 +166,37 @@ func (e *Engine) setupTLS(o *TLSOptions, isClient, readSelf bool, zcrxNIC string
 		return nil, nil
 	}
 	return features.tlsSetup(e, o, isClient, readSelf, zcrxNIC)
+}
+
+// An enginePart is a feature's state on an engine (TLS's handshakes and counters, tls.go;
+// steering's counters, steer.go): made for every engine at New by the constructor its file
+// registered (registerEnginePart), and found again by the index that returned, in
+// Engine.parts.
+type enginePart interface {
+	// closeStart: Engine.Close began (the queues still run). closeEnd: the queues stopped;
+	// Close returns after closeEnd does.
+	closeStart()
+	closeEnd()
+	// stats fills the part's counters into Stats.
+	stats(s *Stats)
+}
+
+// enginePartMakers are the registered parts' constructors, in registration order.
+var enginePartMakers []func() enginePart
+
+// registerEnginePart registers an engine part's constructor (from a package variable's
+// initializer, so before any engine exists) and returns its index in Engine.parts.
+func registerEnginePart(mk func() enginePart) int {
+	enginePartMakers = append(enginePartMakers, mk)
+	return len(enginePartMakers) - 1
+}
+
+// makeParts makes an engine's parts (New, before the queues start).
+func (e *Engine) makeParts() {
+	e.parts = make([]enginePart, len(enginePartMakers))
+	for i, mk := range enginePartMakers {
+		e.parts[i] = mk()
+	}
 }
 
 // A listenerPart is a feature's state on a listener (its zcrx NIC binding, zcrx.go; its
