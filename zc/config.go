@@ -357,3 +357,37 @@ func (c *Config) normalize() error {
 	}
 	return nil
 }
+
+// validPolicy reports whether p is a policy bpf accepts.
+func validPolicy(p bpf.Policy) bool {
+	known := bpf.PolicyDSCP | bpf.PolicyCPU | bpf.PolicyHash
+	return p&^known == 0 && (p&bpf.PolicyHash == 0 || p == bpf.PolicyHash)
+}
+
+// DebugOptions turns on checks that catch misuse of the API at a cost (Config.Debug). All
+// are off by default; each finding is counted in Stats and reported to OnMisuse as a
+// *MisuseError, and the engine goes on: a check never changes what is sent or received.
+type DebugOptions struct {
+	// Buffers checks buffer ownership. Send and SendData record a checksum of the bytes,
+	// verified when the buffer comes back (after the send, or the zero-copy notification): a
+	// write to a buffer after it was sent is reported ("write after Send"); SendBytes
+	// likewise, verified before its done callback ("write before SendBytes' done"). Send buffers are
+	// filled with a poison byte when they return to the pool and checked when handed out again
+	// (Buffer, BufferWait, Write): a write after Release is reported ("write after
+	// Release"). The pools' memory stays mapped after Engine.Close, so a slice kept past
+	// Release writes into pages given back to the system instead of crashing the process.
+	// Costs a pass over every buffer sent and handed out.
+	Buffers bool
+	// SlowHandler counts handler calls (OnData, OnEOF, OnWritable, posted functions,
+	// DialAsync's done) that ran longer than this (Stats.Debug.SlowHandlerCalls): a handler that
+	// blocks stalls every connection of its queue. 0: not timed.
+	SlowHandler time.Duration
+	// HeldData counts received Data held unreleased for longer than this
+	// (Stats.Debug.DataHeldLong, each Data once), whichever receive path delivered it (the
+	// ring, or a zcrx area): a forgotten Release stops its connection at MaxRecvHeld. 0: not
+	// tracked.
+	HeldData time.Duration
+	// OnMisuse, if set, is called with a *MisuseError for each finding, on a queue goroutine
+	// or the goroutine that found it: it must not block.
+	OnMisuse func(err error)
+}

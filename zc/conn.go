@@ -128,15 +128,35 @@ type seg struct {
 	// shared: the loan is one owner of a shared buffer (shared.go); src's credit goes back
 	// with the buffer's last owner, not with this segment
 	shared bool
-	// file (segFile): a SendFile range or a relay's pipe: alone at the head of tx.pend when
-	// it goes (sendfile.go)
-	file *fileSeg
-	// ext (segExt): bytes in a zcrx area, held until sent (SendData of zcrx Data, zcrx.go);
-	// the credit goes back with the buffer's last reference, as for a shared loan
-	ext *zcrxRef
-	// app (segApp): the application's memory (SendBytes, sendbytes.go), pinned until the
-	// kernel is done with it; its callback says so
-	app *appMem
+	// own: what the segment sends from when it is not a loan (every kind but segLoan)
+	own segOwner
+}
+
+// A segOwner holds a segment's bytes when they are not a pool's loan: bytes in a zcrx area,
+// held until sent (segExt: SendData of zcrx Data, zcrx.go; the credit goes back with the
+// buffer's last reference, as for a shared loan); the application's memory, pinned until the
+// kernel is done with it (segApp: SendBytes, sendbytes.go; its callback says so); a SendFile
+// range or a relay's pipe (segFile, sendfile.go: a fileMover). The core and the backends
+// reach the bytes and give them back through it, never asking which feature made them.
+type segOwner interface {
+	// segBytes is the memory the segment sends from (nil: none of ours, a segFile).
+	segBytes() []byte
+	// segDone gives the segment's hold back: sent, or abandoned with s.n-s.off bytes unsent
+	// (loop only, or before the loop saw it). queued is false for a segment that was never
+	// queued (the call that made it failed and says so: no callback).
+	segDone(c *Conn, s seg, queued bool)
+}
+
+// A fileMover owns a segFile segment: bytes that are not in memory of ours (a file range, a
+// relay's pipe), which it moves itself from the loop, alone at the head of tx.pend
+// (takeCut), so a backend's send never sees them.
+type fileMover interface {
+	segOwner
+	// sendHead moves the bytes of c.tx.pend[0], its segment (loop only).
+	sendHead(c *Conn)
+	// countsDrops reports whether the owner counts the bytes a drop loses itself (a relay's
+	// pipe: RelayStats.Lost), rather than ConnStats.BytesDropped.
+	countsDrops() bool
 }
 
 // segKind is what a segment sends from. The core and the backends ask the kind, never
@@ -145,17 +165,17 @@ type segKind uint8
 
 const (
 	segLoan segKind = iota // a buffer of a registered pool (seg.loan), shared or not
-	segFile                // a file range or a pipe's bytes (seg.file): no memory of ours
-	segExt                 // memory held by reference, not a pool's loan (seg.ext: a zcrx buffer)
-	segApp                 // the application's own memory (seg.app: SendBytes)
+	segFile                // a file range or a pipe's bytes (seg.own, a fileMover): no memory of ours
+	segExt                 // memory held by reference, not a pool's loan (seg.own: a zcrx buffer)
+	segApp                 // the application's own memory (seg.own: SendBytes)
 )
 
-// loanSeg, fileSeg and extSeg make a segment of each kind.
+// loanSeg, fileRangeSeg and extSeg make a segment of each kind.
 func loanSeg(loan memreg.Loan, off, n int32) seg {
 	return seg{kind: segLoan, loan: loan, off: off, n: n}
 }
-func fileRangeSeg(f *fileSeg, n int32) seg  { return seg{kind: segFile, file: f, n: n} }
-func extSeg(ref *zcrxRef, off, n int32) seg { return seg{kind: segExt, ext: ref, off: off, n: n} }
+func fileRangeSeg(f fileMover, n int32) seg { return seg{kind: segFile, own: f, n: n} }
+func extSeg(ref segOwner, off, n int32) seg { return seg{kind: segExt, own: ref, off: off, n: n} }
 
 // holdsMem reports whether the segment still holds memory to give back (a loan not yet
 // returned, or an external reference).
@@ -172,10 +192,8 @@ func (s *seg) holdsMem() bool {
 // mem is the memory the segment sends from ([off, n) of it), nil once it went back.
 func (s *seg) mem() []byte {
 	switch s.kind {
-	case segExt:
-		return s.ext.bytes()
-	case segApp:
-		return s.app.p
+	case segExt, segApp:
+		return s.own.segBytes()
 	}
 	return s.loan.Data()
 }
@@ -183,10 +201,8 @@ func (s *seg) mem() []byte {
 // ptr is the address of byte i of the segment's memory, for an iovec.
 func (s *seg) ptr(i int) *byte {
 	switch s.kind {
-	case segExt:
-		return &s.ext.bytes()[i]
-	case segApp:
-		return &s.app.p[i]
+	case segExt, segApp:
+		return &s.own.segBytes()[i]
 	}
 	return s.loan.Pointer(i)
 }
@@ -272,9 +288,9 @@ type Conn struct {
 	closeErr   error
 	cl         *closeState               // made by beginClose
 	rx         recvPath                  // where received bytes land when not the queue's ring (nil): recv.go
-	tls        *tlsConn                  // TLS state (tls.go); nil: plain TCP
-	tlsDial    *tlsSetup                 // a TLS dial: the handshake runs after the connect (tls.go)
-	self       *selfReader               // ReadSelf: the socket's duplicate that Read uses (readself.go)
+	tls        tlsHooks                  // TLS state (tls.go); nil: plain TCP
+	tlsDial    tlsSetupHooks             // a TLS dial: the handshake runs after the connect (tls.go)
+	self       selfHooks                 // ReadSelf: the socket's duplicate that Read uses (readself.go)
 	wdl        atomic.Pointer[time.Time] // SetWriteDeadline (nil: none)
 	connect    *connectState
 
@@ -473,7 +489,9 @@ func (c *Conn) Stats() ConnStats {
 		s.ZeroCopyOn = c.q.be.zeroCopy() && c.e.cfg.SendPath != SendCopy
 	}
 	s.RecvPaused = c.pausedAt.Load() != 0 || int64(s.RecvHeld) >= c.credit()
-	c.tlsStats(&s)
+	if c.tls != nil {
+		s.TLS = c.tls.stats()
+	}
 	return s
 }
 
@@ -600,8 +618,8 @@ func (c *Conn) Send(b memreg.Buf, n int) error {
 		return c.opErr("send", ErrTooLarge)
 	}
 	var sum uint64
-	if c.e.dbg != nil && c.e.dbg.opt.Buffers {
-		sum = debugSum(b.Bytes()[:n])
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		sum = dbg.sum(b.Bytes()[:n])
 	}
 	loan, err := b.Lend()
 	if err != nil {
@@ -641,18 +659,7 @@ func (c *Conn) SendData(d Data) error {
 		return c.opErr("send", ErrEmpty)
 	}
 	if d.src != nil {
-		switch src := d.src.(type) {
-		case *refData:
-			return c.sendRef(d, src.ref()) // a retained reference: the shared buffer goes out (shared.go)
-		case *zcrxData, *zcrxRef:
-			if c.q.be.name() != BackendShim {
-				return c.sendZcrx(d) // from the area itself, held until sent (zcrx.go)
-			}
-			// The shim sends only from memory registered with it: copy.
-		}
-		// Mapped pages belong to the socket's receive queue (and the shim's sends to its
-		// registered memory): the bytes are copied.
-		return c.sendCopy(d)
+		return d.src.send(c, d) // the source knows how its bytes go out
 	}
 	if !d.buf.Valid() {
 		return c.opErr("send", memreg.ErrStale)
@@ -663,9 +670,9 @@ func (c *Conn) SendData(d Data) error {
 	}
 	var sum uint64
 	if dbg := c.e.dbg; dbg != nil {
-		dbg.untrackHeld(d.buf) // SendData took it: no Release to come
-		if dbg.opt.Buffers {
-			sum = debugSum(d.Bytes())
+		dbg.released(d) // SendData took it: no Release to come
+		if dbg.buffers() {
+			sum = dbg.sum(d.Bytes())
 		}
 	}
 	shared := d.buf.Shared() // retained: the loan is one owner among others
@@ -898,6 +905,14 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 	return written, nil
 }
 
+// writeDeadline is the write deadline (zero: none).
+func (c *Conn) writeDeadline() time.Time {
+	if t := c.wdl.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
+}
+
 // withWriteDeadline returns a deadline function giving the earlier of dl's deadline and
 // the connection's write deadline.
 func (c *Conn) withWriteDeadline(dl func() time.Time) func() time.Time {
@@ -927,7 +942,7 @@ func (c *Conn) idleLocked() bool {
 // from starting a send meanwhile), and the send policy copies a write of this size. The
 // socket is non-blocking: what it does not take goes through the queue.
 func (c *Conn) mayWriteDirectLocked(p []byte) bool {
-	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && c.tlsDirectOK(len(p))
+	return c.idleLocked() && len(p) > 0 && c.mayCopy(len(p)) && (c.tls == nil || c.tls.directOK(c, len(p)))
 }
 
 func (c *Conn) mayCopy(n int) bool {

@@ -73,7 +73,7 @@ func (c *Conn) takeWork() {
 }
 
 // takeCut returns how many of c.out's segments takeWork moves (mu held): all of them, except
-// that a SendFile segment goes alone (sendFileHead moves it, a backend's send never sees it):
+// that a SendFile segment goes alone (its fileMover moves it, a backend's send never sees it):
 // the segments before it go first, and those after it wait until it is sent.
 func (c *Conn) takeCut() int {
 	if c.pendLen() > 0 && c.tx.pend[0].kind == segFile {
@@ -95,13 +95,13 @@ func (c *Conn) pump() {
 	if c.st.SockClosed() || !c.opened() || c.connect != nil {
 		return
 	}
-	if c.tls != nil && !c.q.be.sending(c) && !c.tlsRekey() {
+	if c.tls != nil && !c.q.be.sending(c) && !c.tls.rekey(c) {
 		return // a KeyUpdate waits for room: it goes first
 	}
 	c.takeWork()
 	if c.pendLen() > 0 {
-		if c.tx.pend[0].kind == segFile {
-			c.sendFileHead()
+		if s := &c.tx.pend[0]; s.kind == segFile {
+			s.own.(fileMover).sendHead(c)
 		} else {
 			c.q.be.send(c)
 		}
@@ -161,18 +161,16 @@ func (c *Conn) advance(res int) {
 // finishSeg returns a sent (or abandoned) segment's buffer.
 func (c *Conn) finishSeg(s seg) {
 	if s.kind == segFile {
-		s.file.release(s.n - s.off)
+		s.own.segDone(c, s, true)
 		return
 	}
-	if s.sum != 0 {
-		c.checkSent(s)
+	if s.sum != 0 && c.e.dbg != nil {
+		c.e.dbg.sent(c, s)
 	}
-	switch s.kind {
-	case segExt:
-		s.ext.release(Data{c: s.ext.c}) // the last reference returns the buffer and the credit
-		return
-	case segApp:
-		c.finishApp(s) // unpinned, and the application hears of it
+	if s.kind != segLoan {
+		// a zcrx hold: the last reference returns the buffer and the credit; SendBytes'
+		// memory: unpinned, and the application hears of it
+		s.own.segDone(c, s, true)
 		return
 	}
 	size := int64(s.loan.Region().BufSize())
@@ -452,7 +450,7 @@ func (c *Conn) deliver(d Data) {
 	d.c = c
 	c.held.Add(d.credit())
 	if c.e.dbg != nil {
-		c.trackHeld(d)
+		c.e.dbg.delivered(c, d)
 	}
 	if c.paused&pauseUser != 0 || c.parked != nil {
 		// A receive already in flight when SetReceivePaused(true) took effect (its cancel
@@ -648,7 +646,7 @@ func (c *Conn) gotEOF(err error) {
 	}
 	if c.tls != nil {
 		var resume bool
-		if resume, err = c.tlsRecvEnd(err); resume {
+		if resume, err = c.tls.recvEnd(c, err); resume {
 			c.armRecv() // a control record was handled: receiving goes on
 			return
 		}
@@ -681,7 +679,9 @@ func (c *Conn) maybeShutdownWrite() {
 	want := c.shutReq && len(c.out) == 0 && !c.staged()
 	c.mu.Unlock()
 	if want && c.pendLen() == 0 && !c.q.be.sending(c) {
-		c.tlsCloseNotify()
+		if c.tls != nil {
+			c.tls.closeNotify(c)
+		}
 		c.st.ShutWrite()
 		c.sock.Shutdown(unix.SHUT_WR)
 	}
@@ -878,7 +878,7 @@ func (c *Conn) dropped(n int) {
 // droppedSeg counts what dropping s loses, except a splice relay's pipe: its relay counts
 // that itself (pipeSeg.release), and reads the rest from droppedBytes.
 func (c *Conn) droppedSeg(s seg) {
-	if s.kind != segFile || s.file.pipe == nil {
+	if s.kind != segFile || !s.own.(fileMover).countsDrops() {
 		c.dropped(int(s.n - s.off))
 	}
 }
@@ -942,7 +942,7 @@ func (c *Conn) dropProducer() {
 // SendBytes segment goes back to the caller without its callback.
 func (c *Conn) dropSeg(s seg) {
 	if s.kind == segApp {
-		c.refuseApp(s)
+		s.own.segDone(c, s, false)
 		return
 	}
 	c.finishSeg(s)
@@ -984,8 +984,8 @@ func (c *Conn) advanceClose() {
 		if c.recvArmed {
 			c.q.be.stopRecv(c)
 		}
-		if c.closeErr == nil {
-			c.tlsCloseNotify()
+		if c.closeErr == nil && c.tls != nil {
+			c.tls.closeNotify(c)
 		}
 		c.q.be.closeSocket(c)
 		c.socketClosed()
@@ -1048,7 +1048,9 @@ func (c *Conn) finish() {
 	if c.rx != nil {
 		c.rx.finish()
 	}
-	c.tlsFinished()
+	if c.tls != nil {
+		c.tls.finished(c)
+	}
 	if c.steer != nil {
 		c.steer.Forget(bpf.FlowKey{Remote: c.raddr, Local: c.laddr}) // no stale flow entries after churn
 	}
@@ -1069,7 +1071,7 @@ func (c *Conn) finish() {
 		c.self.finished(c.closeErr)
 	}
 	c.q.forgetConn(c) // OnClose is its last event: no OnWritable owed
-	c.q.stopTimers(c)
+	c.q.endHolds(c)   // its AfterFunc timers
 	c.q.removeConn(c)
 	c.callClose(c.closeErr)
 	c.markDone()

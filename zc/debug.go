@@ -11,34 +11,6 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// DebugOptions turns on checks that catch misuse of the API at a cost (Config.Debug). All
-// are off by default; each finding is counted in Stats and reported to OnMisuse as a
-// *MisuseError, and the engine goes on: a check never changes what is sent or received.
-type DebugOptions struct {
-	// Buffers checks buffer ownership. Send and SendData record a checksum of the bytes,
-	// verified when the buffer comes back (after the send, or the zero-copy notification): a
-	// write to a buffer after it was sent is reported ("write after Send"); SendBytes
-	// likewise, verified before its done callback ("write before SendBytes' done"). Send buffers are
-	// filled with a poison byte when they return to the pool and checked when handed out again
-	// (Buffer, BufferWait, Write): a write after Release is reported ("write after
-	// Release"). The pools' memory stays mapped after Engine.Close, so a slice kept past
-	// Release writes into pages given back to the system instead of crashing the process.
-	// Costs a pass over every buffer sent and handed out.
-	Buffers bool
-	// SlowHandler counts handler calls (OnData, OnEOF, OnWritable, posted functions,
-	// DialAsync's done) that ran longer than this (Stats.Debug.SlowHandlerCalls): a handler that
-	// blocks stalls every connection of its queue. 0: not timed.
-	SlowHandler time.Duration
-	// HeldData counts received Data held unreleased for longer than this
-	// (Stats.Debug.DataHeldLong, each Data once), whichever receive path delivered it (the
-	// ring, or a zcrx area): a forgotten Release stops its connection at MaxRecvHeld. 0: not
-	// tracked.
-	HeldData time.Duration
-	// OnMisuse, if set, is called with a *MisuseError for each finding, on a queue goroutine
-	// or the goroutine that found it: it must not block.
-	OnMisuse func(err error)
-}
-
 // MisuseError is a misuse of the API caught by Config.Debug.
 type MisuseError struct {
 	Kind   string   // "write after Send", "write after Release", "slow handler", "Data held"
@@ -76,7 +48,11 @@ type heldEntry struct {
 	reported bool
 }
 
-func newDebug(e *Engine, opt DebugOptions) *debugState {
+func init() { newDebugHooks = newDebug }
+
+// newDebug makes an engine's debugHooks (nil when opt asks for nothing: a typed nil would
+// not be).
+func newDebug(e *Engine, opt DebugOptions) debugHooks {
 	if !opt.Buffers && opt.SlowHandler <= 0 && opt.HeldData <= 0 {
 		return nil
 	}
@@ -89,15 +65,19 @@ func newDebug(e *Engine, opt DebugOptions) *debugState {
 
 // start starts the HeldData watcher (New, once the engine runs); close stops it.
 func (d *debugState) start() {
-	if d != nil && d.held != nil {
+	if d.held != nil {
 		go d.watchHeld()
 	}
 }
 
-func (d *debugState) close() {
-	if d != nil {
-		close(d.stop)
-	}
+func (d *debugState) close() { close(d.stop) }
+
+func (d *debugState) buffers() bool { return d.opt.Buffers }
+
+func (d *debugState) sum(p []byte) uint64 { return debugSum(p) }
+
+func (d *debugState) stats(s *Stats) {
+	s.Debug.Misuses, s.Debug.SlowHandlerCalls, s.Debug.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
 }
 
 func (d *debugState) report(err *MisuseError) {
@@ -115,10 +95,9 @@ func (d *debugState) report(err *MisuseError) {
 // sum is a send's checksum (never 0: 0 means "not summed").
 func debugSum(p []byte) uint64 { return uint64(crc32.ChecksumIEEE(p)) | 1<<32 }
 
-// checkSent verifies a sent segment's checksum as its buffer comes back.
-func (c *Conn) checkSent(s seg) {
-	d := c.e.dbg
-	if d == nil || s.sum == 0 {
+// sent verifies a sent segment's checksum as its buffer comes back.
+func (d *debugState) sent(c *Conn, s seg) {
+	if s.sum == 0 {
 		return
 	}
 	p := s.mem()
@@ -137,11 +116,10 @@ func (c *Conn) checkSent(s seg) {
 	}
 }
 
-// checkPoison verifies that a send buffer just taken from the pool was not written since it
-// returned there, and clears the poison.
-func (q *queue) checkPoison(b memreg.Buf, c *Conn) {
-	d := q.e.dbg
-	if d == nil || !d.opt.Buffers {
+// taken verifies that a send buffer just taken from the pool was not written since it
+// returned there.
+func (d *debugState) taken(b memreg.Buf, c *Conn) {
+	if !d.opt.Buffers {
 		return
 	}
 	p := b.Bytes()
@@ -166,9 +144,9 @@ func scrubSend(p []byte) {
 	}
 }
 
-// poolOptions adds the debugging hooks to a pool's options (send: a send pool).
-func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
-	if e.dbg != nil && e.dbg.opt.Buffers {
+// poolOptions keeps the pools mapped after Close and poisons free send buffers (Buffers).
+func (d *debugState) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
+	if d.opt.Buffers {
 		o.KeepMapped = true
 		if send {
 			o.Scrub = scrubSend
@@ -177,9 +155,8 @@ func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions
 	return o
 }
 
-// timed runs after a handler call that started at t0 (SlowHandler).
-func (c *Conn) timed(method string, t0 time.Time) {
-	d := c.e.dbg
+// handlerRan runs after a handler call that started at t0 (SlowHandler).
+func (d *debugState) handlerRan(c *Conn, method string, t0 time.Time) {
 	if el := time.Since(t0); el > d.opt.SlowHandler {
 		d.slow.Add(1)
 		d.report(&MisuseError{Kind: "slow handler", Addr: tcpAddr(c.raddr),
@@ -187,8 +164,8 @@ func (c *Conn) timed(method string, t0 time.Time) {
 	}
 }
 
-// slowCheck says whether handler calls are timed.
-func (c *Conn) slowCheck() bool { return c.e.dbg != nil && c.e.dbg.opt.SlowHandler > 0 }
+// slowHandler says whether handler calls are timed.
+func (d *debugState) slowHandler() bool { return d.opt.SlowHandler > 0 }
 
 // heldKey is what HeldData tracks a delivered Data by: the owner of its bytes, its ring
 // buffer or its dataSource (a zcrx buffer's, or a mapped run's), which its Release (or
@@ -201,10 +178,9 @@ func heldKey(d Data) any {
 	return d.buf
 }
 
-// trackHeld records Data delivered to a handler (HeldData).
-func (c *Conn) trackHeld(dd Data) {
-	d := c.e.dbg
-	if d == nil || d.held == nil || (dd.src == nil && !dd.buf.Valid()) {
+// delivered records Data delivered to a handler (HeldData).
+func (d *debugState) delivered(c *Conn, dd Data) {
+	if d.held == nil || (dd.src == nil && !dd.buf.Valid()) {
 		return
 	}
 	d.heldMu.Lock()
@@ -212,13 +188,13 @@ func (c *Conn) trackHeld(dd Data) {
 	d.heldMu.Unlock()
 }
 
-// untrackHeld forgets released Data (a key never tracked is a no-op).
-func (d *debugState) untrackHeld(key any) {
-	if d == nil || d.held == nil {
+// released forgets released Data (Data never tracked is a no-op).
+func (d *debugState) released(dd Data) {
+	if d.held == nil {
 		return
 	}
 	d.heldMu.Lock()
-	delete(d.held, key)
+	delete(d.held, heldKey(dd))
 	d.heldMu.Unlock()
 }
 

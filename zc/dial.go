@@ -97,11 +97,11 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 		return fail(nil, err)
 	}
 	if opts.ReadSelf {
-		if err := e.readSelfSupported(); err != nil {
+		if err := features.readSelfCheck(e); err != nil {
 			return fail(nil, err)
 		}
 	}
-	ts, err := e.tlsSetupFor(opts.TLS, true, opts.ReadSelf, "")
+	ts, err := e.setupTLS(opts.TLS, true, opts.ReadSelf, "")
 	if err != nil {
 		return fail(nil, err)
 	}
@@ -148,7 +148,7 @@ func (e *Engine) dialAsync(ctx context.Context, opts DialOptions, network, addre
 	if opts.ReadSelf {
 		// Before the loop sees the connection. A descriptor that cannot be duplicated (out
 		// of descriptors) fails the dial.
-		if err := c.openSelf(); err != nil {
+		if err := features.readSelfOpen(c); err != nil {
 			s.Close()
 			return fail(raddr, err)
 		}
@@ -219,7 +219,7 @@ func (c *Conn) dialDone(res int32) {
 		return
 	}
 	if c.tlsDial != nil && c.tls == nil {
-		c.startTLSDial(cs) // the handshake before the connection opens (tls.go)
+		c.tlsDial.dial(c, cs) // the handshake before the connection opens (tls.go)
 		return
 	}
 	if cs.stop != nil {
@@ -272,7 +272,9 @@ func (c *Conn) dialFailed(err error) {
 	c.st.CloseSock()
 	c.sock.Close()
 	c.fd = -1
-	c.tlsFinished()
+	if c.tls != nil {
+		c.tls.finished(c)
+	}
 	c.q.removeConn(c)
 	c.markDone()
 	c.dropProducer()
@@ -290,8 +292,8 @@ func (c *Conn) callDone(done func(*Conn, error), conn *Conn, err error) {
 			}
 		}
 	}()
-	if c.slowCheck() {
-		defer c.timed("DialAsync done", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "DialAsync done", time.Now())
 	}
 	done(conn, err)
 }

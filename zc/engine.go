@@ -35,14 +35,13 @@ type Engine struct {
 	steerFallbacks atomic.Uint64
 	memlockShort   atomic.Bool   // SendPoolMax × Queues exceeds RLIMIT_MEMLOCK (checkMemlock)
 	callbackPanics atomic.Uint64 // OnLimit or Debug.OnMisuse panicked (counted in HandlerPanics)
-	steerCtr       steerCounters
 	shareCtr       shareCounters // shared sends and SendData copies (shared.go)
 
 	addedProcs int           // GOMAXPROCS Ps added by New (Config.AddProcs), taken back by Close
-	dbg        *debugState   // Config.Debug (nil: no checks)
+	dbg        debugHooks    // Config.Debug (nil: no checks)
 	stopWatch  chan struct{} // ends watchStalls
 	stalls     atomic.Uint64 // Stats.Loop.Stalls
-	tls        tlsEngine     // TLS handshakes and user-space pumps, counters (tls.go)
+	parts      []enginePart  // the features' state on the engine: TLS, steering (hooks.go)
 }
 
 // procsMu serializes the engines' GOMAXPROCS adjustments (Config.AddProcs): each adds or
@@ -77,7 +76,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if err == nil {
 		e.checkMemlock()
-		e.dbg.start()
+		if e.dbg != nil {
+			e.dbg.start()
+		}
 		e.stopWatch = make(chan struct{})
 		go e.watchStalls(stallTick)
 	}
@@ -122,13 +123,16 @@ func startEngine(cfg Config) (*Engine, error) {
 		return nil, &OpError{Op: "new", Err: err}
 	}
 	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{})}
-	e.dbg = newDebug(e, cfg.Debug)
+	e.makeParts()
+	if newDebugHooks != nil {
+		e.dbg = newDebugHooks(e, cfg.Debug)
+	}
 	switch cfg.Backend {
 	case BackendPlain, BackendShim:
 		if err := e.startQueues(cfg.Backend); err != nil {
 			return nil, &OpError{Op: "new", Err: err}
 		}
-		if err := e.checkZcrxBackend(); err != nil {
+		if err := features.backendCheck(e); err != nil {
 			e.stopQueues()
 			return nil, &OpError{Op: "new", Err: err}
 		}
@@ -138,8 +142,8 @@ func startEngine(cfg Config) (*Engine, error) {
 	if err == nil {
 		return e, nil
 	}
-	if zu := (*zcrxRefused)(nil); errors.As(err, &zu) {
-		return nil, &OpError{Op: "new", Err: err} // io_uring works; zcrx does not
+	if fr := (*featureRefused)(nil); errors.As(err, &fr) {
+		return nil, &OpError{Op: "new", Err: err} // io_uring works; a feature does not
 	}
 	if cfg.Backend == BackendIOUring || cfg.NoFallback {
 		return nil, &OpError{Op: "new", Err: fmt.Errorf("io_uring backend unavailable (fallback forbidden): %w", err)}
@@ -186,6 +190,7 @@ func (e *Engine) startQueues(b Backend) error {
 	cpus := allowedCPUs()
 	for i := 0; i < e.cfg.Queues; i++ {
 		q := &queue{e: e, idx: i, cpu: cpus[i%len(cpus)], space: make(chan struct{}, 1)}
+		q.makeParts()
 		lq, err := loop.Start(loop.Config{ID: i, CPU: q.cpu, NoPin: e.cfg.NoPin, BusyPoll: e.cfg.BusyPoll}, func(lq *loop.Queue) (loop.Driver, error) {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
@@ -317,7 +322,9 @@ func (e *Engine) shutdown(ctx context.Context) {
 	for _, l := range ls {
 		l.Close()
 	}
-	e.tls.closeStart()
+	for _, p := range e.parts {
+		p.closeStart()
+	}
 	timeouts := func() (n uint64) {
 		for _, q := range e.queues {
 			n += q.ctr.closeTimeouts.Load()
@@ -342,7 +349,9 @@ wait:
 		}
 	}
 	e.closeErr = e.stopQueues()
-	e.tls.closeEnd()
+	for _, p := range e.parts {
+		p.closeEnd()
+	}
 	if cut != nil && e.closeErr == nil {
 		e.closeErr = &OpError{Op: "close", Err: fmt.Errorf("connections reset before they finished closing: %w", cut)}
 	}
@@ -353,7 +362,9 @@ wait:
 	if e.addedProcs > 0 {
 		adjustProcs(-e.addedProcs) // the queues no longer hold Ps
 	}
-	e.dbg.close()
+	if e.dbg != nil {
+		e.dbg.close()
+	}
 }
 
 // Stats are engine-wide counters, by concern: Send, Recv, Forward, Memory, Loop, Faults,
@@ -594,19 +605,22 @@ func (e *Engine) Stats() Stats {
 	s.Memory.MemlockShort = e.memlockShort.Load()
 	s.Loop.Stalls = e.stalls.Load()
 	s.Faults.HandlerPanics += e.callbackPanics.Load()
-	if d := e.dbg; d != nil {
-		s.Debug.Misuses, s.Debug.SlowHandlerCalls, s.Debug.DataHeldLong = d.misuses.Load(), d.slow.Load(), d.heldLong.Load()
+	if e.dbg != nil {
+		e.dbg.stats(&s)
 	}
 	if e.fallback != nil {
 		s.Fallback = e.fallback.Error()
 	}
-	e.steerCtr.fill(&s)
-	e.tls.stats(&s)
+	for _, p := range e.parts {
+		p.stats(&s) // steering, TLS
+	}
 	e.shareCtr.fill(&s)
 	for _, q := range e.queues {
 		s.Conns += int(q.nconns.Load())
 		s.addCounters(&q.ctr)
-		q.addZcrxStats(&s)
+		for _, p := range q.parts {
+			p.stats(&s) // zcrx
+		}
 		ls := q.Queue.Stats()
 		s.Loop.Waits += ls.Waits
 		s.Loop.BusyPolls += ls.Spins
@@ -670,4 +684,36 @@ func (e *Engine) watchStalls(tick time.Duration) {
 			last[i] = progress
 		}
 	}
+}
+
+// featureRefused is New's (or Listen's) error when the backend works but a feature Config
+// asks for cannot be set up on it and Config.NoFallback forbids doing without it (RecvZcrx:
+// zcrx.go's zcrxUnavailable): New fails rather than falling back to another backend.
+type featureRefused struct{ err error }
+
+func (f *featureRefused) Error() string { return f.err.Error() }
+func (f *featureRefused) Unwrap() error { return f.err }
+
+// shareCounters are the engine's counters of sends from memory other than a connection's
+// own send buffers (Stats.Send): shared buffers (SendData counts them, shared.go the rest),
+// SendData's copies, zcrx areas (zcrx.go) and the application's memory (sendbytes.go).
+type shareCounters struct {
+	sends, bytes, dataCopied, zcrxSent atomic.Uint64
+	appSent, appCopied                 atomic.Uint64 // SendBytes (sendbytes.go)
+	appHeld                            atomic.Int64  // SendBytes' slices pinned and not handed back
+}
+
+func (c *shareCounters) fill(s *Stats) {
+	s.Send.SharedSends, s.Send.BytesShared = c.sends.Load(), c.bytes.Load()
+	s.Send.BytesDataCopied = c.dataCopied.Load()
+	s.Send.BytesZcrxSent = c.zcrxSent.Load()
+	s.Send.BytesApp, s.Send.BytesAppCopied = c.appSent.Load(), c.appCopied.Load()
+}
+
+// poolOptions adds what Config.Debug's checks need to a pool's options (send: a send pool).
+func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
+	if e.dbg != nil {
+		return e.dbg.poolOptions(o, send)
+	}
+	return o
 }

@@ -75,24 +75,24 @@ func (h HandlerFuncs) OnWritable(c *Conn) {
 
 func (c *Conn) callData(d Data) {
 	defer c.recoverHandler("OnData")
-	if c.slowCheck() {
-		defer c.timed("OnData", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "OnData", time.Now())
 	}
 	c.h.OnData(c, d)
 }
 
 func (c *Conn) callEOF(err error) {
 	defer c.recoverHandler("OnEOF")
-	if c.slowCheck() {
-		defer c.timed("OnEOF", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "OnEOF", time.Now())
 	}
 	c.h.OnEOF(c, err)
 }
 
 func (c *Conn) callWritable(w Writable) {
 	defer c.recoverHandler("OnWritable")
-	if c.slowCheck() {
-		defer c.timed("OnWritable", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "OnWritable", time.Now())
 	}
 	w.OnWritable(c)
 }
@@ -108,8 +108,8 @@ func (c *Conn) callClose(err error) {
 
 func (c *Conn) callPosted(fn func()) {
 	defer c.recoverHandler("posted function")
-	if c.slowCheck() {
-		defer c.timed("posted function", time.Now())
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "posted function", time.Now())
 	}
 	fn()
 }

@@ -441,8 +441,10 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, listeners: map[*Listener]struct{}{}, done: make(chan struct{}), backend: BackendAuto}
+	e.makeParts()
 	e.dbg = newDebug(e, cfg.Debug)
 	q := &queue{e: e, idx: 0, cpu: 0, space: make(chan struct{}, 1)}
+	q.makeParts()
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
 		q.Queue = lq
 		lq.AtStop(q.abortAll)
@@ -455,7 +457,9 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	}
 	_ = lq // q.Queue was set by init, on the loop, which already runs
 	e.queues = []*queue{q}
-	e.dbg.start()
+	if e.dbg != nil {
+		e.dbg.start()
+	}
 	return e, nil
 }
 

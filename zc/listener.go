@@ -25,9 +25,9 @@ type Listener struct {
 	addr      *net.TCPAddr
 	accept    func(*Conn) Handler
 	family    int
-	readSelf  bool      // ListenOptions.ReadSelf
-	exclusive bool      // ListenOptions.Exclusive
-	tls       *tlsSetup // ListenOptions.TLS (tls.go)
+	readSelf  bool          // ListenOptions.ReadSelf
+	exclusive bool          // ListenOptions.Exclusive
+	tls       tlsSetupHooks // ListenOptions.TLS (tls.go)
 	socks     []*tcpglue.Socket
 	parts     []*lpart
 	closed    atomic.Bool
@@ -41,8 +41,8 @@ type Listener struct {
 
 	steer    *bpf.Steering // nil without BPF steering
 	steerErr error         // why BPF steering is not in use (SteerAuto fell back)
-	info     *steerInfo    // set once by setupSteering (steer.go)
-	zx       *zcrxListener // ListenOptions.ZcrxNIC (zcrx.go)
+	// feats: the features' parts (hooks.go: listenerPart), set by Listen
+	feats []listenerPart
 }
 
 // lpart is one listening socket served by one queue.
@@ -90,15 +90,15 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 	if o.Backlog == 0 {
 		o.Backlog = 4096
 	}
-	if err := e.checkSteerOptions(&o); err != nil {
+	if err := features.steerCheck(e, &o); err != nil {
 		return fail(nil, err)
 	}
 	if o.ReadSelf {
-		if err := e.readSelfSupported(); err != nil {
+		if err := features.readSelfCheck(e); err != nil {
 			return fail(nil, err)
 		}
 	}
-	ts, err := e.tlsSetupFor(o.TLS, false, o.ReadSelf, o.ZcrxNIC)
+	ts, err := e.setupTLS(o.TLS, false, o.ReadSelf, o.ZcrxNIC)
 	if err != nil {
 		return fail(nil, err)
 	}
@@ -143,13 +143,15 @@ func (e *Engine) Listen(network, address string, accept func(c *Conn) Handler, o
 	if la, err := socks[0].LocalAddr(); err == nil {
 		l.addr = net.TCPAddrFromAddrPort(la)
 	}
-	if err := l.setupZcrxNIC(o.ZcrxNIC); err != nil {
-		l.closeSockets()
-		return fail(l.addr, err)
-	}
-	if err := l.setupSteering(&o); err != nil {
-		l.closeSockets()
-		return fail(l.addr, err)
+	for _, mk := range [...]func(*Listener, *ListenOptions) (listenerPart, error){features.zcrxNIC, features.steer} {
+		p, err := mk(l, &o)
+		if p != nil {
+			l.feats = append(l.feats, p)
+		}
+		if err != nil {
+			l.closeSockets()
+			return fail(l.addr, err)
+		}
 	}
 	e.mu.Lock()
 	if e.closed.Load() {
@@ -257,17 +259,32 @@ type ListenerStats struct {
 	ZcrxNIC         *hwq.Binding
 }
 
+// InterfaceSteering is the state of one ListenOptions.SteerInterfaces entry.
+type InterfaceSteering struct {
+	Name  string
+	Index int // interface index in the listener's network namespace (0 if unknown)
+	// XDP: the XDP program is attached (it counts packets per RX queue);
+	// XDPRedirect: and it redirects the packets of the listener's flows through a cpumap
+	// to the CPU of the queue that owns them (needs pinned queues).
+	XDP, XDPRedirect bool
+	// TC: the tc egress program is attached: packets of the listener's flows leave on the
+	// TX queue numbered like their queue (modulo the device's TX queues).
+	TC bool
+	// XPS: the device has XPS configured, which overrides the tc program's TX queue.
+	XPS bool
+	// Reason says what is missing and why ("" when XDP redirect and tc are in place and XPS
+	// is off).
+	Reason string
+	// Note says how the attachment was adapted to the device (veth: generic XDP).
+	Note string
+}
+
 // Stats returns the listener's counters and state (safe from any goroutine).
 func (l *Listener) Stats() ListenerStats {
 	s := ListenerStats{Accepted: l.accepted.Load(), AcceptErrors: l.acceptErrs.Load(),
 		AcceptBackoffs: l.backoffs.Load()}
-	si := l.steeringInfo()
-	s.Steering, s.SteeringSummary = si, si.summary()
-	if l.zx != nil {
-		s.ZcrxNIC = l.zx.b
-		if l.zx.err != nil {
-			s.ZcrxNICFallback = l.zx.err.Error()
-		}
+	for _, p := range l.feats {
+		p.stats(&s) // steering, the zcrx NIC
 	}
 	return s
 }
@@ -316,7 +333,7 @@ func (p *lpart) accepted(fd int) {
 	p.backoff = 0
 	p.l.accepted.Add(1)
 	if p.l.tls != nil {
-		p.l.startTLS(p.q, fd) // the handshake first (tls.go)
+		p.l.tls.accept(p.l, p.q, fd) // the handshake first (tls.go)
 		return
 	}
 	p.l.handoff(p.q, fd)
@@ -413,10 +430,10 @@ func (l *Listener) create(q *queue, fd int) {
 
 // open makes the connection of socket s (descriptor fd) on q (a TLS connection's after its
 // handshake: t) and asks the accept function for its handler.
-func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
+func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t tlsAttach) {
 	c := newConn(l.e, q, s, fd, l.network)
 	if t != nil {
-		c.attachTLS(t)
+		t.attach(c)
 	}
 	c.fillAddrs()
 	if l.steer != nil && c.laddr.IsValid() && c.raddr.IsValid() {
@@ -431,7 +448,7 @@ func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
 	}
 	c.st.Open()
 	if l.readSelf {
-		if err := c.openSelf(); err != nil {
+		if err := features.readSelfOpen(c); err != nil {
 			// Out of descriptors, most likely: as if the accept had failed.
 			l.acceptErrs.Add(1)
 			q.ctr.acceptErrs.Add(1)
@@ -464,7 +481,9 @@ func (l *Listener) open(q *queue, s *tcpglue.Socket, fd int, t *tlsResult) {
 		c.h = h
 	}
 	c.takeReader(l.exclusive)
-	l.zcrxNICConn(c)
+	for _, p := range l.feats {
+		p.accepted(c) // the zcrx NIC's receive path
+	}
 	c.setupRecvPath()
 	c.armRecv()
 	c.service() // sends queued by the accept function
@@ -516,7 +535,9 @@ func (l *Listener) closeSockets() {
 	if l.steer != nil {
 		l.steer.Close()
 	}
-	l.closeZcrxNIC()
+	for _, p := range l.feats {
+		p.close() // the zcrx NIC binding
+	}
 	for _, s := range l.socks {
 		s.Close()
 	}

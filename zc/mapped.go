@@ -42,6 +42,17 @@ type mappedData struct {
 	released atomic.Bool
 }
 
+// mapped reports whether the bytes are pages of the socket's receive queue mapped into the
+// connection's window (RecvMapped), rather than a copy in a receive buffer
+// (Stats.Recv.BytesMapped and ConnStats.BytesRecvMapped count them).
+func (d Data) mapped() bool {
+	m, ok := d.src.(*mappedData)
+	return ok && m.mapped
+}
+
+// send copies mapped Data: the pages belong to the socket's receive queue.
+func (d *mappedData) send(c *Conn, dd Data) error { return c.sendCopy(dd) }
+
 func (d *mappedData) bytes() []byte {
 	if d.released.Load() {
 		return nil
@@ -90,16 +101,11 @@ func (d *mappedData) release(Data) error {
 	return nil
 }
 
-// setupRecvPath prepares the receive path asked for: the mapped window (RecvMapped), zcrx
-// (RecvZcrx, zcrx.go) (loop only).
-func (c *Conn) setupRecvPath() {
-	if c.e.cfg.RecvPath == RecvZcrx {
-		c.setupZcrx()
-		return
-	}
-	if c.e.cfg.RecvPath != RecvMapped {
-		return
-	}
+func init() { features.recvSetup[RecvMapped] = (*Conn).setupMapped }
+
+// setupMapped prepares RecvMapped's window: the io_uring backend only, else the ring,
+// counted (loop only).
+func (c *Conn) setupMapped() {
 	if c.q.be.name() != BackendIOUring {
 		c.q.ctr.mappedFallbacks.Add(1)
 		return

@@ -1,6 +1,7 @@
 package zc
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/netip"
 	"time"
@@ -115,4 +116,52 @@ func (e *Engine) keepAliveFor(d time.Duration) time.Duration {
 		return e.cfg.KeepAlive
 	}
 	return d
+}
+
+// TLSOptions make a listener's or a dial's connections TLS connections (ListenOptions.TLS,
+// DialOptions.TLS). crypto/tls runs the handshake before the connection joins its queue
+// (the accept function, or Dial's return, comes after it); then the kernel encrypts and
+// decrypts the records (kernel TLS: TCP_ULP "tls" with the negotiated keys), so handlers
+// receive decrypted Data and Send, Write, SendFile, SendData and FanOut's shared sends are
+// encrypted by the kernel: no byte is encrypted or copied in user space, and SendFile stays
+// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC). A Relay between a TLS
+// connection and a plain one (TLS termination) splices both ways from Linux 6.14: the
+// kernel decrypts into the pipe and encrypts out of it, and the relay reads the control
+// records (alerts, KeyUpdates, close_notify) between splices; before 6.14 it forwards with
+// SendData (RelayStats.Fallback says why). After the handshake the engine follows the
+// peer's KeyUpdates and updates its own TX keys (RekeyRecords) where the kernel can (6.14).
+//
+// Where the kernel cannot (no tls module, as on kernels built without CONFIG_TLS; a cipher
+// suite other than AES-GCM or ChaCha20-Poly1305) the connection runs crypto/tls in user
+// space instead, visibly (ConnStats.TLS says which and why, Stats.TLS counts both) and only
+// when allowed (NoFallback). On that path a goroutine pair carries the records between the
+// TCP socket and a socket pair whose other end is the connection's: the API is the same,
+// but every byte is copied twice more and encrypted in user space, and the connection's
+// socket is that pair's end, so Socket, TCPInfo and the socket options act on it (and
+// fail).
+type TLSOptions struct {
+	// Config is crypto/tls's configuration: with a certificate for a listener, with
+	// ServerName (or InsecureSkipVerify) for a dial. Required.
+	Config *tls.Config
+	// NoFallback forbids the user-space fallback: a connection kernel TLS cannot serve is
+	// refused with a *NotSupportedError (matching ErrNotSupported) saying what is missing:
+	// Listen or Dial fails at once where the kernel has no TLS at all, a dial whose
+	// negotiated suite the kernel refuses fails with it, and such an accepted connection is
+	// closed (after a close_notify) and counted in Stats.TLS.Refused.
+	NoFallback bool
+	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
+	UserSpace bool
+	// HandshakeTimeout bounds the handshake (default 10 s).
+	HandshakeTimeout time.Duration
+	// RekeyRecords is how many TLS 1.3 records the kernel may encrypt under one key
+	// before the engine updates the connection's TX keys: between two sends it sends a
+	// KeyUpdate and gives the kernel the next keys (the application notices nothing;
+	// ConnStats.TLS.TxRekeys and Stats.TLS.TxRekeys count them). Zero means RFC 8446
+	// §5.5's limit for AES-GCM (2^24 records, under the RFC's 2^24.5) and none for
+	// ChaCha20-Poly1305; tests lower it (4 at least). The engine counts an upper bound of
+	// the records (every send may end one early) and cuts sends to stay under it, so an
+	// update may come sooner than the kernel's own count would need. A kernel takes new
+	// TX keys from Linux 6.14: before it the bound is not enforced (as crypto/tls does
+	// not enforce it), visibly: ConnStats.TLS.RekeyAt is 0. TLS 1.2 has no KeyUpdate.
+	RekeyRecords uint64
 }

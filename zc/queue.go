@@ -62,7 +62,7 @@ type queue struct {
 	memCapAt   atomic.Uint64
 	memCapSeen atomic.Int64 // when memCapped last read the limit (UnixNano)
 
-	timers map[*Conn][]*timer // pending AfterFunc timers (loop only)
+	holds map[*Conn][]connHold // what features keep for connections, ended with them (loop only)
 
 	conns  []*Conn // loop only; Conn.qi is the index (a slice: 8 bytes a connection, a map took ~50)
 	nconns atomic.Int64
@@ -73,7 +73,7 @@ type queue struct {
 	// lateNotifs: finished connections with zero-copy notifications outstanding: a late
 	// notification still retires its send (zcFinish); once the queue stopped, the
 	// application memory (SendBytes) of those that never came is handed back
-	// (appAfterStop, sendbytes.go). Loop only.
+	// (appAfterStop). Loop only.
 	lateNotifs map[*Conn]struct{}
 	stopping   bool // abortAll runs: finish keeps nothing for a completion that will not come
 
@@ -81,7 +81,7 @@ type queue struct {
 	growErr       atomic.Pointer[error]
 	growPosted    atomic.Bool // a background pool growth is posted (getBuf)
 	ctr           counters
-	zx            zcrxQueue   // RecvZcrx (zcrx.go)
+	parts         []queuePart // the features' state on the queue: zcrx (hooks.go)
 	spl           spliceQueue // splice relays and their pipes (splice.go)
 }
 
@@ -294,7 +294,7 @@ func (q *queue) forgetConn(c *Conn) {
 func (q *queue) waitSendBuf(done, cancel <-chan struct{}, dl func() time.Time) (memreg.Buf, error) {
 	b, err := q.awaitSendBuf(done, cancel, dl)
 	if err == nil && q.e.dbg != nil {
-		q.checkPoison(b, nil)
+		q.e.dbg.taken(b, nil)
 	}
 	return b, err
 }
@@ -375,7 +375,7 @@ func (q *queue) getSendBuf() (memreg.Buf, error) { return q.getBuf(nil, nil) }
 func (q *queue) getBuf(c, waiter *Conn) (memreg.Buf, error) {
 	b, err := q.takeBuf(c, waiter)
 	if err == nil && q.e.dbg != nil {
-		q.checkPoison(b, c)
+		q.e.dbg.taken(b, c)
 	}
 	return b, err
 }
@@ -582,5 +582,67 @@ func (q *queue) abortAll() {
 		c.cl.deadline = c.cl.deadline.Add(-2 * c.e.cfg.CloseTimeout)
 		c.advanceClose()
 		c.finish()
+	}
+}
+
+// appAfterStop hands back the application memory of zero-copy sends whose notification
+// never came before the queue stopped: the ring is gone, so the kernel no longer reads it
+// (AfterStop, on the loop's goroutine). Their callbacks run now, exactly once.
+func (q *queue) appAfterStop() {
+	for c := range q.lateNotifs {
+		for i := range c.zwaitLen() {
+			w := &c.tx.zwait[i]
+			if w.s.kind == segApp {
+				s := w.s
+				w.s = seg{}
+				c.finishSeg(s)
+			}
+		}
+	}
+	q.lateNotifs = nil
+}
+
+// A connHold is something a feature keeps on a connection's queue for it that must go when
+// the connection finishes (a pending Conn.AfterFunc timer, timer.go): the queue keeps the
+// holds by connection (addHold, dropHold, loop only) and ends those left as the connection
+// finishes (endHolds), so nothing of a finished connection stays on its loop.
+type connHold interface {
+	// connEnded: the connection finished (loop only).
+	connEnded()
+}
+
+func (q *queue) addHold(c *Conn, h connHold) {
+	if q.holds == nil {
+		q.holds = map[*Conn][]connHold{}
+	}
+	q.holds[c] = append(q.holds[c], h)
+}
+
+func (q *queue) dropHold(c *Conn, h connHold) {
+	hs := q.holds[c]
+	for i, x := range hs {
+		if x == h {
+			hs[i] = hs[len(hs)-1]
+			hs[len(hs)-1] = nil
+			hs = hs[:len(hs)-1]
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(q.holds, c)
+	} else {
+		q.holds[c] = hs
+	}
+}
+
+// endHolds ends a finishing connection's holds (loop only).
+func (q *queue) endHolds(c *Conn) {
+	hs, ok := q.holds[c]
+	if !ok {
+		return
+	}
+	delete(q.holds, c)
+	for _, h := range hs {
+		h.connEnded()
 	}
 }

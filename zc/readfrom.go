@@ -167,7 +167,7 @@ func (c *Conn) rawFD(fn func(fd int) error) error {
 // its duplicate of the socket (no thread blocked, the poller's write deadline); otherwise
 // the thread waits in poll(2) (pollOut).
 func (c *Conn) sendOut(fd int, op func(fd int) (int, error)) (int, error) {
-	if s := c.self; s != nil {
+	if s := c.readSelf(); s != nil {
 		var k int
 		var err error
 		werr := s.rc.Write(func(sfd uintptr) bool {

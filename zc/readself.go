@@ -78,6 +78,17 @@ var errNotReadSelf = fmt.Errorf("the connection was not opened with ReadSelf (it
 var dupFD = rawfd.Dup
 
 // readSelfSupported says why a ReadSelf connection cannot be made on e (nil: it can).
+func init() {
+	features.readSelfCheck = (*Engine).readSelfSupported
+	features.readSelfOpen = (*Conn).openSelf
+}
+
+// readSelf is c's ReadSelf duplicate (nil: c was opened without ReadSelf).
+func (c *Conn) readSelf() *selfReader {
+	s, _ := c.self.(*selfReader)
+	return s
+}
+
 func (e *Engine) readSelfSupported() error {
 	if len(e.queues) == 0 || !e.queues[0].be.directOK() {
 		return &NotSupportedError{What: "ReadSelf on the " + e.backend.String() + " backend",
@@ -176,7 +187,7 @@ func readOnce(fd uintptr, p []byte) (int, error) { return rawfd.Read(int(fd), p)
 // error (matching net.ErrClosed), or io.EOF when the peer's end was among it. The bytes
 // count in ConnStats.BytesRecv and Stats.Recv.BytesDirect.
 func (c *Conn) Read(p []byte) (int, error) {
-	s := c.self
+	s := c.readSelf()
 	if s == nil {
 		return 0, c.opErr("read", errNotReadSelf)
 	}
@@ -259,7 +270,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 // deadlines are timers: AfterFunc). A Read waiting meanwhile takes the new deadline. After
 // Close it fails with ErrClosed.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	s := c.self
+	s := c.readSelf()
 	if s == nil {
 		return c.opErr("set", errNotReadSelf)
 	}
@@ -299,20 +310,12 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	}
 	c.wdl.Store(&t)
 	c.wakeWriters()
-	if s := c.self; s != nil {
+	if s := c.readSelf(); s != nil {
 		if f := s.f.Load(); f != nil {
 			f.SetWriteDeadline(t)
 		}
 	}
 	return nil
-}
-
-// writeDeadline is the write deadline (zero: none).
-func (c *Conn) writeDeadline() time.Time {
-	if t := c.wdl.Load(); t != nil {
-		return *t
-	}
-	return time.Time{}
 }
 
 // wakeWriters wakes writers blocked in Write (a deadline changed).

@@ -26,6 +26,9 @@ type dataSource interface {
 	release(d Data) error
 	// retain returns one more reference to the same bytes (Data.Retain).
 	retain(d Data) (dataSource, error)
+	// send is c.SendData(d): a retained ring buffer goes out shared, a zcrx buffer from the
+	// area itself, mapped pages (which belong to the socket's receive queue) are copied.
+	send(c *Conn, d Data) error
 }
 
 // Bytes returns the received bytes, or nil after Release.
@@ -45,14 +48,6 @@ func (d Data) Bytes() []byte {
 // Len returns the number of bytes received.
 func (d Data) Len() int { return d.n }
 
-// mapped reports whether the bytes are pages of the socket's receive queue mapped into the
-// connection's window (RecvMapped), rather than a copy in a receive buffer
-// (Stats.Recv.BytesMapped and ConnStats.BytesRecvMapped count them).
-func (d Data) mapped() bool {
-	m, ok := d.src.(*mappedData)
-	return ok && m.mapped
-}
-
 // Release gives the buffer back (to the queue's receive pool, the mapped window, or the zcrx
 // area through its refill ring), from any goroutine. A second Release returns
 // memreg.ErrStale. Releasing works after the engine closed: the memory stays mapped until
@@ -60,7 +55,7 @@ func (d Data) mapped() bool {
 // its own; the buffer, and its receive credit, go back with the last.
 func (d Data) Release() error {
 	if d.c != nil && d.c.e.dbg != nil {
-		d.c.e.dbg.untrackHeld(heldKey(d))
+		d.c.e.dbg.released(d)
 	}
 	if d.src != nil {
 		return d.src.release(d)
@@ -81,6 +76,15 @@ func (d Data) credit() int64 {
 		return d.src.credit(d)
 	}
 	return int64(d.buf.Region().BufSize())
+}
+
+// setupRecvPath prepares the receive path Config.RecvPath asks for, through its feature's
+// hook (features.recvSetup: the ring needs none), before the connection's first receive
+// (loop only).
+func (c *Conn) setupRecvPath() {
+	if p := c.e.cfg.RecvPath; p >= 0 && int(p) < len(features.recvSetup) && features.recvSetup[p] != nil {
+		features.recvSetup[p](c)
+	}
 }
 
 // A recvPath is where a connection's bytes land when it does not receive into the queue's

@@ -55,7 +55,18 @@ type appMem struct {
 
 var appMemPool = sync.Pool{New: func() any { return new(appMem) }}
 
-func appSeg(a *appMem) seg { return seg{kind: segApp, app: a, n: int32(len(a.p))} }
+func appSeg(a *appMem) seg { return seg{kind: segApp, own: a, n: int32(len(a.p))} }
+
+// segBytes and segDone make the application's memory a segOwner (segApp).
+func (a *appMem) segBytes() []byte { return a.p }
+
+func (a *appMem) segDone(c *Conn, s seg, queued bool) {
+	if queued {
+		c.finishApp(s)
+	} else {
+		c.refuseApp(s)
+	}
+}
 
 // release unpins the memory and hands the appMem back to its pool, returning the callback.
 func (a *appMem) release() func(error) {
@@ -117,8 +128,8 @@ func (c *Conn) SendBytes(p []byte, done func(err error)) error {
 	a.pin.Pin(&p[0])
 	c.e.shareCtr.appHeld.Add(1)
 	s := appSeg(a)
-	if c.e.dbg != nil && c.e.dbg.opt.Buffers {
-		s.sum = debugSum(p)
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		s.sum = dbg.sum(p)
 	}
 	return c.enqueue(s)
 }
@@ -132,7 +143,7 @@ func (c *Conn) finishApp(s seg) {
 	}
 	c.e.shareCtr.appSent.Add(uint64(s.off))
 	c.e.shareCtr.appHeld.Add(-1)
-	if done := s.app.release(); done != nil {
+	if done := s.own.(*appMem).release(); done != nil {
 		c.callAppDone(done, err)
 	}
 }
@@ -141,7 +152,7 @@ func (c *Conn) finishApp(s seg) {
 // no callback (SendBytes returns the error).
 func (c *Conn) refuseApp(s seg) {
 	c.e.shareCtr.appHeld.Add(-1)
-	s.app.release()
+	s.own.(*appMem).release()
 }
 
 // unsentCause is why a connection's queued bytes were not sent: what ended it (loop only).
@@ -175,21 +186,4 @@ func (c *Conn) callAppDone(done func(error), err error) {
 		}
 	}()
 	done(err)
-}
-
-// appAfterStop hands back the application memory of zero-copy sends whose notification
-// never came before the queue stopped: the ring is gone, so the kernel no longer reads it
-// (AfterStop, on the loop's goroutine). Their callbacks run now, exactly once.
-func (q *queue) appAfterStop() {
-	for c := range q.lateNotifs {
-		for i := range c.zwaitLen() {
-			w := &c.tx.zwait[i]
-			if w.s.kind == segApp {
-				s := w.s
-				w.s = seg{}
-				c.finishSeg(s)
-			}
-		}
-	}
-	q.lateNotifs = nil
 }

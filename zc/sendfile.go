@@ -75,7 +75,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	for i, s := range segs {
 		if err := c.enqueue(s); err != nil {
 			for _, r := range segs[i+1:] {
-				r.file.release(r.n)
+				r.own.(*fileSeg).release(r.n)
 			}
 			return err
 		}
@@ -136,7 +136,7 @@ func (r *fileRef) put() {
 // fileSeg is the descriptor part of a seg: bytes base+seg.off .. base+seg.n of a file, or
 // (pipe set) the seg.n bytes a splice relay's pipe holds for this connection. The core keeps
 // such a segment alone at the head of the connection's pending sends (takeWork), so a
-// backend's send never sees one; sendFileHead moves it.
+// backend's send never sees one; sendHead moves it.
 type fileSeg struct {
 	c        *Conn
 	ref      *fileRef // a file (nil for a pipe)
@@ -166,10 +166,9 @@ const (
 	sendFileTurn  = 4 << 20
 )
 
-// sendFileHead sends the file segment at the head of c.tx.pend (loop only).
-func (c *Conn) sendFileHead() {
+// sendHead sends the file segment at the head of c.tx.pend (loop only).
+func (fs *fileSeg) sendHead(c *Conn) {
 	s := &c.tx.pend[0]
-	fs := s.file
 	if fs.w != nil && fs.w.armed {
 		return // the socket's writability brings us back
 	}
@@ -276,12 +275,20 @@ func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 		c.opEnded()
 	}
 	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.st.SockClosed() {
-		c.sendFileHead()
+		c.tx.pend[0].own.(*fileSeg).sendHead(c) // the head segment, as the core's pump does
 	}
 	if c.inClose() {
 		c.advanceClose()
 	}
 }
+
+// segBytes, segDone and countsDrops make a file segment a fileMover (sendHead sends it).
+func (fs *fileSeg) segBytes() []byte { return nil }
+
+func (fs *fileSeg) segDone(_ *Conn, s seg, _ bool) { fs.release(s.n - s.off) }
+
+// countsDrops: a relay's pipe counts what a drop loses (pipeSeg.release, RelayStats.Lost).
+func (fs *fileSeg) countsDrops() bool { return fs.pipe != nil }
 
 // release ends the segment (sent, or dropped by a close with left bytes unsent): the wait
 // is cancelled, the duplicates closed (loop only, or before the loop saw the segment). A

@@ -3,7 +3,6 @@ package zc
 import (
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/zcnet/zcnet/memreg"
 )
@@ -13,20 +12,6 @@ import (
 // send is one owner until the kernel is done with it (its completion, or its zero-copy
 // notification), and the buffer goes back to its pool with the last owner. Nobody may write
 // a shared buffer.
-
-// shareCounters are the engine's shared-send counters (Stats).
-type shareCounters struct {
-	sends, bytes, dataCopied, zcrxSent atomic.Uint64
-	appSent, appCopied                 atomic.Uint64 // SendBytes (sendbytes.go)
-	appHeld                            atomic.Int64  // SendBytes' slices pinned and not handed back
-}
-
-func (c *shareCounters) fill(s *Stats) {
-	s.Send.SharedSends, s.Send.BytesShared = c.sends.Load(), c.bytes.Load()
-	s.Send.BytesDataCopied = c.dataCopied.Load()
-	s.Send.BytesZcrxSent = c.zcrxSent.Load()
-	s.Send.BytesApp, s.Send.BytesAppCopied = c.appSent.Load(), c.appCopied.Load()
-}
 
 // Retain returns a second reference to d's bytes, without copying them: d and the result are
 // released (Release) or forwarded (Conn.SendData) each on its own, from any goroutine, and
@@ -70,6 +55,9 @@ func (r *refData) release(Data) error {
 	return r.ref().Release()
 }
 func (r *refData) credit(Data) int64 { return int64(r.ref().Region().BufSize()) }
+
+// send sends a retained reference: the shared buffer goes out.
+func (r *refData) send(c *Conn, d Data) error { return c.sendRef(d, r.ref()) }
 func (r *refData) retain(Data) (dataSource, error) {
 	x, err := r.ref().Share()
 	if err != nil {
@@ -85,9 +73,9 @@ func (c *Conn) sendRef(d Data, r *memreg.Ref) error {
 		return c.opErr("send", err)
 	}
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
 		if b := r.Bytes(); b != nil {
-			sum = debugSum(b[:d.off+d.n]) // what checkSent reads back: from the start
+			sum = dbg.sum(b[:d.off+d.n]) // what dbg.sent reads back: from the start
 		}
 	}
 	loan, err := r.Lend()
@@ -201,9 +189,9 @@ func (s *Shared) send(c *Conn) error {
 		return c.opErr("send", ErrForeignBuffer)
 	}
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
 		if b := s.ref.Bytes(); b != nil {
-			sum = debugSum(b[:s.off+s.n]) // what checkSent reads back: from the start
+			sum = dbg.sum(b[:s.off+s.n]) // what dbg.sent reads back: from the start
 		}
 	}
 	loan, err := s.ref.Lend()

@@ -60,26 +60,6 @@ type steerInfo struct {
 	Interfaces   []InterfaceSteering
 }
 
-// InterfaceSteering is the state of one ListenOptions.SteerInterfaces entry.
-type InterfaceSteering struct {
-	Name  string
-	Index int // interface index in the listener's network namespace (0 if unknown)
-	// XDP: the XDP program is attached (it counts packets per RX queue);
-	// XDPRedirect: and it redirects the packets of the listener's flows through a cpumap
-	// to the CPU of the queue that owns them (needs pinned queues).
-	XDP, XDPRedirect bool
-	// TC: the tc egress program is attached: packets of the listener's flows leave on the
-	// TX queue numbered like their queue (modulo the device's TX queues).
-	TC bool
-	// XPS: the device has XPS configured, which overrides the tc program's TX queue.
-	XPS bool
-	// Reason says what is missing and why ("" when XDP redirect and tc are in place and XPS
-	// is off).
-	Reason string
-	// Note says how the attachment was adapted to the device (veth: generic XDP).
-	Note string
-}
-
 // complete reports whether everything asked for the interface is in place.
 func (i InterfaceSteering) complete() bool { return i.XDPRedirect && i.TC && !i.XPS }
 
@@ -148,11 +128,14 @@ func (i steerInfo) clone() steerInfo {
 }
 
 // steeringInfo returns how the listener steers connections, and why (ListenerStats.Steering).
-func (l *Listener) steeringInfo() steerInfo {
-	if l.info == nil {
-		return steerInfo{}
-	}
-	return l.info.clone()
+func (i *steerInfo) steeringInfo() steerInfo { return i.clone() }
+
+// steerInfo is the listener's steering part (listenerPart): its state, for Stats.
+func (i *steerInfo) accepted(*Conn) {}
+func (i *steerInfo) close()         {}
+func (i *steerInfo) stats(s *ListenerStats) {
+	si := i.steeringInfo()
+	s.Steering, s.SteeringSummary = si, si.summary()
 }
 
 // steerCounters are the engine's steering counters (Stats).
@@ -160,16 +143,21 @@ type steerCounters struct {
 	cpu, policyFallbacks, attachFallbacks atomic.Uint64
 }
 
-func (c *steerCounters) fill(s *Stats) {
+// steerPart is the index of the engine's steerCounters in Engine.parts.
+var steerPart = registerEnginePart(func() enginePart { return new(steerCounters) })
+
+// steerCtr is the engine's steering counters.
+func (e *Engine) steerCtr() *steerCounters { return e.parts[steerPart].(*steerCounters) }
+
+// steerCounters are an enginePart: counters only.
+func (c *steerCounters) closeStart() {}
+func (c *steerCounters) closeEnd()   {}
+
+// stats fills Stats.Steering's counters.
+func (c *steerCounters) stats(s *Stats) {
 	s.Steering.CPU = c.cpu.Load()
 	s.Steering.PolicyFallbacks = c.policyFallbacks.Load()
 	s.Steering.AttachFallbacks = c.attachFallbacks.Load()
-}
-
-// validPolicy reports whether p is a policy bpf accepts.
-func validPolicy(p bpf.Policy) bool {
-	known := bpf.PolicyDSCP | bpf.PolicyCPU | bpf.PolicyHash
-	return p&^known == 0 && (p&bpf.PolicyHash == 0 || p == bpf.PolicyHash)
 }
 
 // checkSteerOptions refuses bad ListenOptions.SteerInterfaces before any socket exists.
@@ -372,18 +360,26 @@ func cpuQueueMap(qcpu []int, t cpuTopology) []int {
 	return m
 }
 
-// setupSteering decides and installs the listener's steering. It runs in Listen after
-// the sockets exist, on the caller's thread: interfaces are looked up in its network
-// namespace. An error fails Listen (the caller closes the sockets); l.steer is set only on
-// success.
-func (l *Listener) setupSteering(opts *ListenOptions) error {
+func init() {
+	features.steerCheck = (*Engine).checkSteerOptions
+	features.steer = func(l *Listener, o *ListenOptions) (listenerPart, error) {
+		info := new(steerInfo)
+		return info, l.setupSteering(o, info)
+	}
+}
+
+// setupSteering decides and installs the listener's steering, and says how in info (the
+// listener's part: Stats). It runs in Listen after the sockets exist, on the caller's
+// thread: interfaces are looked up in its network namespace. An error fails Listen (the
+// caller closes the sockets); l.steer is set only on success.
+
+func (l *Listener) setupSteering(opts *ListenOptions, info *steerInfo) error {
 	e := l.e
 	nominal := make([]int, len(e.queues))
 	for i, q := range e.queues {
 		nominal[i] = q.cpu
 	}
-	info := &steerInfo{Mode: e.cfg.Steering, Policy: bpf.PolicyHash, QueueCPUs: e.queueCPUs()}
-	l.info = info
+	*info = steerInfo{Mode: e.cfg.Steering, Policy: bpf.PolicyHash, QueueCPUs: e.queueCPUs()}
 	bpfMode := e.cfg.Steering == SteerAuto || e.cfg.Steering == SteerBPF
 	if !bpfMode || (len(l.socks) < 2 && len(opts.SteerInterfaces) == 0) {
 		switch {
@@ -415,7 +411,7 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 		e.steerFallbacks.Add(1)
 		for i, name := range opts.SteerInterfaces {
 			info.Interfaces = append(info.Interfaces, InterfaceSteering{Name: name, Index: ifindex[i], Reason: "BPF steering unavailable"})
-			e.steerCtr.attachFallbacks.Add(1)
+			e.steerCtr().attachFallbacks.Add(1)
 		}
 		return nil
 	}
@@ -456,9 +452,9 @@ func (l *Listener) setupSteering(opts *ListenOptions) error {
 	}
 	info.BPF, info.Policy, info.Exact, info.PolicyReason, info.CPUQueues = true, policy, exact, why, cpuMap
 	if policy&bpf.PolicyCPU != 0 {
-		e.steerCtr.cpu.Add(1)
+		e.steerCtr().cpu.Add(1)
 	} else if e.cfg.SteerPolicy == bpf.PolicyAuto && len(l.socks) > 1 {
-		e.steerCtr.policyFallbacks.Add(1)
+		e.steerCtr().policyFallbacks.Add(1)
 	}
 	ok = true
 	l.steer = s
@@ -543,7 +539,7 @@ func (l *Listener) attachInterface(s *bpf.Steering, name string, index int, pinn
 	}
 	is.Reason = strings.Join(reasons, "; ")
 	if !is.complete() {
-		e.steerCtr.attachFallbacks.Add(1)
+		e.steerCtr().attachFallbacks.Add(1)
 	}
 	return is, nil
 }

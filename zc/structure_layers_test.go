@@ -36,7 +36,7 @@ import (
 // upwardArrowsBound is the count of upward arrows at this commit: 53 (bafd2de, the base of
 // issue 30, had 40 by this scan: its own scan, not in the repository, said 62 of 217; this
 // one counts 260 arrows there). Issue 30 asks for at most half of the base's.
-const upwardArrowsBound = 53
+const upwardArrowsBound = 11
 
 // zcLayers gives each non-test file of zc its layer. A file missing here fails the test: a
 // new file must say where it stands. The files only bafd2de had are here so the same test
@@ -46,6 +46,7 @@ var zcLayers = map[string]int{
 	"doc.go": 0, "errors.go": 0, "config.go": 0, "options.go": 0, "handler.go": 0, "backend.go": 0,
 	"engine.go": 0, "queue.go": 0, "listener.go": 0, "dial.go": 0, "conn.go": 0, "core.go": 0,
 	"life.go": 0, "recv.go": 0, "zcpolicy.go": 0,
+	"hooks.go": 0,
 	"knobs.go": 0, // bafd2de
 	// backends
 	"be_epoll.go": 1, "be_plain.go": 1, "be_shim.go": 1, "be_uring.go": 1, "ringpool.go": 1,

@@ -46,7 +46,7 @@ func (c *Conn) AfterFunc(d time.Duration, fn func()) (stop func() bool, err erro
 			return
 		}
 		t.lt = c.q.After(max(d, 0), t.fire)
-		c.q.addTimer(c, t)
+		c.q.addHold(c, t)
 	}
 	if c.q.OnLoop() {
 		arm()
@@ -60,7 +60,7 @@ func (c *Conn) AfterFunc(d time.Duration, fn func()) (stop func() bool, err erro
 
 // fire runs on the loop when the timer is due.
 func (t *timer) fire() {
-	t.c.q.dropTimer(t.c, t)
+	t.c.q.dropHold(t.c, t)
 	if !t.state.CompareAndSwap(timerPending, timerFired) {
 		return
 	}
@@ -77,48 +77,15 @@ func (t *timer) stop() bool {
 	}
 	if t.c.q.OnLoop() && t.lt != nil {
 		t.lt.Stop()
-		t.c.q.dropTimer(t.c, t)
+		t.c.q.dropHold(t.c, t)
 	}
 	return true
 }
 
-// addTimer / dropTimer keep the connections' pending timers (loop only), so that a finished
-// connection's timers leave the loop with it (stopTimers).
-func (q *queue) addTimer(c *Conn, t *timer) {
-	if q.timers == nil {
-		q.timers = map[*Conn][]*timer{}
-	}
-	q.timers[c] = append(q.timers[c], t)
-}
-
-func (q *queue) dropTimer(c *Conn, t *timer) {
-	ts := q.timers[c]
-	for i, x := range ts {
-		if x == t {
-			ts[i] = ts[len(ts)-1]
-			ts[len(ts)-1] = nil
-			ts = ts[:len(ts)-1]
-			break
-		}
-	}
-	if len(ts) == 0 {
-		delete(q.timers, c)
-	} else {
-		q.timers[c] = ts
-	}
-}
-
-// stopTimers cancels a finishing connection's timers (loop only).
-func (q *queue) stopTimers(c *Conn) {
-	ts, ok := q.timers[c]
-	if !ok {
-		return
-	}
-	delete(q.timers, c)
-	for _, t := range ts {
-		t.state.CompareAndSwap(timerPending, timerStopped)
-		if t.lt != nil {
-			t.lt.Stop()
-		}
+// connEnded makes a pending timer a connHold: it goes with its connection (loop only).
+func (t *timer) connEnded() {
+	t.state.CompareAndSwap(timerPending, timerStopped)
+	if t.lt != nil {
+		t.lt.Stop()
 	}
 }

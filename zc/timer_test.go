@@ -89,7 +89,14 @@ func TestAfterFunc(t *testing.T) {
 // timersOf returns c's pending timers, read on the loop.
 func (q *queue) timersOf(c *Conn) []*timer {
 	var ts []*timer
-	q.Do(func() error { ts = append(ts, q.timers[c]...); return nil })
+	q.Do(func() error {
+		for _, h := range q.holds[c] {
+			if t, ok := h.(*timer); ok {
+				ts = append(ts, t)
+			}
+		}
+		return nil
+	})
 	return ts
 }
 

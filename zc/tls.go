@@ -24,54 +24,6 @@ import (
 	"github.com/zcnet/zcnet/zc/internal/connstate"
 )
 
-// TLSOptions make a listener's or a dial's connections TLS connections (ListenOptions.TLS,
-// DialOptions.TLS). crypto/tls runs the handshake before the connection joins its queue
-// (the accept function, or Dial's return, comes after it); then the kernel encrypts and
-// decrypts the records (kernel TLS: TCP_ULP "tls" with the negotiated keys), so handlers
-// receive decrypted Data and Send, Write, SendFile, SendData and FanOut's shared sends are
-// encrypted by the kernel: no byte is encrypted or copied in user space, and SendFile stays
-// sendfile. Sends are copying sends (kernel TLS refuses SEND_ZC). A Relay between a TLS
-// connection and a plain one (TLS termination) splices both ways from Linux 6.14: the
-// kernel decrypts into the pipe and encrypts out of it, and the relay reads the control
-// records (alerts, KeyUpdates, close_notify) between splices; before 6.14 it forwards with
-// SendData (RelayStats.Fallback says why). After the handshake the engine follows the
-// peer's KeyUpdates and updates its own TX keys (RekeyRecords) where the kernel can (6.14).
-//
-// Where the kernel cannot (no tls module, as on kernels built without CONFIG_TLS; a cipher
-// suite other than AES-GCM or ChaCha20-Poly1305) the connection runs crypto/tls in user
-// space instead, visibly (ConnStats.TLS says which and why, Stats.TLS counts both) and only
-// when allowed (NoFallback). On that path a goroutine pair carries the records between the
-// TCP socket and a socket pair whose other end is the connection's: the API is the same,
-// but every byte is copied twice more and encrypted in user space, and the connection's
-// socket is that pair's end, so Socket, TCPInfo and the socket options act on it (and
-// fail).
-type TLSOptions struct {
-	// Config is crypto/tls's configuration: with a certificate for a listener, with
-	// ServerName (or InsecureSkipVerify) for a dial. Required.
-	Config *tls.Config
-	// NoFallback forbids the user-space fallback: a connection kernel TLS cannot serve is
-	// refused with a *NotSupportedError (matching ErrNotSupported) saying what is missing:
-	// Listen or Dial fails at once where the kernel has no TLS at all, a dial whose
-	// negotiated suite the kernel refuses fails with it, and such an accepted connection is
-	// closed (after a close_notify) and counted in Stats.TLS.Refused.
-	NoFallback bool
-	// UserSpace keeps every record in crypto/tls (for shapes where kernel TLS loses).
-	UserSpace bool
-	// HandshakeTimeout bounds the handshake (default 10 s).
-	HandshakeTimeout time.Duration
-	// RekeyRecords is how many TLS 1.3 records the kernel may encrypt under one key
-	// before the engine updates the connection's TX keys: between two sends it sends a
-	// KeyUpdate and gives the kernel the next keys (the application notices nothing;
-	// ConnStats.TLS.TxRekeys and Stats.TLS.TxRekeys count them). Zero means RFC 8446
-	// §5.5's limit for AES-GCM (2^24 records, under the RFC's 2^24.5) and none for
-	// ChaCha20-Poly1305; tests lower it (4 at least). The engine counts an upper bound of
-	// the records (every send may end one early) and cuts sends to stay under it, so an
-	// update may come sooner than the kernel's own count would need. A kernel takes new
-	// TX keys from Linux 6.14: before it the bound is not enforced (as crypto/tls does
-	// not enforce it), visibly: ConnStats.TLS.RekeyAt is 0. TLS 1.2 has no KeyUpdate.
-	RekeyRecords uint64
-}
-
 // tlsInfo is a TLS connection's state after its handshake (ConnStats.TLS shows it).
 type tlsInfo struct {
 	Kernel      bool
@@ -81,24 +33,57 @@ type tlsInfo struct {
 	State       tls.ConnectionState
 }
 
-// tlsStats fills ConnStats.TLS (nothing for a plain connection).
-func (c *Conn) tlsStats(s *ConnStats) {
-	t := c.tls
-	if t == nil {
-		return
+func init() {
+	features.tlsSetup = func(e *Engine, o *TLSOptions, isClient, readSelf bool, zcrxNIC string) (tlsSetupHooks, error) {
+		s, err := e.tlsSetupFor(o, isClient, readSelf, zcrxNIC)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	}
+}
+
+// tlsPart is the index of the engine's tlsEngine in Engine.parts.
+var tlsPart = registerEnginePart(func() enginePart { return new(tlsEngine) })
+
+// tlsEng is the engine's TLS bookkeeping.
+func (e *Engine) tlsEng() *tlsEngine { return e.parts[tlsPart].(*tlsEngine) }
+
+// tlsState is c's TLS state (nil: plain TCP).
+func (c *Conn) tlsState() *tlsConn {
+	t, _ := c.tls.(*tlsConn)
+	return t
+}
+
+// The core's calls into a TLS connection (tlsHooks), a listener's or a dial's TLS
+// (tlsSetupHooks) and a handshake's result (tlsAttach).
+func (t *tlsConn) directOK(c *Conn, n int) bool             { return c.tlsDirectOK(n) }
+func (t *tlsConn) rekey(c *Conn) bool                       { return c.tlsRekey() }
+func (t *tlsConn) recvEnd(c *Conn, err error) (bool, error) { return c.tlsRecvEnd(err) }
+func (t *tlsConn) closeNotify(c *Conn)                      { c.tlsCloseNotify() }
+func (t *tlsConn) finished(c *Conn)                         { c.tlsFinished() }
+func (s *tlsSetup) accept(l *Listener, from *queue, fd int) { l.startTLS(from, fd) }
+func (s *tlsSetup) dial(c *Conn, cs *connectState)          { c.startTLSDial(cs) }
+func (r *tlsResult) attach(c *Conn)                         { c.attachTLS(r) }
+
+// stats is ConnStats.TLS.
+func (t *tlsConn) stats() (s connTLSStats) {
 	i := t.info
-	s.TLS.On, s.TLS.Kernel, s.TLS.Reason = true, i.Kernel, i.Reason
-	s.TLS.Version, s.TLS.CipherSuite, s.TLS.State = i.Version, i.CipherSuite, i.State
+	s.On, s.Kernel, s.Reason = true, i.Kernel, i.Reason
+	s.Version, s.CipherSuite, s.State = i.Version, i.CipherSuite, i.State
 	if t.kernel {
-		s.TLS.KeyUpdates, s.TLS.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
-		s.TLS.TxRekeys, s.TLS.RekeyAt = t.txRekeys.Load(), t.rekeyAt
+		s.KeyUpdates, s.Tickets = t.ctl.KeyUpdates.Load(), t.ctl.Tickets.Load()
+		s.TxRekeys, s.RekeyAt = t.txRekeys.Load(), t.rekeyAt
 	}
+	return s
 }
 
 // kernelTLS reports whether the kernel carries c's records (the connection capability the
 // send path asks: no SEND_ZC, no MSG_WAITALL).
-func (c *Conn) kernelTLS() bool { return c.tls != nil && c.tls.kernel }
+func (c *Conn) kernelTLS() bool {
+	t := c.tlsState()
+	return t != nil && t.kernel
+}
 
 // tlsSpliceRefusal says whether a splice relay may read and write kernel-TLS connection c.
 // Measured in the 7.3 guest (TestTLSSpliceControlRecord): splice(2) out of a kernel-TLS
@@ -125,7 +110,7 @@ func (c *Conn) tlsSpliceRefusal() error {
 // KeyUpdate gives the kernel the next RX keys (a request is answered before the relay's
 // next splice into c), a ticket is dropped; eof: close_notify. Splicing resumes after.
 func (c *Conn) tlsRelayControl(fd int, serr error) (eof bool, err error) {
-	t := c.tls
+	t := c.tlsState()
 	switch {
 	case errors.Is(serr, unix.EINVAL), errors.Is(serr, unix.EIO), errors.Is(serr, unix.EKEYEXPIRED):
 	case errors.Is(serr, unix.EBADMSG):
@@ -165,10 +150,10 @@ func (c *Conn) tlsRelayControl(fd int, serr error) (eof bool, err error) {
 			return false, fmt.Errorf("TLS: %d bytes of data where a control record was", n)
 		}
 		handled++
-		c.e.tls.ctlRecords.Add(1)
+		c.e.tlsEng().ctlRecords.Add(1)
 		before := t.ctl.KeyUpdates.Load()
 		ferr := t.ctl.Feed(typ, t.scratch[:n], ops)
-		c.e.tls.keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
+		c.e.tlsEng().keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
 		switch {
 		case ferr == io.EOF:
 			return true, nil // close_notify
@@ -182,7 +167,7 @@ func (c *Conn) tlsRelayControl(fd int, serr error) (eof bool, err error) {
 // (a splice relay's duplicate; home queue): under txMu, after an owed TX update, and
 // within the rekey bound (tlsSendCap). EAGAIN: no room (for the data or the KeyUpdate).
 func (c *Conn) tlsSpliceInto(pipe, fd, n int) (int, error) {
-	t := c.tls
+	t := c.tlsState()
 	t.txMu.Lock()
 	defer t.txMu.Unlock()
 	again, err := c.tlsUpdateTX(fd)
@@ -211,23 +196,23 @@ type tlsFDOps struct {
 
 func (o tlsFDOps) Alert(desc uint8) { tlsFDAlert(o.c, o.fd, desc) }
 func (o tlsFDOps) Warn(desc uint8) {
-	o.c.tls.txMu.Lock()
+	o.c.tlsState().txMu.Lock()
 	tcpglue.SendTLSRecord(o.fd, ktls.TypeAlert, []byte{1, desc}, unix.MSG_DONTWAIT)
-	o.c.tls.txMu.Unlock()
+	o.c.tlsState().txMu.Unlock()
 }
 func (o tlsFDOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.fd, cr) }
 func (o tlsFDOps) KeyUpdateOwed() {
 	// Answered before the relay's next splice into the socket (tlsSpliceInto).
-	o.c.tls.asked.Store(true)
-	o.c.tls.txOwed.Store(true)
+	o.c.tlsState().asked.Store(true)
+	o.c.tlsState().txOwed.Store(true)
 }
 
 // tlsFDAlert sends a fatal alert on fd, best effort, shuts the socket down both ways and
 // returns the alert as the error.
 func tlsFDAlert(c *Conn, fd int, desc uint8) error {
-	c.tls.txMu.Lock()
+	c.tlsState().txMu.Lock()
 	tcpglue.SendTLSRecord(fd, ktls.TypeAlert, []byte{2, desc}, unix.MSG_DONTWAIT)
-	c.tls.txMu.Unlock()
+	c.tlsState().txMu.Unlock()
 	rawfd.Shutdown(fd)
 	return &tcpglue.TLSAlertError{Alert: desc}
 }
@@ -291,7 +276,7 @@ func (t *tlsEngine) stopRuns(all bool) {
 	}
 }
 
-// closeStart: Engine.Close began; handshakes end now.
+// closeStart: Engine.Close began; handshakes end now (tlsEngine is an enginePart).
 func (t *tlsEngine) closeStart() { t.stopRuns(false) }
 
 // closeEnd: the queues stopped; what is left ends, and Close waits for it.
@@ -446,13 +431,13 @@ func withFD(nc net.Conn, fn func(fd int) error) error {
 // goTLS runs fn (a handshake on nc) on a goroutine of its own that Engine.Close wakes
 // (nc's deadline passes) and waits for; false when the engine is closing (nc closed).
 func (e *Engine) goTLS(nc net.Conn, fn func()) bool {
-	run, ok := e.tls.add(func() { nc.SetDeadline(time.Unix(1, 0)) }, true)
+	run, ok := e.tlsEng().add(func() { nc.SetDeadline(time.Unix(1, 0)) }, true)
 	if !ok {
 		nc.Close()
 		return false
 	}
 	go func() {
-		defer e.tls.done(run)
+		defer e.tlsEng().done(run)
 		fn()
 	}()
 	return true
@@ -486,7 +471,7 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 	if s.opts.NoFallback {
 		// Refuse before the handshake's work when the socket cannot take the ULP.
 		if err := withFD(nc, tcpglue.EnableTLS); err != nil {
-			e.tls.refused.Add(1)
+			e.tlsEng().refused.Add(1)
 			return fail(errs.NotSupported("kernel TLS (TLSOptions.NoFallback forbids user space)", "", err))
 		}
 		ulp = true
@@ -498,8 +483,8 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 		h = ktls.Server(nc, s.cfg)
 	}
 	if err := h.Run(ctx); err != nil {
-		e.tls.hsErrs.Add(1)
-		if e.tls.isClosed() {
+		e.tlsEng().hsErrs.Add(1)
+		if e.tlsEng().isClosed() {
 			err = fmt.Errorf("%w (the engine closed during the TLS handshake)", ErrClosed)
 		}
 		return fail(fmt.Errorf("TLS handshake: %w", err))
@@ -527,7 +512,7 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 						t.rekeyAt = 1 << 24
 					}
 				}
-				e.tls.kernel.Add(1)
+				e.tlsEng().kernel.Add(1)
 				return res // nc closes: the socket stays fd's
 			}
 			if hard {
@@ -539,7 +524,7 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 	}
 	t.info.Reason = reason.Error()
 	if s.opts.NoFallback {
-		e.tls.refused.Add(1)
+		e.tlsEng().refused.Add(1)
 		h.TC.Close() // close_notify from crypto/tls, which still holds the keys
 		closeNC = false
 		res.t = nil
@@ -568,7 +553,7 @@ func (e *Engine) tlsHandshake(ctx context.Context, s *tlsSetup, nc net.Conn) (re
 	closeNC = false
 	t.pump = p
 	res.sock, res.fd = sock, sock.Fd()
-	e.tls.user.Add(1)
+	e.tlsEng().user.Add(1)
 	return res
 }
 
@@ -601,7 +586,7 @@ func (c *Conn) attachTLS(r *tlsResult) {
 // is dropped); resume then says receiving goes on. On the user-space path the pump's
 // error (an alert) replaces the pair's plain EOF.
 func (c *Conn) tlsRecvEnd(err error) (resume bool, _ error) {
-	t := c.tls
+	t := c.tlsState()
 	if !t.kernel {
 		if perr := t.pump.error(); perr != nil {
 			return false, perr
@@ -650,10 +635,10 @@ func (c *Conn) tlsRecvEnd(err error) (resume bool, _ error) {
 			c.deliver(heapDataOf(t.scratch[:n]))
 			return !c.ended(), nil
 		}
-		c.e.tls.ctlRecords.Add(1)
+		c.e.tlsEng().ctlRecords.Add(1)
 		before := t.ctl.KeyUpdates.Load()
 		ferr := t.ctl.Feed(typ, t.scratch[:n], tlsOps{c})
-		c.e.tls.keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
+		c.e.tlsEng().keyUpdates.Add(t.ctl.KeyUpdates.Load() - before)
 		switch {
 		case ferr == io.EOF:
 			return false, nil // close_notify
@@ -682,8 +667,8 @@ func (o tlsOps) Warn(desc uint8) {
 func (o tlsOps) SetRX(cr *tcpglue.TLSCrypto) error { return tcpglue.SetTLSRx(o.c.fd, cr) }
 func (o tlsOps) KeyUpdateOwed() {
 	c := o.c
-	c.tls.asked.Store(true)
-	c.tls.txOwed.Store(true)
+	c.tlsState().asked.Store(true)
+	c.tlsState().txOwed.Store(true)
 	// The KeyUpdate goes out between two sends, from pump: not now, while a send of the
 	// io_uring backend may still be in the kernel (its records must go under the old keys,
 	// before the KeyUpdate).
@@ -720,7 +705,7 @@ func (t *tlsConn) tlsSent(n int) {
 // are left, so there is room for a record at least (MaxRecord also when an update is owed
 // and waits: the caller sends it first).
 func (c *Conn) tlsSendCap() int {
-	t := c.tls
+	t := c.tlsState()
 	if t == nil || !t.kernel || t.rekeyAt == 0 {
 		return -1
 	}
@@ -751,15 +736,19 @@ func tlsCapIov(iov []unix.Iovec, max int) int {
 // tlsDirectOK: a direct write of n bytes keeps the bound of records (no update owed, n
 // within tlsSendCap); otherwise the write goes through the queue, which updates first.
 func (c *Conn) tlsDirectOK(n int) bool {
-	if c.tls == nil || !c.tls.kernel {
+	t := c.tlsState()
+	if t == nil || !t.kernel {
 		return true
 	}
 	m := c.tlsSendCap()
-	return !c.tls.txOwed.Load() && (m < 0 || n <= m)
+	return !t.txOwed.Load() && (m < 0 || n <= m)
 }
 
 // tlsRekeyDue: a KeyUpdate is owed (direct writes wait for it: they go through the queue).
-func (c *Conn) tlsRekeyDue() bool { return c.tls != nil && c.tls.kernel && c.tls.txOwed.Load() }
+func (c *Conn) tlsRekeyDue() bool {
+	t := c.tlsState()
+	return t != nil && t.kernel && t.txOwed.Load()
+}
 
 // tlsRekey sends an owed KeyUpdate (update_not_requested) under the current TX keys and
 // gives the kernel the next ones (loop only, with no send of the connection in the kernel:
@@ -771,7 +760,7 @@ func (c *Conn) tlsRekeyDue() bool { return c.tls != nil && c.tls.kernel && c.tls
 // KeyUpdate lands between records. Under mu: a direct write cannot slip in between the
 // KeyUpdate and the new keys.
 func (c *Conn) tlsRekey() bool {
-	t := c.tls
+	t := c.tlsState()
 	if !c.tlsRekeyDue() || t.retrying {
 		return !t.retrying
 	}
@@ -805,7 +794,7 @@ func (c *Conn) tlsRekey() bool {
 // for the KeyUpdate yet (it stays owed). An error leaves the connection unusable: the
 // KeyUpdate may be out, and the peer then expects the next keys.
 func (c *Conn) tlsUpdateTX(fd int) (again bool, err error) {
-	t := c.tls
+	t := c.tlsState()
 	if !t.txOwed.Load() {
 		return false, nil
 	}
@@ -823,9 +812,9 @@ func (c *Conn) tlsUpdateTX(fd int) (again bool, err error) {
 			t.txRecords.Store(0)
 			t.txOwed.Store(false)
 			t.txRekeys.Add(1)
-			c.e.tls.txRekeys.Add(1)
+			c.e.tlsEng().txRekeys.Add(1)
 			if t.asked.Swap(false) {
-				c.e.tls.keyUpdatesSent.Add(1)
+				c.e.tlsEng().keyUpdatesSent.Add(1)
 			}
 			return false, nil
 		}
@@ -837,21 +826,21 @@ func (c *Conn) tlsUpdateTX(fd int) (again bool, err error) {
 // path, loop only, once). Best effort: a full socket buffer (a peer that reads nothing)
 // does not hold the close up.
 func (c *Conn) tlsCloseNotify() {
-	t := c.tls
+	t := c.tlsState()
 	if t == nil || !t.kernel || t.notified || c.st.SockClosed() {
 		return
 	}
 	t.notified = true
 	if _, err := tcpglue.SendTLSRecord(c.fd, ktls.TypeAlert, []byte{1, 0}, unix.MSG_DONTWAIT); err == nil {
-		c.e.tls.closeNotifies.Add(1)
+		c.e.tlsEng().closeNotifies.Add(1)
 	}
 }
 
 // tlsFinished: the connection finished (loop only); the user-space path's pump ends once
 // it carried what the connection sent.
 func (c *Conn) tlsFinished() {
-	if c.tls != nil && c.tls.pump != nil {
-		c.tls.pump.finished()
+	if t := c.tlsState(); t != nil && t.pump != nil {
+		t.pump.finished()
 	}
 }
 
@@ -875,6 +864,9 @@ func (h *heapData) bytes() []byte {
 	return h.b
 }
 func (h *heapData) credit(Data) int64 { return int64(len(h.b)) }
+
+// send copies the bytes (Go memory: nothing a send can lend).
+func (h *heapData) send(c *Conn, d Data) error { return c.sendCopy(d) }
 func (h *heapData) release(d Data) error {
 	for {
 		n := h.refs.Load()
@@ -913,7 +905,7 @@ func (l *Listener) startTLS(from *queue, fd int) {
 		return
 	}
 	ok := l.e.goTLS(nc, func() {
-		res := l.e.tlsHandshake(context.Background(), l.tls, nc)
+		res := l.e.tlsHandshake(context.Background(), l.tls.(*tlsSetup), nc)
 		if res.err != nil {
 			rawfd.Close(fd)
 			return
@@ -963,7 +955,7 @@ func (c *Conn) startTLSDial(cs *connectState) {
 		c.dialFailed(err)
 		return
 	}
-	s := c.tlsDial
+	s := c.tlsDial.(*tlsSetup)
 	ok := c.e.goTLS(nc, func() {
 		res := c.e.tlsHandshake(cs.ctx, s, nc)
 		if err := c.q.Post(func() { c.tlsDialDone(cs, &res) }); err != nil {

@@ -42,7 +42,7 @@ type tlsPump struct {
 
 func (e *Engine) startPump(tc *tls.Conn, tcp, app net.Conn) (*tlsPump, error) {
 	p := &tlsPump{tc: tc, tcp: tcp, app: app, e: e, gone: make(chan struct{}), upDone: make(chan struct{})}
-	run, ok := e.tls.add(p.closeAll, false)
+	run, ok := e.tlsEng().add(p.closeAll, false)
 	if !ok {
 		return nil, ErrClosed
 	}
@@ -84,7 +84,7 @@ func (p *tlsPump) closeAll() {
 func (p *tlsPump) exit() {
 	if p.left.Add(-1) == 0 {
 		p.closeAll()
-		p.e.tls.done(p.run)
+		p.e.tlsEng().done(p.run)
 	}
 }
 

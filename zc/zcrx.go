@@ -37,25 +37,22 @@ type zcrxQueue struct {
 	nic []*zcrx.Receiver // instances bound to NIC queues (listeners' ZcrxNIC), for Stats
 }
 
-// zcrxRefused is New's (or Listen's, for ListenOptions.ZcrxNIC) error when Config.RecvPath
-// is RecvZcrx, Config.NoFallback forbids the fallback to RecvRing, and zcrx cannot be set
-// up: a *NotSupportedError that says where (the engine, a queue, a NIC) and why. The engine
-// does not fall back to another backend for it (io_uring works; zcrx does not).
-type zcrxRefused struct{ err error }
-
-func (z *zcrxRefused) Error() string { return z.err.Error() }
-func (z *zcrxRefused) Unwrap() error { return z.err }
-
 // zcrxUnavailable is the refusal of zcrx on queue (-1: the engine, or the NIC's queue) for
-// cause.
+// cause: New's (or Listen's, for ListenOptions.ZcrxNIC) error when Config.RecvPath is
+// RecvZcrx, Config.NoFallback forbids the fallback to RecvRing, and zcrx cannot be set up, a
+// *NotSupportedError that says where (the engine, a queue, a NIC) and why. It is a
+// *featureRefused: the engine does not fall back to another backend for it (io_uring works;
+// zcrx does not).
 func zcrxUnavailable(queue int, cause error) error {
 	where := "the engine"
 	if queue >= 0 {
 		where = fmt.Sprintf("queue %d", queue)
 	}
-	return &zcrxRefused{&NotSupportedError{What: "zcrx receive path on " + where + " (fallback forbidden)",
+	return &featureRefused{&NotSupportedError{What: "zcrx receive path on " + where + " (fallback forbidden)",
 		Need: "device-less zcrx (Linux 7.1+) or a NIC queue bound to the ring, CAP_NET_ADMIN, the io_uring backend", Err: cause}}
 }
+
+func init() { features.backendCheck = (*Engine).checkZcrxBackend }
 
 // checkZcrxBackend refuses RecvZcrx with NoFallback on a backend without io_uring.
 func (e *Engine) checkZcrxBackend() error {
@@ -73,7 +70,7 @@ func (q *queue) zcrxWanted() bool {
 		return false
 	}
 	if err := zcrx.Probe().RecvZC; err != nil {
-		q.zx.reason.Store(&err)
+		q.zx().reason.Store(&err)
 		return false
 	}
 	return true
@@ -92,12 +89,12 @@ func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 	var err error
 	if cqe32 {
 		if err = zcrxProbe(); err == nil {
-			q.zx.r, err = zcrx.New(u, zcrx.Config{NoDev: true, AreaSize: q.e.cfg.ZcrxAreaSize})
+			q.zx().r, err = zcrx.New(u, zcrx.Config{NoDev: true, AreaSize: q.e.cfg.ZcrxAreaSize})
 		}
 		if err != nil {
-			q.zx.reason.Store(&err)
+			q.zx().reason.Store(&err)
 		}
-	} else if p := q.zx.reason.Load(); p != nil {
+	} else if p := q.zx().reason.Load(); p != nil {
 		err = *p
 	}
 	if err != nil && q.e.cfg.NoFallback {
@@ -106,19 +103,25 @@ func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 	return nil
 }
 
-// addZcrxStats adds the queue's zcrx counters to s.
-func (q *queue) addZcrxStats(s *Stats) {
-	s.Recv.BytesZcrx += q.zx.bytes.Load()
-	s.Recv.ZcrxFallbacks += q.zx.fallbacks.Load()
-	if p := q.zx.reason.Load(); p != nil && s.Recv.ZcrxFallback == "" {
+// zcrxPart is the index of the queue's zcrxQueue in queue.parts.
+var zcrxPart = registerQueuePart(func() queuePart { return new(zcrxQueue) })
+
+// zx is the queue's zcrx state.
+func (q *queue) zx() *zcrxQueue { return q.parts[zcrxPart].(*zcrxQueue) }
+
+// stats adds the queue's zcrx counters to s.
+func (zx *zcrxQueue) stats(s *Stats) {
+	s.Recv.BytesZcrx += zx.bytes.Load()
+	s.Recv.ZcrxFallbacks += zx.fallbacks.Load()
+	if p := zx.reason.Load(); p != nil && s.Recv.ZcrxFallback == "" {
 		s.Recv.ZcrxFallback = (*p).Error()
 	}
-	if q.zx.r != nil {
+	if zx.r != nil {
 		s.Recv.ZcrxQueues++
 	}
-	q.zx.mu.Lock()
-	rs := append([]*zcrx.Receiver{q.zx.r}, q.zx.nic...)
-	q.zx.mu.Unlock()
+	zx.mu.Lock()
+	rs := append([]*zcrx.Receiver{zx.r}, zx.nic...)
+	zx.mu.Unlock()
 	for _, r := range rs {
 		if r == nil {
 			continue
@@ -143,21 +146,23 @@ type zcrxConn struct {
 	inStop bool         // a Cancel we called is running (it may end the stream at once)
 }
 
+func init() { features.recvSetup[RecvZcrx] = (*Conn).setupZcrx }
+
 // setupZcrx chooses the connection's receive path when RecvZcrx is asked for (loop only):
 // its listener's NIC-bound instance (already set), the queue's device-less one, or the ring.
 func (c *Conn) setupZcrx() {
 	if c.rx != nil {
 		return
 	}
-	if c.q.zx.r == nil || c.q.be.name() != BackendIOUring {
-		if c.q.zx.reason.Load() == nil {
+	if c.q.zx().r == nil || c.q.be.name() != BackendIOUring {
+		if c.q.zx().reason.Load() == nil {
 			err := fmt.Errorf("backend %v: %w", c.q.be.name(), errs.NotSupported("zcrx receive path", "the io_uring backend", nil))
-			c.q.zx.reason.CompareAndSwap(nil, &err)
+			c.q.zx().reason.CompareAndSwap(nil, &err)
 		}
-		c.q.zx.fallbacks.Add(1)
+		c.q.zx().fallbacks.Add(1)
 		return
 	}
-	c.rx = &zcrxConn{c: c, r: c.q.zx.r}
+	c.rx = &zcrxConn{c: c, r: c.q.zx().r}
 }
 
 // arm starts a stream (the backend's armRecv).
@@ -191,7 +196,7 @@ func (zx *zcrxConn) finish() {}
 // Data implements zcrx.Handler: one completion, a view of the area.
 func (zx *zcrxConn) Data(s *zcrx.Stream, b []byte, buf zcrx.Buf) {
 	c := zx.c
-	c.q.zx.bytes.Add(uint64(len(b)))
+	c.q.zx().bytes.Add(uint64(len(b)))
 	c.deliver(Data{n: len(b), src: newZcrxData(buf, len(b))})
 	if !c.ended() && !zx.inStop {
 		c.checkCredit()
@@ -259,6 +264,8 @@ func (z *zcrxData) bytes() []byte {
 
 func (z *zcrxData) credit(Data) int64 { return zcrxCredit(z.n) }
 
+func (z *zcrxData) send(c *Conn, d Data) error { return c.sendZcrx(d) }
+
 func (z *zcrxData) retain(Data) (dataSource, error) { return z.newRef(&z.done) }
 
 func (z *zcrxData) release(d Data) error {
@@ -312,6 +319,14 @@ func (r *zcrxRef) bytes() []byte {
 
 func (r *zcrxRef) credit(Data) int64 { return zcrxCredit(r.z.n) }
 
+func (r *zcrxRef) send(c *Conn, d Data) error { return c.sendZcrx(d) }
+
+// segBytes and segDone make a send's hold a segOwner (segExt): the hold's release gives the
+// buffer back, and the credit with the last reference.
+func (r *zcrxRef) segBytes() []byte { return r.bytes() }
+
+func (r *zcrxRef) segDone(*Conn, seg, bool) { r.release(Data{c: r.c}) }
+
 func (r *zcrxRef) retain(Data) (dataSource, error) { return r.z.newRef(&r.done) }
 
 func (r *zcrxRef) release(d Data) error {
@@ -326,6 +341,10 @@ func (r *zcrxRef) release(d Data) error {
 // buffer, seg.ext, which keeps it from the refill ring) and the buffer goes back, with the
 // receiving connection's credit, when the send (and its zero-copy notification) is done.
 func (c *Conn) sendZcrx(d Data) error {
+	if c.q.be.name() == BackendShim {
+		// The shim sends only from memory registered with it: copy.
+		return c.sendCopy(d)
+	}
 	src, err := d.src.retain(d)
 	if err != nil {
 		return c.opErr("send", err) // a released Data: memreg.ErrStale
@@ -334,8 +353,8 @@ func (c *Conn) sendZcrx(d Data) error {
 	hold.c = d.c
 	d.Release() // the send's hold keeps the buffer
 	var sum uint64
-	if dbg := c.e.dbg; dbg != nil && dbg.opt.Buffers {
-		sum = debugSum(hold.bytes()[:d.off+d.n]) // what checkSent reads back: from the start
+	if dbg := c.e.dbg; dbg != nil && dbg.buffers() {
+		sum = dbg.sum(hold.bytes()[:d.off+d.n]) // what dbg.sent reads back: from the start
 	}
 	c.e.shareCtr.zcrxSent.Add(uint64(d.n))
 	s := extSeg(hold, int32(d.off), int32(d.off+d.n))
@@ -366,30 +385,40 @@ type zcrxListener struct {
 // for it. A refusal (hwq's, or the driver's at registration) leaves the listener on the
 // queues' own receive path, visibly (Listener.Stats().ZcrxNICFallback); with NoFallback it fails
 // Listen.
-func (l *Listener) setupZcrxNIC(nic string) error {
+func (l *Listener) setupZcrxNIC(nic string) (*zcrxListener, error) {
 	if nic == "" {
-		return nil
+		return nil, nil
 	}
 	e := l.e
 	if e.cfg.RecvPath != RecvZcrx {
-		return fmt.Errorf("ListenOptions.ZcrxNIC needs Config.RecvPath = RecvZcrx: %w", ErrInvalid)
+		return nil, fmt.Errorf("ListenOptions.ZcrxNIC needs Config.RecvPath = RecvZcrx: %w", ErrInvalid)
 	}
 	if e.onAnyLoop() {
-		return fmt.Errorf("binding a NIC queue waits for every queue: %w", ErrWouldBlock)
+		return nil, fmt.Errorf("binding a NIC queue waits for every queue: %w", ErrWouldBlock)
 	}
-	l.zx = &zcrxListener{}
-	err := l.bindZcrxNIC(nic)
+	zx := &zcrxListener{}
+	err := l.bindZcrxNIC(zx, nic)
 	if err == nil {
-		return nil
+		return zx, nil
 	}
-	l.zx.err = err
+	zx.err = err
 	if e.cfg.NoFallback {
-		return zcrxUnavailable(-1, err)
+		return zx, zcrxUnavailable(-1, err)
 	}
-	return nil
+	return zx, nil
 }
 
-func (l *Listener) bindZcrxNIC(nic string) error {
+func init() {
+	features.zcrxNIC = func(l *Listener, o *ListenOptions) (listenerPart, error) {
+		zx, err := l.setupZcrxNIC(o.ZcrxNIC)
+		if zx == nil {
+			return nil, err
+		}
+		return zx, err
+	}
+}
+
+func (l *Listener) bindZcrxNIC(zx *zcrxListener, nic string) error {
 	e := l.e
 	if e.backend != BackendIOUring {
 		return errs.NotSupported("zcrx on a NIC queue", "the io_uring backend", fmt.Errorf("backend %v", e.backend))
@@ -427,26 +456,34 @@ func (l *Listener) bindZcrxNIC(nic string) error {
 		}
 	}
 	for i, q := range e.queues {
-		q.zx.mu.Lock()
-		q.zx.nic = append(q.zx.nic, recvs[i])
-		q.zx.mu.Unlock()
+		q.zx().mu.Lock()
+		q.zx().nic = append(q.zx().nic, recvs[i])
+		q.zx().mu.Unlock()
 	}
-	l.zx.b, l.zx.recvs = b, recvs
+	zx.b, zx.recvs = b, recvs
 	return nil
 }
 
-// zcrxNICConn makes an accepted connection receive through the listener's NIC-bound
-// instance on its queue (loop only).
-func (l *Listener) zcrxNICConn(c *Conn) {
-	if l.zx != nil && l.zx.recvs != nil {
-		c.rx = &zcrxConn{c: c, r: l.zx.recvs[c.q.idx]}
+// accepted makes an accepted connection receive through the listener's NIC-bound instance
+// on its queue (loop only).
+func (zx *zcrxListener) accepted(c *Conn) {
+	if zx.recvs != nil {
+		c.rx = &zcrxConn{c: c, r: zx.recvs[c.q.idx]}
 	}
 }
 
-// closeZcrxNIC undoes the NIC binding (the listener closes). Connections already accepted
-// keep receiving into the area: their packets then reach it through the kernel's copy.
-func (l *Listener) closeZcrxNIC() {
-	if l.zx != nil && l.zx.b != nil {
-		l.zx.b.Close()
+// close undoes the NIC binding (the listener closes). Connections already accepted keep
+// receiving into the area: their packets then reach it through the kernel's copy.
+func (zx *zcrxListener) close() {
+	if zx.b != nil {
+		zx.b.Close()
+	}
+}
+
+// stats fills ListenerStats.ZcrxNIC and ZcrxNICFallback.
+func (zx *zcrxListener) stats(s *ListenerStats) {
+	s.ZcrxNIC = zx.b
+	if zx.err != nil {
+		s.ZcrxNICFallback = zx.err.Error()
 	}
 }
