@@ -159,22 +159,12 @@ func (q *queue) checkPoison(b memreg.Buf, c *Conn) {
 	}
 }
 
-// scrubSend is the send pools' memreg Scrub under DebugOptions.Buffers.
+// scrubSend is the send pools' memreg Scrub under DebugOptions.Buffers (the backends'
+// pools: becontract.Config.Pool).
 func scrubSend(p []byte) {
 	for i := range p {
 		p[i] = poison
 	}
-}
-
-// poolOptions adds the debugging hooks to a pool's options (send: a send pool).
-func (e *Engine) poolOptions(o memreg.PoolOptions, send bool) memreg.PoolOptions {
-	if e.dbg != nil && e.dbg.opt.Buffers {
-		o.KeepMapped = true
-		if send {
-			o.Scrub = scrubSend
-		}
-	}
-	return o
 }
 
 // timed runs after a handler call that started at t0 (SlowHandler).
