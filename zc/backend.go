@@ -1,92 +1,101 @@
 package zc
 
 import (
+	"golang.org/x/sys/unix"
+
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/tcpglue"
+	"github.com/zcnet/zcnet/zc/internal/be/epoll"
+	beshim "github.com/zcnet/zcnet/zc/internal/be/shim"
+	beuring "github.com/zcnet/zcnet/zc/internal/be/uring"
+	"github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
-// The backends' shared vocabulary, in one place: the contract every backend implements
-// (backend), the optional capabilities some have (asserted once, when the queue's backend is
-// set: queue.caps), the tags of the operations they and the core put in the kernel, and the
-// limits they share. The zero-copy policy a backend asks before a send is zcpolicy.go's
-// (Conn.tx.zc); what a backend may read of a connection and must report is life.go's.
-// No backend names another, and nothing outside be_*.go asserts or names a concrete backend
-// type (TestBackendsStayInTheirFiles).
+// The backends live in packages of their own under zc/internal/be (uring, epoll with the
+// plain backend, shim), behind the contract of zc/internal/becontract: what a backend may
+// read of a connection, a listener and a queue, and what it reports. They import the
+// contract, never zc, so the compiler keeps each in its room. This file is zc's side of the
+// contract: the constructor table (the only place that names a backend package), the
+// adapters that show a Conn, an lpart and a queue to a backend (beConn, beListener,
+// beQueue), and backend, the queue's backend as the core calls it. The core asks the
+// queue's capabilities (q.caps), asserted once in setBackend, never the backend's type.
 
-// backend is how one queue moves bytes. Every method runs on the queue's goroutine.
-type backend interface {
-	name() Backend
-	// newConnState makes the backend's own state of a new connection (Conn.bk, life.go).
-	newConnState() backendState
-	// start attaches a connected socket to the queue (epoll registration, module attach).
-	start(c *Conn) error
-	armRecv(c *Conn)  // start receiving (sets c.recvArmed)
-	stopRecv(c *Conn) // stop receiving; what is in flight still completes
-	// send hands the head of c.tx.pend to the kernel, as much as the backend takes at once.
-	send(c *Conn)
-	sending(c *Conn) bool     // a send is in the kernel
-	inFlightSegs(c *Conn) int // how many head segments of c.tx.pend it covers
-	// cancelSend ends the send in the kernel early (an abort): it completes with what it
-	// took. A send that waits for room would otherwise hold the socket open (no reset) and
-	// its buffers lent for as long as the peer does not read.
-	cancelSend(c *Conn)
-	// closeSocket detaches and closes the socket; operations in flight then complete.
-	closeSocket(c *Conn)
-	freeOp(c *Conn, ud uint64)
-	zeroCopy() bool // sends can be zero-copy
-	directOK() bool // a writer may write(2) the socket itself when nothing is queued
-	// appDirect: sends go from the application's memory itself (SendBytes' segApp);
-	// false: the backend copies it into its own send buffers (rehomePend) first
-	appDirect() bool
-	// dial starts connecting c (its socket is non-blocking, c.connect holds the address).
-	dial(c *Conn)
-	cancelDial(c *Conn)
-	// dropDial forgets the connect in flight without waiting for its completion (the queue
-	// is stopping).
-	dropDial(c *Conn)
-	// listen starts accepting on p's socket; stopListen stops it (p.stopped() when done).
-	listen(p *lpart)
-	stopListen(p *lpart)
-	pauseListen(p *lpart) // stop accepting until listen is called again
-	// recvPool is the pool receive buffers come from.
-	recvPool() *memreg.Pool
-	close()
+// newBackend is the constructor table: the backend b's constructor (caps: io_uring's probe).
+func newBackend(b Backend, caps *uring.Capabilities) becontract.New {
+	switch b {
+	case BackendIOUring:
+		return beuring.New(caps)
+	case BackendShim:
+		return beshim.New
+	}
+	return epoll.NewPlain
 }
 
-// Tags of the operations in the kernel (loop.NewOp): the backends' and the core's own (the
-// splice machinery's fd watches), one space so that no two mean the same.
+// shimAvailable says whether the zcshim module can be used (nil), or why not (an error
+// matching ErrNotSupported).
+func shimAvailable() error { return beshim.Available() }
+
+// Tags of the operations in the kernel: the contract's (becontract.Tag*), named here for
+// the core's own operations and the fake kernel.
 const (
-	tagRecv uint32 = iota + 1
-	tagSend
-	tagSendZC
-	tagConnect
-	tagPoll
-	tagAccept
-	tagDial // epoll: connect readiness
-	tagShim // shim module completions
+	tagRecv    = becontract.TagRecv
+	tagSend    = becontract.TagSend
+	tagSendZC  = becontract.TagSendZC
+	tagConnect = becontract.TagConnect
+
+	tagSpliceIn    = becontract.TagSpliceIn
+	tagSpliceOut   = becontract.TagSpliceOut
+	tagFileOut     = becontract.TagFileOut
+	tagSpliceEpoll = becontract.TagSpliceEpoll
 )
 
-const (
-	tagSpliceIn uint32 = 100 + iota
-	tagSpliceOut
-	tagFileOut
-	tagSpliceEpoll
-)
+// maxIov: buffers per gathered send (the fake kernel's writev).
+const maxIov = becontract.MaxIov
 
-// Limits the backends share.
-const (
-	maxIov       = 64      // buffers per gathered send (SENDMSG, writev)
-	maxSendBatch = 1 << 20 // bytes per gathered send (latency stays low behind a big batch)
-)
+// backendState is a backend's own state of a connection (Conn.bk): opaque to the core.
+type backendState = becontract.ConnState
 
-// Optional capabilities of a backend: small interfaces, asserted once when the queue's
+// ringStats are a provided-buffer ring's counters (ringStatser).
+type ringStats = becontract.RingStats
+
+// backend is the queue's backend as the core calls it: the contract's Backend, shown each
+// Conn as a beConn and each lpart as a beListener. Every method runs on the queue's goroutine.
+type backend struct{ b becontract.Backend }
+
+func (b backend) name() Backend                     { return Backend(b.b.Kind()) }
+func (b backend) newConnState(c *Conn) backendState { return b.b.NewConnState((*beConn)(c)) }
+func (b backend) start(c *Conn) error               { return b.b.Start((*beConn)(c)) }
+func (b backend) armRecv(c *Conn)                   { b.b.ArmRecv((*beConn)(c)) }
+func (b backend) stopRecv(c *Conn)                  { b.b.StopRecv((*beConn)(c)) }
+func (b backend) send(c *Conn)                      { b.b.Send((*beConn)(c)) }
+func (b backend) sending(c *Conn) bool              { return b.b.Sending((*beConn)(c)) }
+func (b backend) inFlightSegs(c *Conn) int          { return b.b.InFlightSegs((*beConn)(c)) }
+func (b backend) cancelSend(c *Conn)                { b.b.CancelSend((*beConn)(c)) }
+func (b backend) closeSocket(c *Conn)               { b.b.CloseSocket((*beConn)(c)) }
+func (b backend) freeOp(c *Conn, ud uint64)         { b.b.FreeOp((*beConn)(c), ud) }
+func (b backend) zeroCopy() bool                    { return b.b.ZeroCopy() }
+func (b backend) directOK() bool                    { return b.b.DirectOK() }
+func (b backend) appDirect() bool                   { return b.b.AppDirect() }
+func (b backend) dial(c *Conn)                      { b.b.Dial((*beConn)(c)) }
+func (b backend) cancelDial(c *Conn)                { b.b.CancelDial((*beConn)(c)) }
+func (b backend) dropDial(c *Conn)                  { b.b.DropDial((*beConn)(c)) }
+func (b backend) listen(p *lpart)                   { b.b.Listen((*beListener)(p)) }
+func (b backend) stopListen(p *lpart)               { b.b.StopListen((*beListener)(p)) }
+func (b backend) pauseListen(p *lpart)              { b.b.PauseListen((*beListener)(p)) }
+func (b backend) recvPool() *memreg.Pool            { return b.b.RecvPool() }
+func (b backend) close()                            { b.b.Close() }
+
+// Optional capabilities of a backend (becontract.Splicer, Ring, RecvInFlighter,
+// RingStatser), as the core asks them: small interfaces, asserted once when the queue's
 // backend is set (setBackend), so that the core asks q.caps and never the backend's type.
 
 // spliceBackend: the splice relay (and SendFile's splice) run on this backend: a splice(2)
 // of a duplicate of a connection's socket sees the connection's own stream.
 type spliceBackend interface {
 	// watchEpoll returns the epoll instance the queue's fd watches use (the backend's own,
-	// or one whose readiness the ring reports); nil when each wait is a ring poll.
+	// or one whose readiness the ring reports).
 	watchEpoll(q *queue) *loop.Epoll
 }
 
@@ -111,6 +120,24 @@ type recvInFlighter interface {
 // ringStatser is a backend with a provided-buffer ring, whose counters Stats adds up.
 type ringStatser interface{ ringStats() ringStats }
 
+type spliceCap struct{ s becontract.Splicer }
+
+func (s spliceCap) watchEpoll(*queue) *loop.Epoll { return s.s.WatchEpoll() }
+
+type ringCap struct{ r becontract.Ring }
+
+func (r ringCap) uring() *loop.URing { return r.r.URing() }
+func (r ringCap) armPoll(c *Conn)    { r.r.ArmPoll((*beConn)(c)) }
+func (r ringCap) cancelRecv(c *Conn) { r.r.CancelRecv((*beConn)(c)) }
+
+type inFlightCap struct{ f becontract.RecvInFlighter }
+
+func (f inFlightCap) recvInFlight(c *Conn) bool { return f.f.RecvInFlight((*beConn)(c)) }
+
+type statsCap struct{ s becontract.RingStatser }
+
+func (s statsCap) ringStats() ringStats { return s.s.RingStats() }
+
 // backendCaps are the capabilities of a queue's backend (nil: absent).
 type backendCaps struct {
 	splice   spliceBackend
@@ -120,11 +147,179 @@ type backendCaps struct {
 }
 
 // setBackend makes b the queue's backend and asserts its capabilities, once.
-func (q *queue) setBackend(b backend) {
-	q.be = b
+func (q *queue) setBackend(b becontract.Backend) {
+	q.be = backend{b}
 	q.caps = backendCaps{}
-	q.caps.splice, _ = b.(spliceBackend)
-	q.caps.ring, _ = b.(ringBackend)
-	q.caps.inFlight, _ = b.(recvInFlighter)
-	q.caps.stats, _ = b.(ringStatser)
+	if s, ok := b.(becontract.Splicer); ok {
+		q.caps.splice = spliceCap{s}
+	}
+	if r, ok := b.(becontract.Ring); ok {
+		q.caps.ring = ringCap{r}
+	}
+	if f, ok := b.(becontract.RecvInFlighter); ok {
+		q.caps.inFlight = inFlightCap{f}
+	}
+	if s, ok := b.(becontract.RingStatser); ok {
+		q.caps.stats = statsCap{s}
+	}
 }
+
+// ---- a queue, as a backend sees it ---------------------------------------------------
+
+// beQueue is a queue as the contract's Queue.
+type beQueue queue
+
+func (bq *beQueue) q() *queue                               { return (*queue)(bq) }
+func (bq *beQueue) Loop() *loop.Queue                       { return bq.Queue }
+func (bq *beQueue) Counters() *becontract.Counters          { return &bq.ctr.Counters }
+func (bq *beQueue) SetSendPool(p *memreg.Pool)              { bq.send = p }
+func (bq *beQueue) SendPool() *memreg.Pool                  { return bq.send }
+func (bq *beQueue) SendBufFreed()                           { bq.q().sendBufFreed() }
+func (bq *beQueue) ZcrxWanted() bool                        { return bq.q().zcrxWanted() }
+func (bq *beQueue) SetupZcrx(u *loop.URing, try bool) error { return bq.q().setupZcrx(u, try) }
+func (bq *beQueue) SpliceEpoll(u *loop.URing) *loop.Epoll {
+	return bq.spl.ringEpoll(bq.q(), u)
+}
+
+// Config is what the backend needs of the engine's configuration (made for each call: the
+// constructors ask it once).
+func (bq *beQueue) Config() *becontract.Config {
+	e := bq.e
+	cfg := &e.cfg
+	dbg := e.poolOptions(memreg.PoolOptions{}, true) // Config.Debug's needs (Buffers)
+	return &becontract.Config{RecvBufSize: cfg.RecvBufSize, RecvBufs: cfg.RecvBufs, RecvPoolMax: cfg.RecvPoolMax,
+		SendBufSize: cfg.SendBufSize, SendBufs: cfg.SendBufs, SendPoolMax: cfg.SendPoolMax,
+		NoBundles: cfg.NoBundles, DebugBuffers: dbg.KeepMapped, Scrub: dbg.Scrub, PoolTag: e}
+}
+
+// ---- a listener, as a backend sees it -------------------------------------------------
+
+// beListener is one queue's part of a listener as the contract's Listener.
+type beListener lpart
+
+func (p *beListener) FD() int          { return p.fd }
+func (p *beListener) Armed() bool      { return p.armed }
+func (p *beListener) SetArmed(on bool) { p.armed = on }
+func (p *beListener) UD() uint64       { return p.ud }
+func (p *beListener) SetUD(ud uint64)  { p.ud = ud }
+func (p *beListener) Closing() bool    { return p.closing }
+func (p *beListener) Paused() bool     { return p.paused }
+func (p *beListener) BackingOff() bool { return p.backoff > 0 }
+func (p *beListener) Accepted(fd int)  { (*lpart)(p).accepted(fd) }
+func (p *beListener) PauseAccept()     { (*lpart)(p).pauseAccept() }
+func (p *beListener) Finish()          { (*lpart)(p).finish() }
+func (p *beListener) AcceptFailed(err unix.Errno) bool {
+	return (*lpart)(p).acceptFailed(err)
+}
+
+// ---- a connection, as a backend sees it -----------------------------------------------
+
+// beConn is a connection as the contract's Conn: the facts a backend may read and the
+// reports it makes (life.go: the state machine moves only through the core's reports).
+type beConn Conn
+
+func (bc *beConn) c() *Conn                           { return (*Conn)(bc) }
+func (bc *beConn) FD() int                            { return bc.fd }
+func (bc *beConn) Socket() *tcpglue.Socket            { return bc.sock }
+func (bc *beConn) BackendState() becontract.ConnState { return bc.bk }
+func (bc *beConn) SockClosed() bool                   { return bc.st.SockClosed() }
+func (bc *beConn) InClose() bool                      { return bc.st.InClose() }
+func (bc *beConn) Ended() bool                        { return bc.st.Ended() }
+func (bc *beConn) RecvArmed() bool                    { return bc.recvArmed }
+func (bc *beConn) Paused() bool                       { return bc.paused != 0 }
+func (bc *beConn) SawEOF() bool                       { return bc.eof }
+func (bc *beConn) KernelTLS() bool                    { return bc.c().kernelTLS() }
+func (bc *beConn) RecvRoom() int64                    { return bc.c().credit() - bc.held.Load() }
+func (bc *beConn) DialAddr() *tcpglue.RawSockaddr {
+	if bc.connect == nil {
+		return nil
+	}
+	return bc.connect.sa
+}
+
+func (bc *beConn) PendLen() int              { return bc.c().pendLen() }
+func (bc *beConn) Pend(i int) becontract.Seg { return segView(&bc.tx.pend[i]) }
+func (bc *beConn) RehomePend(i int, loan memreg.Loan, n int) becontract.Seg {
+	c := bc.c()
+	if c.tx.pend[i].kind == segApp {
+		c.e.shareCtr.appCopied.Add(uint64(n))
+	}
+	return segView(c.rehomePend(i, loan, int32(n)))
+}
+func (bc *beConn) ZC() becontract.ZCPolicy { return (*zcView)(&bc.tx.zc) }
+func (bc *beConn) TLSRekey() bool          { return bc.tls == nil || bc.c().tlsRekey() }
+func (bc *beConn) TLSSendCap() int         { return bc.c().tlsSendCap() }
+
+func (bc *beConn) RecvStarted()                      { bc.c().recvStarted() }
+func (bc *beConn) RecvEnded()                        { bc.c().recvEnded() }
+func (bc *beConn) OpStarted()                        { bc.c().opStarted() }
+func (bc *beConn) OpEnded()                          { bc.c().opEnded() }
+func (bc *beConn) Deliver(buf memreg.Buf, n int)     { bc.c().deliver(Data{buf: buf, n: n}) }
+func (bc *beConn) GotEOF(err error)                  { bc.c().gotEOF(err) }
+func (bc *beConn) CheckCredit()                      { bc.c().checkCredit() }
+func (bc *beConn) AdvanceClose()                     { bc.c().advanceClose() }
+func (bc *beConn) Rearm()                            { bc.c().armRecv() }
+func (bc *beConn) Fail(op string, err error)         { bc.c().fail(bc.c().opErr(op, err)) }
+func (bc *beConn) Advance(n int)                     { bc.c().advance(n) }
+func (bc *beConn) SendProgress()                     { bc.c().sendProgress() }
+func (bc *beConn) ZCStart(ud uint64)                 { bc.c().zcStart(ud) }
+func (bc *beConn) ZCNotified(ud uint64, copied bool) { bc.c().zcNotified(ud, copied) }
+func (bc *beConn) ZCCompleted(ud uint64, res int, notif, keep bool) {
+	bc.c().zcCompleted(ud, res, notif, keep)
+}
+func (bc *beConn) Pump()              { bc.c().pump() }
+func (bc *beConn) DialDone(res int32) { bc.c().dialDone(res) }
+
+// CountSend counts one send operation the backend put in the kernel.
+func (bc *beConn) CountSend(zc bool) {
+	if zc {
+		bc.tx.sendZCOps.Add(1)
+		bc.q.ctr.SendZCOps.Add(1)
+		return
+	}
+	bc.tx.sendOps.Add(1)
+	bc.q.ctr.SendOps.Add(1)
+}
+
+// ArmOwnRecv arms the connection's own receive path (mapped, zcrx) through the queue's
+// ring; false: it receives into the ring's buffers.
+func (bc *beConn) ArmOwnRecv(becontract.Ring) bool {
+	if bc.rx == nil {
+		return false
+	}
+	bc.rx.arm(bc.q.caps.ring)
+	return true
+}
+
+func (bc *beConn) StopOwnRecv(becontract.Ring) bool {
+	if bc.rx == nil {
+		return false
+	}
+	bc.rx.stop(bc.q.caps.ring)
+	return true
+}
+
+// OnPoll: only the mapped path polls.
+func (bc *beConn) OnPoll(ev loop.Event) { bc.rx.(*mappedRecv).onPoll(ev) }
+
+// segView is a backend's view of segment s: its unsent bytes.
+func segView(s *seg) becontract.Seg {
+	v := becontract.Seg{IsLoan: s.kind == segLoan, App: s.kind == segApp, Off: int(s.off), Len: int(s.n - s.off)}
+	if v.IsLoan {
+		v.Loan = s.loan
+	}
+	if s.kind != segFile && v.Len > 0 {
+		v.Ptr = s.ptr(int(s.off))
+	}
+	return v
+}
+
+// zcView is a connection's zero-copy policy as the contract's ZCPolicy.
+type zcView zcPolicy
+
+func (p *zcView) Use(n int) bool      { return (*zcPolicy)(p).use(n) }
+func (p *zcView) WouldUse(n int) bool { return (*zcPolicy)(p).wouldUse(n) }
+func (p *zcView) Probing(n int) bool  { return (*zcPolicy)(p).probing(n) }
+func (p *zcView) Reprobing() bool     { return p.state == zcOff }
+func (p *zcView) SmallWindow()        { (*zcPolicy)(p).smallWindow() }
+func (p *zcView) CountCopy(n int)     { (*zcPolicy)(p).countCopy(n) }

@@ -332,7 +332,7 @@ func (k netKind) String() string {
 
 func newConn(e *Engine, q *queue, s *tcpglue.Socket, fd int, network string) *Conn {
 	c := &Conn{e: e, q: q, sock: s, fd: fd, network: netKindOf(network), qi: -1}
-	c.bk = q.be.newConnState()
+	c.bk = q.be.newConnState(c)
 	return c
 }
 

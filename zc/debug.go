@@ -137,7 +137,8 @@ func (d *debugState) taken(b memreg.Buf, c *Conn) {
 	}
 }
 
-// scrubSend is the send pools' memreg Scrub under DebugOptions.Buffers.
+// scrubSend is the send pools' memreg Scrub under DebugOptions.Buffers (the backends'
+// pools: becontract.Config.Pool).
 func scrubSend(p []byte) {
 	for i := range p {
 		p[i] = poison

@@ -195,14 +195,12 @@ func (e *Engine) startQueues(b Backend) error {
 			q.Queue = lq
 			lq.AtStop(q.abortAll)
 			lq.AfterStop(q.appAfterStop)
-			switch b {
-			case BackendIOUring:
-				return newURingBackend(q, caps)
-			case BackendShim:
-				return newShimBackend(q)
-			default:
-				return newPlainBackend(q)
+			drv, be, err := newBackend(b, caps)((*beQueue)(q))
+			if err != nil {
+				return nil, err
 			}
+			q.setBackend(be)
+			return drv, nil
 		})
 		if err != nil {
 			e.stopQueues()
@@ -572,27 +570,27 @@ func (s *Stats) addCounters(c *counters) {
 	s.Forward.PipeSizeRefused += c.pipeSizeRefused.Load()
 	s.Send.BytesFile += c.fileSent.Load()
 	s.Send.FileOps += c.fileSendOps.Load()
-	s.Recv.BytesRing += c.recvRing.Load()
-	s.Recv.BytesPlain += c.recvPlain.Load()
-	s.Recv.BytesShim += c.recvShim.Load()
+	s.Recv.BytesRing += c.RecvRing.Load()
+	s.Recv.BytesPlain += c.RecvPlain.Load()
+	s.Recv.BytesShim += c.RecvShim.Load()
 	s.Recv.BytesDirect += c.recvDirect.Load()
 	s.Recv.BytesMapped += c.recvMapped.Load()
 	s.Recv.BytesMappedCopied += c.recvMappedCopied.Load()
 	s.Recv.MappedFallbacks += c.mappedFallbacks.Load()
-	s.Send.Ops += c.sendOps.Load()
+	s.Send.Ops += c.SendOps.Load()
 	s.Send.DirectWrites += c.directWrites.Load()
-	s.Send.ZCOps += c.sendZCOps.Load()
+	s.Send.ZCOps += c.SendZCOps.Load()
 	s.Send.ZCSwitches += c.zcSwitches.Load()
-	s.Send.ZCProbes += c.zcProbes.Load()
-	s.Send.ZCSmallWindow += c.zcSmallWindow.Load()
-	s.Recv.BufRingEmpty += c.bufEmpty.Load()
+	s.Send.ZCProbes += c.ZCProbes.Load()
+	s.Send.ZCSmallWindow += c.ZCSmallWindow.Load()
+	s.Recv.BufRingEmpty += c.BufEmpty.Load()
 	s.Recv.CreditPauses += c.creditPauses.Load()
 	s.Faults.CloseTimeouts += c.closeTimeouts.Load()
 	s.Faults.HandlerPanics += c.handlerPanics.Load()
 	s.Send.NotifsUnexpected += c.notifsUnexpected.Load()
 	s.Faults.AcceptErrors += c.acceptErrs.Load()
 	s.Faults.AcceptBackoffs += c.acceptBackoffs.Load()
-	s.Memory.PoolGrows += c.sendPoolGrows.Load()
+	s.Memory.PoolGrows += c.PoolGrows.Load()
 	s.Memory.PoolGrowFailures += c.sendPoolGrowFails.Load()
 	s.Send.PoolWaits += c.poolWaits.Load()
 	s.Memory.MemlockCaps += c.memlockCaps.Load()

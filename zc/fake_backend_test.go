@@ -12,6 +12,7 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/uring"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
 // A fake kernel for the connection core (the interleaving test, interleave_test.go).
@@ -26,9 +27,15 @@ import (
 // simulated socket send buffer) or send its FIN, reset a connection, accept a new one, and
 // what the application does from outside (pause a receiver, release kept Data, Engine.Close).
 // Events reach the core through Queue.Dispatch and OnEvent as io_uring completions do (the
-// same calls as be_uring.go), so the core cannot tell the difference. In epoll mode it plays
-// the plain backend instead (be_plain.go's calls: writev at once with short writes and EAGAIN,
-// then EPOLLOUT; reads on EPOLLIN; no zero-copy).
+// same calls as zc/internal/be/uring), so the core cannot tell the difference. In epoll mode
+// it plays the plain backend instead (zc/internal/be/epoll's calls: writev at once with short
+// writes and EAGAIN, then EPOLLOUT; reads on EPOLLIN; no zero-copy).
+//
+// It is a becontract.Backend, set on the queue as the real backends are (setBackend), and as
+// a backend it sees a connection only as a becontract.Conn (fconn.b): the core calls it and
+// hears its reports through the same contract as the backends' packages. What it reads of
+// *Conn itself (fconn.c) is the test's side: the application's actions (pause, close, the
+// close deadline) and the checks of the simulation (queueState, describe).
 //
 // The send pool is the queue's own (zc/queue.go: waiters, grants), its growth sometimes
 // refused as RLIMIT_MEMLOCK would; the receive pool is small, so receives meet ENOBUFS.
@@ -90,8 +97,9 @@ type fakeHeld struct {
 type fconn struct {
 	k    *fakeKernel
 	id   int
-	c    *Conn
-	role *simConn // the test's view (interleave_test.go)
+	c    *Conn           // the test's view of the connection (actions, checks)
+	b    becontract.Conn // the backend's view: the contract
+	role *simConn        // the test's view (interleave_test.go)
 
 	// The peer's stream toward the connection: key, total, written so far, not yet received.
 	inKey            int64
@@ -163,9 +171,9 @@ func (fc *fconn) String() string {
 	return fmt.Sprintf("fconn %d (%s)", fc.id, fc.role.kind)
 }
 
-// OnEvent handles the fake completions as be_uring.go handles io_uring's.
+// OnEvent handles the fake completions as zc/internal/be/uring handles io_uring's.
 func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
-	c := fc.c
+	c := fc.b
 	k := fc.k
 	more := ev.Flags&uring.CQEFMore != 0
 	switch ev.Tag {
@@ -176,20 +184,20 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		}
 		k.onRecv(fc, ev, more)
 	case tagSend:
-		k.freeOp(c, ev.UD)
+		k.FreeOp(c, ev.UD)
 		fk(c).tx.ud, fk(c).tx.segs = 0, 0
 		switch {
 		case ev.Res > 0:
-			c.advance(int(ev.Res))
+			c.Advance(int(ev.Res))
 		case ev.Res == -int32(unix.EAGAIN):
 			fk(c).tx.pollFirst = true
 		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
-			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+			c.Fail("write", unix.Errno(-ev.Res))
 		}
-		c.sendProgress()
+		c.SendProgress()
 	case tagSendZC:
 		if ev.Flags&uring.CQEFNotif != 0 {
-			c.zcNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
+			c.ZCNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
 		fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = 0, 0, false
@@ -198,15 +206,15 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		if again {
 			fk(c).tx.pollFirst = true
 		}
-		c.zcCompleted(ev.UD, int(ev.Res), notif, again)
+		c.ZCCompleted(ev.UD, int(ev.Res), notif, again)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
-			c.fail(c.opErr("write", unix.Errno(-ev.Res)))
+			c.Fail("write", unix.Errno(-ev.Res))
 		}
-		c.sendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
+		c.SendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
 	case tagConnect:
-		k.freeOp(c, ev.UD)
+		k.FreeOp(c, ev.UD)
 		fc.cud = 0
-		c.dialDone(ev.Res)
+		c.DialDone(ev.Res)
 	default:
 		k.failf("%v: event with tag %d", fc, ev.Tag)
 	}
@@ -221,12 +229,12 @@ type fakeKernel struct {
 
 	conns     []*fconn // in creation order (the scheduler iterates these: no map order)
 	byConn    map[*Conn]*fconn
-	dialRoles []*simConn // roles of connections being dialed, in DialAsync order
-	starved   []*Conn    // waiting for a receive buffer
+	dialRoles []*simConn        // roles of connections being dialed, in DialAsync order
+	starved   []becontract.Conn // waiting for a receive buffer
 	wakeReq   bool
 
 	growRefuse float64 // chance that a send pool growth is refused for lack of locked memory
-	// epoll: readiness mode, as the plain backend (be_plain.go): sends are written at once
+	// epoll: readiness mode, as the plain backend (zc/internal/be/epoll): sends are written at once
 	// (short writes, EAGAIN, then EPOLLOUT), receives read on EPOLLIN; no zero-copy.
 	epoll    bool
 	tame     bool // scripted cases: sends take all they can at once (no EAGAIN, no short writes)
@@ -241,16 +249,16 @@ type fakeKernel struct {
 }
 
 func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
-	cfg := &q.e.cfg
+	cfg := (*beQueue)(q).Config()
 	k := &fakeKernel{q: q, sim: sim, rng: sim.rng, byConn: map[*Conn]*fconn{}, growRefuse: sim.growRefuse, maxSteps: sim.maxSteps, epoll: sim.epoll}
 	var err error
-	k.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
-		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnFree: k.recvFreed}, false))
+	k.recv, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, OnFree: k.recvFreed}, false))
 	if err != nil {
 		return nil, err
 	}
-	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: k.sendPoolGrow}, true))
+	q.send, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, OnFree: q.sendBufFreed, OnGrow: k.sendPoolGrow}, true))
 	if err != nil {
 		k.recv.CloseWhenReleased()
 		return nil, err
@@ -289,13 +297,20 @@ func (k *fakeKernel) tracef(format string, args ...any) {
 	k.trace = append(k.trace, fmt.Sprintf("%d: ", k.steps)+fmt.Sprintf(format, args...))
 }
 
-func (k *fakeKernel) get(c *Conn) *fconn {
+// get finds the fake kernel's side of the connection the core handed it (by the contract's
+// view: the fake's own state of it holds its fconn once it has one).
+func (k *fakeKernel) get(bc becontract.Conn) *fconn {
+	if fc := fk(bc).fc; fc != nil {
+		return fc
+	}
+	c := (*Conn)(bc.(*beConn)) // the test's bookkeeping: byConn, by the test's *Conn
 	fc := k.byConn[c]
 	if fc == nil {
 		k.failf("connection %p unknown to the fake kernel", c)
-		fc = &fconn{k: k, c: c, role: &simConn{kind: "unknown"}}
+		fc = &fconn{k: k, c: c, b: bc, role: &simConn{kind: "unknown"}}
 		k.byConn[c] = fc
 	}
+	fk(bc).fc = fc
 	return fc
 }
 
@@ -303,7 +318,7 @@ func (k *fakeKernel) get(c *Conn) *fconn {
 func (k *fakeKernel) addConn(c *Conn, role *simConn) *fconn {
 	fc := k.byConn[c] // started already (epoll mode registers in start)
 	if fc == nil {
-		fc = &fconn{k: k, id: len(k.conns), c: c}
+		fc = &fconn{k: k, id: len(k.conns), c: c, b: (*beConn)(c)}
 		k.conns = append(k.conns, fc)
 		k.byConn[c] = fc
 	}
@@ -312,45 +327,45 @@ func (k *fakeKernel) addConn(c *Conn, role *simConn) *fconn {
 	return fc
 }
 
-func (k *fakeKernel) newOp(c *Conn, fc *fconn, tag uint32) uint64 {
-	c.opStarted()
+func (k *fakeKernel) newOp(c becontract.Conn, fc *fconn, tag uint32) uint64 {
+	c.OpStarted()
 	return k.q.NewOp(fc, tag)
 }
 
 // ---- backend ---------------------------------------------------------------------------
 
-func (k *fakeKernel) name() Backend          { return BackendAuto }
-func (k *fakeKernel) zeroCopy() bool         { return !k.epoll }
-func (k *fakeKernel) directOK() bool         { return false }
-func (k *fakeKernel) appDirect() bool        { return true }
-func (k *fakeKernel) recvPool() *memreg.Pool { return k.recv }
-func (k *fakeKernel) close() {
+func (k *fakeKernel) Kind() becontract.Kind  { return becontract.KindAuto }
+func (k *fakeKernel) ZeroCopy() bool         { return !k.epoll }
+func (k *fakeKernel) DirectOK() bool         { return false }
+func (k *fakeKernel) AppDirect() bool        { return true }
+func (k *fakeKernel) RecvPool() *memreg.Pool { return k.recv }
+func (k *fakeKernel) Close() {
 	k.recv.CloseWhenReleased()
 	k.q.send.CloseWhenReleased()
 }
 
-// start registers the socket (epoll mode: one registration for both directions).
-func (k *fakeKernel) start(c *Conn) error {
+// Start registers the socket (epoll mode: one registration for both directions).
+func (k *fakeKernel) Start(c becontract.Conn) error {
 	if !k.epoll {
 		return nil
 	}
-	fc := k.byConn[c]
+	fc := k.byConn[(*Conn)(c.(*beConn))]
 	if fc == nil {
-		fc = k.addConn(c, &simConn{kind: "starting"})
+		fc = k.addConn((*Conn)(c.(*beConn)), &simConn{kind: "starting"})
 	}
 	fk(c).recvUD = k.newOp(c, fc, tagRecv)
 	fc.rud = fk(c).recvUD
 	return nil
 }
 
-func (k *fakeKernel) sending(c *Conn) bool {
+func (k *fakeKernel) Sending(c becontract.Conn) bool {
 	if k.epoll {
 		return fk(c).wantOut
 	}
 	return fk(c).tx.ud != 0
 }
 
-func (k *fakeKernel) inFlightSegs(c *Conn) int {
+func (k *fakeKernel) InFlightSegs(c becontract.Conn) int {
 	if t := &fk(c).tx; !k.epoll && t.ud != 0 {
 		return t.segs
 	}
@@ -360,23 +375,32 @@ func (k *fakeKernel) inFlightSegs(c *Conn) int {
 // fakeBk is the fake backend's own state of a connection (Conn.bk): the io_uring and the
 // plain backend's fields, as each of them keeps it.
 type fakeBk struct {
+	c                becontract.Conn
+	fc               *fconn // the fake kernel's side, once known (get)
 	recvUD, dialUD   uint64
 	wantOut, needArm bool
-	tx               uringTx
+	tx               fakeTx
 }
 
-func (*fakeBk) backendState() {}
+// fakeTx is the send side's state, as the io_uring backend keeps it.
+type fakeTx struct {
+	ud              uint64
+	segs            int
+	zcOp, pollFirst bool
+}
 
-func fk(c *Conn) *fakeBk { return c.bk.(*fakeBk) }
+func (*fakeBk) ConnState() {}
 
-func (k *fakeKernel) newConnState() backendState { return &fakeBk{} }
+func fk(c becontract.Conn) *fakeBk { return c.BackendState().(*fakeBk) }
+
+func (k *fakeKernel) NewConnState(c becontract.Conn) becontract.ConnState { return &fakeBk{c: c} }
 
 // cancelSend is io_uring's ASYNC_CANCEL of the send in flight: the send completes when the
 // scheduler picks it (room or not), with -ECANCELED, with the part it had taken (the
 // kernel's done_io), or whole (the cancel came too late). Until then its buffers are the
 // kernel's: their loans and bytes are recorded here and checked at the completion. The plain
 // backend's sends are write(2) calls: nothing to cancel.
-func (k *fakeKernel) cancelSend(c *Conn) {
+func (k *fakeKernel) CancelSend(c becontract.Conn) {
 	if k.epoll {
 		return
 	}
@@ -387,192 +411,184 @@ func (k *fakeKernel) cancelSend(c *Conn) {
 	fc.scancel = true
 	k.sim.cancels++
 	fc.tracef("cancel send (%d bytes in %d segments)", fc.sbytes, fc.ssegs)
-	for i := 0; i < fc.ssegs && i < c.pendLen(); i++ {
-		s := c.tx.pend[i]
-		if d := s.mem(); d != nil {
-			mem := d[s.off:s.n]
+	for i := 0; i < fc.ssegs && i < c.PendLen(); i++ {
+		if s := c.Pend(i); s.Ptr != nil {
+			mem := s.Bytes()
 			fc.sheld = append(fc.sheld, fakeHeld{mem: mem, want: bytes.Clone(mem)})
 		}
 	}
 }
 
-func (k *fakeKernel) freeOp(c *Conn, ud uint64) {
+func (k *fakeKernel) FreeOp(c becontract.Conn, ud uint64) {
 	if k.q.OpLive(ud) {
 		k.q.FreeOp(ud)
-		c.opEnded()
+		c.OpEnded()
 	}
 }
 
-func (k *fakeKernel) armRecv(c *Conn) {
+func (k *fakeKernel) ArmRecv(c becontract.Conn) {
 	if k.epoll {
-		c.recvStarted()
+		c.RecvStarted()
 		return
 	}
 	fc := k.get(c)
 	if fc.rud != 0 {
-		k.failf("%v: receive armed twice (recvArmed %v)", fc, c.recvArmed)
+		k.failf("%v: receive armed twice (recvArmed %v)", fc, c.RecvArmed())
 	}
 	fk(c).recvUD = k.newOp(c, fc, tagRecv)
 	fc.rud, fc.rmulti, fc.rcancel = fk(c).recvUD, k.rng.IntN(3) != 0, false
-	c.recvStarted()
+	c.RecvStarted()
 	fk(c).needArm = false
 }
 
-func (k *fakeKernel) stopRecv(c *Conn) {
+func (k *fakeKernel) StopRecv(c becontract.Conn) {
 	if k.epoll {
-		c.recvEnded()
+		c.RecvEnded()
 		return
 	}
-	if c.recvArmed && fk(c).recvUD != 0 {
+	if c.RecvArmed() && fk(c).recvUD != 0 {
 		k.get(c).rcancel = true
 	}
 }
 
-func (k *fakeKernel) send(c *Conn) {
+func (k *fakeKernel) Send(c becontract.Conn) {
 	if k.epoll {
 		k.sendSync(c)
 		return
 	}
-	if c.pendLen() == 0 || fk(c).tx.ud != 0 || c.st.SockClosed() {
+	if c.PendLen() == 0 || fk(c).tx.ud != 0 || c.SockClosed() {
 		return
 	}
 	fc := k.get(c)
-	head := &c.tx.pend[0]
-	left := int(head.n - head.off)
-	if c.tx.zc.use(left) {
+	head := c.Pend(0)
+	left := head.Len
+	zc := c.ZC()
+	if zc.Use(left) {
 		ud := k.newOp(c, fc, tagSendZC)
 		fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = ud, 1, true
-		c.zcStart(ud)
+		c.ZCStart(ud)
 		fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, true, 1, int64(left)
-		fc.sloans = append(fc.sloans[:0], head.loan)
-		c.tx.sendZCOps.Add(1)
-		k.q.ctr.sendZCOps.Add(1)
+		fc.sloans = append(fc.sloans[:0], head.Loan)
+		c.CountSend(true)
 		return
 	}
 	limit := 1 + k.rng.IntN(maxIov) // batches of every size
-	n, nb := 0, 0
-	for n < c.pendLen() && n < limit && nb < maxSendBatch {
-		s := &c.tx.pend[n]
-		if n > 0 {
-			if c.tx.zc.wouldUse(int(s.n - s.off)) {
-				break
-			}
-			c.tx.zc.countCopy(int(s.n - s.off))
+	n, nb := 1, left
+	fc.sloans = append(fc.sloans[:0], head.Loan)
+	for n < c.PendLen() && n < limit && nb < becontract.MaxSendBatch {
+		s := c.Pend(n)
+		if zc.WouldUse(s.Len) {
+			break
 		}
-		nb += int(s.n - s.off)
+		zc.CountCopy(s.Len)
+		fc.sloans = append(fc.sloans, s.Loan)
+		nb += s.Len
 		n++
 	}
 	ud := k.newOp(c, fc, tagSend)
 	fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = ud, n, false
 	fc.sud, fc.szc, fc.ssegs, fc.sbytes = ud, false, n, int64(nb)
-	fc.sloans = fc.sloans[:0]
-	for i := range n {
-		fc.sloans = append(fc.sloans, c.tx.pend[i].loan)
-	}
-	c.tx.sendOps.Add(1)
-	k.q.ctr.sendOps.Add(1)
+	c.CountSend(false)
 }
 
-func (k *fakeKernel) closeSocket(c *Conn) {
+func (k *fakeKernel) CloseSocket(c becontract.Conn) {
 	if k.epoll {
 		fc := k.get(c)
 		if fk(c).recvUD != 0 {
 			k.q.FreeOp(fk(c).recvUD)
 			fk(c).recvUD = 0
-			c.opEnded()
+			c.OpEnded()
 			fc.rud = 0
 		}
 		fk(c).wantOut = false
 	}
-	k.stopRecv(c)
-	c.sock.Close()
-	c.fd = -1
+	k.StopRecv(c)
+	c.Socket().Close()
 	k.get(c).closed = true
 }
 
-func (k *fakeKernel) dial(c *Conn) {
+func (k *fakeKernel) Dial(c becontract.Conn) {
 	if len(k.dialRoles) == 0 {
 		k.failf("dial with no role")
 		k.dialRoles = append(k.dialRoles, &simConn{kind: "unknown"})
 	}
 	role := k.dialRoles[0]
 	k.dialRoles = k.dialRoles[1:]
-	fc := k.addConn(c, role)
+	fc := k.addConn((*Conn)(c.(*beConn)), role)
 	k.sim.setupPeer(fc)
 	fk(c).dialUD = k.newOp(c, fc, tagConnect)
 	fc.cud = fk(c).dialUD
 }
 
-func (k *fakeKernel) dropDial(c *Conn) { k.freeOp(c, fk(c).dialUD) }
+func (k *fakeKernel) DropDial(c becontract.Conn) { k.FreeOp(c, fk(c).dialUD) }
 
-func (k *fakeKernel) cancelDial(c *Conn) {
-	if c.connect != nil && k.q.OpLive(fk(c).dialUD) {
+func (k *fakeKernel) CancelDial(c becontract.Conn) {
+	if c.DialAddr() != nil && k.q.OpLive(fk(c).dialUD) {
 		k.get(c).ccancel = true
 	}
 }
 
-func (k *fakeKernel) listen(p *lpart)      { k.failf("listen: not simulated") }
-func (k *fakeKernel) stopListen(p *lpart)  { p.finish() }
-func (k *fakeKernel) pauseListen(p *lpart) {}
+func (k *fakeKernel) Listen(p becontract.Listener)      { k.failf("listen: not simulated") }
+func (k *fakeKernel) StopListen(p becontract.Listener)  { p.Finish() }
+func (k *fakeKernel) PauseListen(p becontract.Listener) {}
 
-// onRecv is be_uring.go's onRecv over the fake ring.
+// onRecv is zc/internal/be/uring's onRecv over the fake ring.
 func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
-	c := fc.c
+	c := fc.b
 	if !more {
-		k.freeOp(c, ev.UD)
+		k.FreeOp(c, ev.UD)
 		fk(c).recvUD = 0
-		c.recvEnded()
+		c.RecvEnded()
 		fc.rud, fc.rcancel = 0, false
 	}
 	switch res := ev.Res; {
 	case res > 0:
 		buf := fc.rbuf
 		fc.rbuf = memreg.Buf{}
-		c.deliver(Data{buf: buf, n: int(res)})
+		c.Deliver(buf, int(res))
 	case res == 0:
-		c.gotEOF(nil)
+		c.GotEOF(nil)
 	case res == -int32(unix.ENOBUFS):
-		if !c.recvArmed && !c.inClose() {
+		if !c.RecvArmed() && !c.InClose() {
 			fk(c).needArm = true
 			k.waitBuffers(c)
 		}
 		return
 	case res == -int32(unix.ECANCELED), res == -int32(unix.EAGAIN):
 	default:
-		c.gotEOF(unix.Errno(-res))
+		c.GotEOF(unix.Errno(-res))
 	}
-	if c.ended() {
+	if c.Ended() {
 		return
 	}
-	c.checkCredit()
-	if c.inClose() {
-		c.advanceClose()
+	c.CheckCredit()
+	if c.InClose() {
+		c.AdvanceClose()
 		return
 	}
-	if !c.recvArmed {
-		c.armRecv()
+	if !c.RecvArmed() {
+		c.Rearm()
 	}
 }
 
 // waitBuffers: c found no receive buffer; it re-arms when one is back (at once when the pool
 // has one free or can grow, as the receive ring's WaitBuffers does).
-func (k *fakeKernel) waitBuffers(c *Conn) {
+func (k *fakeKernel) waitBuffers(c becontract.Conn) {
 	if k.recv.Free() > 0 || k.growRecv() {
-		k.q.MarkDirty((*fakeRearm)(c))
+		k.q.MarkDirty((*fakeRearm)(fk(c)))
 		return
 	}
 	k.starved = append(k.starved, c)
 }
 
-// fakeRearm is Conn as the loop.Flusher that re-arms its receive once buffers are back (the
-// io_uring backend's rearm, over the fake's own state).
-type fakeRearm Conn
+// fakeRearm is the fake's state of a connection as the loop.Flusher that re-arms its receive
+// once buffers are back (the io_uring backend's rearm).
+type fakeRearm fakeBk
 
 func (r *fakeRearm) Flush(*loop.Queue) {
-	c := (*Conn)(r)
-	if st := fk(c); st.needArm {
-		st.needArm = false
-		c.armRecv()
+	if r.needArm {
+		r.needArm = false
+		r.c.Rearm()
 	}
 }
 
@@ -602,7 +618,7 @@ func (k *fakeKernel) retryStarved() {
 	for _, c := range st {
 		if fk(c).needArm {
 			fk(c).needArm = false
-			c.armRecv()
+			c.Rearm()
 		}
 	}
 }
@@ -652,7 +668,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
 				a = append(a, fakeAct{kind: actRecv, fc: fc})
 			}
-			if fc.rud != 0 && fk(fc.c).wantOut && (fc.reset || fc.sndq < fc.sndCap) {
+			if fc.rud != 0 && fk(fc.b).wantOut && (fc.reset || fc.sndq < fc.sndCap) {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
 		} else {
@@ -708,7 +724,7 @@ func (k *fakeKernel) enabled() []fakeAct {
 	return a
 }
 
-func (fc *fconn) started() bool { return fc.cud == 0 && fc.c.connect == nil }
+func (fc *fconn) started() bool { return fc.cud == 0 && fc.b.DialAddr() == nil }
 
 // pick chooses an action, weighted by kind (the weights are the seed's: a slow peer, a
 // flaky network ...).
@@ -834,8 +850,11 @@ func (k *fakeKernel) waitWake(timeout time.Duration) {
 // drainWake consumes a pending eventfd write without blocking.
 func (k *fakeKernel) drainWake() { k.waitWake(0) }
 
-// Close implements loop.Driver.
-func (k *fakeKernel) Close() {}
+// fakeDriver is the fake kernel as the queue's loop.Driver (its Close is not the backend's).
+type fakeDriver fakeKernel
+
+func (d *fakeDriver) Wait(timeout time.Duration) error { return (*fakeKernel)(d).Wait(timeout) }
+func (d *fakeDriver) Close()                           {}
 
 // dispatch delivers a completion to the core, as a driver does.
 func (k *fakeKernel) dispatch(fc *fconn, what string, ev loop.Event) {
@@ -938,11 +957,11 @@ func (k *fakeKernel) do(a fakeAct) {
 		c.mu.Lock()
 		producer := len(c.out) > 0 || c.staged() || c.holdClose
 		c.mu.Unlock()
-		if c.pendLen() > 0 || k.sending(c) || producer {
+		if c.pendLen() > 0 || k.Sending(fc.b) || producer {
 			fc.expired = true
 			k.sim.expires++
 		}
-		fc.tracef("close-expire (work %v, sending %v, pend %d)", fc.expired, k.sending(c), c.pendLen())
+		fc.tracef("close-expire (work %v, sending %v, pend %d)", fc.expired, k.Sending(fc.b), c.pendLen())
 		k.tracef("%v: close-expire (work %v)", fc, fc.expired)
 		c.cl.deadline = time.Now().Add(-time.Nanosecond)
 		c.advanceClose()
@@ -1004,7 +1023,6 @@ func (k *fakeKernel) doRecv(fc *fconn) {
 }
 
 func (k *fakeKernel) doSend(fc *fconn) {
-	c := fc.c
 	ud := fc.sud
 	fc.sud = 0
 	ev := loop.Event{UD: ud, Res: int32(fc.sbytes)}
@@ -1056,8 +1074,7 @@ func (k *fakeKernel) doSend(fc *fconn) {
 			ev.Res = int32(n)
 			if fc.szc {
 				ev.Flags = uring.CQEFMore
-				head := c.tx.pend[0]
-				mem := head.mem()[head.off : int64(head.off)+n]
+				mem := fc.b.Pend(0).Bytes()[:n]
 				fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
 			}
 		}
@@ -1091,8 +1108,7 @@ func (k *fakeKernel) doSend(fc *fconn) {
 			k.dispatch(fc, "notif (early)", loop.Event{UD: ud, Flags: uring.CQEFNotif})
 			break
 		}
-		head := c.tx.pend[0]
-		mem := head.mem()[head.off : int64(head.off)+n]
+		mem := fc.b.Pend(0).Bytes()[:n]
 		fc.notifs = append(fc.notifs, fakeNotif{ud: ud, mem: mem, want: bytes.Clone(mem)})
 	default:
 		// Short sends: at most the room left in the socket buffer, often less.
@@ -1112,30 +1128,29 @@ func (k *fakeKernel) doSend(fc *fconn) {
 	k.dispatch(fc, what, ev)
 }
 
-// take moves n bytes from the head of c.tx.pend into the socket send buffer, checking them
-// against the stream the connection must send.
+// take moves n bytes from the head of the send queue into the socket send buffer, checking
+// them against the stream the connection must send.
 func (k *fakeKernel) take(fc *fconn, n int64) bool {
-	c := fc.c
+	c := fc.b
 	if fc.outKey == nil {
 		k.failf("%v: sent %d bytes but sends nothing", fc, n)
 		return false
 	}
 	left := n
 	for i := 0; i < fc.ssegs && left > 0; i++ {
-		if i >= c.pendLen() {
-			k.failf("%v: send in flight covers %d segments, %d pending", fc, fc.ssegs, c.pendLen())
+		if i >= c.PendLen() {
+			k.failf("%v: send in flight covers %d segments, %d pending", fc, fc.ssegs, c.PendLen())
 			return false
 		}
-		s := c.tx.pend[i]
-		d := s.mem() // a pool's loan or the application's slice (SendBytes)
-		if d == nil {
+		s := c.Pend(i) // a pool's loan or the application's slice (SendBytes)
+		if s.Ptr == nil {
 			k.failf("%v: segment %d of a send in flight has no memory (returned early?)", fc, i)
 			return false
 		}
-		p := d[s.off:s.n]
+		p := s.Bytes()
 		p = p[:min(int64(len(p)), left)]
 		if fc.fanSubs != nil {
-			if !k.takeFan(fc, s, d, p) {
+			if !k.takeFan(fc, s, p) {
 				return false
 			}
 		} else if !fakeMatches(p, *fc.outKey, fc.kAcc) {
@@ -1168,36 +1183,37 @@ func (k *fakeKernel) doNotif(fc *fconn, i int) {
 	k.dispatch(fc, "notif", loop.Event{UD: nt.ud, Res: res, Flags: uring.CQEFNotif})
 }
 
-// ---- epoll mode (be_plain.go's ways) -----------------------------------------------------
+// ---- epoll mode (zc/internal/be/epoll's ways) -----------------------------------------------------
 
-// onReady is plainBackend.onEvent.
+// onReady is the plain backend's onEvent.
 func (k *fakeKernel) onReady(fc *fconn, events uint32) {
-	c := fc.c
+	c := fc.b
 	if events&unix.EPOLLOUT != 0 && fk(c).wantOut {
 		k.sendSync(c)
 		if !fk(c).wantOut {
-			c.sendProgress()
+			c.SendProgress()
 		}
 	}
-	if c.ended() {
+	if c.Ended() {
 		return
 	}
-	if events&unix.EPOLLIN != 0 && c.recvArmed {
+	if events&unix.EPOLLIN != 0 && c.RecvArmed() {
 		k.readSync(fc)
 	}
-	if c.inClose() {
-		c.advanceClose()
+	if c.InClose() {
+		c.AdvanceClose()
 	}
 }
 
-// sendSync is plainBackend.send: writev until the socket buffer is full, then EPOLLOUT.
-func (k *fakeKernel) sendSync(c *Conn) {
+// sendSync is the plain backend's Send: writev until the socket buffer is full, then
+// EPOLLOUT.
+func (k *fakeKernel) sendSync(c becontract.Conn) {
 	fc := k.get(c)
 	progress := false
-	for c.pendLen() > 0 && !c.st.SockClosed() {
+	for c.PendLen() > 0 && !c.SockClosed() {
 		if fc.reset {
 			fc.tracef("writev: EPIPE")
-			c.fail(c.opErr("write", unix.EPIPE))
+			c.Fail("write", unix.EPIPE)
 			return
 		}
 		room := fc.sndCap - fc.sndq
@@ -1209,9 +1225,8 @@ func (k *fakeKernel) sendSync(c *Conn) {
 			limit = maxIov
 		}
 		n, nb := 0, int64(0)
-		for n < c.pendLen() && n < limit {
-			s := &c.tx.pend[n]
-			nb += int64(s.n - s.off)
+		for n < c.PendLen() && n < limit {
+			nb += int64(c.Pend(n).Len)
 			n++
 		}
 		w := min(nb, room)
@@ -1223,30 +1238,29 @@ func (k *fakeKernel) sendSync(c *Conn) {
 			return
 		}
 		fc.tracef("writev %d of %d", w, nb)
-		c.tx.sendOps.Add(1)
-		k.q.ctr.sendOps.Add(1)
-		c.advance(int(w))
+		c.CountSend(false)
+		c.Advance(int(w))
 		progress = true
 	}
-	want := c.pendLen() > 0 && !c.st.SockClosed()
+	want := c.PendLen() > 0 && !c.SockClosed()
 	if want != fk(c).wantOut {
 		fk(c).wantOut = want
 	}
 	if progress && !fk(c).wantOut {
-		k.q.MarkDirty((*plainWritable)(c))
+		k.q.MarkDirty((*fakeWritable)(fk(c)))
 	}
 }
 
-// readSync is plainBackend.read.
+// readSync is the plain backend's read.
 func (k *fakeKernel) readSync(fc *fconn) {
-	c := fc.c
-	for i := 0; i < 16 && c.recvArmed && !c.st.SockClosed(); i++ {
+	c := fc.b
+	for i := 0; i < 16 && c.RecvArmed() && !c.SockClosed(); i++ {
 		buf, err := k.recv.Get()
 		if err != nil && k.growRecv() {
 			buf, err = k.recv.Get()
 		}
 		if err != nil {
-			k.stopRecv(c)
+			k.StopRecv(c)
 			fk(c).needArm = true
 			k.starved = append(k.starved, c)
 			k.sim.enobufs++
@@ -1256,16 +1270,16 @@ func (k *fakeKernel) readSync(fc *fconn) {
 		switch {
 		case fc.reset:
 			buf.Release()
-			k.stopRecv(c)
+			k.StopRecv(c)
 			fc.tracef("read: ECONNRESET")
-			c.gotEOF(unix.ECONNRESET)
+			c.GotEOF(unix.ECONNRESET)
 			return
 		case fc.rcvq == 0:
 			buf.Release()
 			if fc.finSent {
-				k.stopRecv(c)
+				k.StopRecv(c)
 				fc.tracef("read: EOF")
-				c.gotEOF(nil)
+				c.GotEOF(nil)
 			}
 			return // EAGAIN
 		}
@@ -1278,13 +1292,23 @@ func (k *fakeKernel) readSync(fc *fconn) {
 		fc.inRecv += n
 		fc.rcvq -= n
 		fc.tracef("read %d", n)
-		c.deliver(Data{buf: buf, n: int(n)})
-		if c.ended() {
+		c.Deliver(buf, int(n))
+		if c.Ended() {
 			return
 		}
-		c.checkCredit()
+		c.CheckCredit()
 		if n < int64(len(p)) {
 			return
 		}
+	}
+}
+
+// fakeWritable is the fake's state of a connection as the loop.Flusher that reports a send
+// completed synchronously (the plain backend's plainWritable).
+type fakeWritable fakeBk
+
+func (w *fakeWritable) Flush(*loop.Queue) {
+	if !w.c.Ended() {
+		w.c.SendProgress()
 	}
 }

@@ -193,7 +193,7 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 		write(p[:300])
 	})
 	f.do(func() {
-		if !fk(c).wantOut || fc.kAcc != 100 {
+		if !fk((*beConn)(c)).wantOut || fc.kAcc != 100 {
 			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
 			return
 		}

@@ -450,7 +450,7 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 		lq.AtStop(q.abortAll)
 		k, err := newFakeKernel(q, s)
 		s.k = k
-		return k, err
+		return (*fakeDriver)(k), err
 	})
 	if err != nil {
 		return nil, err

@@ -28,13 +28,13 @@ func (c *Conn) inClose() bool { return c.st.InClose() }
 func (c *Conn) ended() bool { return c.st.Ended() }
 
 // The backend's own state of a connection is not in Conn: each backend keeps it in a type of
-// its own (uringConn, epollConn, the fake backend's), made with the connection
-// (backend.newConnState) and held in Conn.bk only so the backend finds it again. The field is
-// an interface: the core cannot look inside, and no backend writes a field of Conn
-// (TestBackendsWriteOnlyTheirState). What the core must know of the backend's work it learns
-// from the backend's reports (recvStarted, recvEnded, opStarted, opEnded, socketClosed, and
-// the completions: deliver, advance, zcCompleted, gotEOF, fail ...).
-type backendState interface{ backendState() }
+// its own (in its package under zc/internal/be, and the fake backend's), made with the
+// connection (backend.newConnState) and held in Conn.bk (a becontract.ConnState) only so the
+// backend finds it again. The field is an interface: the core cannot look inside, and a
+// backend sees the connection only as a becontract.Conn (backend.go's beConn), so it cannot
+// write a field of Conn. What the core must know of the backend's work it learns from the
+// backend's reports (recvStarted, recvEnded, opStarted, opEnded, socketClosed, and the
+// completions: deliver, advance, zcCompleted, gotEOF, fail ...).
 
 // recvStarted / recvEnded: the backend reports that receiving is armed / no longer armed.
 func (c *Conn) recvStarted() { c.recvArmed = true }

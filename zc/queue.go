@@ -11,19 +11,21 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
 // counters are written by one queue (or its connections) and read by anyone.
 type counters struct {
-	sentZC, zcCopied, sentCopy, sendOps, sendZCOps atomic.Uint64
-	recvRing, recvPlain, recvShim                  atomic.Uint64
-	recvMapped, recvMappedCopied, mappedFallbacks  atomic.Uint64
-	zcSwitches, zcProbes, bufEmpty                 atomic.Uint64
-	creditPauses, closeTimeouts, handlerPanics     atomic.Uint64
-	notifsUnexpected, acceptErrs, acceptBackoffs   atomic.Uint64
-	sendPoolGrows, sendPoolGrowFails               atomic.Uint64
-	sentSpliced, directWrites, recvDirect          atomic.Uint64
-	poolWaits, memlockCaps, zcSmallWindow          atomic.Uint64
+	becontract.Counters // the backend's (ring, plain and shim receives, send operations ...)
+
+	sentZC, zcCopied, sentCopy                    atomic.Uint64
+	recvMapped, recvMappedCopied, mappedFallbacks atomic.Uint64
+	zcSwitches                                    atomic.Uint64
+	creditPauses, closeTimeouts, handlerPanics    atomic.Uint64
+	notifsUnexpected, acceptErrs, acceptBackoffs  atomic.Uint64
+	sendPoolGrowFails                             atomic.Uint64
+	sentSpliced, directWrites, recvDirect         atomic.Uint64
+	poolWaits, memlockCaps                        atomic.Uint64
 	// splice.go, sendfile.go
 	relaySpliced, relaysSplice, relayFallbacks, relayErrors atomic.Uint64
 	relaySpliceCalls, relayWaits                            atomic.Uint64
@@ -417,7 +419,7 @@ func (q *queue) takeBuf(c, waiter *Conn) (memreg.Buf, error) {
 			var me *memreg.MemlockError
 			switch {
 			case err == nil:
-				q.ctr.sendPoolGrows.Add(1)
+				q.ctr.PoolGrows.Add(1)
 				q.serveWaiters()
 			case errors.As(err, &me):
 				q.ctr.sendPoolGrowFails.Add(1)

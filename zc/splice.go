@@ -39,7 +39,7 @@ type fdWatch struct {
 // spliceCapable reports whether the splice relay runs on the queue's backend: io_uring,
 // plain, and zcshim (whose module sends and receives through the socket's own operations, so
 // a splice(2) of a duplicate sees the same stream; the watches use its epoll; a paused
-// connection posts no RECV there, not even on a hang-up: shimBackend.onReadable). Test
+// connection posts no RECV there, not even on a hang-up: zc/internal/be/shim's onReadable). Test
 // backends keep SendData.
 func spliceCapable(q *queue) bool { return q.caps.splice != nil }
 

@@ -7,13 +7,13 @@ import (
 	"go/types"
 	"os"
 	"path/filepath"
-	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // The shape issue 18 asks of zc, checked on its source: the backends write only their own
-// per-connection state. (The net.Conn face is its own package, zc/netconn, since session 12:
+// per-connection state, and (issue 30) stay in their packages behind the contract. (The net.Conn face is its own package, zc/netconn, since session 12:
 // the compiler holds it to zc's public API.)
 
 // checkZC parses package zc's non-test files and type-checks them for the package's own
@@ -63,16 +63,22 @@ type importerFunc func(path string) (*types.Package, error)
 
 func (f importerFunc) Import(path string) (*types.Package, error) { return f(path) }
 
-// TestBackendsWriteOnlyTheirState holds the backends (be_*.go) to "Conn carries no state a
-// backend writes": no assignment in a backend goes through a *Conn. A backend's own
-// per-connection state is an object of its own (uringConn, epollConn), which Conn.bk holds
-// as an opaque interface; everything else a backend changes goes through the core's reports
-// (recvStarted, opEnded, socketClosed ...); no backend calls a transition of the connection's
-// state machine (Conn.st). And the core never opens Conn.bk: outside the backends it is only
-// assigned, once, where a Conn is made.
+// TestBackendsWriteOnlyTheirState holds the backends to "Conn carries no state a backend
+// writes". Since issue 30's stage 2 the backends are packages under zc/internal/be that see
+// a connection only as a becontract.Conn (TestBackendsStayInTheirPackages): they cannot
+// name Conn, its fields, the segments or connstate's transitions on it, and the compiler,
+// no longer a scan of be_*.go, refuses a write. Their per-connection state is an object of
+// their own (becontract.ConnState), which Conn.bk holds as an opaque interface.
+//
+// What remains for a scan is zc's side of the contract, backend.go's beConn: its facts (the
+// methods of becontract.Conn's "facts" and send-queue views) write nothing, none of its
+// methods moves the connection's state machine (Conn.st's transitions are the core's, in
+// the reports it calls), and the core never opens Conn.bk: it is assigned once, where a
+// Conn is made, and read only by beConn.BackendState, which hands it back to its backend.
 func TestBackendsWriteOnlyTheirState(t *testing.T) {
 	fset, files, pkg, info := checkZC(t)
 	connT := pkg.Scope().Lookup("Conn").Type()
+	beConnT := pkg.Scope().Lookup("beConn").Type()
 	isConn := func(e ast.Expr) bool {
 		tv, ok := info.Types[e]
 		if !ok {
@@ -82,58 +88,43 @@ func TestBackendsWriteOnlyTheirState(t *testing.T) {
 		if p, ok := ty.(*types.Pointer); ok {
 			ty = p.Elem()
 		}
-		return types.Identical(ty, connT)
+		return types.Identical(ty, connT) || types.Identical(ty, beConnT)
 	}
-	// coreOwned: the core's per-connection types a backend must not write (segments, the
-	// sender, the close and dial states).
-	coreOwned := func(ty types.Type) bool {
-		if p, ok := ty.(*types.Pointer); ok {
-			ty = p.Elem()
-		}
-		n, ok := ty.(*types.Named)
-		if !ok || n.Obj().Pkg() != pkg {
-			return false
-		}
-		switch n.Obj().Name() {
-		case "seg", "sender", "closeState", "connectState":
-			return true
-		}
-		return false
-	}
-	// allowed reports whether the written expression does not go through a Conn.
-	allowed := func(lhs ast.Expr) bool {
-		e := lhs
-		for {
-			switch x := e.(type) {
-			case *ast.SelectorExpr:
-				if isConn(x.X) {
-					return false
-				}
-				e = x.X
-			case *ast.IndexExpr:
-				e = x.X
-			case *ast.StarExpr:
-				e = x.X
-			case *ast.ParenExpr:
-				e = x.X
-			default:
-				return true // not through a Conn
-			}
-		}
-	}
+	// facts: beConn's methods that only read (becontract.Conn's facts and views).
+	facts := map[string]bool{"FD": true, "Socket": true, "BackendState": true, "SockClosed": true,
+		"InClose": true, "Ended": true, "RecvArmed": true, "Paused": true, "SawEOF": true,
+		"KernelTLS": true, "RecvRoom": true, "DialAddr": true, "PendLen": true, "Pend": true,
+		"ZC": true, "TLSSendCap": true}
 	var bad []string
-	checked, bkOutside := 0, 0
+	factsSeen, methods, bkAssigned := 0, 0, 0
 	for _, f := range files {
-		name := filepath.Base(fset.Position(f.Pos()).Filename)
-		if !strings.HasPrefix(name, "be_") {
-			// The core: Conn.bk only assigned (newConn), never read.
-			ast.Inspect(f, func(n ast.Node) bool {
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			recv := ""
+			if ok && fd.Recv != nil && len(fd.Recv.List) == 1 {
+				if st, ok := fd.Recv.List[0].Type.(*ast.StarExpr); ok {
+					if id, ok := st.X.(*ast.Ident); ok {
+						recv = id.Name
+					}
+				}
+			}
+			inBeConn := recv == "beConn"
+			if inBeConn {
+				methods++
+				if facts[fd.Name.Name] {
+					factsSeen++
+				}
+			}
+			ast.Inspect(d, func(n ast.Node) bool {
 				switch s := n.(type) {
 				case *ast.AssignStmt:
 					for _, l := range s.Lhs {
 						if sel, ok := l.(*ast.SelectorExpr); ok && sel.Sel.Name == "bk" && isConn(sel.X) {
-							bkOutside++
+							bkAssigned++
 						}
+					}
+					if inBeConn && facts[fd.Name.Name] && s.Tok != token.DEFINE {
+						bad = append(bad, fset.Position(s.Pos()).String()+" (beConn."+fd.Name.Name+" is a fact: it writes)")
 					}
 					for _, r := range s.Rhs {
 						ast.Inspect(r, func(n ast.Node) bool {
@@ -144,117 +135,129 @@ func TestBackendsWriteOnlyTheirState(t *testing.T) {
 						})
 					}
 					return false
+				case *ast.IncDecStmt:
+					if inBeConn && facts[fd.Name.Name] {
+						bad = append(bad, fset.Position(s.Pos()).String()+" (beConn."+fd.Name.Name+" is a fact: it writes)")
+					}
+				case *ast.CallExpr:
+					// The state machine moves only by the core's own functions.
+					if sel, ok := s.Fun.(*ast.SelectorExpr); ok && inBeConn {
+						if st, ok := sel.X.(*ast.SelectorExpr); ok && st.Sel.Name == "st" && isConn(st.X) {
+							switch sel.Sel.Name {
+							case "Open", "BeginClose", "Finish", "ShutWrite", "CloseSock":
+								bad = append(bad, fset.Position(s.Pos()).String()+" (beConn moves the connection's state)")
+							}
+						}
+					}
 				case *ast.SelectorExpr:
-					if s.Sel.Name == "bk" && isConn(s.X) {
+					if s.Sel.Name == "bk" && isConn(s.X) && !(inBeConn && fd.Name.Name == "BackendState") {
 						bad = append(bad, fset.Position(s.Pos()).String()+" (the core reads Conn.bk)")
 					}
 				}
 				return true
 			})
-			continue
+		}
+	}
+	if factsSeen != len(facts) || methods < 30 || bkAssigned != 1 {
+		t.Fatalf("%d of beConn's %d facts found, %d beConn methods, %d assignments of Conn.bk (want one, in newConn): the check would see nothing", factsSeen, len(facts), methods, bkAssigned)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("zc's side of the backends' contract writes or opens what it must not:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// The backend packages and what each may import of the module (beyond the standard library
+// and golang.org/x/sys/unix): the contract and the floors under zc, never zc itself nor
+// another backend (the zcshim backend shares the epoll base of be/epoll).
+var backendImports = map[string][]string{
+	"zc/internal/becontract": {"internal/loop", "memreg", "tcpglue"},
+	"zc/internal/be/uring":   {"zc/internal/becontract", "internal/loop", "internal/uring", "internal/memregops", "memreg"},
+	"zc/internal/be/epoll":   {"zc/internal/becontract", "internal/loop", "memreg"},
+	"zc/internal/be/shim":    {"zc/internal/becontract", "zc/internal/be/epoll", "internal/loop", "kmod/shim", "memreg"},
+}
+
+// backendCtors are the names of the backend packages the constructor table (backend.go)
+// may use: their constructors and the zcshim module's probe.
+var backendCtors = map[string]bool{"New": true, "NewPlain": true, "Available": true}
+
+// TestBackendsStayInTheirPackages holds the backends' walls. Each backend is a package under
+// zc/internal/be importing only the contract (zc/internal/becontract) and the floors
+// (backendImports): never zc (which imports them, so that would not compile either), never
+// another backend. So a backend sees connections, listeners and queues only through the
+// contract, and the compiler keeps it there: it cannot name a Conn, assert a feature's type
+// or call the core's functions. The contract imports no backend and no zc. On zc's side,
+// only backend.go imports a backend package, and uses of it only the constructors
+// (backendCtors): the core cannot name a concrete backend type (they are unexported in their
+// packages, or in packages it does not import), so there is no type switch on one outside
+// its package; the core asks the queue's capabilities (q.caps), asserted once in setBackend.
+func TestBackendsStayInTheirPackages(t *testing.T) {
+	const module = "github.com/zcnet/zcnet/"
+	for dir, allowed := range backendImports {
+		ok := map[string]bool{}
+		for _, a := range allowed {
+			ok[module+a] = true
+		}
+		names, err := filepath.Glob(filepath.Join(strings.TrimPrefix(dir, "zc/"), "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(names) == 0 {
+			t.Fatalf("%s: no Go files: the check would see nothing", dir)
+		}
+		imported := map[string]bool{}
+		for _, name := range names {
+			f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				imported[path] = true
+				if strings.HasPrefix(path, module) && !ok[path] {
+					t.Errorf("%s imports %s (a backend imports the contract and the floors only: %v)", name, path, allowed)
+				}
+			}
+		}
+		if dir != "zc/internal/becontract" && !imported[module+"zc/internal/becontract"] {
+			t.Errorf("%s does not import the contract: the check would see nothing", dir)
+		}
+	}
+	// zc's side: the constructor table only.
+	fset, files := parseZC(t)
+	tables := 0
+	for _, f := range files {
+		name := filepath.Base(fset.Position(f.Pos()).Filename)
+		bePkgs := map[string]bool{}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if !strings.HasPrefix(path, module+"zc/internal/be/") {
+				continue
+			}
+			if name != "backend.go" {
+				t.Errorf("%s imports the backend package %s: only backend.go's constructor table may", name, path)
+			}
+			local := filepath.Base(path)
+			if imp.Name != nil {
+				local = imp.Name.Name
+			}
+			bePkgs[local] = true
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			var lhs []ast.Expr
-			switch s := n.(type) {
-			case *ast.AssignStmt:
-				if s.Tok == token.DEFINE {
-					return true
-				}
-				lhs = s.Lhs
-			case *ast.IncDecStmt:
-				lhs = []ast.Expr{s.X}
-			case *ast.CallExpr:
-				// The state machine moves only by the core: a backend calling one of
-				// connstate.State's transitions on a Conn's state moves it.
-				if sel, ok := s.Fun.(*ast.SelectorExpr); ok {
-					if st, ok := sel.X.(*ast.SelectorExpr); ok && st.Sel.Name == "st" && isConn(st.X) {
-						switch sel.Sel.Name {
-						case "Open", "BeginClose", "Finish", "ShutWrite", "CloseSock":
-							bad = append(bad, fset.Position(s.Pos()).String()+" (moves the connection's state)")
-						}
-					}
-				}
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
 			}
-			// A write through a pointer the core handed out (a *seg from pendAt) is a
-			// write of the core's state too: no field of the core's types may be
-			// assigned here.
-			for _, l := range lhs {
-				if sel, ok := l.(*ast.SelectorExpr); ok && !isConn(sel.X) {
-					if tv, ok := info.Types[sel.X]; ok && coreOwned(tv.Type) {
-						bad = append(bad, fset.Position(l.Pos()).String()+" (a field of "+tv.Type.String()+")")
-					}
+			if x, ok := sel.X.(*ast.Ident); ok && bePkgs[x.Name] {
+				if !backendCtors[sel.Sel.Name] {
+					t.Errorf("%s: %s.%s: the core uses only the backends' constructors", fset.Position(sel.Pos()), x.Name, sel.Sel.Name)
 				}
-			}
-			for _, l := range lhs {
-				checked++
-				if !allowed(l) {
-					bad = append(bad, fset.Position(l.Pos()).String())
-				}
+				tables++
 			}
 			return true
 		})
 	}
-	if checked < 50 || bkOutside != 1 {
-		t.Fatalf("%d assignments in be_*.go, %d of Conn.bk outside them (want one, in newConn): the check would see nothing", checked, bkOutside)
-	}
-	if len(bad) > 0 {
-		t.Fatalf("backends write the core's state of a Conn:\n%s", strings.Join(bad, "\n"))
-	}
-}
-
-// TestBackendsStayInTheirFiles holds the backends' walls inside package zc: nothing outside
-// be_*.go names a concrete backend type (no type switch or assertion on one: the core asks
-// the queue's capabilities, asserted once in setBackend) nor anything else a backend's file
-// declares (their state, helpers: the core reaches a backend only through backend.go's
-// interfaces; the engine calls their constructors), and no backend names what another
-// backend's file declares (their shared vocabulary is backend.go's; the plain and zcshim
-// backends share the epoll base of be_epoll.go).
-func TestBackendsStayInTheirFiles(t *testing.T) {
-	fset, _, pkg, info := checkZC(t)
-	file := func(pos token.Pos) string { return filepath.Base(fset.Position(pos).Filename) }
-	isBE := func(name string) bool { return strings.HasPrefix(name, "be_") }
-	// A concrete backend: a type with the contract's methods.
-	concrete := map[types.Object]bool{}
-	for _, name := range pkg.Scope().Names() {
-		tn, ok := pkg.Scope().Lookup(name).(*types.TypeName)
-		if !ok || tn.IsAlias() {
-			continue
-		}
-		if _, isIface := tn.Type().Underlying().(*types.Interface); isIface {
-			continue
-		}
-		ms := types.NewMethodSet(types.NewPointer(tn.Type()))
-		if ms.Lookup(pkg, "armRecv") != nil && ms.Lookup(pkg, "name") != nil && ms.Lookup(pkg, "send") != nil {
-			concrete[tn] = true
-		}
-	}
-	if len(concrete) < 3 {
-		t.Fatalf("found %d concrete backends (want io_uring, plain, zcshim): the check would see nothing", len(concrete))
-	}
-	// chooses: where the engine picks a backend (engine.go, caps.go) it calls the backends'
-	// constructors and availability probes; nothing else of theirs.
-	chooses := func(at string, obj types.Object) bool {
-		_, fn := obj.(*types.Func)
-		return fn && (at == "engine.go" || at == "caps.go")
-	}
-	var bad []string
-	for id, obj := range info.Uses {
-		if obj.Pkg() != pkg || !obj.Pos().IsValid() {
-			continue
-		}
-		at, decl := file(id.Pos()), file(obj.Pos())
-		switch {
-		case !isBE(at) && concrete[obj]:
-			bad = append(bad, fset.Position(id.Pos()).String()+": the core names the backend type "+obj.Name())
-		case !isBE(at) && isBE(decl) && obj.Parent() == pkg.Scope() && !chooses(at, obj):
-			bad = append(bad, fset.Position(id.Pos()).String()+": the core names "+obj.Name()+" of "+decl)
-		case isBE(at) && isBE(decl) && at != decl && decl != "be_epoll.go" && obj.Parent() == pkg.Scope():
-			bad = append(bad, fset.Position(id.Pos()).String()+": "+at+" names "+obj.Name()+" of "+decl)
-		}
-	}
-	sort.Strings(bad)
-	if len(bad) > 0 {
-		t.Fatalf("%d names cross a backend's wall:\n%s", len(bad), strings.Join(bad, "\n"))
+	if tables < 3 {
+		t.Fatalf("%d uses of the backend packages in zc: the check would see nothing", tables)
 	}
 }
 

@@ -631,7 +631,7 @@ func (c *Conn) tlsRecvEnd(err error) (resume bool, _ error) {
 			return false, nil
 		case typ == ktls.TypeApplicationData:
 			// Data after all (the record at the head changed): deliver it.
-			c.q.ctr.recvPlain.Add(uint64(n))
+			c.q.ctr.RecvPlain.Add(uint64(n))
 			c.deliver(heapDataOf(t.scratch[:n]))
 			return !c.ended(), nil
 		}
@@ -714,23 +714,6 @@ func (c *Conn) tlsSendCap() int {
 		left = min(t.rekeyAt-n-2, 1<<16)
 	}
 	return int(left) * ktls.MaxRecord
-}
-
-// tlsCapIov trims iov to at most max bytes (max < 0: no bound) and returns how many
-// entries are left.
-func tlsCapIov(iov []unix.Iovec, max int) int {
-	if max < 0 {
-		return len(iov)
-	}
-	for i := range iov {
-		l := int(iov[i].Len)
-		if l >= max {
-			iov[i].SetLen(max)
-			return i + 1
-		}
-		max -= l
-	}
-	return len(iov)
 }
 
 // tlsDirectOK: a direct write of n bytes keeps the bound of records (no update owed, n

@@ -105,28 +105,8 @@ func (p *zcPolicy) smallWindow() {
 	p.copySends = 0
 }
 
-// A zero-copy skb charges every page it references in full to its truesize, however few of
-// its bytes it sends. Over loopback the receiving socket gets the sender's skb and charges
-// that truesize to its receive buffer. When the peer's window is small the sender cuts
-// segments to half of it (1 KiB for a 2 KiB window), each charging 4-8 KiB: the receiver's
-// measured payload/truesize ratio falls, the window clamp it derives from it (receive
-// buffer × ratio) drops below the sender's MSS, and from then on, copied sends included, the
-// connection moves one sub-MSS segment per persist timer (about 4 KiB/s on 6.18; the same
-// with MSG_ZEROCOPY and no io_uring). doc/notes/issue-18-sndbuf.md has the evidence.
-const (
-	zcMinSegment = 4096 // smallest send MSS for which zero-copy is tried
-	// zcHeaderRoom: IP and TCP headers with options, at most; an MSS further than this below
-	// the path MTU was cut by the peer's window, not by the path.
-	zcHeaderRoom = 100
-)
-
-// zcSegmentsSmall reports whether a connection whose TCP_INFO says send MSS mss and path MTU
-// pmtu would send zero-copy in segments too small for it: the MSS is cut by the peer's window
-// to less than a page. A path MSS (1448 on Ethernet) is not: its segments are cut from
-// large GSO skbs and the peer never sees the sender's skbs.
-func zcSegmentsSmall(mss, pmtu uint32) bool {
-	return mss > 0 && mss < zcMinSegment && mss+zcHeaderRoom < pmtu
-}
+// Whether the peer's window is too small for zero-copy at all is the backend's question,
+// asked before each probe (becontract.ZCSegmentsSmall, smallWindow).
 
 // countCopy counts a buffer of n bytes sent by copy along with the one use decided for (a
 // batch): every large buffer counts toward the next probe.

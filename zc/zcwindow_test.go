@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
 // TestZCSmallPeerWindow: 1 MiB in 64 KiB buffers over loopback to a peer whose receive buffer
@@ -165,8 +167,8 @@ func TestZCSegmentsSmall(t *testing.T) {
 		{576, 1500, true},     // Ethernet, 1 KiB window
 		{0, 0, false},         // TCP_INFO without them
 	} {
-		if got := zcSegmentsSmall(tc.mss, tc.pmtu); got != tc.small {
-			t.Errorf("zcSegmentsSmall(%d, %d) = %v, want %v", tc.mss, tc.pmtu, got, tc.small)
+		if got := becontract.ZCSegmentsSmall(tc.mss, tc.pmtu); got != tc.small {
+			t.Errorf("ZCSegmentsSmall(%d, %d) = %v, want %v", tc.mss, tc.pmtu, got, tc.small)
 		}
 	}
 }

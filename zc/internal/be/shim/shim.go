@@ -1,4 +1,13 @@
-package zc
+// Package shim is zc's zcshim backend: the same queues over the zcshim kernel module
+// (/dev/zcshim, see kmod/), for kernels or containers where io_uring is disabled or blocked.
+// Each queue opens two module contexts (the module runs one socket's operations in one
+// ordered list per context, so a RECV waiting for data would hold back the SENDs behind it):
+// tx for zero-copy SENDs, rx for RECVs. Readiness comes from the queue's epoll (the epoll
+// base of zc/internal/be/epoll): a RECV is posted only when the socket is readable, so idle
+// connections hold no receive buffer. SendPath does not apply: the module has only its
+// zero-copy send, and its notification says whether the stack copied. It sees connections,
+// listeners and its queue only through zc/internal/becontract.
+package shim
 
 import (
 	"errors"
@@ -9,22 +18,18 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/kmod/shim"
 	"github.com/zcnet/zcnet/memreg"
+	"github.com/zcnet/zcnet/zc/internal/be/epoll"
+	bc "github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
-// The zcshim backend: the same queues over the zcshim kernel module (/dev/zcshim, see kmod/),
-// for kernels or containers where io_uring is disabled or blocked. Each queue opens two module
-// contexts (the module runs one socket's operations in one ordered list per context, so a
-// RECV waiting for data would hold back the SENDs behind it): tx for zero-copy SENDs, rx for
-// RECVs. Readiness comes from the queue's epoll: a RECV is posted only when the socket is
-// readable, so idle connections hold no receive buffer. SendPath does not apply: the module
-// has only its zero-copy send, and its notification says whether the stack copied.
-
-func shimAvailable() error { return shimErr(shim.Probe()) }
+// Available says whether the module can be used (nil), or why not (an error matching
+// ErrNotSupported).
+func Available() error { return shimErr(shim.Probe()) }
 
 // shimErr makes the module's "cannot" errors match ErrNotSupported.
 func shimErr(err error) error {
-	if err != nil && errors.Is(err, shim.ErrABIMismatch) && !errors.Is(err, ErrNotSupported) {
-		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+	if err != nil && errors.Is(err, shim.ErrABIMismatch) && !errors.Is(err, shim.ErrNotSupported) {
+		return fmt.Errorf("%w: %w", shim.ErrNotSupported, err)
 	}
 	return err
 }
@@ -36,16 +41,18 @@ const (
 	shimCQSlack     = 16
 )
 
-// ss is the shim backend's module state of c (nil until start attached it).
-func ss(c *Conn) *shimConnState {
-	st, _ := es(c).own.(*shimConnState)
+// ss is the shim backend's module state of c (nil until Start attached it).
+func ss(c bc.Conn) *connState {
+	st, _ := epoll.ES(c).Own.(*connState)
 	return st
 }
 
-func (*shimConnState) backendState() {}
+func (*connState) ConnState() {}
 
-// shimConnState is a connection's module state.
-type shimConnState struct {
+// connState is a connection's module state, and the owner of its module operations.
+type connState struct {
+	c              bc.Conn
+	b              *backend
 	txSock, rxSock shim.SockID
 	attached       bool
 	inflight       int        // SENDs waiting for their completion
@@ -55,10 +62,12 @@ type shimConnState struct {
 	blocked        bool       // waiting for module queue room
 }
 
-type shimBackend struct {
-	epollCommon
+type backend struct {
+	epoll.Common
+	ctr     *bc.Counters
 	tx, rx  *shim.Queue
 	recv    *memreg.Pool
+	send    *memreg.Pool
 	txKeys  map[*memreg.Region]shim.RegionKey
 	rxKeys  map[*memreg.Region]shim.RegionKey
 	txUD    uint64 // epoll registrations of the module contexts
@@ -66,31 +75,32 @@ type shimBackend struct {
 	cqCap   int
 	sendRes int // tx CQ slots reserved (2 per SEND until its completion, 1 until its notification)
 	cqes    []shim.Completion
-	blocked []*Conn
+	blocked []bc.Conn
 	dirty   bool
 	// recvBufs are the buffers of RECVs the module holds, by operation: what a stopping
 	// queue never reaped goes back to the pool once the contexts are closed.
 	recvBufs map[uint64]memreg.Buf
 }
 
-// sbe is shimBackend seen as the owner of the module contexts' epoll registrations and as the
+// sbe is backend seen as the owner of the module contexts' epoll registrations and as the
 // flusher that submits before the loop waits.
-type sbe shimBackend
+type sbe backend
 
-func newShimBackend(q *queue) (loop.Driver, error) {
-	cfg := &q.e.cfg
-	ep, err := loop.NewEpoll(q.Queue)
+// New makes queue q's zcshim backend.
+func New(q bc.Queue) (loop.Driver, bc.Backend, error) {
+	cfg := q.Config()
+	ep, err := loop.NewEpoll(q.Loop())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b := &shimBackend{epollCommon: epollCommon{q: q, ep: ep}, txKeys: map[*memreg.Region]shim.RegionKey{},
-		rxKeys: map[*memreg.Region]shim.RegionKey{}, cqes: make([]shim.Completion, 256),
-		recvBufs: map[uint64]memreg.Buf{}}
-	b.onConn = b.onReadable
-	fail := func(err error) (loop.Driver, error) {
-		b.close()
+	b := &backend{Common: epoll.Common{Q: q, LQ: q.Loop(), EP: ep}, ctr: q.Counters(),
+		txKeys: map[*memreg.Region]shim.RegionKey{}, rxKeys: map[*memreg.Region]shim.RegionKey{},
+		cqes: make([]shim.Completion, 256), recvBufs: map[uint64]memreg.Buf{}}
+	b.OnConn = b.onReadable
+	fail := func(err error) (loop.Driver, bc.Backend, error) {
+		b.Close()
 		ep.Close()
-		return nil, shimErr(err)
+		return nil, nil, shimErr(err)
 	}
 	if b.tx, err = shim.Open(shim.Config{Entries: shimSQEntries, CQEntries: shimCQEntries}); err != nil {
 		return fail(err)
@@ -101,8 +111,8 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	}
 	_, cq := b.tx.Entries()
 	b.cqCap = int(cq)
-	b.recv, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
-		MaxBytes: cfg.RecvPoolMax, Tag: q.e, OnGrow: func(r *memreg.Region, _ int) error {
+	b.recv, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
+		MaxBytes: cfg.RecvPoolMax, OnGrow: func(r *memreg.Region, _ int) error {
 			k, err := b.rx.RegisterRegion(r.Base(), r.Info().Size, 0)
 			if err != nil {
 				return err
@@ -118,8 +128,8 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	if err != nil {
 		return fail(err)
 	}
-	q.send, err = memreg.NewPool(q.e.poolOptions(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, Tag: q.e, OnFree: q.sendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
+	b.send, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, OnFree: q.SendBufFreed, OnGrow: func(r *memreg.Region, _ int) error {
 			k, err := b.tx.RegisterRegion(r.Base(), r.Info().Size, 0)
 			if err == nil {
 				b.txKeys[r] = k
@@ -129,46 +139,39 @@ func newShimBackend(q *queue) (loop.Driver, error) {
 	if err != nil {
 		return fail(err)
 	}
-	b.txUD = q.NewOp((*sbe)(b), tagShim)
-	b.rxUD = q.NewOp((*sbe)(b), tagShim)
+	q.SetSendPool(b.send)
+	b.txUD = b.LQ.NewOp((*sbe)(b), bc.TagShim)
+	b.rxUD = b.LQ.NewOp((*sbe)(b), bc.TagShim)
 	if err := ep.Add(b.tx.Fd(), unix.EPOLLIN, b.txUD); err != nil {
 		return fail(err)
 	}
 	if err := ep.Add(b.rx.Fd(), unix.EPOLLIN, b.rxUD); err != nil {
 		return fail(err)
 	}
-	q.setBackend(b)
-	return ep, nil
+	return ep, b, nil
 }
 
-func (b *shimBackend) common() *epollCommon      { return &b.epollCommon }
-func (b *shimBackend) name() Backend             { return BackendShim }
-func (b *shimBackend) directOK() bool            { return false }
-func (b *shimBackend) zeroCopy() bool            { return true }
-func (b *shimBackend) appDirect() bool           { return false } // copies into its registered buffers
-func (b *shimBackend) recvPool() *memreg.Pool    { return b.recv }
-func (b *shimBackend) sending(c *Conn) bool      { return ss(c) != nil && ss(c).inflight > 0 }
-func (b *shimBackend) dial(c *Conn)              { b.epollCommon.dial(c) }
-func (b *shimBackend) cancelDial(c *Conn)        { b.epollCommon.cancelDial(c) }
-func (b *shimBackend) dropDial(c *Conn)          { b.epollCommon.dropDial(c) }
-func (b *shimBackend) listen(p *lpart)           { b.epollCommon.listen(p) }
-func (b *shimBackend) stopListen(p *lpart)       { b.epollCommon.stopListen(p) }
-func (b *shimBackend) freeOp(c *Conn, ud uint64) { b.epollCommon.freeOp(c, ud) }
+func (b *backend) Kind() bc.Kind          { return bc.KindShim }
+func (b *backend) DirectOK() bool         { return false }
+func (b *backend) ZeroCopy() bool         { return true }
+func (b *backend) AppDirect() bool        { return false } // copies into its registered buffers
+func (b *backend) RecvPool() *memreg.Pool { return b.recv }
+func (b *backend) Sending(c bc.Conn) bool { return ss(c) != nil && ss(c).inflight > 0 }
 
-// cancelSend: the module's queued sends end with the socket's close (closeSocket detaches
+// CancelSend: the module's queued sends end with the socket's close (CloseSocket detaches
 // the connection, and the module cancels what it holds).
-func (b *shimBackend) cancelSend(c *Conn) {}
+func (b *backend) CancelSend(c bc.Conn) {}
 
-func (b *shimBackend) inFlightSegs(c *Conn) int {
+func (b *backend) InFlightSegs(c bc.Conn) int {
 	if ss(c) == nil {
 		return 0
 	}
 	return ss(c).inflight
 }
 
-// close closes the module contexts (the module cancels what they hold and keeps pages the
+// Close closes the module contexts (the module cancels what they hold and keeps pages the
 // stack still references pinned until it lets go), then the pools.
-func (b *shimBackend) close() {
+func (b *backend) Close() {
 	if b.tx != nil {
 		b.tx.Close()
 		b.tx = nil
@@ -185,48 +188,48 @@ func (b *shimBackend) close() {
 	if b.recv != nil {
 		b.recv.CloseWhenReleased()
 	}
-	if b.q.send != nil {
-		b.q.send.CloseWhenReleased()
+	if b.send != nil {
+		b.send.CloseWhenReleased()
 	}
 }
 
-func (b *shimBackend) start(c *Conn) error {
-	st := &shimConnState{}
-	tx, err := b.tx.Attach(c.fd)
+func (b *backend) Start(c bc.Conn) error {
+	st := &connState{c: c, b: b}
+	tx, err := b.tx.Attach(c.FD())
 	if err != nil {
 		return shimErr(err)
 	}
-	rx, err := b.rx.Attach(c.fd)
+	rx, err := b.rx.Attach(c.FD())
 	if err != nil {
 		b.tx.Detach(tx)
 		return shimErr(err)
 	}
 	st.txSock, st.rxSock, st.attached = tx, rx, true
-	es(c).own = st
-	if err := b.register(c, (*econn)(c)); err != nil {
+	epoll.ES(c).Own = st
+	if err := b.Register(c); err != nil {
 		b.tx.Detach(tx)
 		b.rx.Detach(rx)
-		es(c).own = nil
+		epoll.ES(c).Own = nil
 		return err
 	}
 	return nil
 }
 
-func (b *shimBackend) markDirty() {
+func (b *backend) markDirty() {
 	if !b.dirty {
 		b.dirty = true
-		b.q.MarkDirty((*sbe)(b))
+		b.LQ.MarkDirty((*sbe)(b))
 	}
 }
 
 // Flush submits what was prepared (before the loop waits) and serves blocked connections.
 func (s *sbe) Flush(*loop.Queue) {
-	b := (*shimBackend)(s)
+	b := (*backend)(s)
 	b.dirty = false
 	b.submit()
 }
 
-func (b *shimBackend) submit() {
+func (b *backend) submit() {
 	if b.tx != nil && b.tx.Prepared() > 0 {
 		b.tx.Submit(-1, 0, 0)
 	}
@@ -237,7 +240,7 @@ func (b *shimBackend) submit() {
 
 // OnEvent: a module context has completions.
 func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
-	b := (*shimBackend)(s)
+	b := (*backend)(s)
 	b.reap()
 	if len(b.blocked) > 0 {
 		bl := b.blocked
@@ -246,9 +249,9 @@ func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
 			if ss(c) != nil {
 				ss(c).blocked = false
 			}
-			if !c.ended() {
-				c.pump()
-				if c.paused == 0 && c.recvArmed && ss(c) != nil && ss(c).ready {
+			if !c.Ended() {
+				c.Pump()
+				if !c.Paused() && c.RecvArmed() && ss(c) != nil && ss(c).ready {
 					b.postRecv(c)
 				}
 			}
@@ -256,7 +259,7 @@ func (s *sbe) OnEvent(lq *loop.Queue, ev loop.Event) {
 	}
 }
 
-func (b *shimBackend) reap() {
+func (b *backend) reap() {
 	for _, qq := range []*shim.Queue{b.tx, b.rx} {
 		for qq != nil {
 			n := qq.Completions(b.cqes)
@@ -264,105 +267,98 @@ func (b *shimBackend) reap() {
 				break
 			}
 			for _, cqe := range b.cqes[:n] {
-				b.q.Dispatch(loop.Event{UD: cqe.UserData, Res: cqe.Res, Flags: cqe.Flags})
+				b.LQ.Dispatch(loop.Event{UD: cqe.UserData, Res: cqe.Res, Flags: cqe.Flags})
 			}
 		}
 	}
 }
 
-func (b *shimBackend) block(c *Conn) {
+func (b *backend) block(c bc.Conn) {
 	if !ss(c).blocked {
 		ss(c).blocked = true
 		b.blocked = append(b.blocked, c)
 	}
 }
 
-// regionKey names r in the tx context (false: not registered there, e.g. another queue's).
-func (b *shimBackend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
+// txKey names r in the tx context (false: not registered there, e.g. another queue's).
+func (b *backend) txKey(r *memreg.Region) (shim.RegionKey, bool) {
 	k, ok := b.txKeys[r]
 	return k, ok
 }
 
-func (b *shimBackend) send(c *Conn) {
+func (b *backend) Send(c bc.Conn) {
 	st := ss(c)
-	if st == nil || !st.attached || c.st.SockClosed() {
+	if st == nil || !st.attached || c.SockClosed() {
 		return
 	}
-	for st.inflight < c.pendLen() && st.inflight < shimMaxInflight {
+	for st.inflight < c.PendLen() && st.inflight < shimMaxInflight {
 		if b.sendRes+2 > b.cqCap-shimCQSlack || b.tx.SQSpace() == 0 {
 			b.block(c)
 			return
 		}
-		s := c.pendAt(st.inflight)
+		s := c.Pend(st.inflight)
 		var key shim.RegionKey
 		ok := false
-		if s.kind == segLoan {
-			key, ok = b.txKey(s.loan.Region())
+		if s.IsLoan {
+			key, ok = b.txKey(s.Loan.Region())
 		}
 		if !ok {
 			// A buffer of another queue's pool, or the application's memory (SendBytes):
 			// not registered here, copy it into ours.
-			nb, err := b.q.send.Get()
+			nb, err := b.send.Get()
 			if err != nil {
 				b.block(c)
 				return
 			}
-			k := copy(nb.Bytes(), s.mem()[s.off:s.n])
+			k := copy(nb.Bytes(), s.Bytes())
 			loan, err := nb.Lend()
 			if err != nil {
 				nb.Release()
 				b.block(c)
 				return
 			}
-			if s.kind == segApp {
-				c.e.shareCtr.appCopied.Add(uint64(k))
-			}
-			s = c.rehomePend(st.inflight, loan, int32(k))
+			s = c.RehomePend(st.inflight, loan, k)
 			key, _ = b.txKey(loan.Region())
 		}
-		off := uint64(s.loan.Addr()-s.loan.Region().Base()) + uint64(s.off)
-		c.opStarted()
-		ud := b.q.NewOp((*scq)(c), tagSendZC)
-		if err := b.tx.PrepSend(st.txSock, key, off, uint32(s.n-s.off), ud); err != nil {
-			b.freeOp(c, ud)
+		off := uint64(s.Loan.Addr()-s.Loan.Region().Base()) + uint64(s.Off)
+		c.OpStarted()
+		ud := b.LQ.NewOp(st, bc.TagSendZC)
+		if err := b.tx.PrepSend(st.txSock, key, off, uint32(s.Len), ud); err != nil {
+			b.FreeOp(c, ud)
 			b.block(c)
 			return
 		}
-		c.zcStart(ud)
+		c.ZCStart(ud)
 		b.sendRes += 2
 		st.inflight++
-		c.tx.sendZCOps.Add(1)
-		b.q.ctr.sendZCOps.Add(1)
+		c.CountSend(true)
 		b.markDirty()
 	}
 }
 
-// scq is Conn as the owner of its module operations.
-type scq Conn
-
-func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
-	c := (*Conn)(sc)
-	b := c.q.be.(*shimBackend)
+// OnEvent: a module operation of the connection completed.
+func (st *connState) OnEvent(lq *loop.Queue, ev loop.Event) {
+	c, b := st.c, st.b
 	cqe := shim.Completion{UserData: ev.UD, Res: ev.Res, Flags: ev.Flags}
 	switch ev.Tag {
-	case tagSendZC:
+	case bc.TagSendZC:
 		if cqe.Notif() {
 			b.sendRes--
-			c.zcNotified(ev.UD, cqe.Copied())
+			c.ZCNotified(ev.UD, cqe.Copied())
 			return
 		}
 		b.sendRes--
-		ss(c).inflight--
+		st.inflight--
 		if !cqe.More() {
 			b.sendRes-- // no notification follows: its slot is free as well
 		}
-		c.zcCompleted(ev.UD, int(ev.Res), cqe.More(), false)
+		c.ZCCompleted(ev.UD, int(ev.Res), cqe.More(), false)
 		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) {
-			c.fail(c.opErr("write", cqe.Err()))
+			c.Fail("write", cqe.Err())
 		}
-		c.sendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
-	case tagRecv:
-		b.freeOp(c, ev.UD)
+		c.SendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
+	case bc.TagRecv:
+		b.FreeOp(c, ev.UD)
 		delete(b.recvBufs, ev.UD)
 		b.onRecv(c, cqe)
 	}
@@ -377,50 +373,50 @@ func (sc *scq) OnEvent(lq *loop.Queue, ev loop.Event) {
 // would take bytes the connection must not take: a spliced connection's went to the relay's
 // OnData while the splice read the bytes around them, so they reached the destination out
 // of order, or were refused there once the splice had passed the EOF on. Such an event
-// silences the registration until the next update (armRecv, or the RECV's completion), as
+// silences the registration until the next update (ArmRecv, or the RECV's completion), as
 // the plain backend does.
-func (b *shimBackend) onReadable(c *Conn, events uint32) {
+func (b *backend) onReadable(c bc.Conn, events uint32) {
 	st := ss(c)
 	if st == nil {
 		return
 	}
-	if !c.recvArmed || st.recvOut {
-		if es(c).recvUD != 0 && !c.st.SockClosed() {
-			b.ep.Mod(c.fd, unix.EPOLLONESHOT, es(c).recvUD)
+	if !c.RecvArmed() || st.recvOut {
+		if es := epoll.ES(c); es.RecvUD != 0 && !c.SockClosed() {
+			b.EP.Mod(c.FD(), unix.EPOLLONESHOT, es.RecvUD)
 		}
 		return
 	}
 	st.ready = true
 	// Level-triggered: stop listening until the RECV completes.
-	c.recvEnded()
-	b.update(c)
-	c.recvStarted()
+	c.RecvEnded()
+	b.Update(c)
+	c.RecvStarted()
 	b.postRecv(c)
 }
 
-func (b *shimBackend) armRecv(c *Conn) {
-	c.recvStarted()
+func (b *backend) ArmRecv(c bc.Conn) {
+	c.RecvStarted()
 	if ss(c) != nil && ss(c).ready {
 		b.postRecv(c)
 		return
 	}
 	if ss(c) == nil || !ss(c).recvOut {
-		b.update(c)
+		b.Update(c)
 	}
 }
 
-// recvInFlight: stopRecv stops asking epoll, but a RECV already posted in the module still
+// RecvInFlight: StopRecv stops asking epoll, but a RECV already posted in the module still
 // completes (and takes bytes from the socket).
-func (b *shimBackend) recvInFlight(c *Conn) bool { return ss(c) != nil && ss(c).recvOut }
+func (b *backend) RecvInFlight(c bc.Conn) bool { return ss(c) != nil && ss(c).recvOut }
 
-func (b *shimBackend) stopRecv(c *Conn) {
-	c.recvEnded()
-	b.update(c)
+func (b *backend) StopRecv(c bc.Conn) {
+	c.RecvEnded()
+	b.Update(c)
 }
 
-func (b *shimBackend) postRecv(c *Conn) {
+func (b *backend) postRecv(c bc.Conn) {
 	st := ss(c)
-	if st == nil || st.recvOut || !c.recvArmed || c.st.SockClosed() || !st.attached {
+	if st == nil || st.recvOut || !c.RecvArmed() || c.SockClosed() || !st.attached {
 		return
 	}
 	if b.rx.SQSpace() == 0 {
@@ -434,17 +430,17 @@ func (b *shimBackend) postRecv(c *Conn) {
 		}
 	}
 	if err != nil {
-		b.q.ctr.bufEmpty.Add(1)
+		b.ctr.BufEmpty.Add(1)
 		b.block(c)
 		return
 	}
 	key := b.rxKeys[buf.Region()]
 	n := min(buf.Region().BufSize(), int(shim.RecvMax))
 	off := uint64(buf.Addr() - buf.Region().Base())
-	c.opStarted()
-	ud := b.q.NewOp((*scq)(c), tagRecv)
+	c.OpStarted()
+	ud := b.LQ.NewOp(st, bc.TagRecv)
 	if err := b.rx.PrepRecv(st.rxSock, key, off, uint32(n), ud); err != nil {
-		b.freeOp(c, ud)
+		b.FreeOp(c, ud)
 		buf.Release()
 		b.block(c)
 		return
@@ -454,48 +450,48 @@ func (b *shimBackend) postRecv(c *Conn) {
 	b.markDirty()
 }
 
-func (b *shimBackend) onRecv(c *Conn, cqe shim.Completion) {
+func (b *backend) onRecv(c bc.Conn, cqe shim.Completion) {
 	st := ss(c)
 	st.recvOut = false
 	buf := st.recvBuf
 	st.recvBuf = memreg.Buf{}
 	switch res := int(cqe.Res); {
 	case res > 0:
-		b.q.ctr.recvShim.Add(uint64(res))
-		c.deliver(Data{buf: buf, n: res})
-		if c.ended() {
+		b.ctr.RecvShim.Add(uint64(res))
+		c.Deliver(buf, res)
+		if c.Ended() {
 			return
 		}
-		c.checkCredit()
+		c.CheckCredit()
 	case res == 0:
 		buf.Release()
-		c.gotEOF(nil)
+		c.GotEOF(nil)
 	case cqe.Res == -int32(unix.ECANCELED):
 		buf.Release()
 	default:
 		buf.Release()
-		c.gotEOF(cqe.Err())
+		c.GotEOF(cqe.Err())
 	}
-	if c.inClose() {
-		c.advanceClose()
+	if c.InClose() {
+		c.AdvanceClose()
 		return
 	}
 	// Ask epoll again (level-triggered: it answers at once when more is waiting). A RECV posted
 	// on a drained socket would hold its buffer until the peer sends again.
-	if c.recvArmed && !c.eof {
-		b.update(c)
+	if c.RecvArmed() && !c.SawEOF() {
+		b.Update(c)
 	}
 }
 
-// closeSocket detaches the socket from both contexts (the posted RECV completes with
+// CloseSocket detaches the socket from both contexts (the posted RECV completes with
 // ECANCELED) and closes it.
-func (b *shimBackend) closeSocket(c *Conn) {
+func (b *backend) CloseSocket(c bc.Conn) {
 	st := ss(c)
 	if st != nil && st.attached {
 		b.tx.Detach(st.txSock)
 		b.rx.Detach(st.rxSock)
 		st.attached = false
 	}
-	b.unregister(c)
-	c.sock.Close()
+	b.Unregister(c)
+	c.Socket().Close()
 }

@@ -1,4 +1,4 @@
-package zc
+package uring
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
+	bc "github.com/zcnet/zcnet/zc/internal/becontract"
 )
 
 // ringPool feeds the io_uring backend's provided-buffer ring from a growing memreg.Pool: the
@@ -111,15 +112,10 @@ func (p *ringPool) received(ev loop.Event, fn func(b memreg.Buf, n int)) {
 	})
 }
 
-// ringStats are the ring's and its pool's counters.
-type ringStats struct {
-	Out, Empty, Mismatch, Grows, GrowFails int64
-	LastError                              error
-}
-
-func (p *ringPool) stats() ringStats {
+// stats are the ring's and its pool's counters.
+func (p *ringPool) stats() bc.RingStats {
 	rs := p.rr.Stats()
-	s := ringStats{Out: p.out.Load(), Empty: rs.Empty, Mismatch: rs.Mismatch, Grows: p.grows.Load(), GrowFails: p.growFails.Load()}
+	s := bc.RingStats{Out: p.out.Load(), Empty: rs.Empty, Mismatch: rs.Mismatch, Grows: p.grows.Load(), GrowFails: p.growFails.Load()}
 	if e := p.lastGrowErr.Load(); e != nil {
 		s.LastError = *e
 	}
