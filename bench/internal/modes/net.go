@@ -20,7 +20,7 @@ import (
 type Net struct{ Buf int }
 
 // UserBatch is the write buffer of the buffered baselines (net-buf, syscall-buf): zc
-// sends up to 64 buffers or 1 MiB in one SENDMSG (zc/be_uring.go, maxSendBatch), so a
+// sends up to 64 buffers or 1 MiB in one SENDMSG (zc/internal/becontract, MaxSendBatch), so a
 // user buffer of 1 MiB lets a plain socket batch as much per system call.
 const UserBatch = 1 << 20
 
