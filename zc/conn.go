@@ -65,9 +65,13 @@ type ConnStats struct {
 // connection carries none of it. The loop reaches it only after taking work from the
 // producer (under mu).
 type sender struct {
-	pend  []seg // taken from the producer, not yet sent
-	zwait []zcWait
-	zc    zcPolicy
+	pend []seg // taken from the producer, not yet sent
+	// pendBuf is pend's backing array from its first element: pend empties back onto it, so
+	// a connection that sends one segment at a time (an echo) does not allocate a new
+	// array for every send (kept while small: pendKeep)
+	pendBuf []seg
+	zwait   []zcWait
+	zc      zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
 	// Once a flush queued part of it and left room (flushStageLocked), the buffer is shared
 	// (stageRef owns it): the part queued is a send's loan, Writes go on after it.

@@ -65,7 +65,13 @@ func (c *Conn) takeWork() {
 		return
 	}
 	k := c.takeCut()
+	if len(c.tx.pend) == 0 {
+		c.tx.pend = c.tx.pendBuf[:0]
+	}
 	c.tx.pend = append(c.tx.pend, c.out[:k]...)
+	if len(c.tx.pend) == k && cap(c.tx.pend) <= pendKeep {
+		c.tx.pendBuf = c.tx.pend // it starts at its array's first element
+	}
 	rest := copy(c.out, c.out[k:])
 	clear(c.out[rest:])
 	c.out = c.out[:rest]
@@ -135,10 +141,14 @@ func (c *Conn) popPend() seg {
 	c.tx.pend[0] = seg{}
 	c.tx.pend = c.tx.pend[1:]
 	if c.pendLen() == 0 {
-		c.tx.pend = c.tx.pend[:0:0]
+		c.tx.pend = c.tx.pendBuf[:0] // every element was cleared when popped
 	}
 	return s
 }
+
+// pendKeep is the largest pend array a connection keeps for its next sends once pend is
+// empty; a larger one (a burst of many segments) goes to the collector.
+const pendKeep = 16
 
 // advance accounts res bytes a copying send took from the head of c.tx.pend: fully sent
 // segments go back to their pools.
