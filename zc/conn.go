@@ -243,6 +243,11 @@ type Conn struct {
 	kicked    bool // the loop knows about our work, or has a send in flight
 	closeReq  bool
 	shutReq   bool
+	// reqs mirrors closeReq and shutReq (reqClose, reqShut: set under mu with them, never
+	// cleared), so the loop's look at the producer side (service, maybeShutdownWrite) takes
+	// mu only once one was asked: whoever sets one schedules the connection afterwards, so
+	// a look that missed it is followed by one that sees it
+	reqs atomic.Uint32
 	// holdClose: a graceful close waits (as for queued sends, up to CloseTimeout) for a
 	// closeHolder to queue the bytes it holds for this connection (enqueueHeld) or to say
 	// it has none (releaseHold)
@@ -380,6 +385,7 @@ func (c *Conn) requestCloseLocked() {
 		return
 	}
 	c.closeReq = true
+	c.reqs.Or(reqClose)
 	if c.closingCh != nil {
 		close(c.closingCh)
 	}
@@ -1158,6 +1164,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.werr = errWriteClosed
 	c.shutReq = true
+	c.reqs.Or(reqShut)
 	c.flushStageLocked(false)
 	c.kicked = true
 	c.mu.Unlock()

@@ -21,6 +21,12 @@ import (
 // head of c.tx.pend, closes the socket, and reports back through deliver / advance / notified /
 // opDone / fail.
 
+// Conn.reqs bits.
+const (
+	reqClose = 1 << iota // closeReq
+	reqShut              // shutReq
+)
+
 // connSched is Conn seen by the loop as a loop.Flusher (a conversion, no allocation; it keeps
 // Flush out of Conn's public method set).
 type connSched Conn
@@ -36,9 +42,12 @@ func (c *Conn) service() {
 	if c.ended() || !c.opened() {
 		return
 	}
-	c.mu.Lock()
-	closeReq := c.closeReq
-	c.mu.Unlock()
+	closeReq := false
+	if c.reqs.Load()&reqClose != 0 {
+		c.mu.Lock()
+		closeReq = c.closeReq
+		c.mu.Unlock()
+	}
 	if closeReq && !c.inClose() {
 		c.beginClose(nil)
 		return
@@ -684,7 +693,7 @@ func (c *Conn) gotEOF(err error) {
 // ---- half-close --------------------------------------------------------------------------
 
 func (c *Conn) maybeShutdownWrite() {
-	if c.st.Socket() != connstate.SockOpen {
+	if c.st.Socket() != connstate.SockOpen || c.reqs.Load()&reqShut == 0 {
 		return
 	}
 	c.mu.Lock()
