@@ -16,6 +16,7 @@ import (
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc/internal/connstate"
@@ -678,8 +679,8 @@ func (c *Conn) SendData(d Data) error {
 			sum = debugSum(d.Bytes())
 		}
 	}
-	shared := d.buf.Shared() // retained: the loan is one owner among others
-	loan, err := d.buf.Lend()
+	// shared: retained, the loan is one owner among others
+	loan, shared, err := memregops.LendShared(d.buf)
 	if err != nil {
 		d.Release()
 		if errors.Is(err, memreg.ErrClosed) {
