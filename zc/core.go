@@ -156,8 +156,9 @@ func (c *Conn) popPend() seg {
 }
 
 // pendKeep is the largest pend array a connection keeps for its next sends once pend is
-// empty; a larger one (a burst of many segments) goes to the collector.
-const pendKeep = 16
+// empty (at 80 bytes a segment, at most 320 bytes an idle connection that once sent keeps);
+// a larger one (a burst of many segments) goes to the collector.
+const pendKeep = 4
 
 // advance accounts res bytes a copying send took from the head of c.tx.pend: fully sent
 // segments go back to their pools.
