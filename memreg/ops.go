@@ -14,5 +14,6 @@ func init() {
 		Received:          (*Region).received,
 		ReceivedBatch:     (*Region).receivedBatch,
 		Locate:            (*Pool).locate,
+		LendShared:        Buf.lendShared,
 	})
 }

@@ -3,6 +3,7 @@ package memreg
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // PoolOptions configures a Pool.
@@ -49,6 +50,16 @@ type Pool struct {
 	bufs    int
 	closed  bool
 	next    int // region to try first in Get
+	// index is regions and firsts as of the last growth, for locate without the lock (a
+	// receive completion locates its buffer, a returned receive buffer too: twice per
+	// request of an echo). Entries are only ever appended, so a snapshot stays valid.
+	index atomic.Pointer[poolIndex]
+}
+
+// poolIndex is a snapshot of a pool's regions and their first indices.
+type poolIndex struct {
+	regions []*Region
+	firsts  []int
 }
 
 // ErrPoolCap: the pool reached MaxBytes.
@@ -134,12 +145,14 @@ func (p *Pool) firstIndex(r *Region) int {
 
 // locate maps a pool-wide buffer index to its region and the index inside it.
 func (p *Pool) locate(idx int) (*Region, int, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i := len(p.regions) - 1; i >= 0; i-- {
-		if idx >= p.firsts[i] {
-			if j := idx - p.firsts[i]; j < p.regions[i].count {
-				return p.regions[i], j, true
+	x := p.index.Load()
+	if x == nil {
+		return nil, 0, false
+	}
+	for i := len(x.regions) - 1; i >= 0; i-- {
+		if idx >= x.firsts[i] {
+			if j := idx - x.firsts[i]; j < x.regions[i].count {
+				return x.regions[i], j, true
 			}
 			return nil, 0, false
 		}
@@ -248,6 +261,7 @@ func (p *Pool) grow(n int) error {
 	}
 	p.regions = append(p.regions, r)
 	p.firsts = append(p.firsts, first)
+	p.index.Store(&poolIndex{regions: p.regions, firsts: p.firsts})
 	p.bufs += n
 	return nil
 }

@@ -384,29 +384,37 @@ func (b Buf) Release() error {
 // Lend moves the buffer from the application to the kernel (a send is about to be submitted).
 // The handle becomes stale; the returned Loan is what comes back with Return.
 func (b Buf) Lend() (Loan, error) {
+	l, _, err := b.lendShared()
+	return l, err
+}
+
+// lendShared is Lend that also reports whether the loan is one owner of a shared buffer
+// (what Shared would have said just before), under one lock: a send of a received buffer
+// asks both.
+func (b Buf) lendShared() (Loan, bool, error) {
 	if b.r == nil {
-		return Loan{}, ErrStale
+		return Loan{}, false, ErrStale
 	}
 	r := b.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := b.check(); err != nil {
-		return Loan{}, err
+		return Loan{}, false, err
 	}
 	if r.closed {
-		return Loan{}, ErrClosed
+		return Loan{}, false, ErrClosed
 	}
 	if sh := r.shares[b.idx]; r.state[b.idx] == Shared {
 		sh.base = false // the handle's ownership becomes the loan's
 		sh.loans++
-		return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
+		return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, true, nil
 	}
 	r.gen[b.idx]++
 	r.state[b.idx] = Kernel
 	r.pub(b.idx)
 	r.held--
 	r.lent++
-	return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, nil
+	return Loan{r: r, idx: b.idx, gen: r.gen[b.idx]}, false, nil
 }
 
 // Loan is a buffer in the kernel's hands.

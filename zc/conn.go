@@ -16,6 +16,7 @@ import (
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/internal/memregops"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
 	"github.com/zcnet/zcnet/zc/internal/connstate"
@@ -65,9 +66,13 @@ type ConnStats struct {
 // connection carries none of it. The loop reaches it only after taking work from the
 // producer (under mu).
 type sender struct {
-	pend  []seg // taken from the producer, not yet sent
-	zwait []zcWait
-	zc    zcPolicy
+	pend []seg // taken from the producer, not yet sent
+	// pendBuf is pend's backing array from its first element: pend empties back onto it, so
+	// a connection that sends one segment at a time (an echo) does not allocate a new
+	// array for every send (kept while small: pendKeep)
+	pendBuf []seg
+	zwait   []zcWait
+	zc      zcPolicy
 	// Write's staging buffer (under the connection's mu): small writes coalesce in it.
 	// Once a flush queued part of it and left room (flushStageLocked), the buffer is shared
 	// (stageRef owns it): the part queued is a send's loan, Writes go on after it.
@@ -255,6 +260,11 @@ type Conn struct {
 	kicked    bool // the loop knows about our work, or has a send in flight
 	closeReq  bool
 	shutReq   bool
+	// reqs mirrors closeReq and shutReq (reqClose, reqShut: set under mu with them, never
+	// cleared), so the loop's look at the producer side (service, maybeShutdownWrite) takes
+	// mu only once one was asked: whoever sets one schedules the connection afterwards, so
+	// a look that missed it is followed by one that sees it
+	reqs atomic.Uint32
 	// holdClose: a graceful close waits (as for queued sends, up to CloseTimeout) for a
 	// closeHolder to queue the bytes it holds for this connection (enqueueHeld) or to say
 	// it has none (releaseHold)
@@ -392,6 +402,7 @@ func (c *Conn) requestCloseLocked() {
 		return
 	}
 	c.closeReq = true
+	c.reqs.Or(reqClose)
 	if c.closingCh != nil {
 		close(c.closingCh)
 	}
@@ -675,8 +686,8 @@ func (c *Conn) SendData(d Data) error {
 			sum = dbg.sum(d.Bytes())
 		}
 	}
-	shared := d.buf.Shared() // retained: the loan is one owner among others
-	loan, err := d.buf.Lend()
+	// shared: retained, the loan is one owner among others
+	loan, shared, err := memregops.LendShared(d.buf)
 	if err != nil {
 		d.Release()
 		if errors.Is(err, memreg.ErrClosed) {
@@ -1169,6 +1180,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.werr = errWriteClosed
 	c.shutReq = true
+	c.reqs.Or(reqShut)
 	c.flushStageLocked(false)
 	c.kicked = true
 	c.mu.Unlock()

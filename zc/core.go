@@ -21,6 +21,12 @@ import (
 // head of c.tx.pend, closes the socket, and reports back through deliver / advance / notified /
 // opDone / fail.
 
+// Conn.reqs bits.
+const (
+	reqClose = 1 << iota // closeReq
+	reqShut              // shutReq
+)
+
 // connSched is Conn seen by the loop as a loop.Flusher (a conversion, no allocation; it keeps
 // Flush out of Conn's public method set).
 type connSched Conn
@@ -36,9 +42,12 @@ func (c *Conn) service() {
 	if c.ended() || !c.opened() {
 		return
 	}
-	c.mu.Lock()
-	closeReq := c.closeReq
-	c.mu.Unlock()
+	closeReq := false
+	if c.reqs.Load()&reqClose != 0 {
+		c.mu.Lock()
+		closeReq = c.closeReq
+		c.mu.Unlock()
+	}
 	if closeReq && !c.inClose() {
 		c.beginClose(nil)
 		return
@@ -65,7 +74,13 @@ func (c *Conn) takeWork() {
 		return
 	}
 	k := c.takeCut()
+	if len(c.tx.pend) == 0 {
+		c.tx.pend = c.tx.pendBuf[:0]
+	}
 	c.tx.pend = append(c.tx.pend, c.out[:k]...)
+	if len(c.tx.pend) == k && cap(c.tx.pend) <= pendKeep {
+		c.tx.pendBuf = c.tx.pend // it starts at its array's first element
+	}
 	rest := copy(c.out, c.out[k:])
 	clear(c.out[rest:])
 	c.out = c.out[:rest]
@@ -135,10 +150,15 @@ func (c *Conn) popPend() seg {
 	c.tx.pend[0] = seg{}
 	c.tx.pend = c.tx.pend[1:]
 	if c.pendLen() == 0 {
-		c.tx.pend = c.tx.pend[:0:0]
+		c.tx.pend = c.tx.pendBuf[:0] // every element was cleared when popped
 	}
 	return s
 }
+
+// pendKeep is the largest pend array a connection keeps for its next sends once pend is
+// empty (at 80 bytes a segment, at most 320 bytes an idle connection that once sent keeps);
+// a larger one (a burst of many segments) goes to the collector.
+const pendKeep = 4
 
 // advance accounts res bytes a copying send took from the head of c.tx.pend: fully sent
 // segments go back to their pools.
@@ -672,7 +692,7 @@ func (c *Conn) gotEOF(err error) {
 // ---- half-close --------------------------------------------------------------------------
 
 func (c *Conn) maybeShutdownWrite() {
-	if c.st.Socket() != connstate.SockOpen {
+	if c.st.Socket() != connstate.SockOpen || c.reqs.Load()&reqShut == 0 {
 		return
 	}
 	c.mu.Lock()

@@ -78,3 +78,68 @@ func reverse(t *task) *task {
 	}
 	return rev
 }
+
+// idStack is the buffer-return path of PostBuffer: a lock-free multi-producer stack of
+// small integer ids threaded through an array indexed by id, so a return allocates nothing
+// and needs no task (a sync.Pool get and put and an inbox node per buffer cost more than the
+// rest of an echo's user-space work per request on the 2-CPU VM: doc/notes/issue-29-s13-echo29.md).
+// Each id is on the stack at most once (a buffer is returned once per loan). The consumer
+// takes the whole stack with one swap, so there is no ABA: a popped id is never pushed
+// back while a producer still holds its old head.
+type idStack struct {
+	head atomic.Int64   // top id + 1; 0: empty; -1: sealed
+	next []atomic.Int32 // next[id]: the id below it + 1 (0: bottom)
+}
+
+// init sizes the stack for ids 0..n-1 (before any push).
+func (s *idStack) init(n int) { s.next = make([]atomic.Int32, n) }
+
+// fits reports whether id can go on the stack.
+func (s *idStack) fits(id int32) bool { return id >= 0 && int(id) < len(s.next) }
+
+// push adds id (fits(id)); false when the stack is sealed.
+func (s *idStack) push(id int32) bool {
+	for {
+		old := s.head.Load()
+		if old < 0 {
+			return false
+		}
+		s.next[id].Store(int32(old))
+		if s.head.CompareAndSwap(old, int64(id)+1) {
+			return true
+		}
+	}
+}
+
+func (s *idStack) empty() bool { return s.head.Load() <= 0 }
+
+// take removes every id on the stack and returns the top one + 1 (0: none).
+func (s *idStack) take() int64 {
+	for {
+		h := s.head.Load()
+		if h <= 0 {
+			return 0
+		}
+		if s.head.CompareAndSwap(h, 0) {
+			return h
+		}
+	}
+}
+
+// seal takes what is on the stack (as take) and refuses every later push.
+func (s *idStack) seal() int64 {
+	if h := s.head.Swap(-1); h > 0 {
+		return h
+	}
+	return 0
+}
+
+// each calls fn for every id of a chain that take or seal returned, reading each link
+// before fn runs (fn may hand the id to someone who returns it again).
+func (s *idStack) each(h int64, fn func(id int32)) {
+	for h > 0 {
+		id := int32(h - 1)
+		h = int64(s.next[id].Load())
+		fn(id)
+	}
+}

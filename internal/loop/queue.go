@@ -89,6 +89,7 @@ type Queue struct {
 	drv Driver
 
 	inbox    inbox
+	bufs     idStack // PostBuffer's ids (sized by SizeBufferIDs), outside the inbox
 	sleeping atomic.Int32
 	efd      int
 	tid      atomic.Int32
@@ -153,6 +154,7 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 	if err != nil {
 		q.closed.Store(true)
 		q.inbox.seal()
+		q.bufs.seal()
 		q.closeEventfd()
 		ready <- err
 		return
@@ -169,6 +171,7 @@ func (q *Queue) run(init func(q *Queue) (Driver, error), ready chan<- error) {
 		}
 		q.runTasks(t)
 	}
+	q.runBufs(q.bufs.seal())
 	for _, f := range q.atStop {
 		f()
 	}
@@ -183,6 +186,7 @@ func (q *Queue) loop() {
 	for {
 		q.inCode.Store(true)
 		q.runTasks(q.inbox.takeAll())
+		q.runBufs(q.bufs.take())
 		q.runTimers()
 		if q.stopReq.Load() {
 			return
@@ -198,7 +202,7 @@ func (q *Queue) loop() {
 			q.lastYield = nanos()
 			runtime.Gosched()
 		}
-		if timeout != 0 && q.cfg.BusyPoll > 0 && q.inbox.empty() && len(q.dirty) == 0 {
+		if timeout != 0 && q.cfg.BusyPoll > 0 && q.posted() == 0 && len(q.dirty) == 0 {
 			busy, err := q.spin(timeout)
 			if err != nil {
 				q.runErr = err
@@ -208,11 +212,11 @@ func (q *Queue) loop() {
 				continue
 			}
 		}
-		if !q.inbox.empty() || len(q.dirty) > 0 {
+		if q.posted() != 0 || len(q.dirty) > 0 {
 			timeout = 0
 		} else if timeout != 0 {
 			q.sleeping.Store(1)
-			if !q.inbox.empty() || q.stopReq.Load() {
+			if q.posted() != 0 || q.stopReq.Load() {
 				timeout = 0
 			}
 		}
@@ -266,12 +270,27 @@ func (q *Queue) spin(timeout time.Duration) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if q.events.Load() != before || !q.inbox.empty() || len(q.dirty) > 0 || q.stopReq.Load() {
+		if q.events.Load() != before || q.posted() != 0 || len(q.dirty) > 0 || q.stopReq.Load() {
 			return true, nil
 		}
 		if !time.Now().Before(until) {
 			return false, nil
 		}
+	}
+}
+
+// posted is nonzero when posted work (tasks or buffer returns) waits for the loop.
+func (q *Queue) posted() int {
+	if !q.inbox.empty() || !q.bufs.empty() {
+		return 1
+	}
+	return 0
+}
+
+// runBufs hands the buffer ids of a chain taken from q.bufs to the buffer hook.
+func (q *Queue) runBufs(h int64) {
+	if h != 0 && q.onBuf != nil {
+		q.bufs.each(h, q.onBuf)
 	}
 }
 
@@ -385,6 +404,13 @@ func (q *Queue) Schedule(f Flusher) error {
 // (the loop wakes for the next completion anyway, and a receive that finds the ring empty
 // completes with ENOBUFS, which wakes it), and a wake-up is a syscall and a thread switch.
 func (q *Queue) PostBuffer(arg int32) error {
+	if q.bufs.fits(arg) {
+		// The common case: an id below SizeBufferIDs, returned without a task.
+		if !q.bufs.push(arg) {
+			return ErrClosed
+		}
+		return nil
+	}
 	t := taskPool.Get().(*task)
 	t.arg = arg
 	if !q.inbox.push(t) {
@@ -404,6 +430,15 @@ func (q *Queue) Nudge() {
 
 // SetBufferHook sets what PostBuffer runs (before the queue starts taking work: in init).
 func (q *Queue) SetBufferHook(fn func(arg int32)) { q.onBuf = fn }
+
+// SizeBufferIDs makes PostBuffer of the ids 0..n-1 cheaper (no task, no allocation, no pool:
+// an array of n links), before the queue starts taking work (in init; NewRecvRing does it
+// for its buffer ids). Other args still go through the inbox.
+func (q *Queue) SizeBufferIDs(n int) {
+	if len(q.bufs.next) < n {
+		q.bufs.init(n)
+	}
+}
 
 func (q *Queue) push(t *task) error {
 	if !q.inbox.push(t) {

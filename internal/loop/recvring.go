@@ -65,6 +65,7 @@ func (u *URing) NewRecvRing(cfg RecvRingConfig) (*RecvRing, error) {
 		return nil, err
 	}
 	u.recv = r
+	u.q.SizeBufferIDs(cfg.Bufs) // buffer ids are below Bufs: their returns (PostBuffer) need no task
 	return r, nil
 }
 

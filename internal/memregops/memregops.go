@@ -51,3 +51,7 @@ func ReceivedBatch(r *memreg.Region, idx []int, out []memreg.Buf) (int, error) {
 // Locate maps a pool-wide buffer index (a provided-buffer ring's id: region k's buffer i is
 // the pool's buffer first(k)+i) to its region and the index inside it.
 func Locate(p *memreg.Pool, idx int) (*memreg.Region, int, bool) { return ops.Locate(p, idx) }
+
+// LendShared is b.Lend that also says whether the loan is one owner of a shared buffer
+// (b.Shared just before), under one lock of the region instead of two.
+func LendShared(b memreg.Buf) (memreg.Loan, bool, error) { return ops.LendShared(b) }

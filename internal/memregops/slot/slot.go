@@ -15,6 +15,7 @@ type Table[R, P, L, B any] struct {
 	Received          func(r R, idx int) (B, error)
 	ReceivedBatch     func(r R, idx []int, out []B) (int, error)
 	Locate            func(p P, idx int) (R, int, bool)
+	LendShared        func(b B) (L, bool, error)
 }
 
 var table any
