@@ -787,10 +787,8 @@ func plan(cfg config, skipped map[harness.Scenario]string) ([]harness.Variant, [
 		case harness.MultiQueue:
 			add(s, 64, report.MQConns)
 		case harness.HTTPWrk:
-			for _, size := range report.WrkSizes {
-				for _, n := range report.WrkConns {
-					add(s, size, n)
-				}
+			for _, wc := range report.WrkCases() {
+				add(s, wc.Size, wc.Conns)
 			}
 		case harness.HTTPSWrk:
 			for _, size := range report.WrkSizes {

@@ -358,10 +358,8 @@ func panels(rows []Row, st *style) ([]*plot.Plot, error) {
 		svcKV = append(svcKV, category{name, harness.KV, size, KVConns, SrvCPUPerMsg})
 	}
 	svcKV = append(svcKV, category{fmt.Sprintf("mq ×%d", MQConns), harness.MultiQueue, 64, MQConns, SrvCPUPerMsg})
-	for _, size := range WrkSizes {
-		for _, n := range WrkConns {
-			svcWrk = append(svcWrk, category{fmt.Sprintf("%s ×%d", SizeString(size), n), harness.HTTPWrk, size, n, SrvCPUPerMsg})
-		}
+	for _, wc := range WrkCases() {
+		svcWrk = append(svcWrk, category{fmt.Sprintf("%s ×%d", SizeString(wc.Size), wc.Conns), harness.HTTPWrk, wc.Size, wc.Conns, SrvCPUPerMsg})
 	}
 	steps := []func() error{
 		func() error {
