@@ -152,9 +152,9 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 }
 
 // kvZCStraight is the key-value server written the straightforward way with the event-loop
-// API (issue 29): the store is a Go map of Go slices (one queue: no lock), each response's
-// header and each small value are written with Conn.Write (zc coalesces the Writes of one
-// OnData in a send buffer: a copy, after which the value is the store's again), and each
+// API (issue 29): the store is a Go map of Go slices (one queue: no lock), the response
+// headers and small values of one OnData are gathered in a Go slice and written with one
+// Conn.Write (a copy, after which a value is the store's again), and each
 // value of kvSharedMin bytes or more is sent from the store's slice itself with
 // Conn.SendBytes (no copy in user space), whose callback tells the store when the kernel
 // is done with it. The store writes a SET into the key's slice when it fits and no send
@@ -279,14 +279,17 @@ func (s *kvAppStore) set(key []byte, n int, fill func(p []byte)) {
 	fill(v.b)
 }
 
-// answerApp is answer for kvZCStraight's store (kvConn.app).
+// answerApp is answer for kvZCStraight's store (kvConn.app). The responses of one OnData
+// are built in wb (a Go slice of the connection's, reused) and written with one Conn.Write
+// (at the end of the OnData, before a value sent with SendBytes, or when wb holds
+// kvWriteMax bytes), as a Go server's bufio.Writer would gather them.
 func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) {
 	var resp [kvRespHdr]byte
 	switch op {
 	case opSet:
 		h.app.set(key, vlen, fill)
 		resp[0] = stDone
-		h.writeApp(c, resp[:])
+		h.appendApp(c, resp[:])
 	case opGet:
 		var v *kvAppVal
 		if e := h.app.m[string(key)]; e != nil {
@@ -297,12 +300,17 @@ func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(
 			resp[0] = stValue
 			binary.LittleEndian.PutUint32(resp[1:], uint32(len(v.b)))
 		}
-		h.writeApp(c, resp[:])
+		h.appendApp(c, resp[:])
 		switch {
 		case v == nil:
-		case len(v.b) < kvSharedMin || len(h.out) > 0:
-			h.writeApp(c, v.b) // a copy: the slice is the store's again at once
+		case len(v.b) < kvSharedMin:
+			h.appendApp(c, v.b) // a copy: the slice is the store's again at once
 		default:
+			h.flushApp(c)
+			if len(h.out) > 0 {
+				h.out = append(h.out, v.b...) // behind responses waiting for a send buffer
+				return
+			}
 			v.sends++
 			if err := c.SendBytes(v.b, v.done); err != nil {
 				v.sends--
@@ -312,11 +320,29 @@ func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(
 	}
 }
 
-// writeApp writes with Conn.Write; what a Write refused for want of a send buffer
-// (ErrWouldBlock on the loop) waits in out for OnWritable.
-func (h *kvConn) writeApp(c *zc.Conn, p []byte) {
+// kvWriteMax is how many response bytes kvZCStraight gathers before it writes them.
+const kvWriteMax = 32 << 10
+
+// appendApp adds p to the responses being gathered (behind out when responses wait for a
+// send buffer).
+func (h *kvConn) appendApp(c *zc.Conn, p []byte) {
 	if len(h.out) > 0 {
 		h.out = append(h.out, p...)
+		return
+	}
+	h.wb = append(h.wb, p...)
+	if len(h.wb) >= kvWriteMax {
+		h.flushApp(c)
+	}
+}
+
+// flushApp writes the gathered responses with Conn.Write (a copy: wb is free again); what
+// a Write refused for want of a send buffer (ErrWouldBlock on the loop) waits in out for
+// OnWritable.
+func (h *kvConn) flushApp(c *zc.Conn) {
+	p := h.wb
+	h.wb = h.wb[:0]
+	if len(p) == 0 {
 		return
 	}
 	n, err := c.Write(p)
@@ -432,6 +458,7 @@ type kvConn struct {
 	app     *kvAppStore // kvZCStraight's store (nil: kvZC's)
 	r       framed.Reader
 	out     []byte // responses waiting for a send buffer
+	wb      []byte // kvZCStraight: the responses being gathered for one Write
 	buf     memreg.Buf
 	bb      []byte // buf's bytes
 	have    bool   // buf is being filled
@@ -496,6 +523,12 @@ func (h *kvConn) serve(c *zc.Conn) {
 		h.r.Skip(kvReqHdr + klen)
 		if !h.answer(c, op, hk[kvReqHdr:kvReqHdr+klen], vlen, func(p []byte) { h.r.Peek(p); h.r.Skip(len(p)) }) {
 			return
+		}
+	}
+	if h.app != nil {
+		h.flushApp(c)
+		if len(h.out) > 0 {
+			h.blocked = true
 		}
 	}
 	h.flush(c)
