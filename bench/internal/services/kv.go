@@ -230,15 +230,19 @@ func (v *kvAppVal) sent(error) {
 	}
 }
 
+// kvAppClass is the size class of an n-byte value: its slice holds 1<<kvAppClass(n) bytes.
+func kvAppClass(n int) int { return bits.Len(uint(max(n, 64) - 1)) }
+
 func (s *kvAppStore) put(v *kvAppVal) {
-	k := bits.Len(uint(cap(v.b) - 1))
+	k := kvAppClass(cap(v.b))
 	s.free[k] = append(s.free[k], v)
 }
 
-// get returns a slice of n bytes no one holds: from the free list, or made with a
-// power-of-two capacity (at least 64 B) so that later SETs of the key fit in it.
+// get returns a slice of n bytes no one holds: from the free list, or made with the
+// power-of-two capacity of n's class (at least 64 B), so that later SETs of the key of
+// that class fit in it.
 func (s *kvAppStore) get(n int) *kvAppVal {
-	k := bits.Len(uint(max(n, 64) - 1))
+	k := kvAppClass(n)
 	if l := s.free[k]; len(l) > 0 {
 		v := l[len(l)-1]
 		s.free[k] = l[:len(l)-1]
@@ -253,7 +257,9 @@ func (s *kvAppStore) get(n int) *kvAppVal {
 }
 
 // set stores a value of n bytes under key, read by fill: into the key's slice when no send
-// holds it and it fits, else into another one (the old one is freed once its sends end).
+// holds it and n is of its size class, else into another one (the old one is freed once
+// its sends end). A slice is taken for its own class only, so that the store's memory is
+// what its values need (a key that once held 100 KiB does not keep 128 KiB for 16 B).
 func (s *kvAppStore) set(key []byte, n int, fill func(p []byte)) {
 	e := s.m[string(key)] // no allocation: Go looks the key up without a string
 	if e == nil {
@@ -262,7 +268,7 @@ func (s *kvAppStore) set(key []byte, n int, fill func(p []byte)) {
 	}
 	v := e.v
 	switch {
-	case v != nil && v.sends == 0 && cap(v.b) >= n:
+	case v != nil && v.sends == 0 && kvAppClass(cap(v.b)) == kvAppClass(n):
 		v.b = v.b[:n]
 		s.inPlace++
 	default:
