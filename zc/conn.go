@@ -798,7 +798,9 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 	}
 	written := 0
 	c.mu.Lock()
-	if c.mayWriteDirectLocked(p) && !c.q.OnLoop() {
+	direct := c.mayWriteDirectLocked(p)
+	onOwnLoop := direct && c.q.OnLoop() // asked once (a gettid): the buffer's wait below needs it too
+	if direct && !onOwnLoop {
 		// Not on the connection's queue goroutine: write(2) right here, as Go's net does,
 		// instead of waking the queue (a cross-thread hand-off per write). On the queue
 		// goroutine the loop batches every Write of this round into one send instead.
@@ -836,7 +838,7 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 			if kick {
 				c.schedule()
 			}
-			onLoop := c.onLoop()
+			onLoop := onOwnLoop || c.onLoop()
 			var waiter *Conn
 			if onLoop {
 				waiter = c // refused on a queue goroutine: OnWritable follows
