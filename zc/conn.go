@@ -247,6 +247,12 @@ type Conn struct {
 	laddr netip.AddrPort  // values, not *net.TCPAddr: an idle connection carries no address objects
 	raddr netip.AddrPort
 
+	// inData: the loop runs this connection's OnData (callData). A Write then leaves its
+	// bytes to the loop's send without asking which thread it runs on (a gettid): on the
+	// loop that is what it would do, and a writer on another goroutine meanwhile only
+	// stages instead of writing directly.
+	inData atomic.Bool
+
 	// Producer side (any goroutine), under mu.
 	mu      sync.Mutex
 	out     []seg
@@ -816,7 +822,9 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 	}
 	written := 0
 	c.mu.Lock()
-	if c.mayWriteDirectLocked(p) && !c.q.OnLoop() {
+	direct := c.mayWriteDirectLocked(p) && !c.inData.Load()
+	onOwnLoop := direct && c.q.OnLoop() // asked once (a gettid): the buffer's wait below needs it too
+	if direct && !onOwnLoop {
 		// Not on the connection's queue goroutine: write(2) right here, as Go's net does,
 		// instead of waking the queue (a cross-thread hand-off per write). On the queue
 		// goroutine the loop batches every Write of this round into one send instead.
@@ -854,12 +862,16 @@ func (c *Conn) write(p []byte, dl func() time.Time, cancel <-chan struct{}) (int
 			if kick {
 				c.schedule()
 			}
-			onLoop := c.onLoop()
-			var waiter *Conn
-			if onLoop {
-				waiter = c // refused on a queue goroutine: OnWritable follows
+			// Which goroutine this is (a gettid) matters only when no buffer is free: then a
+			// queue goroutine is refused with the promise of OnWritable, and the refusal is
+			// asked for again with that promise (a buffer back meanwhile is taken then).
+			onLoop := onOwnLoop
+			b, err := c.q.getBuf(c, nil)
+			if err != nil && errors.Is(err, memreg.ErrExhausted) {
+				if onLoop = onLoop || c.onLoop(); onLoop {
+					b, err = c.q.getBuf(c, c) // refused on a queue goroutine: OnWritable follows
+				}
 			}
-			b, err := c.q.getBuf(c, waiter)
 			if err != nil {
 				if !errors.Is(err, memreg.ErrExhausted) {
 					return written, c.opErr("write", err)

@@ -75,6 +75,8 @@ func (h HandlerFuncs) OnWritable(c *Conn) {
 
 func (c *Conn) callData(d Data) {
 	defer c.recoverHandler("OnData")
+	c.inData.Store(true)
+	defer c.inData.Store(false)
 	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
 		defer dbg.handlerRan(c, "OnData", time.Now())
 	}

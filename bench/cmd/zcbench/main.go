@@ -107,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.useNetns, "netns", false, "run across two network namespaces joined by a multi-queue veth pair (root)")
 	fs.Int64Var(&cfg.corruptSeq, "selftest-corrupt", -1, "damage one payload byte of frame `N` of every client connection, under a correct CRC field: the run must fail with wrong bytes (checks that receivers hash the payload)")
 	fs.BoolVar(&cfg.pin, "pin", true, "pin client and server to different CPUs (when there are two)")
-	fs.StringVar(&cfg.profileDir, "cpuprofile", "", "write a CPU profile of every server and client child into `DIR` (pprof)")
+	fs.StringVar(&cfg.profileDir, "cpuprofile", "", "write a CPU profile (and an allocation profile, -allocs.pprof) of every server and client child into `DIR` (pprof)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

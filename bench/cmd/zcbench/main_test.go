@@ -491,3 +491,23 @@ func TestTLSRun(t *testing.T) {
 		t.Errorf("goals: %+v", doc.Goals)
 	}
 }
+
+// -cpuprofile writes, for every child, its CPU profile and its allocation profile beside it.
+func TestProfiles(t *testing.T) {
+	dir := t.TempDir()
+	var out, errs strings.Builder
+	code := run(append(append([]string{}, tinyServices...), "-modes", "net", "-scenarios", "kv", "-cpuprofile", dir), &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errs.String())
+	}
+	for _, size := range []string{"64", "102400"} {
+		for _, role := range []string{"server", "client"} {
+			for _, suffix := range []string{".pprof", "-allocs.pprof"} {
+				name := filepath.Join(dir, "net-kv-"+size+"-"+role+suffix)
+				if st, err := os.Stat(name); err != nil || st.Size() == 0 {
+					t.Errorf("%s: %v (want a profile)", filepath.Base(name), err)
+				}
+			}
+		}
+	}
+}

@@ -98,6 +98,11 @@ func ChildMain(args []string, modes []Mode, stdout, stderr io.Writer) int {
 		defer func() {
 			pprof.StopCPUProfile()
 			f.Close()
+			// and what the child allocated (alloc_space, alloc_objects), beside it
+			if af, err := os.Create(strings.TrimSuffix(name, ".pprof") + "-allocs.pprof"); err == nil {
+				pprof.Lookup("allocs").WriteTo(af, 0)
+				af.Close()
+			}
 		}()
 	}
 	out := bufio.NewWriter(stdout)

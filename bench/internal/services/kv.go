@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -151,13 +152,16 @@ func kvZC(c harness.Case, m *harness.Meter, ready func(string)) error {
 }
 
 // kvZCStraight is the key-value server written the straightforward way with the event-loop
-// API (issue 29): the store is a Go map of Go slices (one queue: no lock; a SET stores a
-// new slice and never writes an old one, which a send may still hold), each response's
-// header is written with Conn.Write (zc coalesces the Writes of one OnData in a send
-// buffer) and each GET's value is sent from the map's slice itself with Conn.SendBytes:
-// no copy in user space, and no callback needed (the slice is never written). Nothing of
-// the store lives in the send pool, so it is not capped by it. When Write finds no send
-// buffer (ErrWouldBlock), the rest waits in out, as in kvZC, until OnWritable.
+// API (issue 29): the store is a Go map of Go slices (one queue: no lock), the response
+// headers and small values of one OnData are gathered in a Go slice and written with one
+// Conn.Write (a copy, after which a value is the store's again), and each
+// value of kvSharedMin bytes or more is sent from the store's slice itself with
+// Conn.SendBytes (no copy in user space), whose callback tells the store when the kernel
+// is done with it. The store writes a SET into the key's slice when it fits and no send
+// holds it; a replaced slice returns to a free list (by power-of-two size) once its sends
+// are called back, and a SET takes its slice from there before it allocates one. Nothing
+// of the store lives in the send pool, so it is not capped by it. When Write finds no
+// send buffer (ErrWouldBlock), the rest waits in out, as in kvZC, until OnWritable.
 func kvZCStraight(c harness.Case, m *harness.Meter, ready func(string)) error {
 	e, err := zc.New(zcConfig())
 	if err != nil {
@@ -167,7 +171,10 @@ func kvZCStraight(c harness.Case, m *harness.Meter, ready func(string)) error {
 	fail := newFirstErr()
 	var wg sync.WaitGroup
 	wg.Add(c.Conns)
-	store := map[string][]byte{}
+	store := &kvAppStore{m: map[string]*kvAppEntry{}}
+	if kvAppStoreMade != nil {
+		kvAppStoreMade(store)
+	}
 	var accepted atomic.Int32
 	l, err := e.Listen("tcp", c.Addr, func(conn *zc.Conn) zc.Handler {
 		if accepted.Add(1) > int32(c.Conns) {
@@ -186,42 +193,162 @@ func kvZCStraight(c harness.Case, m *harness.Meter, ready func(string)) error {
 	return fail.get()
 }
 
-// answerApp is answer for kvZCStraight's store (kvConn.app).
+// kvAppStore is kvZCStraight's store (used by one queue's handlers and SendBytes
+// callbacks only: no lock).
+type kvAppStore struct {
+	m    map[string]*kvAppEntry
+	free [32][]*kvAppVal // slices no key and no send holds, by bits.Len(cap-1)
+	// what the SETs did (for the tests): written into the key's slice, into a slice from
+	// the free list, into a new slice; replaced slices freed by their last send's callback
+	inPlace, reused, made, freedLate int
+}
+
+// kvAppStoreMade, when set (tests), is given kvZCStraight's store when it is made.
+var kvAppStoreMade func(*kvAppStore)
+
+// kvAppEntry is a key's place in the store: its current value (made on the key's first
+// SET, the only map assignment of a key).
+type kvAppEntry struct{ v *kvAppVal }
+
+// kvAppVal is a stored value's slice and the sends of it the kernel still holds.
+type kvAppVal struct {
+	b     []byte
+	sends int         // SendBytes of b not called back yet
+	stale bool        // replaced: back to the free list when sends reaches 0
+	done  func(error) // sent, made once per slice
+	s     *kvAppStore
+}
+
+// sent is a SendBytes callback: the kernel is done with one send of v.b (whatever became
+// of the connection: the slice is the store's again).
+func (v *kvAppVal) sent(error) {
+	v.sends--
+	if v.sends == 0 && v.stale {
+		v.stale = false
+		v.s.freedLate++
+		v.s.put(v)
+	}
+}
+
+// kvAppClass is the size class of an n-byte value: its slice holds 1<<kvAppClass(n) bytes.
+func kvAppClass(n int) int { return bits.Len(uint(max(n, 64) - 1)) }
+
+func (s *kvAppStore) put(v *kvAppVal) {
+	k := kvAppClass(cap(v.b))
+	s.free[k] = append(s.free[k], v)
+}
+
+// get returns a slice of n bytes no one holds: from the free list, or made with the
+// power-of-two capacity of n's class (at least 64 B), so that later SETs of the key of
+// that class fit in it.
+func (s *kvAppStore) get(n int) *kvAppVal {
+	k := kvAppClass(n)
+	if l := s.free[k]; len(l) > 0 {
+		v := l[len(l)-1]
+		s.free[k] = l[:len(l)-1]
+		v.b = v.b[:n]
+		s.reused++
+		return v
+	}
+	s.made++
+	v := &kvAppVal{b: make([]byte, n, 1<<k), s: s}
+	v.done = v.sent
+	return v
+}
+
+// set stores a value of n bytes under key, read by fill: into the key's slice when no send
+// holds it and n is of its size class, else into another one (the old one is freed once
+// its sends end). A slice is taken for its own class only, so that the store's memory is
+// what its values need (a key that once held 100 KiB does not keep 128 KiB for 16 B).
+func (s *kvAppStore) set(key []byte, n int, fill func(p []byte)) {
+	e := s.m[string(key)] // no allocation: Go looks the key up without a string
+	if e == nil {
+		e = &kvAppEntry{}
+		s.m[string(key)] = e
+	}
+	v := e.v
+	switch {
+	case v != nil && v.sends == 0 && kvAppClass(cap(v.b)) == kvAppClass(n):
+		v.b = v.b[:n]
+		s.inPlace++
+	default:
+		if v != nil {
+			if v.sends == 0 {
+				s.put(v)
+			} else {
+				v.stale = true
+			}
+		}
+		v = s.get(n)
+		e.v = v
+	}
+	fill(v.b)
+}
+
+// answerApp is answer for kvZCStraight's store (kvConn.app). The responses of one OnData
+// are built in wb (a Go slice of the connection's, reused) and written with one Conn.Write
+// (at the end of the OnData, before a value sent with SendBytes, or when wb holds
+// kvWriteMax bytes), as a Go server's bufio.Writer would gather them.
 func (h *kvConn) answerApp(c *zc.Conn, op byte, key []byte, vlen int, fill func(p []byte)) {
 	var resp [kvRespHdr]byte
 	switch op {
 	case opSet:
-		v := make([]byte, vlen)
-		fill(v)
-		h.app[string(key)] = v
+		h.app.set(key, vlen, fill)
 		resp[0] = stDone
-		h.writeApp(c, resp[:])
+		h.appendApp(c, resp[:])
 	case opGet:
-		v, ok := h.app[string(key)]
-		resp[0] = stValue
-		if !ok {
-			resp[0] = stMissing
+		var v *kvAppVal
+		if e := h.app.m[string(key)]; e != nil {
+			v = e.v
 		}
-		binary.LittleEndian.PutUint32(resp[1:], uint32(len(v)))
-		h.writeApp(c, resp[:])
-		if len(v) == 0 {
-			return
+		resp[0] = stMissing
+		if v != nil {
+			resp[0] = stValue
+			binary.LittleEndian.PutUint32(resp[1:], uint32(len(v.b)))
 		}
-		if len(h.out) > 0 {
-			h.out = append(h.out, v...) // behind responses waiting for a send buffer
-			return
-		}
-		if err := c.SendBytes(v, nil); err != nil {
-			c.Close()
+		h.appendApp(c, resp[:])
+		switch {
+		case v == nil:
+		case len(v.b) < kvSharedMin:
+			h.appendApp(c, v.b) // a copy: the slice is the store's again at once
+		default:
+			h.flushApp(c)
+			if len(h.out) > 0 {
+				h.out = append(h.out, v.b...) // behind responses waiting for a send buffer
+				return
+			}
+			v.sends++
+			if err := c.SendBytes(v.b, v.done); err != nil {
+				v.sends--
+				c.Close()
+			}
 		}
 	}
 }
 
-// writeApp writes a response header with Conn.Write; what a Write refused for want of a
-// send buffer (ErrWouldBlock on the loop) waits in out for OnWritable.
-func (h *kvConn) writeApp(c *zc.Conn, p []byte) {
+// kvWriteMax is how many response bytes kvZCStraight gathers before it writes them.
+const kvWriteMax = 32 << 10
+
+// appendApp adds p to the responses being gathered (behind out when responses wait for a
+// send buffer).
+func (h *kvConn) appendApp(c *zc.Conn, p []byte) {
 	if len(h.out) > 0 {
 		h.out = append(h.out, p...)
+		return
+	}
+	h.wb = append(h.wb, p...)
+	if len(h.wb) >= kvWriteMax {
+		h.flushApp(c)
+	}
+}
+
+// flushApp writes the gathered responses with Conn.Write (a copy: wb is free again); what
+// a Write refused for want of a send buffer (ErrWouldBlock on the loop) waits in out for
+// OnWritable.
+func (h *kvConn) flushApp(c *zc.Conn) {
+	p := h.wb
+	h.wb = h.wb[:0]
+	if len(p) == 0 {
 		return
 	}
 	n, err := c.Write(p)
@@ -334,9 +461,10 @@ func (s *kvStore) setShared(c *zc.Conn, e *kvEntry, n int, fill func(p []byte)) 
 
 type kvConn struct {
 	store   *kvStore
-	app     map[string][]byte // kvZCStraight's store (nil: kvZC's)
+	app     *kvAppStore // kvZCStraight's store (nil: kvZC's)
 	r       framed.Reader
 	out     []byte // responses waiting for a send buffer
+	wb      []byte // kvZCStraight: the responses being gathered for one Write
 	buf     memreg.Buf
 	bb      []byte // buf's bytes
 	have    bool   // buf is being filled
@@ -401,6 +529,12 @@ func (h *kvConn) serve(c *zc.Conn) {
 		h.r.Skip(kvReqHdr + klen)
 		if !h.answer(c, op, hk[kvReqHdr:kvReqHdr+klen], vlen, func(p []byte) { h.r.Peek(p); h.r.Skip(len(p)) }) {
 			return
+		}
+	}
+	if h.app != nil {
+		h.flushApp(c)
+		if len(h.out) > 0 {
+			h.blocked = true
 		}
 	}
 	h.flush(c)

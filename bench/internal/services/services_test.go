@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,6 +107,47 @@ func TestKVZCStraight(t *testing.T) {
 				Duration: 200 * time.Millisecond, CorruptSeq: -1}
 			runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return kvZCStraight(c, m, ready) })
 		}
+	}
+}
+
+// The straightforward server's store reuses its slices (a SET into the key's slice, or
+// one from the free list) and never writes a slice a SendBytes still holds: with
+// Config.Debug.Buffers zc checksums each value at SendBytes and again before its
+// callback, so a write in between is reported; the client checks every value it reads.
+// Every path of the store is taken: in place, from the free list, new, and a replaced
+// slice freed by its last send's callback.
+func TestKVZCStraightReuse(t *testing.T) {
+	old, oldMade := zcConfig, kvAppStoreMade
+	t.Cleanup(func() { zcConfig, kvAppStoreMade = old, oldMade })
+	var misuses atomic.Int64
+	var firstMisuse atomic.Value
+	zcConfig = func() zc.Config {
+		cfg := old()
+		cfg.Debug.Buffers = true
+		cfg.Debug.OnMisuse = func(err error) {
+			if misuses.Add(1) == 1 {
+				firstMisuse.Store(err.Error())
+			}
+		}
+		return cfg
+	}
+	var stores []*kvAppStore
+	kvAppStoreMade = func(s *kvAppStore) { stores = append(stores, s) }
+	var inPlace, reused, made, freedLate int
+	for _, size := range []int{64, KVMixMax} {
+		c := harness.Case{Scenario: harness.KV, Mode: ZCStraight, Size: size, Conns: 8, RecvBuf: 64 << 10,
+			Duration: 300 * time.Millisecond, CorruptSeq: -1}
+		runPair(t, c, func(c harness.Case, m *harness.Meter, ready func(string)) error { return kvZCStraight(c, m, ready) })
+	}
+	if n := misuses.Load(); n > 0 {
+		t.Fatalf("%d misuses reported, the first: %v", n, firstMisuse.Load())
+	}
+	for _, s := range stores {
+		inPlace, reused, made, freedLate = inPlace+s.inPlace, reused+s.reused, made+s.made, freedLate+s.freedLate
+	}
+	t.Logf("SETs: %d in place, %d from the free list, %d new slices; %d freed by a callback", inPlace, reused, made, freedLate)
+	if len(stores) != 2 || inPlace == 0 || reused == 0 || made == 0 || freedLate == 0 {
+		t.Errorf("%d stores; SETs %d in place, %d reused, %d new, %d freed late: want each > 0", len(stores), inPlace, reused, made, freedLate)
 	}
 }
 
