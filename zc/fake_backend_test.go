@@ -33,9 +33,11 @@ import (
 //
 // It is a becontract.Backend, set on the queue as the real backends are (setBackend), and as
 // a backend it sees a connection only as a becontract.Conn (fconn.b): the core calls it and
-// hears its reports through the same contract as the backends' packages. What it reads of
-// *Conn itself (fconn.c) is the test's side: the application's actions (pause, close, the
-// close deadline) and the checks of the simulation (queueState, describe).
+// hears its reports through the same contract as the backends' packages. Everything else
+// it needs of zc (the application's and the engine's actions and their conditions, the
+// peers' draws, the FanOut check, the core's state for a report) it asks the test through
+// fakeSim, which interleave_test.go's simRun implements: this file names no *Conn, queue or
+// simRun.
 //
 // The send pool is the queue's own (zc/queue.go: waiters, grants), its growth sometimes
 // refused as RLIMIT_MEMLOCK would; the receive pool is small, so receives meet ENOBUFS.
@@ -97,9 +99,8 @@ type fakeHeld struct {
 type fconn struct {
 	k    *fakeKernel
 	id   int
-	c    *Conn           // the test's view of the connection (actions, checks)
-	b    becontract.Conn // the backend's view: the contract
-	role *simConn        // the test's view (interleave_test.go)
+	b    becontract.Conn // the connection, as the contract shows it to a backend
+	role fakeRole        // the test's view (interleave_test.go's *simConn)
 
 	// The peer's stream toward the connection: key, total, written so far, not yet received.
 	inKey            int64
@@ -168,7 +169,7 @@ func (fc *fconn) tracef(format string, args ...any) {
 }
 
 func (fc *fconn) String() string {
-	return fmt.Sprintf("fconn %d (%s)", fc.id, fc.role.kind)
+	return fmt.Sprintf("fconn %d (%s)", fc.id, fc.role.roleName())
 }
 
 // OnEvent handles the fake completions as zc/internal/be/uring handles io_uring's.
@@ -220,18 +221,83 @@ func (fc *fconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	}
 }
 
+// fakeSim is the test's side of the fake kernel (interleave_test.go's simRun): the
+// application's and the engine's actions and the facts of zc's core they are scheduled by,
+// the peers' draws, the FanOut check of a subscriber's sends, and the core's state in a
+// failure's report. The kernel half of this file reaches zc only through it, the contract
+// (fconn.b), its *loop.Queue and becontract.Queue: the seam a package zc/internal/be/fake
+// would keep (doc/notes/issue-30-s13-floor30b.md).
+type fakeSim interface {
+	// simBegun: the run began (before, Wait only waits for the loop's wake-ups).
+	simBegun() bool
+	// pendingAccepts is the number of accepts the test wants now; postAccept posts the next
+	// on the loop.
+	pendingAccepts() int
+	postAccept()
+	// dialRole is the role of the connection being dialed (nil: none, a failure).
+	dialRole() fakeRole
+	// setupPeer draws fc's peer (its streams, window, send buffer, resets, stalls).
+	setupPeer(fc *fconn)
+	// engineActs, closeActs and appActs append the actions of the engine (Close), of fc's
+	// CloseTimeout and of fc's application enabled now, at their places in enabled()'s
+	// list (the order of the random draws depends on it); doAct performs one of them.
+	engineActs(a []fakeAct) []fakeAct
+	closeActs(fc *fconn, a []fakeAct) []fakeAct
+	appActs(fc *fconn, a []fakeAct) []fakeAct
+	doAct(a fakeAct)
+	// takeOther checks p, the next bytes of segment s that fc's send takes, for a
+	// connection without a stream of its own (a FanOut subscriber).
+	takeOther(fc *fconn, s becontract.Seg, p []byte) bool
+	// describe and queueState are the core's state for a failure's report.
+	describe(fc *fconn) string
+	queueState() string
+	// done: the run ended (failure "" if none).
+	done(failure string, steps int)
+}
+
+// fakeRole is the test's role of a connection (a *simConn), or a placeholder's name until
+// the test gives one.
+type fakeRole interface {
+	roleName() string
+	attach(fc *fconn) // the role's connection in the fake kernel
+}
+
+type fakeRoleName string
+
+func (n fakeRoleName) roleName() string { return string(n) }
+func (fakeRoleName) attach(*fconn)      {}
+
+// fakeOptions are a run's draws the kernel acts by (simRun embeds them).
+type fakeOptions struct {
+	rng        *rand.Rand
+	weight     [nActKinds]int
+	growRefuse float64 // chance that a send pool growth is refused for lack of locked memory
+	epoll      bool
+	dialFail   float64 // chance that a connect is refused
+	maxSteps   int
+}
+
+// fakeCounts is what the kernel counts (simRun embeds it).
+type fakeCounts struct {
+	counts                       [nActKinds]int
+	resets, enobufs, growRefused int
+	cancels                      int // sends cancelled in flight
+}
+
 // fakeKernel is a queue's driver and backend.
 type fakeKernel struct {
-	q    *queue
-	sim  *simRun // the test (interleave_test.go)
+	bq   becontract.Queue
+	lq   *loop.Queue
+	sim  fakeSim // the test (interleave_test.go)
+	opt  *fakeOptions
+	cnt  *fakeCounts
 	rng  *rand.Rand
 	recv *memreg.Pool
 
-	conns     []*fconn // in creation order (the scheduler iterates these: no map order)
-	byConn    map[*Conn]*fconn
-	dialRoles []*simConn        // roles of connections being dialed, in DialAsync order
-	starved   []becontract.Conn // waiting for a receive buffer
-	wakeReq   bool
+	conns   []*fconn // in creation order (the scheduler iterates these: no map order)
+	byConn  map[becontract.Conn]*fconn
+	starved []becontract.Conn // waiting for a receive buffer
+	wakeReq bool
 
 	growRefuse float64 // chance that a send pool growth is refused for lack of locked memory
 	// epoll: readiness mode, as the plain backend (zc/internal/be/epoll): sends are written at once
@@ -248,23 +314,24 @@ type fakeKernel struct {
 	quiet    bool     // reported quiescence (or a failure): Wait now only waits for the eventfd
 }
 
-func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
-	cfg := (*beQueue)(q).Config()
-	k := &fakeKernel{q: q, sim: sim, rng: sim.rng, byConn: map[*Conn]*fconn{}, growRefuse: sim.growRefuse, maxSteps: sim.maxSteps, epoll: sim.epoll}
+func newFakeKernel(bq becontract.Queue, sim fakeSim, opt *fakeOptions, cnt *fakeCounts) (*fakeKernel, error) {
+	cfg := bq.Config()
+	k := &fakeKernel{bq: bq, lq: bq.Loop(), sim: sim, opt: opt, cnt: cnt, rng: opt.rng, byConn: map[becontract.Conn]*fconn{},
+		growRefuse: opt.growRefuse, maxSteps: opt.maxSteps, epoll: opt.epoll}
 	var err error
 	k.recv, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.RecvBufSize, Initial: cfg.RecvBufs,
 		MaxBytes: cfg.RecvPoolMax, OnFree: k.recvFreed}, false))
 	if err != nil {
 		return nil, err
 	}
-	q.send, err = memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
-		MaxBytes: cfg.SendPoolMax, OnFree: q.sendBufFreed, OnGrow: k.sendPoolGrow}, true))
+	send, err := memreg.NewPool(cfg.Pool(memreg.PoolOptions{BufSize: cfg.SendBufSize, Initial: cfg.SendBufs,
+		MaxBytes: cfg.SendPoolMax, OnFree: bq.SendBufFreed, OnGrow: k.sendPoolGrow}, true))
 	if err != nil {
 		k.recv.CloseWhenReleased()
 		return nil, err
 	}
+	bq.SetSendPool(send)
 	k.initDone = true
-	q.setBackend(k)
 	return k, nil
 }
 
@@ -272,7 +339,7 @@ func newFakeKernel(q *queue, sim *simRun) (*fakeKernel, error) {
 // queue's memCapped sees it unchanged and keeps the cap).
 func (k *fakeKernel) sendPoolGrow(r *memreg.Region, _ int) error {
 	if k.initDone && k.rng.Float64() < k.growRefuse {
-		k.sim.growRefused++
+		k.cnt.growRefused++
 		return memreg.NewMemlockError(r.Count()*r.BufSize(), unix.ENOMEM)
 	}
 	return nil
@@ -303,33 +370,32 @@ func (k *fakeKernel) get(bc becontract.Conn) *fconn {
 	if fc := fk(bc).fc; fc != nil {
 		return fc
 	}
-	c := (*Conn)(bc.(*beConn)) // the test's bookkeeping: byConn, by the test's *Conn
-	fc := k.byConn[c]
+	fc := k.byConn[bc]
 	if fc == nil {
-		k.failf("connection %p unknown to the fake kernel", c)
-		fc = &fconn{k: k, c: c, b: bc, role: &simConn{kind: "unknown"}}
-		k.byConn[c] = fc
+		k.failf("connection %p unknown to the fake kernel", bc)
+		fc = &fconn{k: k, b: bc, role: fakeRoleName("unknown")}
+		k.byConn[bc] = fc
 	}
 	fk(bc).fc = fc
 	return fc
 }
 
-// addConn makes the fake kernel's side of c for the test's role.
-func (k *fakeKernel) addConn(c *Conn, role *simConn) *fconn {
-	fc := k.byConn[c] // started already (epoll mode registers in start)
+// addConn makes the fake kernel's side of connection bc for the test's role.
+func (k *fakeKernel) addConn(bc becontract.Conn, role fakeRole) *fconn {
+	fc := k.byConn[bc] // started already (epoll mode registers in start)
 	if fc == nil {
-		fc = &fconn{k: k, id: len(k.conns), c: c, b: (*beConn)(c)}
+		fc = &fconn{k: k, id: len(k.conns), b: bc}
 		k.conns = append(k.conns, fc)
-		k.byConn[c] = fc
+		k.byConn[bc] = fc
 	}
 	fc.role = role
-	role.fc = fc
+	role.attach(fc)
 	return fc
 }
 
 func (k *fakeKernel) newOp(c becontract.Conn, fc *fconn, tag uint32) uint64 {
 	c.OpStarted()
-	return k.q.NewOp(fc, tag)
+	return k.lq.NewOp(fc, tag)
 }
 
 // ---- backend ---------------------------------------------------------------------------
@@ -341,7 +407,7 @@ func (k *fakeKernel) AppDirect() bool        { return true }
 func (k *fakeKernel) RecvPool() *memreg.Pool { return k.recv }
 func (k *fakeKernel) Close() {
 	k.recv.CloseWhenReleased()
-	k.q.send.CloseWhenReleased()
+	k.bq.SendPool().CloseWhenReleased()
 }
 
 // Start registers the socket (epoll mode: one registration for both directions).
@@ -349,9 +415,9 @@ func (k *fakeKernel) Start(c becontract.Conn) error {
 	if !k.epoll {
 		return nil
 	}
-	fc := k.byConn[(*Conn)(c.(*beConn))]
+	fc := k.byConn[c]
 	if fc == nil {
-		fc = k.addConn((*Conn)(c.(*beConn)), &simConn{kind: "starting"})
+		fc = k.addConn(c, fakeRoleName("starting"))
 	}
 	fk(c).recvUD = k.newOp(c, fc, tagRecv)
 	fc.rud = fk(c).recvUD
@@ -409,7 +475,7 @@ func (k *fakeKernel) CancelSend(c becontract.Conn) {
 		return
 	}
 	fc.scancel = true
-	k.sim.cancels++
+	k.cnt.cancels++
 	fc.tracef("cancel send (%d bytes in %d segments)", fc.sbytes, fc.ssegs)
 	for i := 0; i < fc.ssegs && i < c.PendLen(); i++ {
 		if s := c.Pend(i); s.Ptr != nil {
@@ -420,8 +486,8 @@ func (k *fakeKernel) CancelSend(c becontract.Conn) {
 }
 
 func (k *fakeKernel) FreeOp(c becontract.Conn, ud uint64) {
-	if k.q.OpLive(ud) {
-		k.q.FreeOp(ud)
+	if k.lq.OpLive(ud) {
+		k.lq.FreeOp(ud)
 		c.OpEnded()
 	}
 }
@@ -495,7 +561,7 @@ func (k *fakeKernel) CloseSocket(c becontract.Conn) {
 	if k.epoll {
 		fc := k.get(c)
 		if fk(c).recvUD != 0 {
-			k.q.FreeOp(fk(c).recvUD)
+			k.lq.FreeOp(fk(c).recvUD)
 			fk(c).recvUD = 0
 			c.OpEnded()
 			fc.rud = 0
@@ -508,13 +574,12 @@ func (k *fakeKernel) CloseSocket(c becontract.Conn) {
 }
 
 func (k *fakeKernel) Dial(c becontract.Conn) {
-	if len(k.dialRoles) == 0 {
+	role := k.sim.dialRole()
+	if role == nil {
 		k.failf("dial with no role")
-		k.dialRoles = append(k.dialRoles, &simConn{kind: "unknown"})
+		role = fakeRoleName("unknown")
 	}
-	role := k.dialRoles[0]
-	k.dialRoles = k.dialRoles[1:]
-	fc := k.addConn((*Conn)(c.(*beConn)), role)
+	fc := k.addConn(c, role)
 	k.sim.setupPeer(fc)
 	fk(c).dialUD = k.newOp(c, fc, tagConnect)
 	fc.cud = fk(c).dialUD
@@ -523,7 +588,7 @@ func (k *fakeKernel) Dial(c becontract.Conn) {
 func (k *fakeKernel) DropDial(c becontract.Conn) { k.FreeOp(c, fk(c).dialUD) }
 
 func (k *fakeKernel) CancelDial(c becontract.Conn) {
-	if c.DialAddr() != nil && k.q.OpLive(fk(c).dialUD) {
+	if c.DialAddr() != nil && k.lq.OpLive(fk(c).dialUD) {
 		k.get(c).ccancel = true
 	}
 }
@@ -575,7 +640,7 @@ func (k *fakeKernel) onRecv(fc *fconn, ev loop.Event, more bool) {
 // has one free or can grow, as the receive ring's WaitBuffers does).
 func (k *fakeKernel) waitBuffers(c becontract.Conn) {
 	if k.recv.Free() > 0 || k.growRecv() {
-		k.q.MarkDirty((*fakeRearm)(fk(c)))
+		k.lq.MarkDirty((*fakeRearm)(fk(c)))
 		return
 	}
 	k.starved = append(k.starved, c)
@@ -606,7 +671,7 @@ func (k *fakeKernel) recvFreed() {
 		return // loop-only state: every release in the simulation happens on the loop
 	}
 	k.wakeReq = true
-	if k.q.Post(k.retryStarved) != nil {
+	if k.lq.Post(k.retryStarved) != nil {
 		k.wakeReq = false
 	}
 }
@@ -659,13 +724,11 @@ func (k *fakeKernel) enabled() []fakeAct {
 	if k.sim.pendingAccepts() > 0 {
 		a = append(a, fakeAct{kind: actAccept})
 	}
-	if k.sim.closeEngine && !k.sim.engineClosed {
-		a = append(a, fakeAct{kind: actEngineClose})
-	}
+	a = k.sim.engineActs(a)
 	for _, fc := range k.conns {
 		if k.epoll {
 			// Level-triggered readiness for what the connection asks for.
-			if fc.rud != 0 && fc.c.recvArmed && (fc.reset || fc.rcvq > 0 || fc.finSent) {
+			if fc.rud != 0 && fc.b.RecvArmed() && (fc.reset || fc.rcvq > 0 || fc.finSent) {
 				a = append(a, fakeAct{kind: actRecv, fc: fc})
 			}
 			if fc.rud != 0 && fk(fc.b).wantOut && (fc.reset || fc.sndq < fc.sndCap) {
@@ -679,35 +742,21 @@ func (k *fakeKernel) enabled() []fakeAct {
 				a = append(a, fakeAct{kind: actSend, fc: fc})
 			}
 		}
-		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.closeErr == nil && !fc.c.st.SockClosed() {
-			// A graceful close waiting for its sends: CloseTimeout may pass now.
-			a = append(a, fakeAct{kind: actCloseExpire, fc: fc})
-		}
-		if k.sim.closeExpire && fc.c.inClose() && !fc.c.ended() && fc.c.st.SockClosed() && fc.sud != 0 {
-			// The socket is closed and a send is still in the kernel (its cancel has not
-			// ended it yet): the second deadline may pass now, and the connection finish
-			// with it in flight.
-			a = append(a, fakeAct{kind: actCloseExpire2, fc: fc})
-		}
+		a = k.sim.closeActs(fc, a)
 		for i := range fc.notifs {
 			a = append(a, fakeAct{kind: actNotif, fc: fc, i: i})
 		}
 		if fc.cud != 0 {
 			a = append(a, fakeAct{kind: actConnect, fc: fc})
 		}
-		if len(fc.role.held) > 0 {
-			a = append(a, fakeAct{kind: actAppRelease, fc: fc}) // even after OnClose: the Data is the application's
-		}
-		if fc.role.pausable && fc.c.opened() && !fc.c.inClose() {
-			a = append(a, fakeAct{kind: actUserPause, fc: fc}) // the application's, not the peer's
-		}
+		a = k.sim.appActs(fc, a)
 		if fc.reset {
 			continue
 		}
-		if fc.sndq > 0 && !(fc.stall && (fc.c.inClose() || fc.c.ended())) {
+		if fc.sndq > 0 && !(fc.stall && (fc.b.InClose() || fc.b.Ended())) {
 			a = append(a, fakeAct{kind: actPeerRead, fc: fc}) // after a close too: the socket lingers
 		}
-		if fc.closed || fc.c.ended() {
+		if fc.closed || fc.b.Ended() {
 			continue
 		}
 		if fc.started() && fc.inWrote < fc.inTotal && fc.rcvq < fc.window {
@@ -731,14 +780,14 @@ func (fc *fconn) started() bool { return fc.cud == 0 && fc.b.DialAddr() == nil }
 func (k *fakeKernel) pick(acts []fakeAct) fakeAct {
 	total := 0
 	for _, a := range acts {
-		total += k.sim.weight[a.kind]
+		total += k.opt.weight[a.kind]
 	}
 	if total <= 0 {
 		return acts[k.rng.IntN(len(acts))]
 	}
 	x := k.rng.IntN(total)
 	for _, a := range acts {
-		x -= k.sim.weight[a.kind]
+		x -= k.opt.weight[a.kind]
 		if x < 0 {
 			return a
 		}
@@ -750,7 +799,7 @@ func (k *fakeKernel) pick(acts []fakeAct) fakeAct {
 // timers run between batches, as between two io_uring_enter calls). With nothing left to
 // do it checks that nothing waits.
 func (k *fakeKernel) Wait(timeout time.Duration) error {
-	if k.quiet || !k.sim.begun {
+	if k.quiet || !k.sim.simBegun() {
 		k.waitWake(timeout)
 		return nil
 	}
@@ -769,7 +818,7 @@ func (k *fakeKernel) Wait(timeout time.Duration) error {
 		}
 		k.steps++
 		a := k.pick(acts)
-		k.sim.counts[a.kind]++
+		k.cnt.counts[a.kind]++
 		k.do(a)
 		if k.failure != "" || k.steps >= k.maxSteps {
 			if k.failure == "" {
@@ -788,13 +837,13 @@ func (k *fakeKernel) Wait(timeout time.Duration) error {
 func (k *fakeKernel) quiescent() {
 	var stuck []string
 	for _, fc := range k.conns {
-		if !fc.c.ended() {
-			stuck = append(stuck, k.describe(fc)+"\n    its last events:\n      "+strings.Join(fc.trace, "\n      "))
+		if !fc.b.Ended() {
+			stuck = append(stuck, k.sim.describe(fc)+"\n    its last events:\n      "+strings.Join(fc.trace, "\n      "))
 		}
 	}
 	if len(stuck) > 0 {
 		k.failf("quiescent after %d steps, but %d connection(s) not finished (a lost wake-up):\n%s\n%s",
-			k.steps, len(stuck), strings.Join(stuck, "\n"), k.queueState())
+			k.steps, len(stuck), strings.Join(stuck, "\n"), k.sim.queueState())
 	}
 	k.finish()
 }
@@ -804,46 +853,16 @@ func (k *fakeKernel) finish() {
 	k.sim.done(k.failure, k.steps)
 }
 
-// queueState describes the queue's send pool and waiters (loop only).
-func (k *fakeKernel) queueState() string {
-	q := k.q
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
-	var w []string
-	for _, x := range q.waiters {
-		if x.c != nil {
-			w = append(w, fmt.Sprint(k.byConn[x.c].id))
-		} else {
-			w = append(w, "goroutine")
-		}
-	}
-	return fmt.Sprintf("queue: %d conns, send pool %d/%d free (cap %d, memlock-capped %v), recv pool %d/%d free, waiters [%s], granted %d, grantsUp %v, starved %d",
-		len(q.conns), q.send.Free(), q.send.Buffers(), q.send.MaxBytes()/q.send.BufSize(), q.memCap.Load(),
-		k.recv.Free(), k.recv.Buffers(), strings.Join(w, " "), len(q.granted), q.grantsUp.Load(), len(k.starved))
-}
-
-// describe is engineDump's line for one connection plus the fake kernel's view (loop only).
-func (k *fakeKernel) describe(fc *fconn) string {
-	c := fc.c
-	c.mu.Lock()
-	out, queued, kicked, staged, werr := len(c.out), c.queued, c.kicked, c.staged(), c.werr
-	c.mu.Unlock()
-	_, waiting := k.q.waiting[c]
-	return fmt.Sprintf("  %v: pend %d out %d staged %v queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v closing %v fdClosed %v werr %v poolWaiter %v | fake: rud %d cancel %v sud %d notifs %d rcvq %d in %d/%d/%d fin %v sndq %d/%d kAcc %d reset %v | test: %s",
-		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.st.SockClosed(), werr, waiting,
-		fc.rud, fc.rcancel, fc.sud, len(fc.notifs), fc.rcvq, fc.inRecv, fc.inWrote, fc.inTotal, fc.finSent, fc.sndq, fc.sndCap, fc.kAcc, fc.reset, fc.role.state())
-}
-
 // waitWake sleeps until the queue's eventfd is written (or timeout passes) and consumes it.
 func (k *fakeKernel) waitWake(timeout time.Duration) {
 	ms := -1
 	if timeout >= 0 {
 		ms = int((timeout + time.Millisecond - 1) / time.Millisecond)
 	}
-	fds := []unix.PollFd{{Fd: int32(k.q.WakeFD()), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(k.lq.WakeFD()), Events: unix.POLLIN}}
 	if n, _ := unix.Poll(fds, ms); n > 0 {
 		var b [8]byte
-		unix.Read(k.q.WakeFD(), b[:])
+		unix.Read(k.lq.WakeFD(), b[:])
 	}
 }
 
@@ -860,7 +879,7 @@ func (d *fakeDriver) Close()                           {}
 func (k *fakeKernel) dispatch(fc *fconn, what string, ev loop.Event) {
 	k.tracef("%v: %s res %d flags %#x", fc, what, ev.Res, ev.Flags)
 	fc.tracef("%s res %d flags %#x", what, ev.Res, ev.Flags)
-	k.q.Dispatch(ev)
+	k.lq.Dispatch(ev)
 }
 
 // do performs one action.
@@ -868,8 +887,7 @@ func (k *fakeKernel) do(a fakeAct) {
 	fc := a.fc
 	switch a.kind {
 	case actAccept:
-		k.sim.acceptPosted = true
-		k.q.Post(k.sim.acceptNext)
+		k.sim.postAccept()
 	case actRecv, actSend:
 		if k.epoll {
 			ev := unix.EPOLLIN
@@ -892,7 +910,7 @@ func (k *fakeKernel) do(a fakeAct) {
 		switch {
 		case fc.ccancel:
 			res = -int32(unix.ECANCELED)
-		case k.rng.Float64() < k.sim.dialFail:
+		case k.rng.Float64() < k.opt.dialFail:
 			res = -int32(unix.ECONNREFUSED)
 		}
 		ud := fc.cud
@@ -919,64 +937,10 @@ func (k *fakeKernel) do(a fakeAct) {
 		if k.rng.IntN(4) == 0 { // resets come late as often as early
 			fc.reset = true
 			fc.sndq, fc.rcvq = 0, 0
-			k.sim.resets++
+			k.cnt.resets++
 		}
-	case actEngineClose:
-		// Engine.Close while everything runs: no more connections, each one closed
-		// gracefully (queued bytes still go out), dials cancelled.
-		if k.rng.IntN(30) == 0 {
-			k.sim.engineClosed = true
-			k.sim.plan = nil
-			k.q.e.closed.Store(true)
-			k.q.Post(k.q.closeAll)
-			k.tracef("engine close")
-		}
-	case actAppRelease:
-		// The application releases a Data it kept (from its own goroutine, as it may).
-		r := fc.role
-		i := k.rng.IntN(len(r.held))
-		d := r.held[i]
-		r.held = append(r.held[:i], r.held[i+1:]...)
-		if err := d.Release(); err != nil {
-			k.failf("%v: Release of held data: %v", fc, err)
-		}
-		fc.tracef("app-release (%d held)", len(r.held))
-		if len(r.held) == 0 && r.eof && !r.closing {
-			r.closing = true
-			fc.c.Close()
-		}
-	case actUserPause:
-		c := fc.c
-		on := c.paused&pauseUser == 0
-		c.Post(func() { c.SetReceivePaused(on) })
-	case actCloseExpire:
-		// CloseTimeout passes (its timer is an hour away: the deadline moves instead). With
-		// sends still queued the close gives up: the sends are aborted, the one in flight
-		// cancelled, and OnClose must get a *CloseTimeoutError.
-		c := fc.c
-		c.mu.Lock()
-		producer := len(c.out) > 0 || c.staged() || c.holdClose
-		c.mu.Unlock()
-		if c.pendLen() > 0 || k.Sending(fc.b) || producer {
-			fc.expired = true
-			k.sim.expires++
-		}
-		fc.tracef("close-expire (work %v, sending %v, pend %d)", fc.expired, k.Sending(fc.b), c.pendLen())
-		k.tracef("%v: close-expire (work %v)", fc, fc.expired)
-		c.cl.deadline = time.Now().Add(-time.Nanosecond)
-		c.advanceClose()
-	case actCloseExpire2:
-		// Twice CloseTimeout passed: the connection finishes with its send in flight. Its
-		// buffers must stay lent until that send completes (doSend checks them).
-		c := fc.c
-		fc.tracef("close-expire-2 (ops %d, pend %d)", c.ops, c.pendLen())
-		k.tracef("%v: close-expire-2", fc)
-		c.cl.deadline = time.Now().Add(-2*c.e.cfg.CloseTimeout - time.Nanosecond)
-		c.advanceClose()
-		if c.ended() && fc.sud != 0 {
-			fc.late = true
-			k.sim.lateSends++
-		}
+	case actEngineClose, actAppRelease, actUserPause, actCloseExpire, actCloseExpire2:
+		k.sim.doAct(a)
 	}
 }
 
@@ -997,7 +961,7 @@ func (k *fakeKernel) doRecv(fc *fconn) {
 				buf.Release() // a spurious ENOBUFS (another ring's buffers): re-armed at once
 			}
 			ev.Res = -int32(unix.ENOBUFS)
-			k.sim.enobufs++
+			k.cnt.enobufs++
 			break
 		}
 		p := buf.Bytes()
@@ -1093,7 +1057,7 @@ func (k *fakeKernel) doSend(fc *fconn) {
 		if fc.resetOK && k.rng.IntN(10) == 0 {
 			n = 1 + k.rng.Int64N(n)
 			fc.reset = true
-			k.sim.resets++
+			k.cnt.resets++
 		}
 		if !k.take(fc, n) {
 			return
@@ -1150,7 +1114,7 @@ func (k *fakeKernel) take(fc *fconn, n int64) bool {
 		p := s.Bytes()
 		p = p[:min(int64(len(p)), left)]
 		if fc.fanSubs != nil {
-			if !k.takeFan(fc, s, p) {
+			if !k.sim.takeOther(fc, s, p) {
 				return false
 			}
 		} else if !fakeMatches(p, *fc.outKey, fc.kAcc) {
@@ -1247,7 +1211,7 @@ func (k *fakeKernel) sendSync(c becontract.Conn) {
 		fk(c).wantOut = want
 	}
 	if progress && !fk(c).wantOut {
-		k.q.MarkDirty((*fakeWritable)(fk(c)))
+		k.lq.MarkDirty((*fakeWritable)(fk(c)))
 	}
 }
 
@@ -1263,7 +1227,7 @@ func (k *fakeKernel) readSync(fc *fconn) {
 			k.StopRecv(c)
 			fk(c).needArm = true
 			k.starved = append(k.starved, c)
-			k.sim.enobufs++
+			k.cnt.enobufs++
 			fc.tracef("read: no buffer")
 			return
 		}

@@ -29,7 +29,8 @@ type fakeScript struct {
 func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 	t.Helper()
 	cfg.Queues, cfg.NoPin, cfg.CloseTimeout = 1, true, time.Hour
-	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1)), epoll: epoll}
+	s := &simRun{t: t, scale: 1, doneCh: make(chan string, 1)}
+	s.maxSteps, s.rng, s.epoll = 1, rand.New(rand.NewPCG(1, 1)), epoll
 	e, err := startFakeEngine(cfg, s)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fconn) {
 	role.outKey = &role.ownKey
 	f.s.l = &Listener{e: f.s.e, network: "tcp", family: unix.AF_INET, done: make(chan struct{}), accept: func(nc *Conn) Handler {
 		c = nc
-		fc := f.k.addConn(nc, role)
+		fc := f.k.addConn((*beConn)(nc), role)
 		fc.outKey, fc.sndCap, fc.window = role.outKey, 1<<20, 1<<20
 		return h
 	}}
@@ -113,7 +114,7 @@ func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *f
 	})
 	f.do(func() {
 		if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
-			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
+			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.s.describe(fc))
 			return
 		}
 		ud := fc.rud
@@ -194,7 +195,7 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 	})
 	f.do(func() {
 		if !fk((*beConn)(c)).wantOut || fc.kAcc != 100 {
-			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
+			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.s.describe(fc))
 			return
 		}
 	})
@@ -206,7 +207,7 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 	f.do(func() {
 		if !c.ended() || h.closes != 1 || h.err != nil || fc.kAcc != int64(len(p)) {
 			t.Errorf("after Close: finished %v, OnClose ran %d times with %v, %d of %d bytes sent (want all, and a clean close)\n%s",
-				c.ended(), h.closes, h.err, fc.kAcc, len(p), f.k.describe(fc))
+				c.ended(), h.closes, h.err, fc.kAcc, len(p), f.s.describe(fc))
 		}
 	})
 }
@@ -327,7 +328,7 @@ func TestFakeCloseTimeoutCancelsSend(t *testing.T) {
 	})
 	f.do(func() {
 		if fc.sud == 0 || fc.szc {
-			t.Errorf("want a copying send in flight: %s", f.k.describe(fc))
+			t.Errorf("want a copying send in flight: %s", f.s.describe(fc))
 			return
 		}
 		if fc.rud != 0 {

@@ -447,7 +447,8 @@ func (fc *fconn) fanState(sf *simFan) *fanSubState {
 
 // takeFan checks p, the next bytes of segment s (whose buffer is d) a subscriber's send
 // takes (the fake kernel's take).
-func (k *fakeKernel) takeFan(fc *fconn, s becontract.Seg, p []byte) bool {
+func (sr *simRun) takeOther(fc *fconn, s becontract.Seg, p []byte) bool {
+	k := sr.k
 	ptr := (*byte)(unsafe.Add(unsafe.Pointer(s.Ptr), -s.Off)) // the buffer's start
 	st := fc.fanCur
 	var sf *simFan
@@ -455,12 +456,12 @@ func (k *fakeKernel) takeFan(fc *fconn, s becontract.Seg, p []byte) bool {
 	if st != nil {
 		// Inside a message: the rest of it, from where the last send stopped.
 		sf, idx = st.sf, st.next
-		if m := sf.msgs[idx]; k.sim.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+fc.fanPos {
+		if m := sf.msgs[idx]; sr.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+fc.fanPos {
 			k.failf("%v: fan %d message %d cut short at %d (a send of another buffer or offset follows)", fc, sf.id, idx, fc.fanPos)
 			return false
 		}
 	} else {
-		ref, ok := k.sim.fanBufs[fanBufKey{ptr, int64(s.Off)}]
+		ref, ok := sr.fanBufs[fanBufKey{ptr, int64(s.Off)}]
 		if !ok {
 			k.failf("%v: a subscriber sends bytes that do not start a published message", fc)
 			return false

@@ -253,10 +253,12 @@ func (r *simConn) failf(format string, args ...any) {
 
 // simRun is one seed.
 type simRun struct {
+	fakeOptions // the fake kernel's draws (rng, weight, growRefuse, epoll, dialFail, maxSteps)
+	fakeCounts  // what it counted (counts, resets, enobufs, growRefused, cancels)
+
 	t     *testing.T
 	seed  int64
 	scale int
-	rng   *rand.Rand
 	e     *Engine
 	q     *queue
 	k     *fakeKernel
@@ -269,9 +271,6 @@ type simRun struct {
 	doneCh       chan string
 	steps        int
 
-	weight     [nActKinds]int
-	growRefuse float64
-	epoll      bool
 	// closeEngine: the engine closes mid-run (engineClosed once it did), as Engine.Close
 	// does: no more connections, every connection closed gracefully.
 	closeEngine, engineClosed bool
@@ -279,14 +278,11 @@ type simRun struct {
 	// closeExpire: graceful closes may time out (actCloseExpire), and some peers stop
 	// reading when their connection closes (fconn.stall)
 	closeExpire bool
-	dialFail    float64
 	resetFrac   float64
-	maxSteps    int
+	dialRoles   []*simConn // roles of connections being dialed, in DialAsync order
 
-	counts                       [nActKinds]int
-	resets, enobufs, growRefused int
-	cancels, expires             int // sends cancelled in flight, closes that gave up with work
-	lateSends                    int // connections finished with a send in the kernel (actCloseExpire2)
+	expires   int // closes that gave up with work
+	lateSends int // connections finished with a send in the kernel (actCloseExpire2)
 
 	// FanOuts with their publishers and subscribers (interleave_fanout_test.go); fanBufs:
 	// where each published message starts; fanRemoves: subscribers removed mid-stream
@@ -313,7 +309,8 @@ func (s *simRun) pendingAccepts() int {
 // runInterleave runs one seed; it returns what it did and a failure ("" if none).
 func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-	s := &simRun{t: t, seed: seed, scale: scale, rng: rng, doneCh: make(chan string, 1)}
+	s := &simRun{t: t, seed: seed, scale: scale, doneCh: make(chan string, 1)}
+	s.rng = rng
 	for i := range s.weight {
 		s.weight[i] = 1 + rng.IntN(10)
 	}
@@ -448,7 +445,10 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
 		q.Queue = lq
 		lq.AtStop(q.abortAll)
-		k, err := newFakeKernel(q, s)
+		k, err := newFakeKernel((*beQueue)(q), s, &s.fakeOptions, &s.fakeCounts)
+		if err == nil {
+			q.setBackend(k)
+		}
 		s.k = k
 		return (*fakeDriver)(k), err
 	})
@@ -487,7 +487,7 @@ func (s *simRun) accept(c *Conn) Handler {
 	r.c = c
 	c.raddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(len(s.roles)))
 	r.inKey = s.rng.Int64N(1 << 40)
-	fc := s.k.addConn(c, r)
+	fc := s.k.addConn((*beConn)(c), r)
 	switch r.kind {
 	case "streamer", "writer":
 		r.ownKey = s.rng.Int64N(1 << 40)
@@ -534,7 +534,7 @@ func (s *simRun) accept(c *Conn) Handler {
 	// relay-front: hold the client until the backend is connected.
 	back := r.partner
 	c.SetReceivePaused(true)
-	s.k.dialRoles = append(s.k.dialRoles, back)
+	s.dialRoles = append(s.dialRoles, back)
 	s.roles = append(s.roles, back)
 	err := s.e.DialAsync(context.Background(), "tcp", "127.0.0.1:9", HandlerFuncs{}, func(bc *Conn, err error) {
 		if err != nil {
@@ -552,14 +552,17 @@ func (s *simRun) accept(c *Conn) Handler {
 	})
 	if err != nil {
 		r.failf("DialAsync: %v", err)
-		s.k.dialRoles = s.k.dialRoles[:len(s.k.dialRoles)-1]
+		s.dialRoles = s.dialRoles[:len(s.dialRoles)-1]
 	}
 	return &simHolder{r: r}
 }
 
 // setupPeer draws the peer of a connection.
 func (s *simRun) setupPeer(fc *fconn) {
-	r := fc.role
+	r, ok := fc.role.(*simConn)
+	if !ok {
+		r = &simConn{kind: fc.role.roleName()}
+	}
 	cfg := &s.e.cfg
 	fc.inKey, fc.outKey = r.inKey, r.outKey
 	switch r.kind {
@@ -595,7 +598,7 @@ func (s *simRun) check() string {
 			}
 			continue
 		}
-		c := fc.c
+		c := connOf(fc)
 		closeErr := c.closeErr
 		switch r.kind {
 		case "streamer", "writer", "echo", "sink", "fan-pub", "fan-sub":
@@ -700,7 +703,7 @@ func (s *simRun) checkDropped(r *simConn, closeErr error) []string {
 	var errs []string
 	fc := r.fc
 	lost := r.accepted - fc.kAcc
-	dropped := int64(fc.c.droppedBytes())
+	dropped := int64(connOf(fc).droppedBytes())
 	if r.kind != "fan-sub" && lost != dropped {
 		errs = append(errs, fmt.Sprintf("accepted %d, the kernel took %d, yet BytesDropped is %d", r.accepted, fc.kAcc, dropped))
 	}
@@ -1013,4 +1016,159 @@ func (h *simSink) OnEOF(c *Conn, err error) {
 	if err == io.EOF && len(h.r.held) == 0 {
 		h.close(c)
 	}
+}
+
+// ---- the fake kernel's side of the test (fakeSim) ----------------------------------------
+
+// connOf is the test's *Conn of the fake kernel's connection.
+func connOf(fc *fconn) *Conn { return (*Conn)(fc.b.(*beConn)) }
+
+func (r *simConn) roleName() string { return r.kind }
+func (r *simConn) attach(fc *fconn) { r.fc = fc }
+
+func (s *simRun) simBegun() bool { return s.begun }
+
+func (s *simRun) postAccept() {
+	s.acceptPosted = true
+	s.q.Post(s.acceptNext)
+}
+
+// dialRole is the role of the next DialAsync (its roles queue in dialRoles).
+func (s *simRun) dialRole() fakeRole {
+	if len(s.dialRoles) == 0 {
+		return nil
+	}
+	r := s.dialRoles[0]
+	s.dialRoles = s.dialRoles[1:]
+	return r
+}
+
+func (s *simRun) engineActs(a []fakeAct) []fakeAct {
+	if s.closeEngine && !s.engineClosed {
+		a = append(a, fakeAct{kind: actEngineClose})
+	}
+	return a
+}
+
+func (s *simRun) closeActs(fc *fconn, a []fakeAct) []fakeAct {
+	c := connOf(fc)
+	if s.closeExpire && c.inClose() && !c.ended() && c.closeErr == nil && !c.st.SockClosed() {
+		// A graceful close waiting for its sends: CloseTimeout may pass now.
+		a = append(a, fakeAct{kind: actCloseExpire, fc: fc})
+	}
+	if s.closeExpire && c.inClose() && !c.ended() && c.st.SockClosed() && fc.sud != 0 {
+		// The socket is closed and a send is still in the kernel (its cancel has not
+		// ended it yet): the second deadline may pass now, and the connection finish
+		// with it in flight.
+		a = append(a, fakeAct{kind: actCloseExpire2, fc: fc})
+	}
+	return a
+}
+
+func (s *simRun) appActs(fc *fconn, a []fakeAct) []fakeAct {
+	c := connOf(fc)
+	r, ok := fc.role.(*simConn)
+	if !ok {
+		return a
+	}
+	if len(r.held) > 0 {
+		a = append(a, fakeAct{kind: actAppRelease, fc: fc}) // even after OnClose: the Data is the application's
+	}
+	if r.pausable && c.opened() && !c.inClose() {
+		a = append(a, fakeAct{kind: actUserPause, fc: fc}) // the application's, not the peer's
+	}
+	return a
+}
+
+// doAct performs an action of the application or the engine (loop only).
+func (s *simRun) doAct(a fakeAct) {
+	fc := a.fc
+	switch a.kind {
+	case actEngineClose:
+		// Engine.Close while everything runs: no more connections, each one closed
+		// gracefully (queued bytes still go out), dials cancelled.
+		if s.rng.IntN(30) == 0 {
+			s.engineClosed = true
+			s.plan = nil
+			s.q.e.closed.Store(true)
+			s.q.Post(s.q.closeAll)
+			s.k.tracef("engine close")
+		}
+	case actAppRelease:
+		// The application releases a Data it kept (from its own goroutine, as it may).
+		r := fc.role.(*simConn)
+		i := s.rng.IntN(len(r.held))
+		d := r.held[i]
+		r.held = append(r.held[:i], r.held[i+1:]...)
+		if err := d.Release(); err != nil {
+			s.k.failf("%v: Release of held data: %v", fc, err)
+		}
+		fc.tracef("app-release (%d held)", len(r.held))
+		if len(r.held) == 0 && r.eof && !r.closing {
+			r.closing = true
+			connOf(fc).Close()
+		}
+	case actUserPause:
+		c := connOf(fc)
+		on := c.paused&pauseUser == 0
+		c.Post(func() { c.SetReceivePaused(on) })
+	case actCloseExpire:
+		// CloseTimeout passes (its timer is an hour away: the deadline moves instead). With
+		// sends still queued the close gives up: the sends are aborted, the one in flight
+		// cancelled, and OnClose must get a *CloseTimeoutError.
+		c := connOf(fc)
+		c.mu.Lock()
+		producer := len(c.out) > 0 || c.staged() || c.holdClose
+		c.mu.Unlock()
+		if c.pendLen() > 0 || s.k.Sending(fc.b) || producer {
+			fc.expired = true
+			s.expires++
+		}
+		fc.tracef("close-expire (work %v, sending %v, pend %d)", fc.expired, s.k.Sending(fc.b), c.pendLen())
+		s.k.tracef("%v: close-expire (work %v)", fc, fc.expired)
+		c.cl.deadline = time.Now().Add(-time.Nanosecond)
+		c.advanceClose()
+	case actCloseExpire2:
+		// Twice CloseTimeout passed: the connection finishes with its send in flight. Its
+		// buffers must stay lent until that send completes (doSend checks them).
+		c := connOf(fc)
+		fc.tracef("close-expire-2 (ops %d, pend %d)", c.ops, c.pendLen())
+		s.k.tracef("%v: close-expire-2", fc)
+		c.cl.deadline = time.Now().Add(-2*c.e.cfg.CloseTimeout - time.Nanosecond)
+		c.advanceClose()
+		if c.ended() && fc.sud != 0 {
+			fc.late = true
+			s.lateSends++
+		}
+	}
+}
+
+// queueState describes the queue's send pool and waiters (loop only).
+func (s *simRun) queueState() string {
+	k, q := s.k, s.q
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	var w []string
+	for _, x := range q.waiters {
+		if x.c != nil {
+			w = append(w, fmt.Sprint(k.byConn[(*beConn)(x.c)].id))
+		} else {
+			w = append(w, "goroutine")
+		}
+	}
+	return fmt.Sprintf("queue: %d conns, send pool %d/%d free (cap %d, memlock-capped %v), recv pool %d/%d free, waiters [%s], granted %d, grantsUp %v, starved %d",
+		len(q.conns), q.send.Free(), q.send.Buffers(), q.send.MaxBytes()/q.send.BufSize(), q.memCap.Load(),
+		k.recv.Free(), k.recv.Buffers(), strings.Join(w, " "), len(q.granted), q.grantsUp.Load(), len(k.starved))
+}
+
+// describe is engineDump's line for one connection plus the fake kernel's view (loop only).
+func (s *simRun) describe(fc *fconn) string {
+	c, r := connOf(fc), fc.role.(*simConn)
+	c.mu.Lock()
+	out, queued, kicked, staged, werr := len(c.out), c.queued, c.kicked, c.staged(), c.werr
+	c.mu.Unlock()
+	_, waiting := s.q.waiting[c]
+	return fmt.Sprintf("  %v: pend %d out %d staged %v queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v closing %v fdClosed %v werr %v poolWaiter %v | fake: rud %d cancel %v sud %d notifs %d rcvq %d in %d/%d/%d fin %v sndq %d/%d kAcc %d reset %v | test: %s",
+		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.st.SockClosed(), werr, waiting,
+		fc.rud, fc.rcancel, fc.sud, len(fc.notifs), fc.rcvq, fc.inRecv, fc.inWrote, fc.inTotal, fc.finSent, fc.sndq, fc.sndCap, fc.kAcc, fc.reset, r.state())
 }
