@@ -176,7 +176,8 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 		for _, sf := range r.subFans {
 			st := &fanSubState{sf: sf, r: r, start: len(sf.msgs), end: -1}
 			st.next = st.start
-			r.fc.fanSubs = append(r.fc.fanSubs, st)
+			r.fanSubs = append(r.fanSubs, st)
+			r.fc.other = true
 			sf.subs = append(sf.subs, st)
 			if err := sf.f.Add(c); err != nil {
 				if !errors.Is(err, ErrClosed) {
@@ -202,7 +203,7 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 
 // subDone closes a subscriber once every fan it joined ended or removed it (loop only).
 func (s *simRun) subDone(r *simConn) {
-	for _, st := range r.fc.fanSubs {
+	for _, st := range r.fanSubs {
 		if st.end < 0 {
 			return
 		}
@@ -436,8 +437,8 @@ func (h *simFanPub) OnEOF(c *Conn, err error) {
 // queue for it.
 type simFanSub struct{ simBase }
 
-func (fc *fconn) fanState(sf *simFan) *fanSubState {
-	for _, st := range fc.fanSubs {
+func (r *simConn) fanState(sf *simFan) *fanSubState {
+	for _, st := range r.fanSubs {
 		if st.sf == sf {
 			return st
 		}
@@ -448,16 +449,16 @@ func (fc *fconn) fanState(sf *simFan) *fanSubState {
 // takeFan checks p, the next bytes of segment s (whose buffer is d) a subscriber's send
 // takes (the fake kernel's take).
 func (sr *simRun) takeOther(fc *fconn, s becontract.Seg, p []byte) bool {
-	k := sr.k
+	k, r := sr.k, fc.role.(*simConn)
 	ptr := (*byte)(unsafe.Add(unsafe.Pointer(s.Ptr), -s.Off)) // the buffer's start
-	st := fc.fanCur
+	st := r.fanCur
 	var sf *simFan
 	var idx int
 	if st != nil {
 		// Inside a message: the rest of it, from where the last send stopped.
 		sf, idx = st.sf, st.next
-		if m := sf.msgs[idx]; sr.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+fc.fanPos {
-			k.failf("%v: fan %d message %d cut short at %d (a send of another buffer or offset follows)", fc, sf.id, idx, fc.fanPos)
+		if m := sf.msgs[idx]; sr.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+r.fanPos {
+			k.failf("%v: fan %d message %d cut short at %d (a send of another buffer or offset follows)", fc, sf.id, idx, r.fanPos)
 			return false
 		}
 	} else {
@@ -467,7 +468,7 @@ func (sr *simRun) takeOther(fc *fconn, s becontract.Seg, p []byte) bool {
 			return false
 		}
 		sf, idx = ref.sf, ref.idx
-		if st = fc.fanState(sf); st == nil {
+		if st = r.fanState(sf); st == nil {
 			k.failf("%v: fan %d's message %d reached a connection that never joined it", fc, sf.id, idx)
 			return false
 		}
@@ -488,18 +489,18 @@ func (sr *simRun) takeOther(fc *fconn, s becontract.Seg, p []byte) bool {
 		}
 	}
 	m := sf.msgs[idx]
-	pos := fc.fanPos
+	pos := r.fanPos
 	if pos+int64(len(p)) > m.n || !fakeMatches(p, m.key, m.off+pos) {
 		k.failf("%v: fan %d message %d: bytes %d..%d are not the message's", fc, sf.id, idx, pos, pos+int64(len(p)))
 		return false
 	}
-	fc.fanPos += int64(len(p))
-	fc.fanCur = st
-	if fc.fanPos == m.n {
+	r.fanPos += int64(len(p))
+	r.fanCur = st
+	if r.fanPos == m.n {
 		st.next++
 		st.got++
-		fc.fanPos = 0
-		fc.fanCur = nil
+		r.fanPos = 0
+		r.fanCur = nil
 	}
 	return true
 }
@@ -519,13 +520,13 @@ func (s *simRun) checkFan(r *simConn) []string {
 		if !clean {
 			break // failed or reset: a checked prefix
 		}
-		if fc.fanCur != nil {
-			bad("subscriber closed cleanly inside fan %d's message %d (%d bytes of it)", fc.fanCur.sf.id, fc.fanCur.next, fc.fanPos)
+		if r.fanCur != nil {
+			bad("subscriber closed cleanly inside fan %d's message %d (%d bytes of it)", r.fanCur.sf.id, r.fanCur.next, r.fanPos)
 		}
 		if !r.closing {
 			// closed by FanOutClose: a checked prefix of whole messages
 			byFan := false
-			for _, st := range fc.fanSubs {
+			for _, st := range r.fanSubs {
 				byFan = byFan || st.sf.policy == FanOutClose
 			}
 			if !byFan {
@@ -533,7 +534,7 @@ func (s *simRun) checkFan(r *simConn) []string {
 			}
 			break
 		}
-		for _, st := range fc.fanSubs {
+		for _, st := range r.fanSubs {
 			if st.end < 0 {
 				bad("fan %d: closed by the test while still subscribed", st.sf.id)
 				continue

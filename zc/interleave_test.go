@@ -241,6 +241,11 @@ type simConn struct {
 	published int64     // fan-pub: bytes published
 	pubFan    *simFan   // fan-pub: its fan
 	subFans   []*simFan // fan-sub: the fans it joins
+	// fan-sub: its state in each fan it joined; fanCur, fanPos: the message partly sent
+	// (nil: none) and the bytes of it sent (takeOther)
+	fanSubs []*fanSubState
+	fanCur  *fanSubState
+	fanPos  int64
 }
 
 func (r *simConn) state() string {
