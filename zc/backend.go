@@ -37,22 +37,13 @@ func newBackend(b Backend, caps *uring.Capabilities) becontract.New {
 // matching ErrNotSupported).
 func shimAvailable() error { return beshim.Available() }
 
-// Tags of the operations in the kernel: the contract's (becontract.Tag*), named here for
-// the core's own operations and the fake kernel.
+// Tags of the core's own operations in the kernel: the contract's (becontract.Tag*).
 const (
-	tagRecv    = becontract.TagRecv
-	tagSend    = becontract.TagSend
-	tagSendZC  = becontract.TagSendZC
-	tagConnect = becontract.TagConnect
-
 	tagSpliceIn    = becontract.TagSpliceIn
 	tagSpliceOut   = becontract.TagSpliceOut
 	tagFileOut     = becontract.TagFileOut
 	tagSpliceEpoll = becontract.TagSpliceEpoll
 )
-
-// maxIov: buffers per gathered send (the fake kernel's writev).
-const maxIov = becontract.MaxIov
 
 // backendState is a backend's own state of a connection (Conn.bk): opaque to the core.
 type backendState = becontract.ConnState
