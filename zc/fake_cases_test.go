@@ -15,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// Scripted cases over the fake kernel (fake_backend_test.go): the scheduler stays off and the
+// Scripted cases over the fake kernel (zc/internal/be/fake): the scheduler stays off and the
 // test delivers each completion itself, on the loop. The minimal forms of what the
 // interleaving test found.
 

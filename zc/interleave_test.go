@@ -20,7 +20,7 @@ import (
 )
 
 // The interleaving test: the connection core (core.go, conn.go, queue.go, handler.go,
-// relay.go) runs over the fake kernel of fake_backend_test.go, whose seeded scheduler
+// relay.go) runs over the fake kernel of zc/internal/be/fake, whose seeded scheduler
 // delivers completions in random order, splits and delays them. Each seed builds one queue
 // with a small send pool (fewer buffers than its connections want at once), a small receive
 // pool, random socket buffer sizes and peers, and a mix of handlers:
