@@ -77,7 +77,9 @@ func (s *Socket) SpliceFrom(pipe int, n int) (int, error) {
 // more bytes: true when it can, false and a nil error when the time ran out. A connection
 // that failed or was shut down (POLLERR, POLLHUP) gives an error matching unix.EPIPE; a
 // Close during the wait wakes it (net.ErrClosed). For a sender that found the socket full
-// (EAGAIN from SendFile, SpliceFrom, Write) and has no poller of its own.
+// (EAGAIN from SendFile, SpliceFrom, Write) and has no poller of its own. An unconnected
+// socket gives the EPIPE error at once; a listening one never has room (only the timeout
+// or a Close ends the wait).
 func (s *Socket) WaitWritable(timeout time.Duration) (bool, error) {
 	fd, err := s.incref("poll")
 	if err != nil {
