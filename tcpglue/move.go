@@ -1,6 +1,8 @@
 package tcpglue
 
 import (
+	"time"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/zcnet/zcnet/internal/eintr"
@@ -8,8 +10,9 @@ import (
 
 // Calls that move bytes between a socket and other descriptors without waiting, and the
 // socket's descriptor for a watcher of its own: what an event loop that owns the socket
-// (zc's) does between its readiness events. EINTR is retried; a socket that cannot take or
-// give more returns an error matching unix.EAGAIN (TryWrite: 0 and nil).
+// (zc's) does between its readiness events; and WaitWritable, a wait for room for a sender
+// with no poller of its own. EINTR is retried; a socket that cannot take or give more
+// returns an error matching unix.EAGAIN (TryWrite: 0 and nil).
 
 // TryWrite is one write(2). On a non-blocking socket it does not wait: it returns how many
 // bytes of p the socket took, and 0 with a nil error when its send buffer is full. (On a
@@ -68,6 +71,30 @@ func (s *Socket) SpliceFrom(pipe int, n int) (int, error) {
 		return 0, opErr("splice", fd, nil, s.closedOr(sysErr("splice", err)))
 	}
 	return int(k), nil
+}
+
+// WaitWritable waits, at most timeout (negative: without a bound), until the socket can take
+// more bytes: true when it can, false and a nil error when the time ran out. A connection
+// that failed or was shut down (POLLERR, POLLHUP) gives an error matching unix.EPIPE; a
+// Close during the wait wakes it (net.ErrClosed). For a sender that found the socket full
+// (EAGAIN from SendFile, SpliceFrom, Write) and has no poller of its own. An unconnected
+// socket gives the EPIPE error at once; a listening one never has room (only the timeout
+// or a Close ends the wait).
+func (s *Socket) WaitWritable(timeout time.Duration) (bool, error) {
+	fd, err := s.incref("poll")
+	if err != nil {
+		return false, err
+	}
+	defer s.decref()
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	n, err := eintr.Poll(pfd, timeout)
+	switch {
+	case err != nil:
+		return false, opErr("poll", fd, nil, s.closedOr(sysErr("poll", err)))
+	case pfd[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0:
+		return false, opErr("poll", fd, nil, s.closedOr(sysErr("poll", unix.EPIPE)))
+	}
+	return n > 0 && pfd[0].Revents&unix.POLLOUT != 0, nil
 }
 
 // Dup returns a duplicate of the socket's descriptor (close-on-exec), the caller's to close:

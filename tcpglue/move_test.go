@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -117,6 +119,86 @@ func TestSendFileSpliceFrom(t *testing.T) {
 	}
 }
 
+// TestWaitWritable: an empty send buffer is writable at once; a full one (the peer never
+// reads) is not, and the bounded wait ends with false and no error; the peer's reading wakes
+// a wait without a bound; a Close during a wait wakes it with net.ErrClosed, as does a wait
+// after Close; a reset connection is an error matching unix.EPIPE.
+func TestWaitWritable(t *testing.T) {
+	c, s := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{Nonblock: true})
+	if ok, err := c.WaitWritable(-1); !ok || err != nil {
+		t.Fatalf("WaitWritable on an empty socket: %v, %v", ok, err)
+	}
+	fill := func(c *Socket) {
+		t.Helper()
+		p := make([]byte, 64<<10)
+		for range 10000 {
+			n, err := c.TryWrite(p)
+			if err != nil {
+				t.Fatalf("TryWrite: %v", err)
+			}
+			if n == 0 {
+				return
+			}
+		}
+		t.Fatal("the socket never filled")
+	}
+	if _, err := c.SetSendBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	fill(c)
+	if ok, err := c.WaitWritable(20 * time.Millisecond); ok || err != nil {
+		t.Fatalf("WaitWritable on a full socket: %v, %v (want false, nil)", ok, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ok, err := c.WaitWritable(-1)
+		if err == nil && !ok {
+			err = errors.New("false without a bound")
+		}
+		done <- err
+	}()
+	go io.Copy(io.Discard, readerOf(s)) // the peer reads: room comes
+	if err := <-done; err != nil {
+		t.Fatalf("WaitWritable while the peer reads: %v", err)
+	}
+
+	// A Close during the wait wakes it.
+	c2, s2 := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{Nonblock: true})
+	if _, err := c2.SetSendBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	fill(c2)
+	go func() {
+		_, err := c2.WaitWritable(-1)
+		done <- err
+	}()
+	for c2.refCount() == 0 {
+		runtime.Gosched() // until the wait holds the descriptor
+	}
+	c2.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("WaitWritable woken by Close: %v", err)
+	}
+	if _, err := c2.WaitWritable(0); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("WaitWritable after Close: %v", err)
+	}
+
+	// The peer resets the connection.
+	c3, s3 := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{Nonblock: true})
+	if _, err := c3.SetSendBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	fill(c3)
+	if err := s3.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	s3.Close()
+	if _, err := c3.WaitWritable(-1); !errors.Is(err, unix.EPIPE) {
+		t.Fatalf("WaitWritable after the peer's reset: %v", err)
+	}
+	_ = s2
+}
+
 type sockReader struct{ s *Socket }
 
 func (r sockReader) Read(p []byte) (int, error) { return r.s.Read(p) }
@@ -155,4 +237,11 @@ func TestDupV6Only(t *testing.T) {
 	if _, err := s.Dup(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Dup after Close: %v", err)
 	}
+}
+
+// refCount is the number of calls holding the descriptor.
+func (s *Socket) refCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refs
 }

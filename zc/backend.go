@@ -37,22 +37,13 @@ func newBackend(b Backend, caps *uring.Capabilities) becontract.New {
 // matching ErrNotSupported).
 func shimAvailable() error { return beshim.Available() }
 
-// Tags of the operations in the kernel: the contract's (becontract.Tag*), named here for
-// the core's own operations and the fake kernel.
+// Tags of the core's own operations in the kernel: the contract's (becontract.Tag*).
 const (
-	tagRecv    = becontract.TagRecv
-	tagSend    = becontract.TagSend
-	tagSendZC  = becontract.TagSendZC
-	tagConnect = becontract.TagConnect
-
 	tagSpliceIn    = becontract.TagSpliceIn
 	tagSpliceOut   = becontract.TagSpliceOut
 	tagFileOut     = becontract.TagFileOut
 	tagSpliceEpoll = becontract.TagSpliceEpoll
 )
-
-// maxIov: buffers per gathered send (the fake kernel's writev).
-const maxIov = becontract.MaxIov
 
 // backendState is a backend's own state of a connection (Conn.bk): opaque to the core.
 type backendState = becontract.ConnState
@@ -169,16 +160,44 @@ func (q *queue) setBackend(b becontract.Backend) {
 // beQueue is a queue as the contract's Queue.
 type beQueue queue
 
-func (bq *beQueue) q() *queue                               { return (*queue)(bq) }
-func (bq *beQueue) Loop() *loop.Queue                       { return bq.Queue }
-func (bq *beQueue) Counters() *becontract.Counters          { return &bq.ctr.Counters }
-func (bq *beQueue) SetSendPool(p *memreg.Pool)              { bq.send = p }
-func (bq *beQueue) SendPool() *memreg.Pool                  { return bq.send }
-func (bq *beQueue) SendBufFreed()                           { bq.q().sendBufFreed() }
-func (bq *beQueue) ZcrxWanted() bool                        { return bq.q().zcrxWanted() }
-func (bq *beQueue) SetupZcrx(u *loop.URing, try bool) error { return bq.q().setupZcrx(u, try) }
+func (bq *beQueue) q() *queue                      { return (*queue)(bq) }
+func (bq *beQueue) Loop() *loop.Queue              { return bq.Queue }
+func (bq *beQueue) Counters() *becontract.Counters { return &bq.ctr.Counters }
+func (bq *beQueue) SetSendPool(p *memreg.Pool)     { bq.send = p }
+func (bq *beQueue) SendPool() *memreg.Pool         { return bq.send }
+func (bq *beQueue) SendBufFreed()                  { bq.q().sendBufFreed() }
+
+// ZcrxWanted: a queue part needs the ring's 32-byte completions (zcrx's, a ringSetupPart).
+func (bq *beQueue) ZcrxWanted() bool {
+	want := false
+	for _, p := range bq.parts {
+		if r, ok := p.(ringSetupPart); ok && r.wantsCQE32(bq.q()) {
+			want = true // every part is asked: asking records why not
+		}
+	}
+	return want
+}
+
+// SetupZcrx sets the queue's ringSetupParts up on its new ring (zcrx's receive instance).
+func (bq *beQueue) SetupZcrx(u *loop.URing, cqe32 bool) error {
+	for _, p := range bq.parts {
+		if r, ok := p.(ringSetupPart); ok {
+			if err := r.ringMade(bq.q(), u, cqe32); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SpliceEpoll is the queue's watch epoll, from its watchPart (splice's).
 func (bq *beQueue) SpliceEpoll(u *loop.URing) *loop.Epoll {
-	return bq.spl.ringEpoll(bq.q(), u)
+	for _, p := range bq.parts {
+		if w, ok := p.(watchPart); ok {
+			return w.ringEpoll(bq.q(), u)
+		}
+	}
+	return nil
 }
 
 // Config is what the backend needs of the engine's configuration (made for each call: the
@@ -228,7 +247,7 @@ func (bc *beConn) Ended() bool                        { return bc.st.Ended() }
 func (bc *beConn) RecvArmed() bool                    { return bc.recvArmed }
 func (bc *beConn) Paused() bool                       { return bc.paused != 0 }
 func (bc *beConn) SawEOF() bool                       { return bc.eof }
-func (bc *beConn) KernelTLS() bool                    { return bc.c().kernelTLS() }
+func (bc *beConn) KernelTLS() bool                    { return bc.tls != nil && bc.tls.inKernel() }
 func (bc *beConn) RecvRoom() int64                    { return bc.c().credit() - bc.held.Load() }
 func (bc *beConn) DialAddr() *tcpglue.RawSockaddr {
 	if bc.connect == nil {
@@ -247,8 +266,13 @@ func (bc *beConn) RehomePend(i int, loan memreg.Loan, n int) becontract.Seg {
 	return segView(c.rehomePend(i, loan, int32(n)))
 }
 func (bc *beConn) ZC() becontract.ZCPolicy { return (*zcView)(&bc.tx.zc) }
-func (bc *beConn) TLSRekey() bool          { return bc.tls == nil || bc.c().tlsRekey() }
-func (bc *beConn) TLSSendCap() int         { return bc.c().tlsSendCap() }
+func (bc *beConn) TLSRekey() bool          { return bc.tls == nil || bc.tls.rekey(bc.c()) }
+func (bc *beConn) TLSSendCap() int {
+	if bc.tls == nil {
+		return -1
+	}
+	return bc.tls.sendCap()
+}
 
 func (bc *beConn) RecvStarted()                      { bc.c().recvStarted() }
 func (bc *beConn) RecvEnded()                        { bc.c().recvEnded() }
@@ -300,7 +324,7 @@ func (bc *beConn) StopOwnRecv(becontract.Ring) bool {
 }
 
 // OnPoll: only the mapped path polls.
-func (bc *beConn) OnPoll(ev loop.Event) { bc.rx.(*mappedRecv).onPoll(ev) }
+func (bc *beConn) OnPoll(ev loop.Event) { bc.rx.(polledRecv).onPoll(ev) }
 
 // segView is a backend's view of segment s: its unsent bytes.
 func segView(s *seg) becontract.Seg {

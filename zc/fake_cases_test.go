@@ -3,6 +3,7 @@ package zc
 import (
 	"context"
 	"errors"
+	"github.com/zcnet/zcnet/zc/internal/be/fake"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 	"github.com/zcnet/zcnet/memreg"
 )
 
-// Scripted cases over the fake kernel (fake_backend_test.go): the scheduler stays off and the
+// Scripted cases over the fake kernel (zc/internal/be/fake): the scheduler stays off and the
 // test delivers each completion itself, on the loop. The minimal forms of what the
 // interleaving test found.
 
@@ -23,13 +24,14 @@ type fakeScript struct {
 	t *testing.T
 	s *simRun
 	q *queue
-	k *fakeKernel
+	k *fake.Kernel
 }
 
 func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 	t.Helper()
 	cfg.Queues, cfg.NoPin, cfg.CloseTimeout = 1, true, time.Hour
-	s := &simRun{t: t, scale: 1, maxSteps: 1, doneCh: make(chan string, 1), rng: rand.New(rand.NewPCG(1, 1)), epoll: epoll}
+	s := &simRun{t: t, scale: 1, doneCh: make(chan string, 1)}
+	s.MaxSteps, s.Rng, s.Epoll = 1, rand.New(rand.NewPCG(1, 1)), epoll
 	e, err := startFakeEngine(cfg, s)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +44,7 @@ func newFakeScript(t *testing.T, cfg Config, epoll bool) *fakeScript {
 		defer cancel()
 		e.CloseContext(ctx)
 	})
-	s.k.tame = true
+	s.k.Tame = true
 	return &fakeScript{t: t, s: s, q: s.q, k: s.k}
 }
 
@@ -56,7 +58,7 @@ func (f *fakeScript) do(fn func()) {
 	}
 	failure := ""
 	for i := 0; i < 4; i++ {
-		f.q.Do(func() error { failure = f.k.failure; return nil })
+		f.q.Do(func() error { failure = f.k.Failure; return nil })
 	}
 	if failure != "" {
 		f.t.Fatalf("fake kernel: %s", failure)
@@ -67,14 +69,14 @@ func (f *fakeScript) do(fn func()) {
 }
 
 // accept makes a connection served by h whose peer sends nothing; its stream out is key's.
-func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fconn) {
+func (f *fakeScript) accept(h Handler, key int64) (*Conn, *fake.Conn) {
 	var c *Conn
 	role := &simConn{kind: "scripted", s: f.s, ownKey: key}
 	role.outKey = &role.ownKey
 	f.s.l = &Listener{e: f.s.e, network: "tcp", family: unix.AF_INET, done: make(chan struct{}), accept: func(nc *Conn) Handler {
 		c = nc
-		fc := f.k.addConn(nc, role)
-		fc.outKey, fc.sndCap, fc.window = role.outKey, 1<<20, 1<<20
+		fc := f.k.AddConn((*beConn)(nc), role)
+		fc.OutKey, fc.SndCap, fc.Window = role.outKey, 1<<20, 1<<20
 		return h
 	}}
 	f.do(func() {
@@ -100,10 +102,10 @@ func (h *closeRecorder) OnClose(c *Conn, err error) { h.closes++; h.err = err }
 
 // closingWrite writes n bytes of key's stream and closes: the one zero-copy send is in the
 // fake kernel, the receive is cancelled (the close stopped it) and completed.
-func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *fconn) {
+func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *fake.Conn) {
 	c, fc := f.accept(h, key)
 	p := make([]byte, n)
-	fakeStream(p, key, 0)
+	fake.Stream(p, key, 0)
 	f.do(func() {
 		if w, err := c.Write(p); w != n || err != nil {
 			f.t.Errorf("Write: %d, %v", w, err)
@@ -112,12 +114,12 @@ func (f *fakeScript) closingWrite(h *closeRecorder, key int64, n int) (*Conn, *f
 		c.Close()
 	})
 	f.do(func() {
-		if fc.sud == 0 || !fc.szc || fc.rud == 0 || !fc.rcancel {
-			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.k.describe(fc))
+		if fc.Sud == 0 || !fc.Szc || fc.Rud == 0 || !fc.Rcancel {
+			f.t.Errorf("want a zero-copy send in flight and a cancelled receive: %s", f.s.Describe(fc))
 			return
 		}
-		ud := fc.rud
-		f.k.dispatch(fc, "recv", loop.Event{UD: ud, Res: -int32(unix.ECANCELED)})
+		ud := fc.Rud
+		f.k.Dispatch(fc, "recv", loop.Event{UD: ud, Res: -int32(unix.ECANCELED)})
 	})
 	return c, fc
 }
@@ -130,9 +132,9 @@ func TestFakeZCSendFailsWhileClosing(t *testing.T) {
 	h := &closeRecorder{}
 	c, fc := f.closingWrite(h, 7, 1000)
 	f.do(func() {
-		ud := fc.sud
-		fc.sud = 0
-		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: -int32(unix.ECONNRESET)})
+		ud := fc.Sud
+		fc.Sud = 0
+		f.k.Dispatch(fc, "send-zc", loop.Event{UD: ud, Res: -int32(unix.ECONNRESET)})
 	})
 	f.do(func() {
 		if !c.ended() || h.closes != 1 || h.err == nil {
@@ -150,17 +152,17 @@ func TestFakeZCShortSendWhileClosing(t *testing.T) {
 	c, fc := f.closingWrite(h, 9, 1000)
 	var notif uint64
 	f.do(func() {
-		ud := fc.sud
-		fc.sud = 0
-		if !f.k.take(fc, 300) {
-			t.Error(f.k.failure)
+		ud := fc.Sud
+		fc.Sud = 0
+		if !f.k.Take(fc, 300) {
+			t.Error(f.k.Failure)
 			return
 		}
 		notif = ud
-		f.k.dispatch(fc, "send-zc", loop.Event{UD: ud, Res: 300, Flags: uring.CQEFMore})
+		f.k.Dispatch(fc, "send-zc", loop.Event{UD: ud, Res: 300, Flags: uring.CQEFMore})
 	})
 	f.do(func() {
-		f.k.dispatch(fc, "notif", loop.Event{UD: notif, Flags: uring.CQEFNotif})
+		f.k.Dispatch(fc, "notif", loop.Event{UD: notif, Flags: uring.CQEFNotif})
 	})
 	f.do(func() {
 		if !c.ended() || h.closes != 1 || h.err == nil {
@@ -181,7 +183,7 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 	h := &closeRecorder{}
 	c, fc := f.accept(h, 11)
 	p := make([]byte, 300+4096+217)
-	fakeStream(p, 11, 0)
+	fake.Stream(p, 11, 0)
 	write := func(q []byte) {
 		if w, err := c.Write(q); w != len(q) || err != nil {
 			t.Errorf("Write: %d, %v", w, err)
@@ -189,24 +191,24 @@ func TestFakePlainStagedTailAtClose(t *testing.T) {
 		}
 	}
 	f.do(func() {
-		fc.sndCap = 100
+		fc.SndCap = 100
 		write(p[:300])
 	})
 	f.do(func() {
-		if !fk((*beConn)(c)).wantOut || fc.kAcc != 100 {
-			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.k.describe(fc))
+		if !f.k.WantOut((*beConn)(c)) || fc.KAcc != 100 {
+			t.Errorf("want a send waiting for EPOLLOUT after 100 bytes: %s", f.s.Describe(fc))
 			return
 		}
 	})
 	f.do(func() {
-		fc.sndq, fc.sndCap = 0, 1<<20 // the peer read everything; EPOLLOUT not delivered yet
+		fc.Sndq, fc.SndCap = 0, 1<<20 // the peer read everything; EPOLLOUT not delivered yet
 		write(p[300:])
 		c.Close()
 	})
 	f.do(func() {
-		if !c.ended() || h.closes != 1 || h.err != nil || fc.kAcc != int64(len(p)) {
+		if !c.ended() || h.closes != 1 || h.err != nil || fc.KAcc != int64(len(p)) {
 			t.Errorf("after Close: finished %v, OnClose ran %d times with %v, %d of %d bytes sent (want all, and a clean close)\n%s",
-				c.ended(), h.closes, h.err, fc.kAcc, len(p), f.k.describe(fc))
+				c.ended(), h.closes, h.err, fc.KAcc, len(p), f.s.Describe(fc))
 		}
 	})
 }
@@ -285,24 +287,24 @@ func TestFakeZCSendFailedCountsDropped(t *testing.T) {
 			h := &closeRecorder{}
 			c, fc := f.closingWrite(h, 13, 1000)
 			f.do(func() {
-				ud := fc.sud
-				fc.sud = 0
+				ud := fc.Sud
+				fc.Sud = 0
 				ev := loop.Event{UD: ud, Res: -int32(res)}
 				if res == unix.ECANCELED {
 					ev.Flags = uring.CQEFMore
 				}
-				f.k.dispatch(fc, "send-zc", ev)
+				f.k.Dispatch(fc, "send-zc", ev)
 				if res == unix.ECANCELED {
 					c.fail(c.opErr("write", unix.ECONNRESET)) // the cancel's abort: the connection failed
-					f.k.dispatch(fc, "notif", loop.Event{UD: ud, Flags: uring.CQEFNotif})
+					f.k.Dispatch(fc, "notif", loop.Event{UD: ud, Flags: uring.CQEFNotif})
 				}
 			})
 			f.do(func() {
 				if !c.ended() || h.err == nil {
 					t.Errorf("finished %v, OnClose %v (want finished, with an error)", c.ended(), h.err)
 				}
-				if d := c.Stats().BytesDropped; d != 1000 || fc.kAcc != 0 {
-					t.Errorf("BytesDropped %d, the kernel took %d (want 1000 dropped, none taken)", d, fc.kAcc)
+				if d := c.Stats().BytesDropped; d != 1000 || fc.KAcc != 0 {
+					t.Errorf("BytesDropped %d, the kernel took %d (want 1000 dropped, none taken)", d, fc.KAcc)
 				}
 			})
 		})
@@ -318,7 +320,7 @@ func TestFakeCloseTimeoutCancelsSend(t *testing.T) {
 	h := &closeRecorder{}
 	c, fc := f.accept(h, 15)
 	p := make([]byte, 3000)
-	fakeStream(p, 15, 0)
+	fake.Stream(p, 15, 0)
 	f.do(func() {
 		if w, err := c.Write(p); w != len(p) || err != nil {
 			t.Errorf("Write: %d, %v", w, err)
@@ -326,29 +328,29 @@ func TestFakeCloseTimeoutCancelsSend(t *testing.T) {
 		c.Close()
 	})
 	f.do(func() {
-		if fc.sud == 0 || fc.szc {
-			t.Errorf("want a copying send in flight: %s", f.k.describe(fc))
+		if fc.Sud == 0 || fc.Szc {
+			t.Errorf("want a copying send in flight: %s", f.s.Describe(fc))
 			return
 		}
-		if fc.rud != 0 {
-			f.k.dispatch(fc, "recv", loop.Event{UD: fc.rud, Res: -int32(unix.ECANCELED)})
+		if fc.Rud != 0 {
+			f.k.Dispatch(fc, "recv", loop.Event{UD: fc.Rud, Res: -int32(unix.ECANCELED)})
 		}
 		c.cl.deadline = time.Now().Add(-time.Nanosecond) // CloseTimeout passed
 		c.advanceClose()
-		if !fc.scancel || c.ended() {
-			t.Errorf("want the send cancelled and the close waiting for it: cancel %v, finished %v", fc.scancel, c.ended())
+		if !fc.Scancel || c.ended() {
+			t.Errorf("want the send cancelled and the close waiting for it: cancel %v, finished %v", fc.Scancel, c.ended())
 		}
 	})
 	f.do(func() {
-		f.k.doSend(fc) // the kernel had taken part of it (a third of the time the whole)
+		f.k.DoSend(fc) // the kernel had taken part of it (a third of the time the whole)
 	})
 	f.do(func() {
 		var te *CloseTimeoutError
 		if !c.ended() || !errors.As(h.err, &te) {
 			t.Fatalf("finished %v, OnClose %v (want a *CloseTimeoutError)", c.ended(), h.err)
 		}
-		if d := c.Stats().BytesDropped; int64(te.Unsent) != 3000-fc.kAcc || d != uint64(te.Unsent) {
-			t.Errorf("the kernel took %d of 3000: Unsent %d, BytesDropped %d", fc.kAcc, te.Unsent, d)
+		if d := c.Stats().BytesDropped; int64(te.Unsent) != 3000-fc.KAcc || d != uint64(te.Unsent) {
+			t.Errorf("the kernel took %d of 3000: Unsent %d, BytesDropped %d", fc.KAcc, te.Unsent, d)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"time"
 
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/memreg"
 )
 
@@ -122,6 +123,12 @@ type tlsHooks interface {
 	closeNotify(c *Conn)
 	// finished: the connection finished (loop only).
 	finished(c *Conn)
+	// inKernel reports whether the kernel holds the record layer (kernel TLS), so the
+	// backend sends and receives plain bytes on the socket.
+	inKernel() bool
+	// sendCap bounds the bytes of one send under the current TX keys (kernel TLS's rekey
+	// bound; -1: none).
+	sendCap() int
 	// stats returns ConnStats.TLS (by value: Conn.Stats allocates nothing).
 	stats() connTLSStats
 }
@@ -213,12 +220,32 @@ type listenerPart interface {
 	stats(s *ListenerStats)
 }
 
-// A queuePart is a feature's state on a queue (its zcrx instance and counters, zcrx.go):
+// A queuePart is a feature's state on a queue (its zcrx instance and counters, zcrx.go;
+// its splice pipes, relays and watch epoll, splice.go):
 // made with the queue, before its backend starts, by the constructor its file registered
 // (registerQueuePart), and found again by the index that returned, in queue.parts.
 type queuePart interface {
 	// stats adds the part's counters to s (Engine.Stats, once per queue).
 	stats(s *Stats)
+}
+
+// Queue parts that serve the io_uring backend implement these too; the backend reaches
+// them through the queue (backend.go's beQueue asks every part that does, in registration
+// order), never by name. Both are called rarely: at the ring's creation, at a watch's
+// first arm.
+
+// A ringSetupPart takes part in making the queue's ring (zcrx's receive instance, zcrx.go).
+type ringSetupPart interface {
+	// wantsCQE32 says whether the part needs the ring's 32-byte completions.
+	wantsCQE32(q *queue) bool
+	// ringMade sets the part up on the queue's new ring u (cqe32: whether it has them).
+	ringMade(q *queue, u *loop.URing, cqe32 bool) error
+}
+
+// A watchPart keeps the io_uring queue's private epoll instance for readiness watches
+// (splice.go's spliceQueue): made on first use, nil when it cannot be.
+type watchPart interface {
+	ringEpoll(q *queue, u *loop.URing) *loop.Epoll
 }
 
 // queuePartMakers are the registered queue parts' constructors, in registration order.

@@ -3,6 +3,7 @@ package zc
 import (
 	"errors"
 	"fmt"
+	"github.com/zcnet/zcnet/zc/internal/be/fake"
 	"io"
 	"unsafe"
 
@@ -97,10 +98,10 @@ type fanSubState struct {
 
 // newSimFan draws a FanOut for the seed (loop-independent: made before the queue runs).
 func (s *simRun) newSimFan() error {
-	sf := &simFan{s: s, id: len(s.fans), policy: FanOutPolicy(s.rng.IntN(3)), mode: s.rng.IntN(3), key: s.rng.Int64N(1 << 40)}
+	sf := &simFan{s: s, id: len(s.fans), policy: FanOutPolicy(s.Rng.IntN(3)), mode: s.Rng.IntN(3), key: s.Rng.Int64N(1 << 40)}
 	opt := FanOutOptions{Policy: sf.policy}
-	if s.rng.IntN(2) == 0 {
-		opt.MaxQueued = 1 + s.rng.IntN(3*2048)
+	if s.Rng.IntN(2) == 0 {
+		opt.MaxQueued = 1 + s.Rng.IntN(3*2048)
 	}
 	if sf.policy == FanOutPause {
 		opt.OnReady = func() {
@@ -124,7 +125,7 @@ func (s *simRun) newSimFan() error {
 // planFans adds the fan roles to the plan: n FanOuts, each with a publisher, and
 // subscribers each joining some of them, all accepted among the other roles in any order.
 func (s *simRun) planFans() error {
-	n := 1 + s.rng.IntN(3)
+	n := 1 + s.Rng.IntN(3)
 	var roles []*simConn
 	for range n {
 		if err := s.newSimFan(); err != nil {
@@ -132,15 +133,15 @@ func (s *simRun) planFans() error {
 		}
 		roles = append(roles, &simConn{s: s, kind: "fan-pub", pubFan: s.fans[len(s.fans)-1]})
 	}
-	for range 1 + s.rng.IntN(3+2*n) {
+	for range 1 + s.Rng.IntN(3+2*n) {
 		r := &simConn{s: s, kind: "fan-sub"}
 		for _, sf := range s.fans {
-			if s.rng.IntN(2) == 0 {
+			if s.Rng.IntN(2) == 0 {
 				r.subFans = append(r.subFans, sf)
 			}
 		}
 		if len(r.subFans) == 0 {
-			r.subFans = []*simFan{s.fans[s.rng.IntN(len(s.fans))]}
+			r.subFans = []*simFan{s.fans[s.Rng.IntN(len(s.fans))]}
 		}
 		for _, sf := range r.subFans {
 			sf.planned++
@@ -148,7 +149,7 @@ func (s *simRun) planFans() error {
 		roles = append(roles, r)
 	}
 	for _, r := range roles {
-		i := s.rng.IntN(len(s.plan) + 1)
+		i := s.Rng.IntN(len(s.plan) + 1)
 		s.plan = append(s.plan[:i], append([]*simConn{r}, s.plan[i:]...)...)
 	}
 	return nil
@@ -162,7 +163,7 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 		h := &simFanPub{simBase: simBase{r}, fan: sf}
 		sf.pub, sf.pubH = r, h
 		if sf.mode == fanData {
-			r.total = r.fc.inTotal // it publishes what its peer sends
+			r.total = r.fc.InTotal // it publishes what its peer sends
 		}
 		if sf.held = sf.joined == 0 && sf.planned > 0; sf.held {
 			if sf.mode == fanData {
@@ -176,7 +177,8 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 		for _, sf := range r.subFans {
 			st := &fanSubState{sf: sf, r: r, start: len(sf.msgs), end: -1}
 			st.next = st.start
-			r.fc.fanSubs = append(r.fc.fanSubs, st)
+			r.fanSubs = append(r.fanSubs, st)
+			r.fc.Other = true
 			sf.subs = append(sf.subs, st)
 			if err := sf.f.Add(c); err != nil {
 				if !errors.Is(err, ErrClosed) {
@@ -202,13 +204,13 @@ func (s *simRun) acceptFan(r *simConn, c *Conn) Handler {
 
 // subDone closes a subscriber once every fan it joined ended or removed it (loop only).
 func (s *simRun) subDone(r *simConn) {
-	for _, st := range r.fc.fanSubs {
+	for _, st := range r.fanSubs {
 		if st.end < 0 {
 			return
 		}
 	}
 	if !r.closing && r.closes == 0 && !r.c.isClosing() { // (FanOutClose closed it already)
-		r.fc.tracef("Close (its fans ended)")
+		r.fc.Tracef("Close (its fans ended)")
 		r.closing = true
 		r.c.Close()
 	}
@@ -232,7 +234,7 @@ func (sf *simFan) end() {
 // maybeRemove: now and then the publisher removes one of the fan's subscribers mid-stream.
 func (sf *simFan) maybeRemove() {
 	s := sf.s
-	if s.rng.IntN(64) != 0 {
+	if s.Rng.IntN(64) != 0 {
 		return
 	}
 	var in []*fanSubState
@@ -244,11 +246,11 @@ func (sf *simFan) maybeRemove() {
 	if len(in) == 0 {
 		return
 	}
-	st := in[s.rng.IntN(len(in))]
+	st := in[s.Rng.IntN(len(in))]
 	if sf.f.Remove(st.r.c) {
 		st.end = len(sf.msgs)
 		s.fanRemoves++
-		st.r.fc.tracef("removed from fan %d at message %d", sf.id, st.end)
+		st.r.fc.Tracef("removed from fan %d at message %d", sf.id, st.end)
 		s.subDone(st.r)
 	}
 }
@@ -303,10 +305,10 @@ func (h *simFanPub) pump(c *Conn) {
 			return
 		}
 		n := int(min(int64(len(b.Bytes())), r.total-r.published))
-		if r.s.rng.IntN(2) == 0 {
-			n = 1 + r.s.rng.IntN(n)
+		if r.s.Rng.IntN(2) == 0 {
+			n = 1 + r.s.Rng.IntN(n)
 		}
-		fakeStream(b.Bytes()[:n], sf.key, sf.pubOff)
+		fake.Stream(b.Bytes()[:n], sf.key, sf.pubOff)
 		ptr := unsafe.SliceData(b.Bytes())
 		sf.record(ptr, simFanMsg{key: sf.key, off: sf.pubOff, n: int64(n)})
 		if sf.mode == fanBuf {
@@ -353,8 +355,8 @@ func (h *simFanPub) OnData(c *Conn, d Data) {
 		d.Release()
 		return
 	}
-	if d.Len() > 1 && r.s.rng.IntN(3) == 0 {
-		a := 1 + r.s.rng.IntN(d.Len()-1)
+	if d.Len() > 1 && r.s.Rng.IntN(3) == 0 {
+		a := 1 + r.s.Rng.IntN(d.Len()-1)
 		d1, err1 := d.Slice(0, a)
 		d2, err2 := d.Slice(a, d.Len()-a)
 		d.Release()
@@ -373,7 +375,7 @@ func (h *simFanPub) OnData(c *Conn, d Data) {
 // queue adds d (bytes off.. of the peer's stream) to the messages to publish.
 func (h *simFanPub) queue(d Data, off int64) {
 	h.pending = append(h.pending, d)
-	h.r.fc.tracef("fan %d: queue %d bytes at %d", h.fan.id, d.Len(), off)
+	h.r.fc.Tracef("fan %d: queue %d bytes at %d", h.fan.id, d.Len(), off)
 }
 
 // pumpData publishes the pending Data in order; ErrWouldBlock keeps them and pauses
@@ -436,8 +438,8 @@ func (h *simFanPub) OnEOF(c *Conn, err error) {
 // queue for it.
 type simFanSub struct{ simBase }
 
-func (fc *fconn) fanState(sf *simFan) *fanSubState {
-	for _, st := range fc.fanSubs {
+func (r *simConn) fanState(sf *simFan) *fanSubState {
+	for _, st := range r.fanSubs {
 		if st.sf == sf {
 			return st
 		}
@@ -447,39 +449,40 @@ func (fc *fconn) fanState(sf *simFan) *fanSubState {
 
 // takeFan checks p, the next bytes of segment s (whose buffer is d) a subscriber's send
 // takes (the fake kernel's take).
-func (k *fakeKernel) takeFan(fc *fconn, s becontract.Seg, p []byte) bool {
+func (sr *simRun) TakeOther(fc *fake.Conn, s becontract.Seg, p []byte) bool {
+	k, r := sr.k, fc.Role.(*simConn)
 	ptr := (*byte)(unsafe.Add(unsafe.Pointer(s.Ptr), -s.Off)) // the buffer's start
-	st := fc.fanCur
+	st := r.fanCur
 	var sf *simFan
 	var idx int
 	if st != nil {
 		// Inside a message: the rest of it, from where the last send stopped.
 		sf, idx = st.sf, st.next
-		if m := sf.msgs[idx]; k.sim.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+fc.fanPos {
-			k.failf("%v: fan %d message %d cut short at %d (a send of another buffer or offset follows)", fc, sf.id, idx, fc.fanPos)
+		if m := sf.msgs[idx]; sr.fanBufs[fanBufKey{ptr, m.base}] != (fanRef{sf, idx}) || int64(s.Off) != m.base+r.fanPos {
+			k.Failf("%v: fan %d message %d cut short at %d (a send of another buffer or offset follows)", fc, sf.id, idx, r.fanPos)
 			return false
 		}
 	} else {
-		ref, ok := k.sim.fanBufs[fanBufKey{ptr, int64(s.Off)}]
+		ref, ok := sr.fanBufs[fanBufKey{ptr, int64(s.Off)}]
 		if !ok {
-			k.failf("%v: a subscriber sends bytes that do not start a published message", fc)
+			k.Failf("%v: a subscriber sends bytes that do not start a published message", fc)
 			return false
 		}
 		sf, idx = ref.sf, ref.idx
-		if st = fc.fanState(sf); st == nil {
-			k.failf("%v: fan %d's message %d reached a connection that never joined it", fc, sf.id, idx)
+		if st = r.fanState(sf); st == nil {
+			k.Failf("%v: fan %d's message %d reached a connection that never joined it", fc, sf.id, idx)
 			return false
 		}
 		switch {
 		case idx < st.next:
-			k.failf("%v: fan %d: message %d sent again or out of order (next is %d)", fc, sf.id, idx, st.next)
+			k.Failf("%v: fan %d: message %d sent again or out of order (next is %d)", fc, sf.id, idx, st.next)
 			return false
 		case st.end >= 0 && idx >= st.end:
-			k.failf("%v: fan %d: message %d reached the subscriber after it left (at message %d)", fc, sf.id, idx, st.end)
+			k.Failf("%v: fan %d: message %d reached the subscriber after it left (at message %d)", fc, sf.id, idx, st.end)
 			return false
 		case idx > st.next:
 			if sf.policy != FanOutDrop {
-				k.failf("%v: fan %d: messages %d..%d skipped under %v", fc, sf.id, st.next, idx-1, sf.policy)
+				k.Failf("%v: fan %d: messages %d..%d skipped under %v", fc, sf.id, st.next, idx-1, sf.policy)
 				return false
 			}
 			sf.skipped += idx - st.next
@@ -487,18 +490,18 @@ func (k *fakeKernel) takeFan(fc *fconn, s becontract.Seg, p []byte) bool {
 		}
 	}
 	m := sf.msgs[idx]
-	pos := fc.fanPos
-	if pos+int64(len(p)) > m.n || !fakeMatches(p, m.key, m.off+pos) {
-		k.failf("%v: fan %d message %d: bytes %d..%d are not the message's", fc, sf.id, idx, pos, pos+int64(len(p)))
+	pos := r.fanPos
+	if pos+int64(len(p)) > m.n || !fake.Matches(p, m.key, m.off+pos) {
+		k.Failf("%v: fan %d message %d: bytes %d..%d are not the message's", fc, sf.id, idx, pos, pos+int64(len(p)))
 		return false
 	}
-	fc.fanPos += int64(len(p))
-	fc.fanCur = st
-	if fc.fanPos == m.n {
+	r.fanPos += int64(len(p))
+	r.fanCur = st
+	if r.fanPos == m.n {
 		st.next++
 		st.got++
-		fc.fanPos = 0
-		fc.fanCur = nil
+		r.fanPos = 0
+		r.fanCur = nil
 	}
 	return true
 }
@@ -508,7 +511,7 @@ func (s *simRun) checkFan(r *simConn) []string {
 	var errs []string
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
 	fc := r.fc
-	clean := r.c.closeErr == nil && !fc.reset && !s.engineClosed
+	clean := r.c.closeErr == nil && !fc.Reset && !s.engineClosed
 	switch r.kind {
 	case "fan-pub":
 		if clean && r.published != r.total {
@@ -518,13 +521,13 @@ func (s *simRun) checkFan(r *simConn) []string {
 		if !clean {
 			break // failed or reset: a checked prefix
 		}
-		if fc.fanCur != nil {
-			bad("subscriber closed cleanly inside fan %d's message %d (%d bytes of it)", fc.fanCur.sf.id, fc.fanCur.next, fc.fanPos)
+		if r.fanCur != nil {
+			bad("subscriber closed cleanly inside fan %d's message %d (%d bytes of it)", r.fanCur.sf.id, r.fanCur.next, r.fanPos)
 		}
 		if !r.closing {
 			// closed by FanOutClose: a checked prefix of whole messages
 			byFan := false
-			for _, st := range fc.fanSubs {
+			for _, st := range r.fanSubs {
 				byFan = byFan || st.sf.policy == FanOutClose
 			}
 			if !byFan {
@@ -532,7 +535,7 @@ func (s *simRun) checkFan(r *simConn) []string {
 			}
 			break
 		}
-		for _, st := range fc.fanSubs {
+		for _, st := range r.fanSubs {
 			if st.end < 0 {
 				bad("fan %d: closed by the test while still subscribed", st.sf.id)
 				continue
@@ -567,7 +570,7 @@ func (s *simRun) checkFanTotals() []string {
 			miss := end - ss.start - ss.got
 			allMiss += miss
 			r := ss.r
-			if r.c.closeErr == nil && !r.fc.reset && !s.engineClosed && r.closing {
+			if r.c.closeErr == nil && !r.fc.Reset && !s.engineClosed && r.closing {
 				cleanMiss += miss
 			}
 		}

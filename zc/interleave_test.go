@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/zcnet/zcnet/zc/internal/be/fake"
 	"io"
 	"math/rand/v2"
 	"net/netip"
@@ -19,7 +20,7 @@ import (
 )
 
 // The interleaving test: the connection core (core.go, conn.go, queue.go, handler.go,
-// relay.go) runs over the fake kernel of fake_backend_test.go, whose seeded scheduler
+// relay.go) runs over the fake kernel of zc/internal/be/fake, whose seeded scheduler
 // delivers completions in random order, splits and delays them. Each seed builds one queue
 // with a small send pool (fewer buffers than its connections want at once), a small receive
 // pool, random socket buffer sizes and peers, and a mix of handlers:
@@ -38,7 +39,7 @@ import (
 // senders that end with CloseWrite and Close at the peer's EOF, streamers that give a buffer
 // back unused; some seeds are crowds (a hundred small streams), some close the engine midway
 // (closeAll: graceful closes, dials cancelled), a third play the plain backend (epoll mode),
-// a third let graceful closes time out (actCloseExpire: CloseTimeout passes with sends
+// a third let graceful closes time out (fake.ActCloseExpire: CloseTimeout passes with sends
 // queued; half of their peers stop reading once their connection closes), so aborts cancel
 // sends in flight (the fake's cancelSend: -ECANCELED or the part taken, at a later step).
 //
@@ -117,7 +118,7 @@ func (s *simTotals) floors() []string {
 	var bad []string
 	for i, n := range s.counts {
 		if n == 0 {
-			bad = append(bad, fmt.Sprintf("no %q action in the default run", actNames[i]))
+			bad = append(bad, fmt.Sprintf("no %q action in the default run", fake.ActNames[i]))
 		}
 	}
 	for _, f := range []struct {
@@ -152,7 +153,7 @@ func (s *simTotals) floors() []string {
 // simTotals sums what the seeds did.
 type simTotals struct {
 	seeds, steps, conns               int
-	counts                            [nActKinds]int
+	counts                            [fake.NActKinds]int
 	resets, enobufs, growRefused      int
 	engineCloses, cancels, expires    int
 	lateSends                         int
@@ -201,7 +202,7 @@ func addFanStats(s *FanOutStats, o FanOutStats) {
 func (s *simTotals) String() string {
 	var k []string
 	for i, n := range s.counts {
-		k = append(k, fmt.Sprintf("%s %d", actNames[i], n))
+		k = append(k, fmt.Sprintf("%s %d", fake.ActNames[i], n))
 	}
 	return fmt.Sprintf("%d steps, %d connections, %d bytes through the kernel; %s; resets %d, engine closes %d, close timeouts with work %d, finished with a send in the kernel %d, sends cancelled %d, ENOBUFS %d, growths refused %d, pool waits %d, credit pauses %d, send ops %d, zero-copy ops %d (copied bytes %d); %d FanOuts: %d messages, %d deliveries, %d drops, %d closes, %d gone, %d pauses, %d removes",
 		s.steps, s.conns, s.bytes, strings.Join(k, ", "), s.resets, s.engineCloses, s.expires, s.lateSends, s.cancels, s.enobufs, s.growRefused, s.poolWaits, s.creditPauses, s.sendOps, s.zcOps, s.zcCopied,
@@ -213,7 +214,7 @@ func (s *simTotals) String() string {
 type simConn struct {
 	kind     string // streamer, writer, echo, relay-front, relay-back
 	s        *simRun
-	fc       *fconn
+	fc       *fake.Conn
 	c        *Conn
 	inKey    int64  // the peer's stream toward it
 	outKey   *int64 // the stream it sends (nil: none)
@@ -227,7 +228,7 @@ type simConn struct {
 	halfClose  bool   // streamer, writer: CloseWrite when done, Close at the peer's EOF
 	bufferWait bool   // streamer: BufferWait on the loop (ErrWouldBlock) instead of Buffer
 	eof        bool   // OnEOF ran
-	held       []Data // sink: data kept, released later by the scheduler (actAppRelease)
+	held       []Data // sink: data kept, released later by the scheduler (fake.ActAppRelease)
 	wroteAll   bool
 
 	partner *simConn
@@ -241,6 +242,11 @@ type simConn struct {
 	published int64     // fan-pub: bytes published
 	pubFan    *simFan   // fan-pub: its fan
 	subFans   []*simFan // fan-sub: the fans it joins
+	// fan-sub: its state in each fan it joined; fanCur, fanPos: the message partly sent
+	// (nil: none) and the bytes of it sent (takeOther)
+	fanSubs []*fanSubState
+	fanCur  *fanSubState
+	fanPos  int64
 }
 
 func (r *simConn) state() string {
@@ -248,18 +254,20 @@ func (r *simConn) state() string {
 }
 
 func (r *simConn) failf(format string, args ...any) {
-	r.s.k.failf("%v: %s", r.fc, fmt.Sprintf(format, args...))
+	r.s.k.Failf("%v: %s", r.fc, fmt.Sprintf(format, args...))
 }
 
 // simRun is one seed.
 type simRun struct {
+	fake.Options // the fake kernel's draws (rng, weight, growRefuse, epoll, dialFail, maxSteps)
+	fake.Counts  // what it counted (counts, resets, enobufs, growRefused, cancels)
+
 	t     *testing.T
 	seed  int64
 	scale int
-	rng   *rand.Rand
 	e     *Engine
 	q     *queue
-	k     *fakeKernel
+	k     *fake.Kernel
 	l     *Listener
 
 	plan         []*simConn // connections still to accept
@@ -269,24 +277,18 @@ type simRun struct {
 	doneCh       chan string
 	steps        int
 
-	weight     [nActKinds]int
-	growRefuse float64
-	epoll      bool
 	// closeEngine: the engine closes mid-run (engineClosed once it did), as Engine.Close
 	// does: no more connections, every connection closed gracefully.
 	closeEngine, engineClosed bool
 	crowd                     bool // many small connections
-	// closeExpire: graceful closes may time out (actCloseExpire), and some peers stop
-	// reading when their connection closes (fconn.stall)
+	// closeExpire: graceful closes may time out (fake.ActCloseExpire), and some peers stop
+	// reading when their connection closes (fake.Conn.stall)
 	closeExpire bool
-	dialFail    float64
 	resetFrac   float64
-	maxSteps    int
+	dialRoles   []*simConn // roles of connections being dialed, in DialAsync order
 
-	counts                       [nActKinds]int
-	resets, enobufs, growRefused int
-	cancels, expires             int // sends cancelled in flight, closes that gave up with work
-	lateSends                    int // connections finished with a send in the kernel (actCloseExpire2)
+	expires   int // closes that gave up with work
+	lateSends int // connections finished with a send in the kernel (fake.ActCloseExpire2)
 
 	// FanOuts with their publishers and subscribers (interleave_fanout_test.go); fanBufs:
 	// where each published message starts; fanRemoves: subscribers removed mid-stream
@@ -295,7 +297,7 @@ type simRun struct {
 	fanRemoves int
 }
 
-func (s *simRun) done(failure string, steps int) {
+func (s *simRun) Done(failure string, steps int) {
 	s.steps = steps
 	if failure == "" {
 		failure = s.check()
@@ -303,7 +305,7 @@ func (s *simRun) done(failure string, steps int) {
 	s.doneCh <- failure
 }
 
-func (s *simRun) pendingAccepts() int {
+func (s *simRun) PendingAccepts() int {
 	if s.acceptPosted {
 		return 0
 	}
@@ -313,23 +315,24 @@ func (s *simRun) pendingAccepts() int {
 // runInterleave runs one seed; it returns what it did and a failure ("" if none).
 func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-	s := &simRun{t: t, seed: seed, scale: scale, rng: rng, doneCh: make(chan string, 1)}
-	for i := range s.weight {
-		s.weight[i] = 1 + rng.IntN(10)
+	s := &simRun{t: t, seed: seed, scale: scale, doneCh: make(chan string, 1)}
+	s.Rng = rng
+	for i := range s.Weight {
+		s.Weight[i] = 1 + rng.IntN(10)
 	}
 	if rng.IntN(4) == 0 {
-		s.weight[actPeerRead] = 1 // a slow reader
+		s.Weight[fake.ActPeerRead] = 1 // a slow reader
 	}
 	if rng.IntN(4) == 0 {
-		s.weight[actNotif] = 1 // late notifications
+		s.Weight[fake.ActNotif] = 1 // late notifications
 	}
-	s.weight[actReset] = 1
-	s.weight[actUserPause] = 1
-	s.growRefuse = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
-	s.dialFail = []float64{0, 0, 0.2}[rng.IntN(3)]
+	s.Weight[fake.ActReset] = 1
+	s.Weight[fake.ActUserPause] = 1
+	s.GrowRefuse = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
+	s.DialFail = []float64{0, 0, 0.2}[rng.IntN(3)]
 	s.resetFrac = []float64{0, 0.1, 0.3}[rng.IntN(3)]
-	s.maxSteps = 2_000_000
-	s.epoll = rng.IntN(3) == 0
+	s.MaxSteps = 2_000_000
+	s.Epoll = rng.IntN(3) == 0
 	s.closeEngine = rng.IntN(5) == 0
 	s.closeExpire = rng.IntN(3) == 0
 
@@ -406,8 +409,8 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 		failure = fmt.Sprintf("Config.Debug reported %d misuses", misuses)
 	}
 
-	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.counts, resets: s.resets, enobufs: s.enobufs, growRefused: s.growRefused,
-		cancels: s.cancels, expires: s.expires, lateSends: s.lateSends}
+	st := simTotals{seeds: 1, steps: s.steps, conns: len(s.roles), counts: s.Acts, resets: s.Resets, enobufs: s.Enobufs, growRefused: s.GrowRefused,
+		cancels: s.Cancels, expires: s.expires, lateSends: s.lateSends}
 	if s.engineClosed {
 		st.engineCloses = 1
 	}
@@ -419,12 +422,12 @@ func runInterleave(t *testing.T, seed int64, scale int) (simTotals, string) {
 	st.poolWaits, st.creditPauses, st.zcCopied, st.sendOps, st.zcOps = es.Send.PoolWaits, es.Recv.CreditPauses, es.Send.BytesZCCopied, es.Send.Ops, es.Send.ZCOps
 	for _, r := range s.roles {
 		if r.fc != nil {
-			st.bytes += r.fc.kAcc
+			st.bytes += r.fc.KAcc
 		}
 	}
 	if failure != "" {
 		failure = fmt.Sprintf("config %+v\nepoll mode %v, engine close %v, close timeouts %v, crowd %v, weights %v, growth refused %.1f, dial failures %.1f, resets %.1f\n%s",
-			cfgSummary(cfg), s.epoll, s.closeEngine, s.closeExpire, s.crowd, s.weight, s.growRefuse, s.dialFail, s.resetFrac, failure)
+			cfgSummary(cfg), s.Epoll, s.closeEngine, s.closeExpire, s.crowd, s.Weight, s.GrowRefuse, s.DialFail, s.resetFrac, failure)
 	}
 	return st, failure
 }
@@ -448,9 +451,12 @@ func startFakeEngine(cfg Config, s *simRun) (*Engine, error) {
 	lq, err := loop.Start(loop.Config{ID: 0, CPU: -1, NoPin: true}, func(lq *loop.Queue) (loop.Driver, error) {
 		q.Queue = lq
 		lq.AtStop(q.abortAll)
-		k, err := newFakeKernel(q, s)
+		k, err := fake.New((*beQueue)(q), s, &s.Options, &s.Counts)
+		if err == nil {
+			q.setBackend(k)
+		}
 		s.k = k
-		return (*fakeDriver)(k), err
+		return k.Driver(), err
 	})
 	if err != nil {
 		return nil, err
@@ -472,7 +478,7 @@ func (s *simRun) acceptNext() {
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		s.k.failf("socketpair: %v", err)
+		s.k.Failf("socketpair: %v", err)
 		return
 	}
 	unix.Close(fds[1])
@@ -486,35 +492,35 @@ func (s *simRun) accept(c *Conn) Handler {
 	s.roles = append(s.roles, r)
 	r.c = c
 	c.raddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, 1}), uint16(len(s.roles)))
-	r.inKey = s.rng.Int64N(1 << 40)
-	fc := s.k.addConn(c, r)
+	r.inKey = s.Rng.Int64N(1 << 40)
+	fc := s.k.AddConn((*beConn)(c), r)
 	switch r.kind {
 	case "streamer", "writer":
-		r.ownKey = s.rng.Int64N(1 << 40)
+		r.ownKey = s.Rng.Int64N(1 << 40)
 		r.outKey = &r.ownKey
-		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
+		r.total = int64(s.scale) * (1 + s.Rng.Int64N(24<<10))
 		if s.crowd {
-			r.total = int64(s.scale) * (1 + s.rng.Int64N(int64(4*s.e.cfg.SendBufSize)))
+			r.total = int64(s.scale) * (1 + s.Rng.Int64N(int64(4*s.e.cfg.SendBufSize)))
 		}
 	case "echo":
 		r.outKey = &r.inKey
-		r.pausable = s.rng.IntN(2) == 0
+		r.pausable = s.Rng.IntN(2) == 0
 	case "sink":
-		r.pausable = s.rng.IntN(2) == 0
+		r.pausable = s.Rng.IntN(2) == 0
 	case "fan-pub":
-		r.total = int64(s.scale) * (1 + s.rng.Int64N(24<<10))
+		r.total = int64(s.scale) * (1 + s.Rng.Int64N(24<<10))
 	case "fan-sub":
 		r.outKey = &r.ownKey // (its bytes are checked against the fans' messages: takeFan)
 	case "relay-front":
-		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.rng.Int64N(1 << 40)}
+		back := &simConn{s: s, kind: "relay-back", partner: r, inKey: s.Rng.Int64N(1 << 40)}
 		r.partner = back
 		r.outKey, back.outKey = &back.inKey, &r.inKey
 	}
-	s.setupPeer(fc)
+	s.SetupPeer(fc)
 	switch r.kind {
 	case "streamer":
 		h := &simStreamer{simBase{r}}
-		if s.rng.IntN(2) == 0 {
+		if s.Rng.IntN(2) == 0 {
 			h.pump(c) // sends queued by the accept function
 		} else {
 			c.Post(func() { h.pump(c) })
@@ -534,7 +540,7 @@ func (s *simRun) accept(c *Conn) Handler {
 	// relay-front: hold the client until the backend is connected.
 	back := r.partner
 	c.SetReceivePaused(true)
-	s.k.dialRoles = append(s.k.dialRoles, back)
+	s.dialRoles = append(s.dialRoles, back)
 	s.roles = append(s.roles, back)
 	err := s.e.DialAsync(context.Background(), "tcp", "127.0.0.1:9", HandlerFuncs{}, func(bc *Conn, err error) {
 		if err != nil {
@@ -552,37 +558,40 @@ func (s *simRun) accept(c *Conn) Handler {
 	})
 	if err != nil {
 		r.failf("DialAsync: %v", err)
-		s.k.dialRoles = s.k.dialRoles[:len(s.k.dialRoles)-1]
+		s.dialRoles = s.dialRoles[:len(s.dialRoles)-1]
 	}
 	return &simHolder{r: r}
 }
 
 // setupPeer draws the peer of a connection.
-func (s *simRun) setupPeer(fc *fconn) {
-	r := fc.role
+func (s *simRun) SetupPeer(fc *fake.Conn) {
+	r, ok := fc.Role.(*simConn)
+	if !ok {
+		r = &simConn{kind: fc.Role.Name()}
+	}
 	cfg := &s.e.cfg
-	fc.inKey, fc.outKey = r.inKey, r.outKey
+	fc.InKey, fc.OutKey = r.inKey, r.outKey
 	switch r.kind {
 	case "streamer", "writer":
-		fc.inTotal = s.rng.Int64N(int64(2 * cfg.RecvBufSize))
-		fc.noFin = !r.halfClose && s.rng.IntN(3) == 0
+		fc.InTotal = s.Rng.Int64N(int64(2 * cfg.RecvBufSize))
+		fc.NoFin = !r.halfClose && s.Rng.IntN(3) == 0
 	default:
-		fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(16<<10))
+		fc.InTotal = int64(s.scale) * (1 + s.Rng.Int64N(16<<10))
 		if s.crowd {
-			fc.inTotal = int64(s.scale) * (1 + s.rng.Int64N(2<<10))
+			fc.InTotal = int64(s.scale) * (1 + s.Rng.Int64N(2<<10))
 		}
 	}
-	fc.window = int64(cfg.RecvBufSize) * (1 + s.rng.Int64N(8))
-	fc.sndCap = 1 + s.rng.Int64N(int64(4*cfg.SendBufSize))
-	fc.resetOK = s.rng.Float64() < s.resetFrac
-	fc.stall = s.closeExpire && s.rng.IntN(2) == 0
+	fc.Window = int64(cfg.RecvBufSize) * (1 + s.Rng.Int64N(8))
+	fc.SndCap = 1 + s.Rng.Int64N(int64(4*cfg.SendBufSize))
+	fc.ResetOK = s.Rng.Float64() < s.resetFrac
+	fc.Stall = s.closeExpire && s.Rng.IntN(2) == 0
 }
 
 // check runs once nothing can happen any more and every connection finished (loop only).
 func (s *simRun) check() string {
 	var errs []string
 	bad := func(r *simConn, format string, args ...any) {
-		errs = append(errs, fmt.Sprintf("%v: %s (%s)\n    %s", r.fc, fmt.Sprintf(format, args...), r.state(), strings.Join(r.fc.trace, "\n    ")))
+		errs = append(errs, fmt.Sprintf("%v: %s (%s)\n    %s", r.fc, fmt.Sprintf(format, args...), r.state(), strings.Join(r.fc.Trace, "\n    ")))
 	}
 	for _, r := range s.roles {
 		if r.appOut != 0 {
@@ -595,7 +604,7 @@ func (s *simRun) check() string {
 			}
 			continue
 		}
-		c := fc.c
+		c := connOf(fc)
 		closeErr := c.closeErr
 		switch r.kind {
 		case "streamer", "writer", "echo", "sink", "fan-pub", "fan-sub":
@@ -603,7 +612,7 @@ func (s *simRun) check() string {
 				bad(r, "OnClose ran %d times", r.closes)
 			}
 			if r.kind == "fan-pub" || r.kind == "fan-sub" {
-				r.accepted = fc.kAcc // the FanOut queued its sends: checked by checkFan
+				r.accepted = fc.KAcc // the FanOut queued its sends: checked by checkFan
 				for _, e := range s.checkFan(r) {
 					bad(r, "%s", e)
 				}
@@ -618,47 +627,47 @@ func (s *simRun) check() string {
 			}
 		}
 		if r.dialErr != nil {
-			if fc.kAcc != 0 || r.accepted != 0 {
-				bad(r, "dial failed, yet %d bytes were sent", fc.kAcc)
+			if fc.KAcc != 0 || r.accepted != 0 {
+				bad(r, "dial failed, yet %d bytes were sent", fc.KAcc)
 			}
 			continue
 		}
 		// Exactly once, in order (checked as the kernel took them), and nothing lost unless
 		// the connection failed.
 		switch {
-		case fc.kAcc > r.accepted:
-			bad(r, "the kernel took %d bytes, the handler had %d accepted", fc.kAcc, r.accepted)
-		case closeErr == nil && fc.kAcc != r.accepted:
-			bad(r, "closed without error, but only %d of %d accepted bytes reached the kernel", fc.kAcc, r.accepted)
+		case fc.KAcc > r.accepted:
+			bad(r, "the kernel took %d bytes, the handler had %d accepted", fc.KAcc, r.accepted)
+		case closeErr == nil && fc.KAcc != r.accepted:
+			bad(r, "closed without error, but only %d of %d accepted bytes reached the kernel", fc.KAcc, r.accepted)
 		}
 		for _, e := range s.checkDropped(r, closeErr) {
 			bad(r, "%s", e)
 		}
-		if closeErr == nil && !fc.reset && !s.engineClosed {
+		if closeErr == nil && !fc.Reset && !s.engineClosed {
 			switch r.kind {
 			case "streamer", "writer":
 				if r.accepted != r.total {
 					bad(r, "closed without error after sending %d of %d bytes", r.accepted, r.total)
 				}
 			case "echo":
-				if r.accepted != fc.inTotal {
-					bad(r, "closed without error after echoing %d of %d bytes", r.accepted, fc.inTotal)
+				if r.accepted != fc.InTotal {
+					bad(r, "closed without error after echoing %d of %d bytes", r.accepted, fc.InTotal)
 				}
 			case "sink":
-				if r.recvd != fc.inTotal {
-					bad(r, "closed without error after receiving %d of %d bytes", r.recvd, fc.inTotal)
+				if r.recvd != fc.InTotal {
+					bad(r, "closed without error after receiving %d of %d bytes", r.recvd, fc.InTotal)
 				}
 			case "relay-front":
 				p := r.partner
-				if p.fc != nil && p.dialErr == nil && p.c.closeErr == nil && !p.fc.reset && r.relay != nil {
-					if r.relay.AtoB.Load() != uint64(fc.inTotal) || r.relay.BtoA.Load() != uint64(p.fc.inTotal) {
+				if p.fc != nil && p.dialErr == nil && p.c.closeErr == nil && !p.fc.Reset && r.relay != nil {
+					if r.relay.AtoB.Load() != uint64(fc.InTotal) || r.relay.BtoA.Load() != uint64(p.fc.InTotal) {
 						bad(r, "relay ended cleanly having forwarded %d of %d and %d of %d bytes",
-							r.relay.AtoB.Load(), fc.inTotal, r.relay.BtoA.Load(), p.fc.inTotal)
+							r.relay.AtoB.Load(), fc.InTotal, r.relay.BtoA.Load(), p.fc.InTotal)
 					}
 				}
 			}
 		}
-		if fc.rud != 0 || fc.sud != 0 || len(fc.notifs) > 0 || fc.cud != 0 {
+		if fc.Rud != 0 || fc.Sud != 0 || len(fc.Notifs) > 0 || fc.Cud != 0 {
 			bad(r, "operations left in the kernel after it finished")
 		}
 	}
@@ -667,7 +676,7 @@ func (s *simRun) check() string {
 	if f, n := q.send.Free(), q.send.Buffers(); f != n {
 		errs = append(errs, fmt.Sprintf("send pool: %d of %d buffers back", f, n))
 	}
-	if f, n := s.k.recv.Free(), s.k.recv.Buffers(); f != n {
+	if f, n := s.k.Recv().Free(), s.k.Recv().Buffers(); f != n {
 		errs = append(errs, fmt.Sprintf("receive pool: %d of %d buffers back", f, n))
 	}
 	if n := q.notifsPending.Load(); n != 0 {
@@ -693,26 +702,26 @@ func (s *simRun) check() string {
 
 // checkDropped checks that the losses are reported (simRun.check): what the handler had
 // accepted and the kernel never took is what the core counted as dropped
-// (ConnStats.BytesDropped), and a close that gave up with sends queued (actCloseExpire)
+// (ConnStats.BytesDropped), and a close that gave up with sends queued (fake.ActCloseExpire)
 // ends with a *CloseTimeoutError whose Unsent is that count. A FanOut subscriber's accepted
 // bytes are the FanOut's (only Unsent = BytesDropped is checked there).
 func (s *simRun) checkDropped(r *simConn, closeErr error) []string {
 	var errs []string
 	fc := r.fc
-	lost := r.accepted - fc.kAcc
-	dropped := int64(fc.c.droppedBytes())
+	lost := r.accepted - fc.KAcc
+	dropped := int64(connOf(fc).droppedBytes())
 	if r.kind != "fan-sub" && lost != dropped {
-		errs = append(errs, fmt.Sprintf("accepted %d, the kernel took %d, yet BytesDropped is %d", r.accepted, fc.kAcc, dropped))
+		errs = append(errs, fmt.Sprintf("accepted %d, the kernel took %d, yet BytesDropped is %d", r.accepted, fc.KAcc, dropped))
 	}
 	var te *CloseTimeoutError
 	timedOut := errors.As(closeErr, &te)
 	switch {
-	case fc.expired && !timedOut:
+	case fc.Expired && !timedOut:
 		errs = append(errs, fmt.Sprintf("the close gave up with sends queued, yet OnClose got %v", closeErr))
-	case timedOut && !fc.expired:
+	case timedOut && !fc.Expired:
 		errs = append(errs, fmt.Sprintf("OnClose got %v, yet no close gave up with work", closeErr))
-	case timedOut && (int64(te.Unsent) != dropped && !fc.late || int64(te.Unsent) > dropped):
-		errs = append(errs, fmt.Sprintf("the close gave up: Unsent %d, BytesDropped %d (accepted %d, taken %d)", te.Unsent, dropped, r.accepted, fc.kAcc))
+	case timedOut && (int64(te.Unsent) != dropped && !fc.Late || int64(te.Unsent) > dropped):
+		errs = append(errs, fmt.Sprintf("the close gave up: Unsent %d, BytesDropped %d (accepted %d, taken %d)", te.Unsent, dropped, r.accepted, fc.KAcc))
 	case timedOut && !errors.Is(closeErr, ErrCloseTimeout):
 		errs = append(errs, fmt.Sprintf("OnClose's %v does not match ErrCloseTimeout", closeErr))
 	}
@@ -735,7 +744,7 @@ func (h *simBase) checkData(c *Conn, d Data) {
 	if r.closes > 0 {
 		r.failf("OnData after OnClose")
 	}
-	if !fakeMatches(d.Bytes(), r.inKey, r.recvd) {
+	if !fake.Matches(d.Bytes(), r.inKey, r.recvd) {
 		r.failf("OnData: bytes %d..%d are not the peer's", r.recvd, r.recvd+int64(d.Len()))
 	}
 	r.recvd += int64(d.Len())
@@ -788,7 +797,7 @@ func (h *simBase) unexpected(c *Conn, what string, err error) {
 
 func (h *simBase) close(c *Conn) {
 	if !h.r.closing {
-		h.r.fc.tracef("Close")
+		h.r.fc.Tracef("Close")
 		h.r.closing = true
 		c.Close()
 	}
@@ -808,7 +817,7 @@ func (h *simStreamer) pump(c *Conn) {
 	}
 	max := r.s.e.cfg.MaxQueuedBytes
 	for r.accepted < r.total && c.Queued() < max {
-		if r.s.rng.IntN(4) == 0 {
+		if r.s.Rng.IntN(4) == 0 {
 			h.sendBytes(c)
 			continue
 		}
@@ -829,15 +838,15 @@ func (h *simStreamer) pump(c *Conn) {
 			h.unexpected(c, "Buffer", err)
 			return
 		}
-		if r.s.rng.IntN(12) == 0 {
+		if r.s.Rng.IntN(12) == 0 {
 			b.Release() // changed its mind: the buffer goes back (to the next waiter)
 			continue
 		}
 		n := int(min(int64(len(b.Bytes())), r.total-r.accepted))
-		if r.s.rng.IntN(3) == 0 {
-			n = 1 + r.s.rng.IntN(n)
+		if r.s.Rng.IntN(3) == 0 {
+			n = 1 + r.s.Rng.IntN(n)
 		}
-		fakeStream(b.Bytes()[:n], *r.outKey, r.accepted)
+		fake.Stream(b.Bytes()[:n], *r.outKey, r.accepted)
 		if err := c.Send(b, n); err != nil {
 			h.unexpected(c, "Send", err)
 			return
@@ -855,11 +864,11 @@ func (h *simStreamer) pump(c *Conn) {
 // damaged bytes at the peer (and the fake kernel's notification check).
 func (h *simStreamer) sendBytes(c *Conn) {
 	r := h.r
-	if r.s.rng.IntN(3) == 0 {
+	if r.s.Rng.IntN(3) == 0 {
 		// A header written before the body: Write's staging buffer stays open across
 		// the flush the SendBytes makes (flushStageLocked(true)), shared with its send.
-		hdr := make([]byte, int(min(int64(1+r.s.rng.IntN(64)), r.total-r.accepted)))
-		fakeStream(hdr, *r.outKey, r.accepted)
+		hdr := make([]byte, int(min(int64(1+r.s.Rng.IntN(64)), r.total-r.accepted)))
+		fake.Stream(hdr, *r.outKey, r.accepted)
 		k, err := c.Write(hdr)
 		r.accepted += int64(k)
 		if err != nil {
@@ -872,11 +881,11 @@ func (h *simStreamer) sendBytes(c *Conn) {
 			return
 		}
 	}
-	n := int(min(int64(1+r.s.rng.IntN(24<<10)), r.total-r.accepted))
+	n := int(min(int64(1+r.s.Rng.IntN(24<<10)), r.total-r.accepted))
 	p := make([]byte, n)
-	fakeStream(p, *r.outKey, r.accepted)
+	fake.Stream(p, *r.outKey, r.accepted)
 	var done func(error)
-	if r.s.rng.IntN(4) != 0 {
+	if r.s.Rng.IntN(4) != 0 {
 		called := false
 		done = func(err error) {
 			if called {
@@ -916,14 +925,14 @@ func (h *simWriter) pump(c *Conn) {
 	}
 	sbs := r.s.e.cfg.SendBufSize
 	for r.accepted < r.total {
-		n := int(min(int64(1+r.s.rng.IntN(3*sbs)), r.total-r.accepted))
+		n := int(min(int64(1+r.s.Rng.IntN(3*sbs)), r.total-r.accepted))
 		if cap(h.buf) < n {
 			h.buf = make([]byte, n)
 		}
 		p := h.buf[:n]
-		fakeStream(p, *r.outKey, r.accepted)
+		fake.Stream(p, *r.outKey, r.accepted)
 		w, err := c.Write(p)
-		r.fc.tracef("Write(%d) = %d, %v (queued %d)", n, w, err, c.Queued())
+		r.fc.Tracef("Write(%d) = %d, %v (queued %d)", n, w, err, c.Queued())
 		if w < 0 || w > n {
 			r.failf("Write returned %d of %d", w, n)
 			return
@@ -958,7 +967,7 @@ func (h *simEcho) OnData(c *Conn, d Data) {
 	// sends back (released later from outside the loop), another quarter it sends the
 	// reference and keeps the Data: either way the buffer (and the receive credit) must
 	// come back only with the last of the two.
-	switch r.s.rng.IntN(4) {
+	switch r.s.Rng.IntN(4) {
 	case 0, 1:
 		ref, err := d.Retain()
 		if err != nil {
@@ -966,7 +975,7 @@ func (h *simEcho) OnData(c *Conn, d Data) {
 			d.Release()
 			return
 		}
-		if r.s.rng.IntN(2) == 0 {
+		if r.s.Rng.IntN(2) == 0 {
 			d, ref = ref, d
 		}
 		r.held = append(r.held, ref)
@@ -1001,7 +1010,7 @@ type simSink struct{ simBase }
 
 func (h *simSink) OnData(c *Conn, d Data) {
 	h.checkData(c, d)
-	if h.r.s.rng.IntN(3) == 0 {
+	if h.r.s.Rng.IntN(3) == 0 {
 		d.Release()
 		return
 	}
@@ -1013,4 +1022,159 @@ func (h *simSink) OnEOF(c *Conn, err error) {
 	if err == io.EOF && len(h.r.held) == 0 {
 		h.close(c)
 	}
+}
+
+// ---- the fake kernel's side of the test (fake.Sim) ----------------------------------------
+
+// connOf is the test's *Conn of the fake kernel's connection.
+func connOf(fc *fake.Conn) *Conn { return (*Conn)(fc.B.(*beConn)) }
+
+func (r *simConn) Name() string         { return r.kind }
+func (r *simConn) Attach(fc *fake.Conn) { r.fc = fc }
+
+func (s *simRun) Begun() bool { return s.begun }
+
+func (s *simRun) PostAccept() {
+	s.acceptPosted = true
+	s.q.Post(s.acceptNext)
+}
+
+// dialRole is the role of the next DialAsync (its roles queue in dialRoles).
+func (s *simRun) DialRole() fake.Role {
+	if len(s.dialRoles) == 0 {
+		return nil
+	}
+	r := s.dialRoles[0]
+	s.dialRoles = s.dialRoles[1:]
+	return r
+}
+
+func (s *simRun) EngineActs(a []fake.Act) []fake.Act {
+	if s.closeEngine && !s.engineClosed {
+		a = append(a, fake.Act{Kind: fake.ActEngineClose})
+	}
+	return a
+}
+
+func (s *simRun) CloseActs(fc *fake.Conn, a []fake.Act) []fake.Act {
+	c := connOf(fc)
+	if s.closeExpire && c.inClose() && !c.ended() && c.closeErr == nil && !c.st.SockClosed() {
+		// A graceful close waiting for its sends: CloseTimeout may pass now.
+		a = append(a, fake.Act{Kind: fake.ActCloseExpire, FC: fc})
+	}
+	if s.closeExpire && c.inClose() && !c.ended() && c.st.SockClosed() && fc.Sud != 0 {
+		// The socket is closed and a send is still in the kernel (its cancel has not
+		// ended it yet): the second deadline may pass now, and the connection finish
+		// with it in flight.
+		a = append(a, fake.Act{Kind: fake.ActCloseExpire2, FC: fc})
+	}
+	return a
+}
+
+func (s *simRun) AppActs(fc *fake.Conn, a []fake.Act) []fake.Act {
+	c := connOf(fc)
+	r, ok := fc.Role.(*simConn)
+	if !ok {
+		return a
+	}
+	if len(r.held) > 0 {
+		a = append(a, fake.Act{Kind: fake.ActAppRelease, FC: fc}) // even after OnClose: the Data is the application's
+	}
+	if r.pausable && c.opened() && !c.inClose() {
+		a = append(a, fake.Act{Kind: fake.ActUserPause, FC: fc}) // the application's, not the peer's
+	}
+	return a
+}
+
+// doAct performs an action of the application or the engine (loop only).
+func (s *simRun) DoAct(a fake.Act) {
+	fc := a.FC
+	switch a.Kind {
+	case fake.ActEngineClose:
+		// Engine.Close while everything runs: no more connections, each one closed
+		// gracefully (queued bytes still go out), dials cancelled.
+		if s.Rng.IntN(30) == 0 {
+			s.engineClosed = true
+			s.plan = nil
+			s.q.e.closed.Store(true)
+			s.q.Post(s.q.closeAll)
+			s.k.Tracef("engine close")
+		}
+	case fake.ActAppRelease:
+		// The application releases a Data it kept (from its own goroutine, as it may).
+		r := fc.Role.(*simConn)
+		i := s.Rng.IntN(len(r.held))
+		d := r.held[i]
+		r.held = append(r.held[:i], r.held[i+1:]...)
+		if err := d.Release(); err != nil {
+			s.k.Failf("%v: Release of held data: %v", fc, err)
+		}
+		fc.Tracef("app-release (%d held)", len(r.held))
+		if len(r.held) == 0 && r.eof && !r.closing {
+			r.closing = true
+			connOf(fc).Close()
+		}
+	case fake.ActUserPause:
+		c := connOf(fc)
+		on := c.paused&pauseUser == 0
+		c.Post(func() { c.SetReceivePaused(on) })
+	case fake.ActCloseExpire:
+		// CloseTimeout passes (its timer is an hour away: the deadline moves instead). With
+		// sends still queued the close gives up: the sends are aborted, the one in flight
+		// cancelled, and OnClose must get a *CloseTimeoutError.
+		c := connOf(fc)
+		c.mu.Lock()
+		producer := len(c.out) > 0 || c.staged() || c.holdClose
+		c.mu.Unlock()
+		if c.pendLen() > 0 || s.k.Sending(fc.B) || producer {
+			fc.Expired = true
+			s.expires++
+		}
+		fc.Tracef("close-expire (work %v, sending %v, pend %d)", fc.Expired, s.k.Sending(fc.B), c.pendLen())
+		s.k.Tracef("%v: close-expire (work %v)", fc, fc.Expired)
+		c.cl.deadline = time.Now().Add(-time.Nanosecond)
+		c.advanceClose()
+	case fake.ActCloseExpire2:
+		// Twice CloseTimeout passed: the connection finishes with its send in flight. Its
+		// buffers must stay lent until that send completes (doSend checks them).
+		c := connOf(fc)
+		fc.Tracef("close-expire-2 (ops %d, pend %d)", c.ops, c.pendLen())
+		s.k.Tracef("%v: close-expire-2", fc)
+		c.cl.deadline = time.Now().Add(-2*c.e.cfg.CloseTimeout - time.Nanosecond)
+		c.advanceClose()
+		if c.ended() && fc.Sud != 0 {
+			fc.Late = true
+			s.lateSends++
+		}
+	}
+}
+
+// queueState describes the queue's send pool and waiters (loop only).
+func (s *simRun) QueueState() string {
+	k, q := s.k, s.q
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	var w []string
+	for _, x := range q.waiters {
+		if x.c != nil {
+			w = append(w, fmt.Sprint(k.ConnOf((*beConn)(x.c)).ID))
+		} else {
+			w = append(w, "goroutine")
+		}
+	}
+	return fmt.Sprintf("queue: %d conns, send pool %d/%d free (cap %d, memlock-capped %v), recv pool %d/%d free, waiters [%s], granted %d, grantsUp %v, starved %d",
+		len(q.conns), q.send.Free(), q.send.Buffers(), q.send.MaxBytes()/q.send.BufSize(), q.memCap.Load(),
+		k.Recv().Free(), k.Recv().Buffers(), strings.Join(w, " "), len(q.granted), q.grantsUp.Load(), k.Starved())
+}
+
+// describe is engineDump's line for one connection plus the fake kernel's view (loop only).
+func (s *simRun) Describe(fc *fake.Conn) string {
+	c, r := connOf(fc), fc.Role.(*simConn)
+	c.mu.Lock()
+	out, queued, kicked, staged, werr := len(c.out), c.queued, c.kicked, c.staged(), c.werr
+	c.mu.Unlock()
+	_, waiting := s.q.waiting[c]
+	return fmt.Sprintf("  %v: pend %d out %d staged %v queued %d kicked %v ops %d zwait %d armed %v paused %b held %d eof %v closing %v fdClosed %v werr %v poolWaiter %v | fake: rud %d cancel %v sud %d notifs %d rcvq %d in %d/%d/%d fin %v sndq %d/%d kAcc %d reset %v | test: %s",
+		fc, c.pendLen(), out, staged, queued, kicked, c.ops, c.zwaitLen(), c.recvArmed, c.paused, c.held.Load(), c.eof, c.inClose(), c.st.SockClosed(), werr, waiting,
+		fc.Rud, fc.Rcancel, fc.Sud, len(fc.Notifs), fc.Rcvq, fc.InRecv, fc.InWrote, fc.InTotal, fc.FinSent, fc.Sndq, fc.SndCap, fc.KAcc, fc.Reset, r.state())
 }

@@ -83,8 +83,7 @@ type queue struct {
 	growErr       atomic.Pointer[error]
 	growPosted    atomic.Bool // a background pool growth is posted (getBuf)
 	ctr           counters
-	parts         []queuePart // the features' state on the queue: zcrx (hooks.go)
-	spl           spliceQueue // splice relays and their pipes (splice.go)
+	parts         []queuePart // the features' state on the queue: zcrx, splice (hooks.go)
 }
 
 func (q *queue) signalSpace() {

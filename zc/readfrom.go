@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -152,32 +153,31 @@ func (c *Conn) waitQueue(max int) error {
 	}
 }
 
-// rawFD runs fn with the connection's socket descriptor held (it cannot be closed meanwhile).
-func (c *Conn) rawFD(fn func(fd int) error) error {
-	err := c.sock.Control(fn)
+// sockErr is a tcpglue error as ReadFrom reports it: the system call's error (an
+// *os.SyscallError, or ErrClosed for the connection's closed socket), without the socket
+// layer's *tcpglue.OpError around it.
+func sockErr(err error) error {
 	var oe *tcpglue.OpError
-	if errors.As(err, &oe) && oe.Op == "control" {
-		return ErrClosed
+	if errors.As(err, &oe) {
+		if errors.Is(oe.Err, ErrClosed) {
+			return ErrClosed
+		}
+		return oe.Err
 	}
 	return err
 }
 
-// sendOut runs op (a sendfile or splice into the socket) until it does not find the socket
-// full, and returns what it returned. A direct connection waits for room in Go's poller, on
-// its duplicate of the socket (no thread blocked, the poller's write deadline); otherwise
-// the thread waits in poll(2) (pollOut).
-func (c *Conn) sendOut(fd int, op func(fd int) (int, error)) (int, error) {
+// sendOut runs op (a sendfile or splice into the connection's socket) until it does not find
+// the socket full, and returns what it returned. A direct connection waits for room in Go's
+// poller, on its duplicate of the socket (no thread blocked, the poller's write deadline);
+// otherwise the thread waits in poll(2) (pollOut). op retries EINTR itself (tcpglue).
+func (c *Conn) sendOut(op func() (int, error)) (int, error) {
 	if s := c.readSelf(); s != nil {
 		var k int
 		var err error
-		werr := s.rc.Write(func(sfd uintptr) bool {
-			for {
-				k, err = op(int(sfd))
-				if err != unix.EINTR {
-					break
-				}
-			}
-			return err != unix.EAGAIN
+		werr := s.rc.Write(func(uintptr) bool {
+			k, err = op() // the duplicate is the same socket: its writability is ours
+			return !errors.Is(err, unix.EAGAIN)
 		})
 		if werr != nil {
 			if errors.Is(werr, os.ErrDeadlineExceeded) {
@@ -186,50 +186,40 @@ func (c *Conn) sendOut(fd int, op func(fd int) (int, error)) (int, error) {
 			return 0, ErrClosed // the duplicate closed: Close, or the engine closed the connection
 		}
 		if err != nil {
-			k = 0
+			return 0, sockErr(err)
 		}
-		return k, err
+		return k, nil
 	}
 	for {
-		k, err := op(fd)
-		switch err {
-		case nil:
+		k, err := op()
+		switch {
+		case err == nil:
 			return k, nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			if perr := c.pollOut(fd); perr != nil {
+		case errors.Is(err, unix.EAGAIN):
+			if perr := c.pollOut(); perr != nil {
 				return 0, perr
 			}
 			continue
 		}
-		return 0, err
+		return 0, sockErr(err)
 	}
 }
 
-// pollOut waits until fd is writable or the write deadline passes.
-func (c *Conn) pollOut(fd int) error {
-	timeout := -1
+// pollOut waits until the socket is writable or the write deadline passes.
+func (c *Conn) pollOut() error {
+	timeout := time.Duration(-1)
 	if d := c.writeDeadline(); !d.IsZero() {
-		left := time.Until(d)
-		if left <= 0 {
+		timeout = time.Until(d)
+		if timeout <= 0 {
 			return os.ErrDeadlineExceeded
 		}
-		timeout = int(left/time.Millisecond) + 1
 	}
 	// Wake at least every 100 ms to notice a new deadline or a close.
-	if timeout < 0 || timeout > 100 {
-		timeout = 100
+	if timeout < 0 || timeout > 100*time.Millisecond {
+		timeout = 100 * time.Millisecond
 	}
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	_, err := unix.Poll(pfd, timeout)
-	if err != nil && err != unix.EINTR {
-		return err
-	}
-	if pfd[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-		return unix.EPIPE
-	}
-	return nil
+	_, err := c.sock.WaitWritable(timeout)
+	return sockErr(err)
 }
 
 // fileLike is an *os.File, or a wrapper of one.
@@ -252,7 +242,7 @@ func (c *Conn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 	var total int64
 	var serr error
 	ctlErr := rc.Read(func(ffd uintptr) bool {
-		serr = c.rawFD(func(fd int) error {
+		serr = func() error {
 			for limit < 0 || total < limit {
 				if err := c.writeCheck(); err != nil {
 					return err
@@ -261,7 +251,7 @@ func (c *Conn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 				if limit >= 0 {
 					chunk = int(min(int64(chunk), limit-total))
 				}
-				k, err := c.sendOut(fd, func(sfd int) (int, error) { return unix.Sendfile(sfd, int(ffd), nil, chunk) })
+				k, err := c.sendOut(func() (int, error) { return c.sock.SendFile(int(ffd), nil, chunk) })
 				if k > 0 {
 					total += int64(k)
 					c.q.ctr.sentSpliced.Add(uint64(k))
@@ -274,7 +264,7 @@ func (c *Conn) sendFile(f fileLike, limit int64) (int64, error, bool) {
 				}
 			}
 			return nil
-		})
+		}()
 		return true
 	})
 	if ctlErr != nil {
@@ -302,13 +292,12 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 	if err != nil {
 		return 0, nil, false
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+	pr, pw, _, err := rawfd.Pipe(spliceChunk) // a pipe of the default size works too
+	if err != nil {
 		return 0, nil, false
 	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
-	unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, spliceChunk)
+	defer rawfd.Close(pr)
+	defer rawfd.Close(pw)
 	if err := c.waitQueue(0); err != nil {
 		return 0, c.opErr("write", err), true
 	}
@@ -327,7 +316,7 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 				chunk = int(min(int64(chunk), limit-total))
 			}
 			cerr := rc.Read(func(sfd uintptr) bool {
-				k, err := unix.Splice(int(sfd), nil, p[1], nil, chunk, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				k, err := rawfd.Splice(int(sfd), pw, chunk)
 				switch {
 				case err == unix.EAGAIN:
 					return false // wait for the source
@@ -351,15 +340,12 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 			}
 		}
 		// Drain the pipe into our socket.
-		werr = c.rawFD(func(fd int) error {
+		werr = func() error {
 			for inPipe > 0 {
 				if err := c.writeCheck(); err != nil {
 					return err
 				}
-				k, err := c.sendOut(fd, func(sfd int) (int, error) {
-					k, err := unix.Splice(p[0], nil, sfd, nil, inPipe, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-					return int(k), err
-				})
+				k, err := c.sendOut(func() (int, error) { return c.sock.SpliceFrom(pr, inPipe) })
 				if k > 0 {
 					inPipe -= k
 					total += int64(k)
@@ -370,12 +356,12 @@ func (c *Conn) spliceFrom(sc syscall.Conn, limit int64) (int64, error, bool) {
 				}
 			}
 			return nil
-		})
+		}()
 		if werr != nil {
 			if inPipe > 0 && errors.Is(werr, os.ErrDeadlineExceeded) {
 				// The pipe's bytes were taken from the source: queue them (they are
 				// written, as the deadline's contract says) rather than lose them.
-				k, err := c.queuePipe(p[0], inPipe)
+				k, err := c.queuePipe(pr, inPipe)
 				total += int64(k)
 				if err != nil {
 					werr = err
@@ -400,12 +386,9 @@ func (c *Conn) queuePipe(pfd, n int) (int, error) {
 				return queued, err
 			}
 		}
-		k, err := unix.Read(pfd, b.Bytes()[:min(len(b.Bytes()), n-queued)])
+		k, err := rawfd.Read(pfd, b.Bytes()[:min(len(b.Bytes()), n-queued)])
 		if k <= 0 {
 			b.Release()
-			if err == unix.EINTR {
-				continue
-			}
 			if err == nil {
 				err = io.ErrUnexpectedEOF
 			}

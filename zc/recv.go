@@ -1,6 +1,9 @@
 package zc
 
-import "github.com/zcnet/zcnet/memreg"
+import (
+	"github.com/zcnet/zcnet/internal/loop"
+	"github.com/zcnet/zcnet/memreg"
+)
 
 // Data is a borrowed receive buffer.
 type Data struct {
@@ -103,4 +106,11 @@ type recvPath interface {
 	// finish: the connection finished; the path lets its resources go once the handler has
 	// given back every Data it holds.
 	finish()
+}
+
+// A polledRecv is a recvPath that waits for readiness with a poll the backend arms
+// (armPoll) and reads the socket itself when it fires (*mappedRecv): the backend hands it
+// the poll's completion (Conn.OnPoll in the contract).
+type polledRecv interface {
+	onPoll(ev loop.Event)
 }

@@ -147,7 +147,8 @@ func (w *fdWatch) stop() {
 // ---- pipes -------------------------------------------------------------------------------
 
 // spliceQueue is a queue's splice state (loop only): its pool of empty pipes and its live
-// relays (closed with the queue).
+// relays (closed with the queue). It is a queue part (hooks.go), and the io_uring backend's
+// watch epoll through it (a watchPart: ringEpoll).
 type spliceQueue struct {
 	pipes    []pipePair
 	relays   map[*spliceRelay]struct{}
@@ -158,6 +159,15 @@ type spliceQueue struct {
 	epOwner  *ringEpoll
 	epFailed bool
 }
+
+// splicePart is the index of the queue's spliceQueue in queue.parts.
+var splicePart = registerQueuePart(func() queuePart { return new(spliceQueue) })
+
+// splq is the queue's splice state.
+func (q *queue) splq() *spliceQueue { return q.parts[splicePart].(*spliceQueue) }
+
+// stats: the splice counters are the queue's own (queue.ctr).
+func (s *spliceQueue) stats(*Stats) {}
 
 // ringEpoll returns the io_uring queue's private epoll instance for watches, making it
 // (loop only). Its readiness reaches the loop as a POLL_ADD completion through the ring,
@@ -226,7 +236,7 @@ const maxPooledPipes = 64
 
 // getPipe returns an empty non-blocking pipe of size bytes (the kernel may round it up).
 func (q *queue) getPipe(size int) (pipePair, error) {
-	s := &q.spl
+	s := q.splq()
 	for i := len(s.pipes) - 1; i >= 0; i-- {
 		if p := s.pipes[i]; p.size == size {
 			s.pipes = append(s.pipes[:i], s.pipes[i+1:]...)
@@ -253,8 +263,8 @@ func (q *queue) putPipe(p pipePair, empty bool) {
 	if p.r <= 0 {
 		return
 	}
-	if empty && len(q.spl.pipes) < maxPooledPipes && !q.spl.stopped {
-		q.spl.pipes = append(q.spl.pipes, p)
+	if s := q.splq(); empty && len(s.pipes) < maxPooledPipes && !s.stopped {
+		s.pipes = append(s.pipes, p)
 		return
 	}
 	closePipe(q, p)
@@ -268,36 +278,38 @@ func closePipe(q *queue, p pipePair) {
 
 // spliceAtStop closes whatever the queue's splice machinery still holds (AtStop).
 func (q *queue) spliceAtStop() {
-	q.spl.stopped = true
-	for r := range q.spl.relays {
+	s := q.splq()
+	s.stopped = true
+	for r := range s.relays {
 		r.stop()
 	}
-	q.spl.relays = nil
-	for _, p := range q.spl.pipes {
+	s.relays = nil
+	for _, p := range s.pipes {
 		closePipe(q, p)
 	}
-	q.spl.pipes = nil
-	if q.spl.ep != nil {
-		q.spl.epOwner.closed = true
+	s.pipes = nil
+	if s.ep != nil {
+		s.epOwner.closed = true
 		if r := q.caps.ring; r != nil {
-			r.uring().CancelOp(q.spl.epOwner.ud)
+			r.uring().CancelOp(s.epOwner.ud)
 			r.uring().Submit()
 		}
-		q.spl.ep.Close()
-		q.spl.ep = nil
+		s.ep.Close()
+		s.ep = nil
 	}
 }
 
 // addRelay registers a live relay on its home queue (loop only).
 func (q *queue) addRelay(r *spliceRelay) {
-	if !q.spl.atStopOn {
-		q.spl.atStopOn = true
+	s := q.splq()
+	if !s.atStopOn {
+		s.atStopOn = true
 		q.AtStop(q.spliceAtStop)
 	}
-	if q.spl.relays == nil {
-		q.spl.relays = map[*spliceRelay]struct{}{}
+	if s.relays == nil {
+		s.relays = map[*spliceRelay]struct{}{}
 	}
-	q.spl.relays[r] = struct{}{}
+	s.relays[r] = struct{}{}
 }
 
 // dupSocket duplicates a connection's descriptor (close-on-exec), for a watcher that outlives

@@ -136,7 +136,7 @@ func pipeBytes(e *Engine, dir int) int {
 	n := 0
 	for _, q := range e.queues {
 		q.Do(func() error {
-			for r := range q.spl.relays {
+			for r := range q.splq().relays {
 				if d := r.dirs[dir]; d.out.armed {
 					n += d.inPipe
 				}
@@ -152,7 +152,7 @@ func relayDirDone(e *Engine, dir int) bool {
 	done := false
 	for _, q := range e.queues {
 		q.Do(func() error {
-			for r := range q.spl.relays {
+			for r := range q.splq().relays {
 				done = done || r.dirs[dir].done
 			}
 			return nil
@@ -166,7 +166,7 @@ func spliceRelays(e *Engine) int {
 	n := 0
 	for _, q := range e.queues {
 		q.Do(func() error {
-			n += len(q.spl.relays)
+			n += len(q.splq().relays)
 			return nil
 		})
 	}

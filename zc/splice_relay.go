@@ -372,8 +372,8 @@ func (r *spliceRelay) stop() {
 		return
 	}
 	r.stopped = true
-	if r.home.spl.relays != nil {
-		delete(r.home.spl.relays, r)
+	if r.home.splq().relays != nil {
+		delete(r.home.splq().relays, r)
 	}
 	for _, d := range r.dirs {
 		d.done = true

@@ -542,7 +542,7 @@ func spliceDump(e *Engine) string {
 	var b strings.Builder
 	for _, q := range e.queues {
 		q.Do(func() error {
-			for r := range q.spl.relays {
+			for r := range q.splq().relays {
 				for i, d := range r.dirs {
 					fmt.Fprintf(&b, "q%d relay %p dir %d: inPipe %d eof %v done %v flushed %v posted %v in.armed %v out.armed %v total %d\n",
 						q.idx, r, i, d.inPipe, d.eof, d.done, d.flushed, d.posted, d.in.armed, d.out.armed, d.total.Load())

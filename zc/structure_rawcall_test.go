@@ -16,16 +16,9 @@ import (
 // through internal/loop; locked-memory limits through internal/memregops. The backends are
 // the floor themselves and keep theirs: since issue 30's stage 2 they are packages under
 // zc/internal/be (backendImports), so the root holds none of them and may make no raw call.
-
-// rawCallAllowed says why a file may still make raw calls ("" when it may not): the
-// net.Conn face (netconn*.go) and the framed reader (reader.go, readfrom.go) move to their
-// own packages (issue 30's stage 2, under way on another branch) and their calls with them.
-func rawCallAllowed(name string) string {
-	if strings.HasPrefix(name, "netconn") || name == "reader.go" || name == "readfrom.go" {
-		return "moving out of zc"
-	}
-	return ""
-}
+// No root file is exempt: the last one, readfrom.go (ReadFrom's sendfile, splice through a
+// pipe, and its wait for room), calls tcpglue.Socket's SendFile, SpliceFrom and WaitWritable
+// and internal/rawfd's Pipe, Splice and Read since session 13.
 
 // rawConversions are unix's (and syscall's) types a call expression converts to: not calls.
 var rawConversions = map[string]bool{"Errno": true, "Signal": true}
@@ -62,9 +55,9 @@ func rawCalls(fset *token.FileSet, f *ast.File) []string {
 	return out
 }
 
-// TestNoRawCallsOutsideBackends fails on a raw unix or syscall call in zc's root files other
-// than the allowlist's (which it reports, so the list can shrink). The backends' packages
-// (zc/internal/be/...) may make them; the scan counts theirs, so that it sees something.
+// TestNoRawCallsOutsideBackends fails on a raw unix or syscall call in any of zc's root files.
+// The backends' packages (zc/internal/be/...) may make them; the scan counts theirs, so that
+// it sees something.
 func TestNoRawCallsOutsideBackends(t *testing.T) {
 	fset, files := parseZC(t)
 	if len(files) < 20 {
@@ -85,17 +78,8 @@ func TestNoRawCallsOutsideBackends(t *testing.T) {
 		}
 	}
 	for _, f := range files {
-		name := filepath.Base(fset.Position(f.Pos()).Filename)
-		calls := rawCalls(fset, f)
-		switch {
-		case rawCallAllowed(name) != "":
-			if len(calls) > 0 {
-				t.Logf("%s: %d raw calls (allowed: %s)", name, len(calls), rawCallAllowed(name))
-			}
-		default:
-			for _, c := range calls {
-				t.Errorf("raw system call outside the backends: %s (use the tcpglue.Socket that owns the descriptor, or internal/rawfd)", c)
-			}
+		for _, c := range rawCalls(fset, f) {
+			t.Errorf("raw system call outside the backends: %s (use the tcpglue.Socket that owns the descriptor, or internal/rawfd)", c)
 		}
 	}
 	if backends == 0 {

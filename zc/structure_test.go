@@ -174,6 +174,8 @@ var backendImports = map[string][]string{
 	"zc/internal/be/uring":   {"zc/internal/becontract", "internal/loop", "internal/uring", "internal/memregops", "memreg"},
 	"zc/internal/be/epoll":   {"zc/internal/becontract", "internal/loop", "memreg"},
 	"zc/internal/be/shim":    {"zc/internal/becontract", "zc/internal/be/epoll", "internal/loop", "kmod/shim", "memreg"},
+	// the interleaving test's fake kernel (its test side stays in zc's tests, behind fake.Sim)
+	"zc/internal/be/fake": {"zc/internal/becontract", "internal/loop", "internal/uring", "memreg"},
 }
 
 // backendCtors are the names of the backend packages the constructor table (backend.go)

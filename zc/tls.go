@@ -62,6 +62,7 @@ func (t *tlsConn) rekey(c *Conn) bool                       { return c.tlsRekey(
 func (t *tlsConn) recvEnd(c *Conn, err error) (bool, error) { return c.tlsRecvEnd(err) }
 func (t *tlsConn) closeNotify(c *Conn)                      { c.tlsCloseNotify() }
 func (t *tlsConn) finished(c *Conn)                         { c.tlsFinished() }
+func (t *tlsConn) inKernel() bool                           { return t.kernel }
 func (s *tlsSetup) accept(l *Listener, from *queue, fd int) { l.startTLS(from, fd) }
 func (s *tlsSetup) dial(c *Conn, cs *connectState)          { c.startTLSDial(cs) }
 func (r *tlsResult) attach(c *Conn)                         { c.attachTLS(r) }
@@ -706,7 +707,15 @@ func (t *tlsConn) tlsSent(n int) {
 // and waits: the caller sends it first).
 func (c *Conn) tlsSendCap() int {
 	t := c.tlsState()
-	if t == nil || !t.kernel || t.rekeyAt == 0 {
+	if t == nil {
+		return -1
+	}
+	return t.sendCap()
+}
+
+// sendCap is tlsSendCap of the connection t serves.
+func (t *tlsConn) sendCap() int {
+	if !t.kernel || t.rekeyAt == 0 {
 		return -1
 	}
 	n, left := t.txRecords.Load(), uint64(1)

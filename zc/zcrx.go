@@ -106,6 +106,13 @@ func (q *queue) setupZcrx(u *loop.URing, cqe32 bool) error {
 // zcrxPart is the index of the queue's zcrxQueue in queue.parts.
 var zcrxPart = registerQueuePart(func() queuePart { return new(zcrxQueue) })
 
+// wantsCQE32 and ringMade make the zcrx state a ringSetupPart: the io_uring backend asks
+// them as it makes the queue's ring (zcrxWanted, setupZcrx).
+func (zx *zcrxQueue) wantsCQE32(q *queue) bool { return q.zcrxWanted() }
+func (zx *zcrxQueue) ringMade(q *queue, u *loop.URing, cqe32 bool) error {
+	return q.setupZcrx(u, cqe32)
+}
+
 // zx is the queue's zcrx state.
 func (q *queue) zx() *zcrxQueue { return q.parts[zcrxPart].(*zcrxQueue) }
 
