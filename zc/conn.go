@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/zcnet/zcnet/bpf"
 	"github.com/zcnet/zcnet/internal/loop"
@@ -211,9 +210,6 @@ func (s *seg) ptr(i int) *byte {
 	}
 	return s.loan.Pointer(i)
 }
-
-// addr is the address of byte i of the segment's memory.
-func (s *seg) addr(i int) uintptr { return uintptr(unsafe.Pointer(s.ptr(i))) }
 
 // zcWait is a zero-copy send whose notification has not arrived: its buffer stays lent.
 type zcWait struct {

@@ -200,9 +200,6 @@ func (c *Conn) finishSeg(s seg) {
 	}
 }
 
-// pendAt returns pending segment i, the backend's to send (loop only).
-func (c *Conn) pendAt(i int) *seg { return &c.tx.pend[i] }
-
 // rehomePend moves the first k bytes of pending segment i into loan, for a backend that
 // sends only from its own registered memory and copied them there (loop only): the whole
 // segment when k covers it (its old buffer is finished now), else a new segment inserted

@@ -33,19 +33,19 @@ const (
 
 // The services' geometry the goals judge (zcbench plans the same).
 var (
-	RelayConns   = []int{8, 64}
-	FanOutConns  = []int{100, 1000}
-	FanOutSizes  = []int{64, 1 << 10}
-	FileConns    = []int{1, 8, 32, 128}
-	KVSizes      = []int{64, 100 << 10} // small values; the mix up to 100 KiB
-	WrkSizes     = []int{64, 64 << 10}
-	WrkConns     = []int{32, 512}
+	RelayConns  = []int{8, 64}
+	FanOutConns = []int{100, 1000}
+	FanOutSizes = []int{64, 1 << 10}
+	FileConns   = []int{1, 8, 32, 128}
+	KVSizes     = []int{64, 100 << 10} // small values; the mix up to 100 KiB
+	WrkSizes    = []int{64, 64 << 10}
+	WrkConns    = []int{32, 512}
 	// WrkLarge is one more wrk case: a 1 MiB body from memory on WrkLargeConns connections
 	// (issue 29: the face's Write of a large slice sends from it, no staging copy).
 	WrkLarge, WrkLargeConns = 1 << 20, 32
-	MQConns      = 512
-	KVConns      = 32
-	ServiceFrame = 64 << 10 // relay and file frames
+	MQConns                 = 512
+	KVConns                 = 32
+	ServiceFrame            = 64 << 10 // relay and file frames
 )
 
 // WrkCase is one wrk case: the body size and the connections.
