@@ -308,7 +308,8 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if cur := c.wdl.Load(); (cur == nil && t.IsZero()) || (cur != nil && cur.Equal(t)) {
 		return nil // unchanged (net/http clears it on every request)
 	}
-	c.wdl.Store(&t)
+	dl := t // a copy made here, not &t: t would go to the heap on every call, unchanged ones too
+	c.wdl.Store(&dl)
 	c.wakeWriters()
 	if s := c.readSelf(); s != nil {
 		if f := s.f.Load(); f != nil {

@@ -50,6 +50,7 @@ type netConn struct {
 	noRef      atomic.Bool               // SendBytes refused (zcshim + SendZeroCopy): copy
 
 	addrs atomic.Pointer[[2]net.Addr] // local, remote: made on first use (errors, LocalAddr)
+	rto   atomic.Pointer[net.OpError] // Read's deadline error, made on first use
 
 	// The ring path's read waits (direct connections wait in zc.Conn.Read).
 	readers atomic.Int32 // goroutines waiting in Read
@@ -155,8 +156,24 @@ func (n *netConn) opErr(op string, err error) error {
 			err = zerr.Err
 		}
 	}
+	if err == os.ErrDeadlineExceeded && op == "read" {
+		return n.readTimeout()
+	}
 	a := n.addrPair()
 	return &net.OpError{Op: op, Net: n.network, Source: a[0], Addr: a[1], Err: err}
+}
+
+// readTimeout is Read's error when its deadline passed, made once per connection (zc.Conn's
+// own is made once too): net/http ends a background Read with a deadline on every request,
+// and Go's net allocates a new *net.OpError each time.
+func (n *netConn) readTimeout() error {
+	if e := n.rto.Load(); e != nil {
+		return e
+	}
+	a := n.addrPair()
+	e := &net.OpError{Op: "read", Net: n.network, Source: a[0], Addr: a[1], Err: os.ErrDeadlineExceeded}
+	n.rto.CompareAndSwap(nil, e)
+	return n.rto.Load()
 }
 
 // addrPair returns the connection's addresses as net.Addrs, made once: net/http ends a
@@ -556,14 +573,33 @@ func (n *netConn) SetReadDeadline(t time.Time) error {
 		n.c.SetReadDeadline(t) // Read waits in the poller, which wakes it itself
 		return nil
 	}
-	n.rdl.Store(&t)
+	n.setRingReadDeadline(t)
+	return nil
+}
+
+// setRingReadDeadline is SetReadDeadline on the ring path. A function of its own: t's address
+// taken in SetReadDeadline would put t on the heap on every call, the direct path's too
+// (net/http sets four read deadlines a request; Go's net allocates none).
+func (n *netConn) setRingReadDeadline(t time.Time) {
+	if sameDeadline(n.rdl.Load(), t) {
+		return
+	}
+	dl := t // a copy made here: &t would put t on the heap before the check
+	n.rdl.Store(&dl)
 	// Only a waiting reader needs the broadcast (net/http sets a deadline twice a request):
 	// one that starts waiting after the check counts itself first and reads the new
 	// deadline.
 	if n.readers.Load() > 0 {
 		n.deadlineChanged()
 	}
-	return nil
+}
+
+// sameDeadline reports whether t is the deadline cur points to (nil: none).
+func sameDeadline(cur *time.Time, t time.Time) bool {
+	if cur == nil {
+		return t.IsZero()
+	}
+	return cur.Equal(t)
 }
 
 func (n *netConn) SetWriteDeadline(t time.Time) error {
@@ -577,7 +613,12 @@ func (n *netConn) SetWriteDeadline(t time.Time) error {
 // setWriteDeadline sets the deadline of Write and ReadFrom (the zc.Conn's). After the engine
 // closed the connection there is nothing left to bound: its error is not the face's.
 func (n *netConn) setWriteDeadline(t time.Time) {
-	n.wdl.Store(&t)
+	if !sameDeadline(n.wdl.Load(), t) {
+		// A copy made here, not &t: t would go to the heap on every call (net/http clears
+		// the write deadline on every request).
+		dl := t
+		n.wdl.Store(&dl)
+	}
 	n.c.SetWriteDeadline(t)
 	if n.refWaiting.Load() {
 		signal(n.wdlCh)
