@@ -15,9 +15,6 @@ import (
 // path (each call's t moved to the heap by a &t in the setter, the face's and zc.Conn's
 // SetWriteDeadline both).
 func TestNetConnDeadlineAllocs(t *testing.T) {
-	if raceOn {
-		t.Skip("allocation counts are not meaningful under the race detector")
-	}
 	for _, be := range lifetimeBackends {
 		for _, ring := range []bool{false, true} {
 			name := be.String() + "/direct"

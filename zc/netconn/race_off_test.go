@@ -1,5 +1,0 @@
-//go:build !race
-
-package netconn
-
-const raceOn = false
