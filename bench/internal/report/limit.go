@@ -23,6 +23,10 @@ const unitSrvMsg = "srv CPU µs/msg"
 // C io_uring server's.
 const LimitTarget = 1.05
 
+// NetTarget is issue 29's echo goal beside it: zc's server CPU per request at most this many
+// times Go net's, echo 64 B.
+const NetTarget = 0.85
+
 // LimitGoalID numbers the goal against the limit after issue 10's (1–6) and issue 20's
 // (7–12).
 const LimitGoalID = 13
@@ -60,7 +64,7 @@ func limitLabel(v harness.Variant) string {
 // c-uring and c-epoll / c-uring the same way (not judged). Without c-uring or zc figures
 // the goal is NOT RUN, never MET.
 func LimitGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
-	name := fmt.Sprintf("against the limit: zc's server CPU per request ≤ %.2f× a C io_uring server's (c-uring), echo", LimitTarget)
+	name := fmt.Sprintf("against the limit: zc's server CPU per request ≤ %.2f× a C io_uring server's (c-uring), echo; and ≤ %.2f× Go net's at 64 B (issue 29)", LimitTarget, NetTarget)
 	var checks []Check
 	var info []string
 	for _, v := range limitCases(rows) {
@@ -73,6 +77,9 @@ func LimitGoals(rows []Row, skipped map[harness.Scenario]string) []Goal {
 			c := compare(label+": zc / c-uring server CPU per request", z, cu, SrvCPUPerMsg, unitSrvMsg, LimitTarget, false)
 			c.Target = fmt.Sprintf("≤ %.2f", LimitTarget) // compare's %.2g would print 1.1
 			checks = append(checks, c)
+			if nt := Find(rows, v.Scenario, "net", v.Size, v.Conns); nt != nil && v.Scenario == harness.Echo && v.Size == 64 {
+				checks = append(checks, compare(label+": zc / net server CPU per request", z, nt, SrvCPUPerMsg, unitSrvMsg, NetTarget, false))
+			}
 		}
 		for _, p := range [][2]string{{ZC, CEpoll}, {"net", CUring}, {CEpoll, CUring}} {
 			a, b := Find(rows, v.Scenario, p[0], v.Size, v.Conns), Find(rows, v.Scenario, p[1], v.Size, v.Conns)

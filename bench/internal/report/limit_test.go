@@ -56,7 +56,7 @@ func TestLimitGoal(t *testing.T) {
 
 	// At the limit in every round, far outside the ±1% A/A noise: MET.
 	g := one(rows)
-	if g.Status != StatusMet || len(g.Checks) != 2 || *g.Checks[0].Ratio != 1 || g.Checks[0].Unit != unitSrvMsg {
+	if g.Status != StatusMet || len(g.Checks) != 3 || *g.Checks[0].Ratio != 1 || g.Checks[0].Unit != unitSrvMsg {
 		t.Errorf("at the limit: %s %+v", g.Status, g.Checks)
 	}
 	if n := g.Checks[0].Noise; n == nil || *n < 0.0099 || *n > 0.0101 {
@@ -66,6 +66,17 @@ func TestLimitGoal(t *testing.T) {
 		if !strings.Contains(g.Note, s) {
 			t.Errorf("note lacks %q: %s", s, g.Note)
 		}
+	}
+
+	// Issue 29's check beside it: zc / net at 64 B (10 vs 14: 0.71×, within 0.85).
+	if c := g.Checks[1]; c.What != "echo 64 B ×64: zc / net server CPU per request" || *c.Ratio > 0.72 || *c.Ratio < 0.71 {
+		t.Errorf("zc / net check: %+v", c)
+	}
+	// At the limit of c-uring but 0.91× Go net in every round: MISSED by issue 29's check.
+	slowNet := base([]float64{10, 10, 10}, []float64{10, 10, 10})
+	slowNet[0] = echoSrv("net", 64, 11, 11, 11)
+	if g := one(slowNet); g.Status != StatusMissed || g.Checks[1].Met {
+		t.Errorf("0.91× net: %s %+v", g.Status, g.Checks[1])
 	}
 
 	// 1.3× in every round at 64 B: MISSED, whatever 1 KiB says.
