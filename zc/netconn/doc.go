@@ -6,7 +6,7 @@
 // in Go's net (one copy, no hand-off to the queue); Options.Ring reads through the queue's
 // receive ring instead. Writes (zc.Conn.Write), io.Copy into a Conn (zc.Conn.ReadFrom:
 // sendfile from a file, splice from a socket) and closing go through the engine's queue.
-// A Write of 1 MiB or more is sent from the caller's slice (zc.Conn.SendBytes) and returns
+// A Write of 512 KiB or more is sent from the caller's slice (zc.Conn.SendBytes) and returns
 // once the kernel no longer needs it; smaller ones are written directly when the socket
 // takes them, the rest copied into send buffers. A write deadline that passes while such a
 // large Write waits for the kernel closes the connection (unlike Go's net, where it stays

@@ -296,7 +296,7 @@ func (n *netConn) wait(ch chan struct{}, dl *atomic.Pointer[time.Time]) error {
 	}
 }
 
-// Write sends p. A p of at least 1 MiB is sent from p itself (zc.Conn.SendBytes: no copy
+// Write sends p. A p of at least 512 KiB is sent from p itself (zc.Conn.SendBytes: no copy
 // into send buffers) and Write returns once the kernel no longer needs p: p is the
 // caller's again whatever Write returns. A smaller p is copied into the connection's send
 // buffers (zc.Conn.Write: written at once when nothing is queued and the socket takes it)
@@ -384,8 +384,12 @@ func (n *netConn) WriteBuffers(v *net.Buffers) (int64, error) {
 // reference costs 3-4x the CPU at 16 KiB and +40% per request for net/http's 60 KiB body
 // writes under wrk (the hand-off to the queue and back costs more than the copy, and the
 // direct write(2) already sends from the slice), ties at 256 KiB and saves 23-28% at 1 and
-// 4 MiB. A variable for the tests.
-var refWriteMin = 1 << 20
+// 4 MiB. 512 KiB, not 1 MiB: net/http writes a 1 MiB body as 1 MiB minus what filled its
+// 4 KiB bufio.Writer, which a 1 MiB threshold never sent by reference (zcbench's wrk 1 MiB
+// ×32, two alternating pairs of runs: zc-net ÷ net 0.96× and 0.84× at 512 KiB against 1.15×
+// and 0.95× at 1 MiB; bench/results/2026-11-29-wrk-refwritemin-*.txt). A variable for the
+// tests.
+var refWriteMin = 512 << 10
 
 // writeBufs sends bufs in order (wmu held, not on a queue goroutine): those of at least
 // refWriteMin bytes from their own memory, the others copied, and waits until the kernel
