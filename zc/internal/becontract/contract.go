@@ -347,3 +347,21 @@ const (
 func ZCSegmentsSmall(mss, pmtu uint32) bool {
 	return mss > 0 && mss < zcMinSegment && mss+zcHeaderRoom < pmtu
 }
+
+// AfterRecv is what a ring backend does once a receive completion was reported (Deliver,
+// GotEOF, or nothing for a cancel): unless the connection ended, it settles the receive
+// credit, lets a closing connection advance its close, and re-arms a receive that is not
+// armed. The uring backend and the interleaving test's fake kernel share it.
+func AfterRecv(c Conn) {
+	if c.Ended() {
+		return
+	}
+	c.CheckCredit()
+	if c.InClose() {
+		c.AdvanceClose()
+		return
+	}
+	if !c.RecvArmed() {
+		c.Rearm()
+	}
+}

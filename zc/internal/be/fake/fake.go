@@ -621,17 +621,7 @@ func (k *Kernel) onRecv(fc *Conn, ev loop.Event, more bool) {
 	default:
 		c.GotEOF(unix.Errno(-res))
 	}
-	if c.Ended() {
-		return
-	}
-	c.CheckCredit()
-	if c.InClose() {
-		c.AdvanceClose()
-		return
-	}
-	if !c.RecvArmed() {
-		c.Rearm()
-	}
+	becontract.AfterRecv(c)
 }
 
 // waitBuffers: c found no receive buffer; it re-arms when one is back (at once when the pool

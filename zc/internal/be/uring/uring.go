@@ -434,17 +434,7 @@ func (b *backend) onRecv(c bc.Conn, st *uconn, ev loop.Event, more bool) {
 	default:
 		c.GotEOF(unix.Errno(-res))
 	}
-	if c.Ended() {
-		return
-	}
-	c.CheckCredit()
-	if c.InClose() {
-		c.AdvanceClose()
-		return
-	}
-	if !c.RecvArmed() {
-		c.Rearm()
-	}
+	bc.AfterRecv(c)
 }
 
 // rearm is a connection's state as the loop.Flusher the receive ring calls once buffers are
