@@ -1,7 +1,6 @@
 package zc
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -81,20 +80,7 @@ func TestTLSRekey(t *testing.T) {
 				t.Fatal(err)
 			}
 			data = append(data, fdata...)
-			if err := c.CloseWrite(); err != nil {
-				t.Fatal(err)
-			}
-			if err := recvEvent(t, h.eof, "EOF"); err != io.EOF {
-				t.Fatalf("OnEOF %v, want io.EOF (the server's close_notify)", err)
-			}
-			if err := recvEvent(t, sres, "server"); err != nil {
-				t.Fatalf("the crypto/tls server: %v", err)
-			}
-			if got := h.bytes(); !bytes.Equal(got, data) {
-				t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
-			}
-			c.Close()
-			<-c.Done()
+			endEcho(t, c, h, sres, data)
 			checkRekeys(t, e, checkTLSPath(t, c), bound, len(data))
 		})
 	}

@@ -316,6 +316,27 @@ func tlsFirstDiff(a, b []byte) string {
 }
 
 // tlsCollector is a client handler that keeps what it receives.
+// endEcho half-closes c (a client of tlsPeerServer's echo), waits for the server's
+// close_notify (OnEOF io.EOF) and the server's end, checks that h got data back, and
+// closes c.
+func endEcho(t *testing.T, c *Conn, h *tlsCollector, sres chan error, data []byte) {
+	t.Helper()
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if err := recvEvent(t, h.eof, "EOF"); err != io.EOF {
+		t.Fatalf("OnEOF %v, want io.EOF (the server's close_notify)", err)
+	}
+	if err := recvEvent(t, sres, "server"); err != nil {
+		t.Fatalf("the crypto/tls server: %v", err)
+	}
+	if got := h.bytes(); !bytes.Equal(got, data) {
+		t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
+	}
+	c.Close()
+	<-c.Done()
+}
+
 type tlsCollector struct {
 	mu   sync.Mutex
 	got  []byte
@@ -393,20 +414,7 @@ func TestTLSClientEcho(t *testing.T) {
 				if err := randomWrites(c, data, 7); err != nil {
 					t.Fatal(err)
 				}
-				if err := c.CloseWrite(); err != nil {
-					t.Fatal(err)
-				}
-				if err := recvEvent(t, h.eof, "EOF"); err != io.EOF {
-					t.Fatalf("OnEOF %v, want io.EOF (the server's close_notify)", err)
-				}
-				if err := recvEvent(t, sres, "server"); err != nil {
-					t.Fatalf("server: %v", err)
-				}
-				if got := h.bytes(); !bytes.Equal(got, data) {
-					t.Fatalf("echo differs: %s", tlsFirstDiff(got, data))
-				}
-				c.Close()
-				<-c.Done()
+				endEcho(t, c, h, sres, data)
 				if st := c.Stats(); st.SendZCOps != 0 {
 					t.Fatalf("SEND_ZC attempted: %+v", st)
 				}
