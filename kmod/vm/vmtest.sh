@@ -263,14 +263,24 @@ boot_and_judge() {
 	return 0
 }
 
-# fail_summary LABEL CONSOLE: each failed test with the lines it logged (the indented
-# lines under "--- FAIL", at most 40), and any panic with its first goroutine, so that
-# the tail of a CI log (the last screen is often all a reader gets) says what failed.
+# fail_summary LABEL CONSOLE: each failed test with the lines it logged, and any panic with
+# its first goroutine, so that the tail of a CI log (the last screen is often all a reader
+# gets) says what failed and why. Under -test.v a test's log lines come before its "--- FAIL"
+# (after its "=== RUN"/"=== NAME"/"=== CONT" line; subtests' results are printed as a tree
+# when the parent ends), so each test's last 40 log lines are kept and printed under its
+# FAIL line; without -v they follow it (the indented lines under "--- FAIL", at most 40).
 fail_summary() {
 	awk -v m="[$1] " '
-		/^--- FAIL/ { n = 40; print m $0; next }
+		/^=== (RUN|NAME|CONT) / { cur = $3; if ($2 == "RUN") c[cur] = 0; next }
+		/^[ \t]*--- FAIL: / {
+			n = 40; print m $0
+			t = $3
+			for (i = (c[t] > 40 ? c[t] - 39 : 1); i <= c[t]; i++) print m "  | " l[t, i % 40]
+			next
+		}
 		/^panic: / { p = 40; n = 0; print m $0; next }
 		p > 0 { p--; print m $0; next }
+		cur != "" && /^[ \t]/ && !/^[ \t]*--- (PASS|SKIP): / { c[cur]++; l[cur, c[cur] % 40] = $0 }
 		n > 0 && (/^[ \t]/ || /^goroutine / || /^$/) { n--; print m $0; next }
 		{ n = 0 }' "$2"
 }
