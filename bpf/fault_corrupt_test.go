@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"testing"
 
 	"github.com/zcnet/zcnet/internal/testutil"
@@ -16,29 +15,9 @@ import (
 // off again, bytes pass intact. Bad fractions, a closed or nil Fault are refused.
 func TestFaultCorrupt(t *testing.T) {
 	testutil.RequireFeature(t, testutil.KernelAtLeast("6.6"), "tcx links", "6.6")
-	var (
-		f        *Fault
-		cli, srv net.Conn
-		port     uint16
-	)
-	testutil.PrivateLoopback(t, func() error {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		defer ln.Close()
-		port = uint16(ln.Addr().(*net.TCPAddr).Port)
-		lo, err := net.InterfaceByName("lo")
-		if err != nil {
-			return err
-		}
-		if f, err = NewFault(lo.Index, false); err != nil {
-			return err
-		}
-		if cli, err = net.Dial("tcp4", ln.Addr().String()); err != nil {
-			return err
-		}
-		srv, err = ln.Accept()
+	var f *Fault
+	cli, srv, port := testutil.FaultPair(t, func(lo int) (err error) {
+		f, err = NewFault(lo, false)
 		return err
 	})
 	defer cli.Close()

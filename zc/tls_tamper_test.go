@@ -28,29 +28,20 @@ func TestTLSTamperedOnTheWire(t *testing.T) {
 			h := newTLSCollector()
 			conns := make(chan *Conn, 1)
 			var (
-				f    *bpf.Fault
-				l    *Listener
-				raw  net.Conn
-				port uint16
+				f *bpf.Fault
+				l *Listener
 			)
-			testutil.PrivateLoopback(t, func() error {
-				var err error
+			raw, port := testutil.FaultLoopback(t, func() (addr net.Addr, err error) {
 				l, err = e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 					conns <- c
 					return h
 				}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
 				if err != nil {
-					return err
+					return nil, err
 				}
-				port = uint16(l.Addr().(*net.TCPAddr).Port)
-				lo, err := net.InterfaceByName("lo")
-				if err != nil {
-					return err
-				}
-				if f, err = bpf.NewFault(lo.Index, false); err != nil {
-					return err
-				}
-				raw, err = net.Dial("tcp", l.Addr().String())
+				return l.Addr(), nil
+			}, func(lo int) (err error) {
+				f, err = bpf.NewFault(lo, false)
 				return err
 			})
 			defer l.Close()

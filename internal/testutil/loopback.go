@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"net"
 	"runtime"
 	"testing"
 
@@ -54,4 +55,57 @@ func loopbackUp() error {
 		return fmt.Errorf("SIOCSIFFLAGS lo up: %w", err)
 	}
 	return nil
+}
+
+// FaultLoopback sets up a TCP connection on a private loopback (PrivateLoopback) with a
+// fault injector on its "lo", for the tests that alter segments on the wire. In the
+// namespace it runs listen (a server on 127.0.0.1:0; it returns the server's address),
+// then attach with lo's interface index (bpf.NewFault: testutil cannot import bpf, whose
+// own tests use this), then dials the server. It returns the client's end and the server's
+// port (what the fault injector matches). The caller closes what listen and attach made
+// and the client's end; the test fails when any step does.
+func FaultLoopback(tb testing.TB, listen func() (net.Addr, error), attach func(lo int) error) (client net.Conn, port uint16) {
+	tb.Helper()
+	PrivateLoopback(tb, func() error {
+		addr, err := listen()
+		if err != nil {
+			return err
+		}
+		port = uint16(addr.(*net.TCPAddr).Port)
+		lo, err := net.InterfaceByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := attach(lo.Index); err != nil {
+			return err
+		}
+		client, err = net.Dial("tcp4", addr.String())
+		return err
+	})
+	return client, port
+}
+
+// FaultPair is FaultLoopback with a plain TCP listener (net.Listen "tcp4"): it returns both
+// ends of the connection, which the caller closes; the listener is closed.
+func FaultPair(tb testing.TB, attach func(lo int) error) (client, server net.Conn, port uint16) {
+	tb.Helper()
+	var ln net.Listener
+	defer func() {
+		if ln != nil {
+			ln.Close()
+		}
+	}()
+	client, port = FaultLoopback(tb, func() (net.Addr, error) {
+		var err error
+		if ln, err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
+		return ln.Addr(), nil
+	}, attach)
+	server, err := ln.Accept()
+	if err != nil {
+		client.Close()
+		tb.Fatal(err)
+	}
+	return client, server, port
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -27,29 +26,9 @@ func TestTamperedRecordOnTheWire(t *testing.T) {
 	for _, cc := range []cipherCase{allCiphers[0], allCiphers[3]} {
 		t.Run(cc.name, func(t *testing.T) {
 			scfg, ccfg := configs(t, cc)
-			var (
-				f        *bpf.Fault
-				cli, srv net.Conn
-				port     uint16
-			)
-			testutil.PrivateLoopback(t, func() error {
-				ln, err := net.Listen("tcp4", "127.0.0.1:0")
-				if err != nil {
-					return err
-				}
-				defer ln.Close()
-				port = uint16(ln.Addr().(*net.TCPAddr).Port)
-				lo, err := net.InterfaceByName("lo")
-				if err != nil {
-					return err
-				}
-				if f, err = bpf.NewFault(lo.Index, false); err != nil {
-					return err
-				}
-				if cli, err = net.Dial("tcp4", ln.Addr().String()); err != nil {
-					return err
-				}
-				srv, err = ln.Accept()
+			var f *bpf.Fault
+			cli, srv, port := testutil.FaultPair(t, func(lo int) (err error) {
+				f, err = bpf.NewFault(lo, false)
 				return err
 			})
 			defer f.Close()
