@@ -217,3 +217,31 @@ func firstDiff(a, b []byte) string {
 	}
 	return fmt.Sprintf("lengths %d and %d", len(a), len(b))
 }
+
+// handshake runs the handshakes of z and its crypto/tls peer p at once, fails the test when
+// either fails, and checks z's record path (checkPath).
+func handshake(t *testing.T, z *Conn, p *tls.Conn) {
+	t.Helper()
+	hs := make(chan error, 1)
+	go func() { hs <- p.Handshake() }()
+	if err := z.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-hs; err != nil {
+		t.Fatal(err)
+	}
+	checkPath(t, z)
+}
+
+// readUntilError reads z until Read fails, through buf: what it delivered before, and the
+// error.
+func readUntilError(z *Conn, buf []byte) ([]byte, error) {
+	var got []byte
+	for {
+		n, err := z.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+	}
+}

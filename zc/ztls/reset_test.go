@@ -25,15 +25,7 @@ func TestPeerResetMidRecord(t *testing.T) {
 			cut := &testutil.CutConn{TCPConn: b.(*net.TCPConn)}
 			z, p := Server(a, scfg, nil), tls.Client(cut, ccfg)
 			defer z.Close()
-			hs := make(chan error, 1)
-			go func() { hs <- p.Handshake() }()
-			if err := z.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-hs; err != nil {
-				t.Fatal(err)
-			}
-			checkPath(t, z)
+			handshake(t, z, p)
 			whole := pattern(20000, 3)
 			if _, err := p.Write(whole); err != nil {
 				t.Fatal(err)
@@ -42,14 +34,8 @@ func TestPeerResetMidRecord(t *testing.T) {
 			p.Write(pattern(3000, 4)) // half of it, then the reset
 
 			z.SetReadDeadline(time.Now().Add(time.Minute))
-			var got []byte
 			buf := make([]byte, 4096)
-			var err error
-			for err == nil {
-				var n int
-				n, err = z.Read(buf)
-				got = append(got, buf[:n]...)
-			}
+			got, err := readUntilError(z, buf)
 			if !bytes.Equal(got, whole) {
 				t.Fatalf("Read delivered %d bytes, want exactly the %d of the whole records (%s)", len(got), len(whole), firstDiff(got, whole))
 			}

@@ -36,15 +36,7 @@ func TestTamperedRecordOnTheWire(t *testing.T) {
 			defer srv.Close()
 
 			z, p := Server(srv, scfg, nil), tls.Client(cli, ccfg)
-			hs := make(chan error, 1)
-			go func() { hs <- p.Handshake() }()
-			if err := z.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-hs; err != nil {
-				t.Fatal(err)
-			}
-			checkPath(t, z)
+			handshake(t, z, p)
 
 			good := pattern(3000, 1)
 			if _, err := p.Write(good); err != nil {
@@ -80,14 +72,8 @@ func TestTamperedRecordOnTheWire(t *testing.T) {
 			}
 
 			z.SetReadDeadline(time.Now().Add(30 * time.Second))
-			var after []byte
 			buf := make([]byte, 4096)
-			var rerr error
-			for rerr == nil {
-				var n int
-				n, rerr = z.Read(buf)
-				after = append(after, buf[:n]...)
-			}
+			after, rerr := readUntilError(z, buf)
 			if len(after) != 0 {
 				t.Errorf("Read delivered %d bytes of the tampered record before failing", len(after))
 			}
