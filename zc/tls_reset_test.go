@@ -8,7 +8,6 @@ import (
 	"net"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/zcnet/zcnet/internal/testutil"
 )
@@ -25,10 +24,7 @@ func TestTLSPeerResetMidRecord(t *testing.T) {
 			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
 			h := newTLSCollector()
 			conns := make(chan *Conn, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				conns <- c
-				return h
-			}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+			l, err := h.listen(e, scfg, conns)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,14 +34,8 @@ func TestTLSPeerResetMidRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			cut := &testutil.CutConn{TCPConn: raw.(*net.TCPConn)}
-			tc := tls.Client(cut, ccfg)
+			tc, c := handshakeTLSClient(t, cut, ccfg, conns)
 			defer tc.Close()
-			tc.SetDeadline(time.Now().Add(time.Minute))
-			if err := tc.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			c := recvEvent(t, conns, "conn")
-			checkTLSPath(t, c)
 			whole := bytes.Repeat([]byte("whole record bytes "), 1000)
 			if _, err := tc.Write(whole); err != nil {
 				t.Fatal(err)

@@ -31,12 +31,8 @@ func TestTLSTamperedOnTheWire(t *testing.T) {
 				f *bpf.Fault
 				l *Listener
 			)
-			raw, port := testutil.FaultLoopback(t, func() (addr net.Addr, err error) {
-				l, err = e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-					conns <- c
-					return h
-				}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
-				if err != nil {
+			raw, port := testutil.FaultLoopback(t, func() (_ net.Addr, err error) {
+				if l, err = h.listen(e, scfg, conns); err != nil {
 					return nil, err
 				}
 				return l.Addr(), nil
@@ -46,14 +42,8 @@ func TestTLSTamperedOnTheWire(t *testing.T) {
 			})
 			defer l.Close()
 			defer f.Close()
-			tc := tls.Client(raw, ccfg)
+			tc, c := handshakeTLSClient(t, raw, ccfg, conns)
 			defer tc.Close()
-			tc.SetDeadline(time.Now().Add(time.Minute))
-			if err := tc.Handshake(); err != nil {
-				t.Fatal(err)
-			}
-			c := recvEvent(t, conns, "conn")
-			checkTLSPath(t, c)
 
 			good := bytes.Repeat([]byte("intact "), 500)
 			if _, err := tc.Write(good); err != nil {

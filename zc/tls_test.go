@@ -363,6 +363,31 @@ func (h *tlsCollector) bytes() []byte {
 	return h.got
 }
 
+// listen starts a TLS listener (scfg) on e at 127.0.0.1 whose connections h collects;
+// conns receives each of them.
+func (h *tlsCollector) listen(e *Engine, scfg *tls.Config, conns chan *Conn) (*Listener, error) {
+	return e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
+		conns <- c
+		return h
+	}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+}
+
+// handshakeTLSClient runs a crypto/tls client (ccfg) over raw, a minute's deadline on it,
+// through its handshake, and returns it with the server's connection from conns, whose
+// record path it checks (checkTLSPath). The caller closes the client.
+func handshakeTLSClient(t *testing.T, raw net.Conn, ccfg *tls.Config, conns chan *Conn) (*tls.Conn, *Conn) {
+	t.Helper()
+	tc := tls.Client(raw, ccfg)
+	tc.SetDeadline(time.Now().Add(time.Minute))
+	if err := tc.Handshake(); err != nil {
+		tc.Close()
+		t.Fatal(err)
+	}
+	c := recvEvent(t, conns, "conn")
+	checkTLSPath(t, c)
+	return tc, c
+}
+
 // tlsPeerServer runs a crypto/tls echo server for one connection: it echoes until the
 // client's close_notify, then closes (its close_notify). It reports the server's end.
 func tlsPeerServer(t *testing.T, cfg *tls.Config, serve func(tc *tls.Conn) error) (string, chan error) {
