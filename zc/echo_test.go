@@ -89,16 +89,7 @@ func (k *collector) handler() Handler {
 
 func TestEchoSmall(t *testing.T) {
 	srv, e := newPair(t, Config{})
-	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	k := newCollector(11)
-	c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, k := dialEcho(t, srv, e, 11)
 	if _, err := c.Write([]byte("hello world")); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +103,23 @@ func TestEchoSmall(t *testing.T) {
 	}
 	c.Close()
 	<-c.Done()
+}
+
+// dialEcho dials, from cli, an echo listener (echoAccept) of srv on 127.0.0.1 (closed at
+// the test's end), the echoes going to a collector that waits for want bytes.
+func dialEcho(t *testing.T, srv, cli *Engine, want int) (*Conn, *collector) {
+	t.Helper()
+	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	k := newCollector(want)
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, k
 }
 
 // sendRandomEchoed sends total bytes of random data as random-sized Sends from registered
@@ -153,17 +161,8 @@ func TestBulkChecksummed(t *testing.T) {
 	for _, path := range []SendPath{SendAdaptive, SendCopy, SendZeroCopy} {
 		t.Run(path.String(), func(t *testing.T) {
 			srv, e := newPair(t, Config{SendPath: path})
-			l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
 			const total = 32 << 20
-			k := newCollector(total)
-			c, err := e.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, k := dialEcho(t, srv, e, total)
 			sendRandomEchoed(t, c, k, total, 1, 30*time.Second)
 			c.Close()
 			<-c.Done()

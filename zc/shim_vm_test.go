@@ -55,16 +55,7 @@ func TestShimEchoSmall(t *testing.T) {
 	if st := cli.Stats(); st.Backend != "shim" || st.Queues != cli.Config().Queues {
 		t.Fatalf("backend %q with %d queues (want shim, %d)", st.Backend, st.Queues, cli.Config().Queues)
 	}
-	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	k := newCollector(11)
-	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, k := dialEcho(t, srv, cli, 11)
 	if q := c.q.idx; q < 0 || q >= cli.Config().Queues {
 		t.Fatalf("conn on queue %d", q)
 	}
@@ -88,17 +79,8 @@ func TestShimEchoSmall(t *testing.T) {
 func TestShimBulk(t *testing.T) {
 	needShim(t)
 	srv, cli := newPair(t, shimCfg())
-	l, err := srv.Listen("tcp", "127.0.0.1:0", echoAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	const total = 16 << 20
-	k := newCollector(total)
-	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), k.handler())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, k := dialEcho(t, srv, cli, total)
 	sendRandomEchoed(t, c, k, total, 3, 120*time.Second)
 	c.Close()
 	<-c.Done()
