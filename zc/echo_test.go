@@ -198,38 +198,59 @@ func (s *streamer) OnWritable(c *Conn) {
 	}
 }
 
+// streamCollected streams total bytes from cli to a listener of srv (closed at the test's
+// end) that collects them: a Writable sender (streamer) started on the queue goroutine with
+// Conn.Post. It waits until all arrived, failing the test on a send error or when nothing
+// completes it within wait (stalled: info, when not nil, adds to the message).
+func streamCollected(t *testing.T, srv, cli *Engine, total int, wait time.Duration, info func() string) (*Conn, *collector) {
+	t.Helper()
+	k := newCollector(total)
+	l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	s := &streamer{total: total, errs: make(chan error, 1)}
+	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Post(func() { s.OnWritable(c) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-k.done:
+	case err := <-s.errs:
+		t.Fatal(err)
+	case <-time.After(wait):
+		extra := ""
+		if info != nil {
+			extra = "\n" + info()
+		}
+		t.Fatalf("sender stalled: %d of %d received, conn %+v%s", k.n, total, c.Stats(), extra)
+	}
+	return c, k
+}
+
+// streamedSum is the SHA-256 of the total bytes a streamer sends.
+func streamedSum(total int) []byte {
+	want := sha256.New()
+	p := make([]byte, 64<<10)
+	for off := 0; off < total; off += len(p) {
+		for i := range p {
+			p[i] = byte(off + i)
+		}
+		want.Write(p[:min(len(p), total-off)])
+	}
+	return want.Sum(nil)
+}
+
 func TestWritableStreaming(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b Backend) {
 		const total = 64 << 20
 		srv, cli := newPair(t, Config{Backend: b})
-		k := newCollector(total)
-		l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		s := &streamer{total: total, errs: make(chan error, 1)}
-		c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Post(func() { s.OnWritable(c) })
-		select {
-		case <-k.done:
-		case err := <-s.errs:
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("timeout: %d of %d", k.n, total)
-		}
-		want := sha256.New()
-		p := make([]byte, 64<<10)
-		for off := 0; off < total; off += len(p) {
-			for i := range p {
-				p[i] = byte(off + i)
-			}
-			want.Write(p)
-		}
-		if k.n != total || string(k.sum.h.Sum(nil)) != string(want.Sum(nil)) {
+		c, k := streamCollected(t, srv, cli, total, 30*time.Second, nil)
+		if k.n != total || string(k.sum.h.Sum(nil)) != string(streamedSum(total)) {
 			t.Fatal("streamed data differs")
 		}
 		c.Close()
@@ -244,25 +265,7 @@ func TestWritableZeroCopyFewBuffers(t *testing.T) {
 	const total = 8 << 20
 	srv := newEngine(t, Config{})
 	cli := newEngine(t, Config{SendPath: SendZeroCopy, SendBufs: 2, SendBufSize: 4096})
-	k := newCollector(total)
-	l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	s := &streamer{total: total, errs: make(chan error, 1)}
-	c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Post(func() { s.OnWritable(c) })
-	select {
-	case <-k.done:
-	case err := <-s.errs:
-		t.Fatal(err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("sender stalled: %d of %d received, conn %+v", k.n, total, c.Stats())
-	}
+	c, _ := streamCollected(t, srv, cli, total, 30*time.Second, nil)
 	c.Close()
 	<-c.Done()
 }

@@ -3,7 +3,6 @@ package zc
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -252,36 +251,8 @@ func TestShimWritable(t *testing.T) {
 			cfg := shimCfg()
 			cfg.SendBufs, cfg.SendBufSize = tc.bufs, tc.size
 			cli := newEngine(t, cfg)
-			k := newCollector(tc.total)
-			l, err := srv.Listen("tcp", "127.0.0.1:0", func(*Conn) Handler { return k.handler() })
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
-			s := &streamer{total: tc.total, errs: make(chan error, 1)}
-			c, err := cli.Dial(context.Background(), "tcp", l.Addr().String(), s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Post(func() { s.OnWritable(c) }); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-k.done:
-			case err := <-s.errs:
-				t.Fatal(err)
-			case <-time.After(60 * time.Second):
-				t.Fatalf("sender stalled: %d of %d received, conn %+v\n%s", k.n, tc.total, c.Stats(), shimDump(cli))
-			}
-			want := sha256.New()
-			p := make([]byte, tc.size)
-			for off := 0; off < tc.total; off += len(p) {
-				for i := range p {
-					p[i] = byte(off + i)
-				}
-				want.Write(p[:min(len(p), tc.total-off)])
-			}
-			if k.n != tc.total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+			c, k := streamCollected(t, srv, cli, tc.total, 60*time.Second, func() string { return shimDump(cli) })
+			if k.n != tc.total || !bytes.Equal(k.sum.h.Sum(nil), streamedSum(tc.total)) {
 				t.Fatal("streamed data differs")
 			}
 			c.Close()
@@ -398,14 +369,7 @@ func TestShimWriteFromHandler(t *testing.T) {
 func TestShimThroughput(t *testing.T) {
 	needShim(t)
 	const total = 32 << 20
-	want := sha256.New()
-	p := make([]byte, 64<<10)
-	for off := 0; off < total; off += len(p) {
-		for i := range p {
-			p[i] = byte(off + i)
-		}
-		want.Write(p)
-	}
+	want := streamedSum(total)
 	for _, b := range []Backend{BackendShim, BackendPlain, BackendIOUring} {
 		cfg := shimCfg()
 		cfg.Backend = b
@@ -440,7 +404,7 @@ func TestShimThroughput(t *testing.T) {
 			t.Fatalf("%v: timeout: %d of %d", b, k.n, total)
 		}
 		d := time.Since(start)
-		if k.n != total || !bytes.Equal(k.sum.h.Sum(nil), want.Sum(nil)) {
+		if k.n != total || !bytes.Equal(k.sum.h.Sum(nil), want) {
 			t.Fatalf("%v: streamed data differs", b)
 		}
 		st := cli.Stats()
