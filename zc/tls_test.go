@@ -167,6 +167,19 @@ func (r *recordTap) last() int {
 	return r.recs[len(r.recs)-1]
 }
 
+// dialTapped dials addr and runs a crypto/tls client (cfg) over a recordTap of the
+// connection, with a deadline d from now. The caller closes the client.
+func dialTapped(addr string, cfg *tls.Config, d time.Duration) (*tls.Conn, *recordTap, error) {
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	tap := &recordTap{Conn: raw}
+	tc := tls.Client(tap, cfg)
+	tc.SetDeadline(time.Now().Add(d))
+	return tc, tap, nil
+}
+
 // closeNotifyLen is the size of an encrypted TLS 1.3 alert record (AES-GCM or
 // ChaCha20-Poly1305): 2 bytes of alert, the content type and the 16-byte tag.
 const closeNotifyLen = 2 + 1 + 16
@@ -269,14 +282,11 @@ func TestTLSServerEcho(t *testing.T) {
 // tlsEchoClient writes n bytes through crypto/tls, half-closes (close_notify), reads the
 // echo and checks every byte and that the stream ended with an encrypted alert record.
 func tlsEchoClient(addr string, cfg *tls.Config, v uint16, n int, seed uint64) error {
-	raw, err := net.Dial("tcp", addr)
+	tc, tap, err := dialTapped(addr, cfg, 2*time.Minute)
 	if err != nil {
 		return err
 	}
-	tap := &recordTap{Conn: raw}
-	tc := tls.Client(tap, cfg)
 	defer tc.Close()
-	tc.SetDeadline(time.Now().Add(2 * time.Minute))
 	data := make([]byte, n)
 	newStreamGen(seed).fill(data)
 	werr := make(chan error, 1)
@@ -363,13 +373,18 @@ func (h *tlsCollector) bytes() []byte {
 	return h.got
 }
 
-// listen starts a TLS listener (scfg) on e at 127.0.0.1 whose connections h collects;
-// conns receives each of them.
-func (h *tlsCollector) listen(e *Engine, scfg *tls.Config, conns chan *Conn) (*Listener, error) {
+// tlsListen starts a TLS listener (scfg) on e at 127.0.0.1; conns receives each
+// connection, which accept then serves.
+func tlsListen(e *Engine, scfg *tls.Config, conns chan *Conn, accept func(*Conn) Handler) (*Listener, error) {
 	return e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
 		conns <- c
-		return h
+		return accept(c)
 	}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+}
+
+// listen is tlsListen with h collecting every connection.
+func (h *tlsCollector) listen(e *Engine, scfg *tls.Config, conns chan *Conn) (*Listener, error) {
+	return tlsListen(e, scfg, conns, func(*Conn) Handler { return h })
 }
 
 // handshakeTLSClient runs a crypto/tls client (ccfg) over raw, a minute's deadline on it,
@@ -463,8 +478,7 @@ func TestTLSSendFile(t *testing.T) {
 			want = append(want, fdata[:1000]...)
 			want = append(want, ":tail"...)
 			conns := make(chan *Conn, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				conns <- c
+			l, err := tlsListen(e, scfg, conns, func(c *Conn) Handler {
 				c.Write([]byte("head:"))
 				if err := c.SendFile(f, 1000, int64(len(fdata)-1000)); err != nil {
 					t.Error(err)
@@ -476,19 +490,16 @@ func TestTLSSendFile(t *testing.T) {
 				c.Write([]byte(":tail"))
 				c.Close()
 				return HandlerFuncs{}
-			}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			raw, err := net.Dial("tcp", l.Addr().String())
+			tc, tap, err := dialTapped(l.Addr().String(), ccfg, 2*time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tap := &recordTap{Conn: raw}
-			tc := tls.Client(tap, ccfg)
 			defer tc.Close()
-			tc.SetDeadline(time.Now().Add(2 * time.Minute))
 			got, err := io.ReadAll(tc)
 			if err != nil {
 				t.Fatal(err)
@@ -519,8 +530,7 @@ func TestTLSAlert(t *testing.T) {
 			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
 			ends := make(chan error, 1)
 			conns := make(chan *Conn, 1)
-			l, err := e.Listen("tcp", "127.0.0.1:0", func(c *Conn) Handler {
-				conns <- c
+			l, err := tlsListen(e, scfg, conns, func(c *Conn) Handler {
 				return HandlerFuncs{
 					Data: func(c *Conn, d Data) {
 						d.Release()
@@ -528,19 +538,16 @@ func TestTLSAlert(t *testing.T) {
 					},
 					EOF: func(c *Conn, err error) { ends <- err },
 				}
-			}, ListenOptions{TLS: &TLSOptions{Config: scfg}})
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			raw, err := net.Dial("tcp", l.Addr().String())
+			tc, tap, err := dialTapped(l.Addr().String(), ccfg, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tap := &recordTap{Conn: raw}
-			tc := tls.Client(tap, ccfg)
 			defer tc.Close()
-			tc.SetDeadline(time.Now().Add(time.Minute))
 			if err := tc.Handshake(); err != nil {
 				t.Fatal(err)
 			}
