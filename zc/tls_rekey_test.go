@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -131,19 +130,7 @@ func TestTLSRelaySplice(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			e := newTLSEngine(t, b)
 			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
-			backend, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer backend.Close()
-			go func() {
-				c, err := backend.Accept()
-				if err != nil {
-					return
-				}
-				defer c.Close()
-				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 32<<10))
-			}()
+			backend := echoBackend(t)
 			relays := make(chan *RelayStats, 1)
 			fronts := make(chan *Conn, 1)
 			l, err := e.Listen("tcp", "127.0.0.1:0", func(front *Conn) Handler {

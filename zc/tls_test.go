@@ -738,6 +738,32 @@ func rekeyingEcho(t *testing.T, e *Engine, addr string, ccfg *tls.Config, seed u
 	return zt
 }
 
+// echoBackend is a plain TCP server on 127.0.0.1 that echoes every connection until its
+// EOF, then closes it; the test's end closes the listener.
+func echoBackend(t *testing.T) net.Listener {
+	t.Helper()
+	backend, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	go func() {
+		for {
+			c, err := backend.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				// Through a buffer: Go's own splice would keep pipes in its
+				// pool, which the leak check counts.
+				io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 32<<10))
+			}()
+		}
+	}()
+	return backend
+}
+
 // TestTLSRelay: a TLS-terminating relay: crypto/tls clients → a TLS listener → Relay → a
 // plain TCP backend that echoes. Every byte of 2 MiB (random writes) comes back through
 // both conversions; the client's close_notify reaches the backend as its EOF and the
@@ -749,25 +775,7 @@ func TestTLSRelay(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			e := newTLSEngine(t, b)
 			scfg, ccfg := tlsConfigs(t, tls.VersionTLS13)
-			backend, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer backend.Close()
-			go func() {
-				for {
-					c, err := backend.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						// Through a buffer: Go's own splice would keep pipes in its
-						// pool, which the leak check counts.
-						io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, make([]byte, 32<<10))
-					}()
-				}
-			}()
+			backend := echoBackend(t)
 			relays := make(chan *RelayStats, 1)
 			pair := make(chan *Conn, 2)
 			l, err := e.Listen("tcp", "127.0.0.1:0", func(front *Conn) Handler {
