@@ -101,6 +101,34 @@ func dial(t *testing.T, e *zc.Engine, ap netip.AddrPort, h zc.Handler) *zc.Conn 
 	return c
 }
 
+// peerListen listens (tcp4) on the peer NIC's address, in the peer namespace, on a port
+// the kernel picks, and returns the socket and its address. The caller closes it.
+func peerListen(t *testing.T, pair *testutil.NICPair) (*tcpglue.Socket, netip.AddrPort) {
+	t.Helper()
+	var l *tcpglue.Socket
+	if err := pair.In(func() (err error) {
+		l, err = tcpglue.ListenAddrPort("tcp4", pair.PeerAddrPort(0), tcpglue.ListenOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	la, _ := l.LocalAddr()
+	return l, la
+}
+
+// peerDial connects to l from the peer namespace. The caller closes the socket.
+func peerDial(t *testing.T, pair *testutil.NICPair, l *zc.Listener) *tcpglue.Socket {
+	t.Helper()
+	var cs *tcpglue.Socket
+	if err := pair.In(func() (err error) {
+		cs, err = tcpglue.DialAddrPort(l.Addr().(*net.TCPAddr).AddrPort(), tcpglue.DialOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
 // sendStream sends the bytes of the stream seed from off to end on c, chunk bytes a Send,
 // in buffers of its pool, and returns the first Send error. After each Send, when scribble
 // is set, it takes whatever buffer the pool hands out next, overwrites all of it and
@@ -337,15 +365,8 @@ func TestCloseWithZeroCopyInFlight(t *testing.T) {
 	t.Run("PeerReset", func(t *testing.T) {
 		e := newEngine(t, zc.Config{SendPath: zc.SendZeroCopy})
 		// The peer reads 1 MiB, checks it, and resets the connection (SO_LINGER 0).
-		var l *tcpglue.Socket
-		if err := pair.In(func() (err error) {
-			l, err = tcpglue.ListenAddrPort("tcp4", pair.PeerAddrPort(0), tcpglue.ListenOptions{})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		l, la := peerListen(t, pair)
 		defer l.Close()
-		la, _ := l.LocalAddr()
 		peer := make(chan error, 1)
 		go func() {
 			s, _, err := l.Accept()
@@ -411,15 +432,8 @@ func TestRelayAcrossPair(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEngine(t, zc.Config{SendPath: tc.send})
 			// The backend: reads the client's stream to its end, then answers and closes.
-			var bl *tcpglue.Socket
-			if err := pair.In(func() (err error) {
-				bl, err = tcpglue.ListenAddrPort("tcp4", pair.PeerAddrPort(0), tcpglue.ListenOptions{})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
+			bl, backendAddr := peerListen(t, pair)
 			defer bl.Close()
-			backendAddr, _ := bl.LocalAddr()
 			backend := make(chan error, 1)
 			go func() {
 				s, _, err := bl.Accept()
@@ -452,13 +466,7 @@ func TestRelayAcrossPair(t *testing.T) {
 			}
 			defer l.Close()
 			// The client, in the peer namespace.
-			var cs *tcpglue.Socket
-			if err := pair.In(func() (err error) {
-				cs, err = tcpglue.DialAddrPort(l.Addr().(*net.TCPAddr).AddrPort(), tcpglue.DialOptions{})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
+			cs := peerDial(t, pair, l)
 			defer cs.Close()
 			a := <-accepted
 			b := dial(t, e, backendAddr, zc.HandlerFuncs{})
@@ -619,13 +627,7 @@ func TestRetainForwardAcrossPair(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	var cs *tcpglue.Socket
-	if err := pair.In(func() (err error) {
-		cs, err = tcpglue.DialAddrPort(l.Addr().(*net.TCPAddr).AddrPort(), tcpglue.DialOptions{})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	cs := peerDial(t, pair, l)
 	defer cs.Close()
 	p := make([]byte, total)
 	fillPat(p, 70, 0)
