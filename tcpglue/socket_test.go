@@ -447,24 +447,25 @@ func TestNonblockingAccept(t *testing.T) {
 	}
 }
 
-func TestCloseUnblocksRead(t *testing.T) {
-	_, s := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{})
+// closeWhileBlocked runs op in a goroutine, waits until it is inside s (holding a
+// reference), closes s and returns op's error.
+func closeWhileBlocked(s *Socket, op func() error) error {
 	done := make(chan error, 1)
-	go func() {
-		_, err := s.Read(make([]byte, 16))
-		done <- err
-	}()
-	for {
-		s.mu.Lock()
-		r := s.refs
-		s.mu.Unlock()
-		if r > 0 {
-			break
-		}
+	go func() { done <- op() }()
+	for s.refCount() == 0 {
 		runtime.Gosched()
 	}
 	s.Close()
-	if err := <-done; !errors.Is(err, net.ErrClosed) {
+	return <-done
+}
+
+func TestCloseUnblocksRead(t *testing.T) {
+	_, s := pair(t, "tcp4", "127.0.0.1:0", ListenOptions{}, DialOptions{})
+	err := closeWhileBlocked(s, func() error {
+		_, err := s.Read(make([]byte, 16))
+		return err
+	})
+	if !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("blocked Read after Close: %v, want net.ErrClosed", err)
 	}
 }

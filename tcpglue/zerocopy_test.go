@@ -370,22 +370,11 @@ func TestRecvWindowCloseWakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	done := make(chan error, 1)
-	go func() {
+	err = closeWhileBlocked(s, func() error {
 		_, err := w.Recv(make([]byte, 64))
-		done <- err
-	}()
-	for {
-		s.mu.Lock()
-		r := s.refs
-		s.mu.Unlock()
-		if r > 0 {
-			break
-		}
-		runtime.Gosched()
-	}
-	s.Close()
-	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		return err
+	})
+	if !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("blocked Recv after Close: %v, want net.ErrClosed", err)
 	}
 }
