@@ -181,7 +181,7 @@ func (fs *fileSeg) sendHead(c *Conn) {
 			return
 		}
 		if c.tls != nil && !c.tlsRekey() {
-			return // a KeyUpdate waits for room (its retry pumps), or failed
+			return // a KeyUpdate waits for room (its wait for writability pumps), or failed
 		}
 		chunk := int(min(s.n-s.off, sendFileChunk))
 		if m := c.tlsSendCap(); m >= 0 {
