@@ -43,6 +43,7 @@ const (
 	tagSpliceOut   = becontract.TagSpliceOut
 	tagFileOut     = becontract.TagFileOut
 	tagSpliceEpoll = becontract.TagSpliceEpoll
+	tagRekeyOut    = becontract.TagRekeyOut
 )
 
 // backendState is a backend's own state of a connection (Conn.bk): opaque to the core.

@@ -114,8 +114,11 @@ type tlsHooks interface {
 	// goes through the queue, which updates the keys first).
 	directOK(c *Conn, n int) bool
 	// rekey sends an owed KeyUpdate before the next send (loop only); false: sending waits
-	// (it is tried again) or the connection failed.
+	// (for room in the socket: the KeyUpdate is tried again then) or the connection failed.
 	rekey(c *Conn) bool
+	// sockClosed: the core closed the connection's socket (loop only): a KeyUpdate's wait
+	// for room ends, and its duplicate of the socket is closed.
+	sockClosed(c *Conn)
 	// recvEnd handles the end of a receive (gotEOF, loop only): resume says receiving goes
 	// on, else err is the end's error.
 	recvEnd(c *Conn, err error) (resume bool, _ error)

@@ -49,6 +49,9 @@ func (c *Conn) opEnded()   { c.ops-- }
 func (c *Conn) socketClosed() {
 	c.st.CloseSock()
 	c.fd = -1
+	if c.tls != nil {
+		c.tls.sockClosed(c)
+	}
 }
 
 // Who reads a connection (Conn.rd, a connstate.Receive): its handler (the default), the

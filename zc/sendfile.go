@@ -67,7 +67,7 @@ func (c *Conn) SendFile(f *os.File, off, n int64) error {
 	var segs []seg
 	for left, o := n, off; left > 0; {
 		k := min(left, maxSeg)
-		segs = append(segs, fileRangeSeg(&fileSeg{c: c, ref: ref, base: o, wfd: -1}, int32(k)))
+		segs = append(segs, fileRangeSeg(&fileSeg{c: c, ref: ref, base: o}, int32(k)))
 		left -= k
 		o += k
 	}
@@ -142,8 +142,7 @@ type fileSeg struct {
 	ref      *fileRef // a file (nil for a pipe)
 	pipe     *pipeSeg // a relay's pipe (nil for a file)
 	base     int64
-	w        *fdWatch // waiting for room in the socket
-	wfd      int      // epoll backends: the duplicate the watch waits on (-1: none)
+	w        sockWait // waiting for room in the socket
 	released bool
 }
 
@@ -169,7 +168,7 @@ const (
 // sendHead sends the file segment at the head of c.tx.pend (loop only).
 func (fs *fileSeg) sendHead(c *Conn) {
 	s := &c.tx.pend[0]
-	if fs.w != nil && fs.w.armed {
+	if fs.w.armed() {
 		return // the socket's writability brings us back
 	}
 	moved := 0
@@ -182,7 +181,7 @@ func (fs *fileSeg) sendHead(c *Conn) {
 			return
 		}
 		if c.tls != nil && !c.tlsRekey() {
-			return // a KeyUpdate waits for room (its retry pumps), or failed
+			return // a KeyUpdate waits for room (its wait for writability pumps), or failed
 		}
 		chunk := int(min(s.n-s.off, sendFileChunk))
 		if m := c.tlsSendCap(); m >= 0 {
@@ -245,36 +244,13 @@ func (f *fileDone) Flush(*loop.Queue) {
 // duplicate of the connection's descriptor in the queue's watch epoll (the plain and shim
 // backends' own; on io_uring the private one whose readiness the ring reports, shared with
 // the queue's splice relays, so that many waiting sends cost one ring operation per batch),
-// or, where that epoll could not be made, a POLL_ADD through the ring per wait. The
-// duplicate keeps the registration away from the connection's own descriptor (registered in
-// the backend's epoll already, and closed by the core while a wait may be out).
-func (fs *fileSeg) wait() error {
-	c := fs.c
-	if fs.w == nil {
-		d, err := c.sock.Dup()
-		if err != nil {
-			return err
-		}
-		fs.wfd = d
-		c.opStarted() // the registration, until release
-		fs.w = &fdWatch{q: c.q, fd: d, owner: fs, tag: tagFileOut}
-	}
-	if err := fs.w.arm(unix.POLLOUT); err != nil {
-		return err
-	}
-	if fs.w.ringPoll() {
-		c.opStarted() // the poll, until its completion
-	}
-	return nil
-}
+// or, where that epoll could not be made, a POLL_ADD through the ring per wait (sockWait).
+func (fs *fileSeg) wait() error { return fs.w.arm(fs.c, fs, tagFileOut) }
 
 // OnEvent: the socket has room (or the wait was cancelled).
 func (fs *fileSeg) OnEvent(_ *loop.Queue, ev loop.Event) {
 	c := fs.c
-	if fs.w.ringPoll() {
-		c.opEnded()
-	}
-	if fs.w.fired(ev) && !fs.released && !c.ended() && !c.st.SockClosed() {
+	if fs.w.fired(c, ev) && !fs.released && !c.ended() && !c.st.SockClosed() {
 		c.tx.pend[0].own.(*fileSeg).sendHead(c) // the head segment, as the core's pump does
 	}
 	if c.inClose() {
@@ -298,14 +274,7 @@ func (fs *fileSeg) release(left int32) {
 		return
 	}
 	fs.released = true
-	if fs.w != nil {
-		fs.w.stop()
-	}
-	if fs.wfd >= 0 {
-		rawfd.Close(fs.wfd)
-		fs.wfd = -1
-		fs.c.opEnded()
-	}
+	fs.w.release(fs.c)
 	if ps := fs.pipe; ps != nil {
 		if left > 0 {
 			ps.st.lose(uint64(left), fs.c.opErr("relay", fmt.Errorf("its connection closed before they were sent: %w", ErrClosed)))

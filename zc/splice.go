@@ -144,6 +144,71 @@ func (w *fdWatch) stop() {
 	w.ud = 0
 }
 
+// sockWait waits for room in connection c's socket (loop only): an fdWatch for POLLOUT on a
+// duplicate of the socket, made at the first wait and kept until release. The duplicate
+// keeps the registration away from the connection's own descriptor (registered in the
+// backend's epoll already, and closed by the core while a wait may be out). SendFile's
+// segments (fileSeg.wait) and an owed TLS KeyUpdate (tlsRekey) wait with it. Its work in the
+// kernel counts in c's operations, so that a close waits for it: the registration until
+// release, and on the io_uring backend without a watch epoll each POLL_ADD until its
+// completion (the owner's OnEvent passes every event to fired, a cancelled one's too).
+type sockWait struct {
+	w   *fdWatch
+	dup bool // w.fd is open (until release)
+}
+
+// arm starts a one-shot wait for room (a wait already armed stays) whose event goes to
+// owner's OnEvent with tag. After a release it starts over with a new duplicate (a cancelled
+// wait's completion still coming is told apart by its operation, which stays registered
+// until then).
+func (s *sockWait) arm(c *Conn, owner loop.Owner, tag uint32) error {
+	if !s.dup {
+		d, err := c.sock.Dup()
+		if err != nil {
+			return err
+		}
+		s.w, s.dup = &fdWatch{q: c.q, fd: d, owner: owner, tag: tag}, true
+		c.opStarted() // the registration, until release
+	}
+	if s.w.armed {
+		return nil
+	}
+	if err := s.w.arm(unix.POLLOUT); err != nil {
+		return err
+	}
+	if s.w.ringPoll() {
+		c.opStarted() // the poll, until its completion
+	}
+	return nil
+}
+
+// armed reports whether a wait is out.
+func (s *sockWait) armed() bool { return s.w != nil && s.w.armed }
+
+// fired takes an event of the wait (the owner's OnEvent calls it first): it reports whether
+// it is the armed wait's (the socket has room, or an error or hang-up), not a cancelled one.
+func (s *sockWait) fired(c *Conn, ev loop.Event) bool {
+	if s.w == nil {
+		return false
+	}
+	if s.w.ringPoll() {
+		c.opEnded()
+	}
+	return s.w.fired(ev)
+}
+
+// release ends the wait and closes the duplicate: a POLL_ADD out is cancelled (its
+// completion still comes to the owner's OnEvent, and fired ignores it).
+func (s *sockWait) release(c *Conn) {
+	if !s.dup {
+		return
+	}
+	s.w.stop()
+	rawfd.Close(s.w.fd)
+	s.dup = false
+	c.opEnded()
+}
+
 // ---- pipes -------------------------------------------------------------------------------
 
 // spliceQueue is a queue's splice state (loop only): its pool of empty pipes and its live

@@ -355,7 +355,7 @@ func (d *spliceDir) handOver(held bool) bool {
 	}
 	d.done = true
 	ps := &pipeSeg{p: d.p, home: d.r.home, total: d.total, spliced: d.spliced, st: d.r.st}
-	s := fileRangeSeg(&fileSeg{c: d.dst, pipe: ps, wfd: -1}, int32(d.inPipe))
+	s := fileRangeSeg(&fileSeg{c: d.dst, pipe: ps}, int32(d.inPipe))
 	d.p, d.inPipe = pipePair{}, 0
 	if held {
 		d.dst.enqueueHeld(s) // dropped (and counted lost) when the close no longer waits

@@ -18,6 +18,7 @@ import (
 
 	"github.com/zcnet/zcnet/internal/errs"
 	"github.com/zcnet/zcnet/internal/ktls"
+	"github.com/zcnet/zcnet/internal/loop"
 	"github.com/zcnet/zcnet/internal/rawfd"
 	"github.com/zcnet/zcnet/memreg"
 	"github.com/zcnet/zcnet/tcpglue"
@@ -59,6 +60,7 @@ func (c *Conn) tlsState() *tlsConn {
 // (tlsSetupHooks) and a handshake's result (tlsAttach).
 func (t *tlsConn) directOK(c *Conn, n int) bool             { return c.tlsDirectOK(n) }
 func (t *tlsConn) rekey(c *Conn) bool                       { return c.tlsRekey() }
+func (t *tlsConn) sockClosed(c *Conn)                       { t.endRekeyWait(c) }
 func (t *tlsConn) recvEnd(c *Conn, err error) (bool, error) { return c.tlsRecvEnd(err) }
 func (t *tlsConn) closeNotify(c *Conn)                      { c.tlsCloseNotify() }
 func (t *tlsConn) finished(c *Conn)                         { c.tlsFinished() }
@@ -359,8 +361,11 @@ type tlsConn struct {
 	// The kernel path (loop only, except the counters in ctl).
 	ctl      ktls.Control
 	suite    ktls.Suite
-	txSecret []byte // TLS 1.3 TX traffic secret (the next TX keys derive from it)
-	retrying bool   // a KeyUpdate waits for room (a retry is scheduled)
+	txSecret []byte     // TLS 1.3 TX traffic secret (the next TX keys derive from it)
+	kuWait   *rekeyWait // an owed KeyUpdate's wait for room (nil: none ever waited)
+	// KeyUpdates that found no room (each then waits for writability), and those waits
+	// armed: one per KeyUpdate that found no room, never a retry without an event.
+	kuNoRoom, kuWaits atomic.Uint64
 
 	// TX rekey: set on the loop, read by Stats and by direct writes (under the conn's mu).
 	rekeyAt   uint64        // update the TX keys at this many records (0: never)
@@ -745,16 +750,23 @@ func (c *Conn) tlsRekeyDue() bool {
 // tlsRekey sends an owed KeyUpdate (update_not_requested) under the current TX keys and
 // gives the kernel the next ones (loop only, with no send of the connection in the kernel:
 // pump and the plain backend's send loop call it between sends). It reports whether
-// sending may go on: false when the KeyUpdate found no room (it is tried again shortly,
-// and sending waits for it) or failed (the connection fails). The KeyUpdate answers the
-// peer's request (RFC 8446 §4.6.3: before our next data) or RekeyRecords' bound, whichever
-// came first. The kernel closes a record still open before a control record, so the
-// KeyUpdate lands between records. Under mu: a direct write cannot slip in between the
-// KeyUpdate and the new keys.
+// sending may go on: false when the KeyUpdate found no room (it waits for the socket's
+// writability, and sending waits for it: the wait's event pumps, and the KeyUpdate is
+// tried again then) or failed (the connection fails). The KeyUpdate answers the peer's
+// request (RFC 8446 §4.6.3: before our next data) or RekeyRecords' bound, whichever came
+// first. The kernel closes a record still open before a control record, so the KeyUpdate
+// lands between records. Under mu: a direct write cannot slip in between the KeyUpdate and
+// the new keys (direct writes wait for an owed one: tlsDirectOK sends them to the queue).
 func (c *Conn) tlsRekey() bool {
 	t := c.tlsState()
-	if !c.tlsRekeyDue() || t.retrying {
-		return !t.retrying
+	if t == nil || !c.tlsRekeyDue() {
+		if t != nil {
+			t.endRekeyWait(c) // a splice relay's send of the KeyUpdate ended the wait
+		}
+		return true
+	}
+	if t.kuWait != nil && t.kuWait.w.armed() {
+		return false // the socket's writability brings us back
 	}
 	if c.ended() || c.st.Socket() != connstate.SockOpen {
 		return true // nothing more goes out under these keys
@@ -766,19 +778,51 @@ func (c *Conn) tlsRekey() bool {
 	c.mu.Unlock()
 	switch {
 	case again:
-		t.retrying = true
-		c.q.After(time.Millisecond, func() {
-			t.retrying = false
-			if !c.ended() {
-				c.pump()
-			}
-		})
+		t.kuNoRoom.Add(1)
+		if t.kuWait == nil {
+			t.kuWait = &rekeyWait{c: c}
+		}
+		if err := t.kuWait.w.arm(c, t.kuWait, tagRekeyOut); err != nil {
+			c.fail(c.opErr("write", fmt.Errorf("TLS: waiting for room for a KeyUpdate: %w", err)))
+			return false
+		}
+		t.kuWaits.Add(1)
 		return false
 	case err != nil:
 		c.fail(c.opErr("write", err))
 		return false
 	}
+	t.endRekeyWait(c)
 	return true
+}
+
+// rekeyWait is an owed KeyUpdate's wait for room in the socket (loop only): armed when the
+// KeyUpdate found no room, once; its event pumps, which sends the KeyUpdate, then what
+// waited behind it. It ends (endRekeyWait: its duplicate of the socket closed) once the
+// KeyUpdate is out, and when the socket is closed (Close, a reset, Engine.Close).
+type rekeyWait struct {
+	c *Conn
+	w sockWait
+}
+
+// OnEvent: the socket has room, or an error (the KeyUpdate's send then fails the
+// connection), or the wait was cancelled.
+func (r *rekeyWait) OnEvent(_ *loop.Queue, ev loop.Event) {
+	c := r.c
+	if r.w.fired(c, ev) && !c.ended() && !c.st.SockClosed() {
+		c.pump()
+	}
+	if c.inClose() {
+		c.advanceClose()
+	}
+}
+
+// endRekeyWait ends the KeyUpdate's wait for room, if one is out or its duplicate open
+// (loop only).
+func (t *tlsConn) endRekeyWait(c *Conn) {
+	if t.kuWait != nil {
+		t.kuWait.w.release(c)
+	}
 }
 
 // tlsUpdateTX sends an owed KeyUpdate on fd (c's socket or a duplicate) and gives the

@@ -136,6 +136,7 @@ const (
 	TagSpliceOut
 	TagFileOut
 	TagSpliceEpoll
+	TagRekeyOut // an owed TLS KeyUpdate's wait for room
 )
 
 // Limits the backends share.
