@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // Sending from the application's own memory (SendBytes): the segment (segApp) references
@@ -173,8 +174,13 @@ func (c *Conn) unsentCause() error {
 }
 
 // callAppDone runs a SendBytes callback; a panic in it is recovered and counted
-// (Stats.Faults.HandlerPanics) and closes the connection, as a handler's panic does.
+// (Stats.Faults.HandlerPanics) and closes the connection, as a handler's panic does, and
+// one that runs longer than Config.Debug.SlowHandler is counted like a slow handler (it
+// runs on the queue goroutine too).
 func (c *Conn) callAppDone(done func(error), err error) {
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "SendBytes callback", time.Now())
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			c.q.ctr.handlerPanics.Add(1)
