@@ -378,9 +378,10 @@ type DebugOptions struct {
 	// Release writes into pages given back to the system instead of crashing the process.
 	// Costs a pass over every buffer sent and handed out.
 	Buffers bool
-	// SlowHandler counts handler calls (OnData, OnEOF, OnWritable, posted functions,
-	// DialAsync's done) that ran longer than this (Stats.Debug.SlowHandlerCalls): a handler that
-	// blocks stalls every connection of its queue. 0: not timed.
+	// SlowHandler counts handler calls (OnData, OnEOF, OnWritable, posted functions and
+	// AfterFunc timers, DialAsync's done, SendBytes' done) that ran longer than this
+	// (Stats.Debug.SlowHandlerCalls): a handler that blocks stalls every connection of its
+	// queue. 0: not timed.
 	SlowHandler time.Duration
 	// HeldData counts received Data held unreleased for longer than this
 	// (Stats.Debug.DataHeldLong, each Data once), whichever receive path delivered it (the

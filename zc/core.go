@@ -329,10 +329,10 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		return
 	}
 	w := &c.tx.zwait[i]
-	short := false
+	short, left := false, 0
 	if c.pendLen() > 0 && !keep {
 		w.s = c.popPend()
-		left := int(w.s.n - w.s.off)
+		left = int(w.s.n - w.s.off)
 		short = res >= 0 && res < left
 		w.s.off += int32(min(max(res, 0), left)) // what the kernel took; the rest was dropped
 		c.sentBytes(left)
@@ -358,7 +358,7 @@ func (c *Conn) zcCompleted(ud uint64, res int, notif, keep bool) {
 		// after taking part of it (io_uring reports the part, not the error): the rest of the
 		// segment is lost, and so is the connection. Nothing else may follow to say so (a
 		// closing connection whose last send this was would report a clean close).
-		c.fail(c.opErr("write", fmt.Errorf("zero-copy send cut short (%d of %d bytes): %w", res, int(w.s.n-w.s.off), c.shortCause(io.ErrShortWrite))))
+		c.fail(c.opErr("write", fmt.Errorf("zero-copy send cut short (%d of %d bytes): %w", res, left, c.shortCause(io.ErrShortWrite))))
 	}
 	switch {
 	case w.early:
@@ -382,11 +382,13 @@ func (c *Conn) shortCause(def error) error {
 	if c.st.SockClosed() {
 		return def
 	}
+	// One line ("short write: connection reset by peer"), matching both; errors.Join
+	// would put a newline in the middle of the connection's error.
 	if e := unix.Errno(0); errors.As(c.sock.SocketError(), &e) {
-		return errors.Join(def, e)
+		return fmt.Errorf("%w: %w", def, e)
 	}
 	if ti, err := c.sock.TCPInfo(); err == nil && ti.State == tcpglue.StateClose {
-		return errors.Join(def, unix.ECONNRESET)
+		return fmt.Errorf("%w: %w", def, unix.ECONNRESET)
 	}
 	return def
 }

@@ -42,7 +42,14 @@ var (
 
 // NotSupportedError is a refusal with its reason (what was asked, what it needs, the cause),
 // shared by every zcnet package: errors.As finds it in any error matching ErrNotSupported
-// that says why.
+// that says why. Its fields (the type is defined in an internal package, so go doc does not
+// show them here):
+//
+//	What string // what was asked: "SEND_ZC", "MAP_HUGETLB", "kernel modules"
+//	Need string // what it needs: "Linux 6.0 or newer", "CONFIG_MODULES=y", "a NIC with header split"
+//	Err  error  // the cause (an errno, a lower error), may be nil
+//
+// It unwraps (Unwrap() []error) to ErrNotSupported and to Err.
 type NotSupportedError = errs.NotSupportedError
 
 // OpError is the error type of zc operations. It matches *net.OpError's fields so callers can

@@ -2,6 +2,11 @@ package zc
 
 import (
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"reflect"
+	"regexp"
 	"testing"
 
 	"github.com/zcnet/zcnet/bpf"
@@ -34,6 +39,40 @@ func TestOneErrNotSupported(t *testing.T) {
 	} else {
 		if !errors.Is(err, ErrNotSupported) {
 			t.Errorf("memreg huge-page refusal %v does not match zc.ErrNotSupported", err)
+		}
+	}
+}
+
+// TestNotSupportedErrorDocFields: NotSupportedError is an alias of an internal type, so go
+// doc shows none of its fields under zc; its comment lists them. Every field of the type
+// must be in that list (a field added in internal/errs and not here would be invisible to
+// a user of zc).
+func TestNotSupportedErrorDocFields(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "errors.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc string
+	for _, d := range f.Decls {
+		if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+			for _, s := range g.Specs {
+				if s.(*ast.TypeSpec).Name.Name == "NotSupportedError" {
+					doc = g.Doc.Text()
+				}
+			}
+		}
+	}
+	if doc == "" {
+		t.Fatal("no doc comment on NotSupportedError in errors.go")
+	}
+	typ := reflect.TypeFor[NotSupportedError]()
+	for i := 0; i < typ.NumField(); i++ {
+		fld := typ.Field(i)
+		if !fld.IsExported() {
+			continue
+		}
+		if !regexp.MustCompile(`(?m)^\s+` + fld.Name + `\s+` + regexp.QuoteMeta(fld.Type.String()) + `\s`).MatchString(doc) {
+			t.Errorf("NotSupportedError's doc does not list its field %s %s:\n%s", fld.Name, fld.Type, doc)
 		}
 	}
 }

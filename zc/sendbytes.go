@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // Sending from the application's own memory (SendBytes): the segment (segApp) references
@@ -85,7 +86,9 @@ func (a *appMem) release() func(error) {
 // system call (one SENDMSG or writev with both), unless the body goes zero-copy.
 //
 // done is called exactly once, on the connection's queue goroutine (like a handler
-// method: it must not block), when the kernel no longer needs p: after the copying send
+// method: it must not block, and Config.Debug.SlowHandler times it; a panic in it is
+// recovered like a handler's, counted in Stats.Faults.HandlerPanics, and closes the
+// connection with a *PanicError), when the kernel no longer needs p: after the copying send
 // that took its last byte completed, or after the zero-copy notification of a SEND_ZC
 // (Config.SendPath and the adaptive policy decide, as for send buffers). Its error is nil
 // when every byte was handed to the kernel (whether the peer got them is what OnClose and
@@ -94,7 +97,10 @@ func (a *appMem) release() func(error) {
 // ErrCloseTimeout, syscall.ECONNRESET ...) that says how many bytes were not sent; those
 // count in ConnStats.BytesDropped. done may be nil when p is never written again (a value
 // replaced, not modified, by its owner): then nothing tells the caller, and p is only
-// kept alive (and pinned) while the kernel needs it. A p of at most 2 KiB with a nil done
+// kept alive (and pinned) while the kernel needs it. p may be memory zc lent the caller
+// (a received Data's Bytes, a Buf's): keep that unreleased until done runs, and release
+// it there (SendData and Send pass such memory on without a callback). A p of at most
+// 2 KiB with a nil done
 // is copied behind the bytes Write staged when the staging buffer has room for it (holding
 // so few bytes costs more than copying them; Stats.Send.BytesAppCopied counts them).
 //
@@ -173,8 +179,13 @@ func (c *Conn) unsentCause() error {
 }
 
 // callAppDone runs a SendBytes callback; a panic in it is recovered and counted
-// (Stats.Faults.HandlerPanics) and closes the connection, as a handler's panic does.
+// (Stats.Faults.HandlerPanics) and closes the connection, as a handler's panic does, and
+// one that runs longer than Config.Debug.SlowHandler is counted like a slow handler (it
+// runs on the queue goroutine too).
 func (c *Conn) callAppDone(done func(error), err error) {
+	if dbg := c.e.dbg; dbg != nil && dbg.slowHandler() {
+		defer dbg.handlerRan(c, "SendBytes callback", time.Now())
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			c.q.ctr.handlerPanics.Add(1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/zcnet/zcnet/internal/testutil"
 	"github.com/zcnet/zcnet/tcpglue"
 )
 
@@ -626,6 +628,42 @@ func TestSendBytesCallbackPanics(t *testing.T) {
 		t.Errorf("peer got %q, want the bytes sent before the panic", b[:n])
 	}
 	waitAppHeld(t, e)
+}
+
+// TestSendBytesSlowCallback: a SendBytes callback runs on the queue goroutine like a
+// handler, so Config.Debug.SlowHandler times it too: one that blocks is counted and
+// reported as a slow handler (it was not: a new user's blocking callback went unseen).
+func TestSendBytesSlowCallback(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		m := &misuses{}
+		e := debugEngine(t, DebugOptions{SlowHandler: 5 * time.Millisecond}, m, be)
+		c, peer := dialPeer(t, e, HandlerFuncs{})
+		done := make(chan error, 1)
+		if err := c.SendBytes([]byte("slow"), func(err error) {
+			time.Sleep(20 * time.Millisecond) // blocks its queue: the misuse
+			done <- err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(peer, b); err != nil || string(b) != "slow" {
+			t.Fatalf("peer read %q, %v", b, err)
+		}
+		if err := recvEvent(t, done, "the callback"); err != nil {
+			t.Fatalf("callback error %v, want nil", err)
+		}
+		testutil.Eventually(t, "the slow callback counted", func() bool { return e.Stats().Debug.SlowHandlerCalls > 0 })
+		testutil.Eventually(t, "the slow callback reported", func() bool { return m.has("slow handler") })
+		m.mu.Lock()
+		detail := m.errs[0].Detail
+		m.mu.Unlock()
+		if !strings.Contains(detail, "SendBytes callback") {
+			t.Errorf("report %q does not name the SendBytes callback", detail)
+		}
+		c.Close()
+		<-c.Done()
+		waitAppHeld(t, e)
+	})
 }
 
 // TestSendBytesHeadersShareABuffer: Writes (headers) and SendBytes (bodies) in turn, in one

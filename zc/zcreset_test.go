@@ -2,6 +2,7 @@ package zc
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -79,6 +80,18 @@ func testZeroCopyResetShort(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "cut short") {
 		t.Fatalf("OnClose = %v: the reset did not cut a zero-copy send short (the case under test)", err)
+	}
+	// The error reads as one line, and says what the send took of the bytes it was given
+	// (it once gave the bytes left over as the total, and errors.Join's newline).
+	msg := err.Error()
+	var took, of int
+	if i := strings.Index(msg, "cut short ("); i < 0 {
+		t.Fatalf("OnClose = %q", msg)
+	} else if _, serr := fmt.Sscanf(msg[i:], "cut short (%d of %d bytes)", &took, &of); serr != nil || took <= 0 || took >= of {
+		t.Errorf("OnClose = %q: want \"cut short (took of total bytes)\" with 0 < took < total (%v)", msg, serr)
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("OnClose = %q: a newline in a connection's error", msg)
 	}
 }
 

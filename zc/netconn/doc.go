@@ -22,7 +22,7 @@
 // (it looks for an interface whose method package net does not export, which no other
 // package can implement), so on this face it calls Write once per buffer, and a concurrent
 // Write may come between two buffers. Conn.WriteBuffers writes them as one write, each
-// buffer of 1 MiB or more from its own memory.
+// buffer of 512 KiB or more from its own memory (as Write sends a slice that large).
 //
 // Deadlines work as in Go's net (but for the large Write above), and every error is a
 // *net.OpError whose Err is what zc reported (matching zc's sentinels with errors.Is) or

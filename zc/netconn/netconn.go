@@ -333,15 +333,19 @@ func (n *netConn) Write(p []byte) (int, error) {
 
 // WriteBuffers writes the buffers of v in order, as one write: concurrent Writes do not
 // come between them (what net.Buffers' WriteTo gives on a *net.TCPConn with writev). Each
-// buffer of at least 1 MiB is sent from its own memory, the others are copied, and
-// WriteBuffers returns once the kernel no longer needs any of them; deadlines, Close and
-// errors are as for Write. It consumes what it wrote from v, as net.Buffers.WriteTo does.
+// buffer of at least 512 KiB is sent from its own memory (as Write sends one that large),
+// the others are copied, and WriteBuffers returns once the kernel no longer needs any of
+// them; deadlines, Close and errors are as for Write. It consumes what it wrote from v, as
+// net.Buffers.WriteTo does. A nil v is refused with zc.ErrInvalid (nothing written).
 //
 // net.Buffers.WriteTo cannot find this method: it looks for an interface unexported by
 // package net, so on any net.Conn outside it (this face included) v.WriteTo(c) calls Write
 // once per buffer (each whole, but another goroutine's Write may come between two).
 // Call c.WriteBuffers(&v) instead.
 func (n *netConn) WriteBuffers(v *net.Buffers) (int64, error) {
+	if v == nil {
+		return 0, n.opErr("write", fmt.Errorf("WriteBuffers of a nil *net.Buffers: %w", zc.ErrInvalid))
+	}
 	n.wmu.Lock()
 	defer n.wmu.Unlock()
 	if n.isClosed() {

@@ -384,7 +384,8 @@ func BenchmarkFaceWrite(b *testing.B) {
 }
 
 // TestWriteBuffers: WriteBuffers sends every buffer in order (empty ones too), consumes v,
-// and after Close fails with net.ErrClosed, sending nothing.
+// refuses a nil v with zc.ErrInvalid, and after Close fails with net.ErrClosed, sending
+// nothing.
 func TestWriteBuffers(t *testing.T) {
 	for _, b := range lifetimeBackends {
 		t.Run(b.String(), func(t *testing.T) {
@@ -420,6 +421,11 @@ func TestWriteBuffers(t *testing.T) {
 			var empty net.Buffers
 			if k, err := nc.(Conn).WriteBuffers(&empty); k != 0 || err != nil {
 				t.Fatalf("WriteBuffers(empty) = %d, %v", k, err)
+			}
+			// A nil *net.Buffers is a typed refusal, not a nil dereference.
+			var ope *net.OpError
+			if k, err := nc.(Conn).WriteBuffers(nil); k != 0 || !errors.Is(err, zc.ErrInvalid) || !errors.As(err, &ope) {
+				t.Fatalf("WriteBuffers(nil) = %d, %v, want a *net.OpError matching zc.ErrInvalid", k, err)
 			}
 			nc.Close()
 			v = net.Buffers{make([]byte, 10)}
