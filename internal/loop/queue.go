@@ -18,7 +18,7 @@ import (
 var ErrClosed = fmt.Errorf("loop: queue closed: %w", errs.ErrClosed)
 
 // ErrWouldBlock: a call made on the queue's own goroutine would wait for that goroutine.
-var ErrWouldBlock = errors.New("loop: would block the queue's own goroutine")
+var ErrWouldBlock = errors.New("would block the queue's own goroutine (a handler must not wait)")
 
 // Config describes one queue.
 type Config struct {
