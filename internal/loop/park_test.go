@@ -11,6 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// forParkKinds runs test with each wait that parks: waitPark and waitHybrid.
+func forParkKinds(t *testing.T, test func(t *testing.T, kind driverKind)) {
+	for _, k := range []driverKind{kindURingPark, kindURingHybrid} {
+		t.Run(k.String(), func(t *testing.T) { test(t, k) })
+	}
+}
+
 // readFixture makes a socket pair and a page for the ring to read into, released after the
 // queue (start the queue after calling it: cleanups run last-in first-out, so the queue
 // closes, and its reads end, before the page is unmapped).
@@ -32,24 +39,13 @@ func readFixture(t *testing.T) ([2]int, []byte) {
 	return [2]int{fds[0], fds[1]}, page
 }
 
-// parkedCount reads how many waits of q's parking driver parked.
-func parkedCount(t *testing.T, q *Queue, u *URing) uint64 {
-	t.Helper()
-	var n uint64
-	if err := q.Do(func() error { n = u.parked; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// untilAsleep waits until the loop has gone to sleep (q.sleeping is set just before the
-// driver's wait; a parking wait that finds nothing to do parks).
-func untilAsleep(t *testing.T, q *Queue) {
+// untilParked waits until the loop has parked more than n times.
+func untilParked(t *testing.T, u *URing, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for q.sleeping.Load() != 1 {
+	for u.parked.Load() <= n {
 		if time.Now().After(deadline) {
-			t.Fatal("the loop never went to sleep")
+			t.Fatal("the loop never parked")
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -72,14 +68,20 @@ func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
 // that the kernel produces through deferred task work (a read of a socket), a task posted by
 // another goroutine, a timer of the loop (the park's deadline), and Close. The loop parks in
 // between (its parked count grows), so each wake-up ends a real park.
-func TestParkWakers(t *testing.T) {
+func TestParkWakers(t *testing.T) { forParkKinds(t, testParkWakers) }
+
+func testParkWakers(t *testing.T, kind driverKind) {
 	fds, page := readFixture(t)
 	var u *URing
-	q := startQueue(t, kindURingPark, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
+	q := startQueue(t, kind, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
 	if !u.Parks() {
 		t.Fatal("the driver does not park")
 	}
-	got := make(chan byte, 1)
+	type read struct {
+		b      byte
+		parked uint64 // the parks before the completion's dispatch
+	}
+	got := make(chan read, 1)
 	var ud uint64
 	arm := func() {
 		sqe := u.GetSQE()
@@ -93,26 +95,24 @@ func TestParkWakers(t *testing.T) {
 		}
 		b := page[0]
 		arm()
-		got <- b
+		got <- read{b, u.parked.Load()}
 	}}
-	q.Do(func() error { ud = q.NewOp(o, 1); arm(); return nil })
+	var parked uint64
+	q.Do(func() error { ud = q.NewOp(o, 1); arm(); parked = u.parked.Load(); return nil })
 
 	for i := range 30 {
-		untilAsleep(t, q)
-		before := parkedCount(t, q, u) // a Do wakes the loop: it parks again below
-		untilAsleep(t, q)
+		untilParked(t, u, parked) // the byte's completion ends a park
 		unix.Write(fds[0], []byte{byte(i)})
-		if b := recvWithin(t, got, fmt.Sprintf("completion %d", i)); b != byte(i) {
-			t.Fatalf("read %d, want %d", b, i)
+		r := recvWithin(t, got, fmt.Sprintf("completion %d", i))
+		if r.b != byte(i) {
+			t.Fatalf("read %d, want %d", r.b, i)
 		}
-		if parkedCount(t, q, u) == before {
-			t.Fatalf("completion %d: the loop did not park before it", i)
-		}
+		parked = r.parked
 	}
 	for i := range 30 {
-		untilAsleep(t, q)
+		untilParked(t, u, parked)
 		ran := make(chan struct{}, 1)
-		if err := q.Post(func() { ran <- struct{}{} }); err != nil {
+		if err := q.Post(func() { parked = u.parked.Load(); ran <- struct{}{} }); err != nil {
 			t.Fatal(err)
 		}
 		recvWithin(t, ran, fmt.Sprintf("post %d", i))
@@ -125,15 +125,14 @@ func TestParkWakers(t *testing.T) {
 	// A park with a deadline, then one without: the cleared deadline must not end it.
 	q.Post(func() { q.After(time.Millisecond, func() {}) })
 	time.Sleep(5 * time.Millisecond)
-	before := parkedCount(t, q, u)
-	untilAsleep(t, q)
+	before := u.parked.Load()
 	time.Sleep(20 * time.Millisecond)
-	if n := parkedCount(t, q, u); n > before+2 {
-		t.Errorf("an idle loop without timers woke %d times in 20 ms: the park's deadline was not cleared", n-before-1)
+	if n := u.parked.Load(); n > before+2 {
+		t.Errorf("an idle loop without timers parked %d times in 20 ms: the park's deadline was not cleared", n-before)
 	}
-	q.Do(func() error { q.FreeOp(ud); u.CancelOp(ud); return nil })
+	q.Do(func() error { q.FreeOp(ud); u.CancelOp(ud); parked = u.parked.Load(); return nil })
 
-	untilAsleep(t, q)
+	untilParked(t, u, parked)
 	closed := make(chan error, 1)
 	go func() { closed <- q.Close() }()
 	if err := recvWithin(t, closed, "Close"); err != nil {
@@ -146,10 +145,12 @@ func TestParkWakers(t *testing.T) {
 // sleep between turns at every point of its way into the park (before it sets sleeping,
 // between the look and the park, parked) while the turn's two wakers race it. Each turn
 // must reach the loop.
-func TestParkNoLostWakeup(t *testing.T) {
+func TestParkNoLostWakeup(t *testing.T) { forParkKinds(t, testParkNoLostWakeup) }
+
+func testParkNoLostWakeup(t *testing.T, kind driverKind) {
 	fds, page := readFixture(t)
 	var u *URing
-	q := startQueue(t, kindURingPark, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
+	q := startQueue(t, kind, func(q *Queue, d Driver) error { u = d.(*URing); return nil })
 	turn := make(chan int, 2)
 	var ud uint64
 	arm := func() {
@@ -190,7 +191,7 @@ func TestParkNoLostWakeup(t *testing.T) {
 			recvWithin(t, turn, fmt.Sprintf("turn %d", i))
 		}
 	}
-	if p := parkedCount(t, q, u); p == 0 {
+	if p := u.parked.Load(); p == 0 {
 		t.Fatal("the loop never parked")
 	} else {
 		t.Logf("%d turns, %d parks", n, p)
@@ -200,32 +201,33 @@ func TestParkNoLostWakeup(t *testing.T) {
 
 // Drain (an AtStop function waiting for completions after the stop request) works with the
 // parking wait: the stop request does not count as work, the completion wakes the park.
-func TestParkDrain(t *testing.T) {
+func TestParkDrain(t *testing.T) { forParkKinds(t, testParkDrain) }
+
+func testParkDrain(t *testing.T, kind driverKind) {
 	fds, page := readFixture(t)
 	var u *URing
 	var done atomic.Bool
 	drained := make(chan bool, 1)
-	q := startQueue(t, kindURingPark, func(q *Queue, d Driver) error {
+	q := startQueue(t, kind, func(q *Queue, d Driver) error {
 		u = d.(*URing)
 		ud := q.NewOp(&funcOwner{fn: func(q *Queue, ev Event) { done.Store(true) }}, 1)
 		sqe := u.GetSQE()
 		sqe.PrepRead(int32(fds[1]), uintptr(unsafe.Pointer(&page[0])), 1)
 		sqe.UserData = ud
 		q.AtStop(func() {
-			parked := u.parked
+			parked := u.parked.Load()
 			go func() {
-				time.Sleep(20 * time.Millisecond)
+				// The byte comes once Drain parks: the park must end with its completion.
+				for u.parked.Load() == parked {
+					time.Sleep(100 * time.Microsecond)
+				}
 				unix.Write(fds[0], []byte{1})
 			}()
-			ok := q.Drain(10*time.Second, done.Load)
-			if ok && u.parked == parked {
-				t.Error("Drain never parked")
-			}
-			drained <- ok
+			drained <- q.Drain(10*time.Second, done.Load)
 		})
 		return nil
 	})
-	untilAsleep(t, q)
+	untilParked(t, u, 0)
 	q.Close()
 	if !recvWithin(t, drained, "Drain") {
 		t.Fatal("Drain did not see the completion")

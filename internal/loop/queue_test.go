@@ -32,10 +32,13 @@ type driverKind int
 const (
 	kindURing driverKind = iota
 	kindEpoll
-	kindURingPark // the io_uring driver with the parking wait (waitPark)
+	kindURingPark   // the io_uring driver with the parking wait (waitPark)
+	kindURingHybrid // waitHybrid
 )
 
-func (k driverKind) String() string { return [...]string{"uring", "epoll", "uring-park"}[k] }
+func (k driverKind) String() string {
+	return [...]string{"uring", "epoll", "uring-park", "uring-hybrid"}[k]
+}
 
 func startQueue(t testing.TB, k driverKind, init func(q *Queue, d Driver) error) *Queue {
 	t.Helper()
@@ -47,8 +50,11 @@ func startQueueWith(t testing.TB, k driverKind, ucfg URingConfig, init func(q *Q
 	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
 		var d Driver
 		var err error
-		if k == kindURingPark {
+		switch k {
+		case kindURingPark:
 			ucfg.wait = waitPark
+		case kindURingHybrid:
+			ucfg.wait = waitHybrid
 		}
 		if k != kindEpoll {
 			d, err = NewURing(q, ucfg)
@@ -70,7 +76,7 @@ func startQueueWith(t testing.TB, k driverKind, ucfg URingConfig, init func(q *Q
 }
 
 func TestPostDoWake(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark} {
+	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
 		t.Run(k.String(), func(t *testing.T) {
 			q := startQueue(t, k, nil)
 			// Posts from many goroutines run in per-producer order, and sleeping queues wake up.
@@ -135,7 +141,7 @@ func TestPostDoWake(t *testing.T) {
 // A Post that returned nil always runs, even when it races Close: nothing is dropped.
 func TestPostRacingClose(t *testing.T) {
 	for round := 0; round < 50; round++ {
-		q := startQueue(t, driverKind(round%3), nil)
+		q := startQueue(t, driverKind(round%4), nil)
 		var accepted, ran atomic.Int64
 		var wg sync.WaitGroup
 		for g := 0; g < 4; g++ {
@@ -678,13 +684,13 @@ func TestNestedReap(t *testing.T) {
 // owner, busy polling included) and false everywhere else, whether the loop sleeps in the
 // kernel (no system call is made then) or runs.
 func TestOnLoop(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark} {
+	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
 		for _, busy := range []time.Duration{0, 50 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%v/busy=%v", k, busy), func(t *testing.T) {
 				var ep *Epoll
 				q, err := Start(Config{NoPin: true, BusyPoll: busy}, func(q *Queue) (Driver, error) {
 					if k != kindEpoll {
-						return NewURing(q, URingConfig{wait: map[bool]waitMode{true: waitPark}[k == kindURingPark]})
+						return NewURing(q, URingConfig{wait: map[driverKind]waitMode{kindURingPark: waitPark, kindURingHybrid: waitHybrid}[k]})
 					}
 					d, err := NewEpoll(q)
 					ep = d
@@ -752,7 +758,7 @@ func TestOnLoop(t *testing.T) {
 // loop's next round: it must not write the eventfd to wake the loop, which is not asleep
 // (a wasted system call, completion and io_uring_enter per wait under traffic).
 func TestPostFromHandlerNoWake(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark} {
+	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
 		t.Run(k.String(), func(t *testing.T) {
 			var d Driver
 			q := startQueue(t, k, func(_ *Queue, dd Driver) error { d = dd; return nil })

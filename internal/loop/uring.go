@@ -48,15 +48,27 @@ const (
 	// and Go's monitor thread has no system call to retake it from (issue 29: that costs
 	// 0.5–1 µs per request of an echo at GOMAXPROCS 1).
 	waitPark
+	// waitHybrid is waitPark after a short blocking io_uring_enter (hybridEnter): shorter
+	// than one tick of Go's monitor thread, so the runtime never retakes the P from it, and
+	// the park's two-thread hand-off is paid only by waits that outlast it. A posted task
+	// does not end the short enter (no SQE reads the eventfd in this mode): it waits at
+	// most hybridEnter.
+	waitHybrid
 )
+
+// hybridEnter bounds waitHybrid's blocking enter: below sysmon's first tick (20 µs).
+const hybridEnter = 15 * time.Microsecond
 
 // loopWaitEnv selects the wait of rings whose config leaves it unset: "enter" or "park"
 // (an experiment's switch: doc/notes/issue-29-s14-loopwait.md).
 const loopWaitEnv = "ZCNET_LOOP_WAIT"
 
 func defaultWaitMode() waitMode {
-	if os.Getenv(loopWaitEnv) == "park" {
+	switch os.Getenv(loopWaitEnv) {
+	case "park":
 		return waitPark
+	case "hybrid":
+		return waitHybrid
 	}
 	return waitEnter
 }
@@ -84,7 +96,8 @@ type URing struct {
 	parkFn   func(uintptr) bool
 	parkLook bool
 	parkDL   bool
-	parked   uint64 // waits that parked (loop only; tests)
+	parked   atomic.Uint64 // waits that parked (tests)
+	hybrid   bool          // waitHybrid
 }
 
 // NewURing creates the io_uring driver on the loop thread (call it from Start's init).
@@ -153,10 +166,11 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 	if mode == waitUnset {
 		mode = defaultWaitMode()
 	}
-	if mode == waitPark {
+	if mode == waitPark || mode == waitHybrid {
 		if err := u.setupPark(); err != nil {
 			return fail(err)
 		}
+		u.hybrid = mode == waitHybrid
 		return u, nil
 	}
 	u.armWake()
@@ -209,13 +223,28 @@ func (u *URing) parkCheck(uintptr) bool {
 	if u.ring.CQReady() != 0 || u.ring.TaskrunPending() || u.q.wakePending() {
 		return true
 	}
-	u.parked++
+	u.parked.Add(1)
 	return false
 }
 
 // parkWait is Wait with a timeout other than 0 in the parking mode.
 func (u *URing) parkWait(timeout time.Duration) error {
-	if _, err := u.ring.Submit(); err != nil && !benignEnterErr(err) {
+	if u.hybrid && u.ring.CQReady() == 0 && !u.q.wakePending() {
+		short := hybridEnter
+		if timeout > 0 && timeout < short {
+			short = timeout
+		}
+		if _, err := u.ring.SubmitAndWaitTimeout(1, short); err != nil && !benignEnterErr(err) {
+			return err
+		}
+		if timeout > 0 {
+			timeout -= short
+			if timeout <= 0 {
+				u.reap()
+				return nil
+			}
+		}
+	} else if _, err := u.ring.Submit(); err != nil && !benignEnterErr(err) {
 		return err
 	}
 	if u.ring.CQReady() == 0 {
