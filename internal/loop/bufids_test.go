@@ -16,7 +16,7 @@ func TestPostBufferIDs(t *testing.T) {
 		var seen [ids + 64]atomic.Int32 // ids ≥ `ids` take the task path
 		var onLoopMiss atomic.Int32
 		var qp atomic.Pointer[Queue]
-		q := startQueue(t, driverKind(round%3), func(q *Queue, d Driver) error {
+		q := startQueue(t, driverKind(round%2), func(q *Queue, d Driver) error {
 			q.SizeBufferIDs(ids)
 			q.SetBufferHook(func(arg int32) {
 				if lq := qp.Load(); lq != nil && !lq.OnLoop() {

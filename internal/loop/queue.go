@@ -109,7 +109,6 @@ type Queue struct {
 	inCode    atomic.Bool
 	atStop    []func()
 	afterStop []func()
-	draining  bool // Drain runs (loop only)
 
 	stopReq atomic.Bool
 	done    chan struct{}
@@ -280,13 +279,6 @@ func (q *Queue) spin(timeout time.Duration) (bool, error) {
 	}
 }
 
-// wakePending reports whether the loop must not go to sleep: work was posted or the queue
-// is asked to stop (outside Drain, which waits for completions after the stop request)
-// (drivers, loop only).
-func (q *Queue) wakePending() bool {
-	return q.posted() != 0 || (q.stopReq.Load() && !q.draining)
-}
-
 // posted is nonzero when posted work (tasks or buffer returns) waits for the loop.
 func (q *Queue) posted() int {
 	if !q.inbox.empty() || !q.bufs.empty() {
@@ -376,8 +368,6 @@ func (q *Queue) AfterStop(f func()) { q.afterStop = append(q.afterStop, f) }
 // work and timers no longer run then). It returns whether done reported true.
 func (q *Queue) Drain(timeout time.Duration, done func() bool) bool {
 	end := time.Now().Add(timeout)
-	q.draining = true
-	defer func() { q.draining = false }()
 	for !done() {
 		left := time.Until(end)
 		if left <= 0 || q.runErr != nil {

@@ -32,13 +32,9 @@ type driverKind int
 const (
 	kindURing driverKind = iota
 	kindEpoll
-	kindURingPark   // the io_uring driver with the parking wait (waitPark)
-	kindURingHybrid // waitHybrid
 )
 
-func (k driverKind) String() string {
-	return [...]string{"uring", "epoll", "uring-park", "uring-hybrid"}[k]
-}
+func (k driverKind) String() string { return [...]string{"uring", "epoll"}[k] }
 
 func startQueue(t testing.TB, k driverKind, init func(q *Queue, d Driver) error) *Queue {
 	t.Helper()
@@ -50,13 +46,7 @@ func startQueueWith(t testing.TB, k driverKind, ucfg URingConfig, init func(q *Q
 	q, err := Start(Config{NoPin: true}, func(q *Queue) (Driver, error) {
 		var d Driver
 		var err error
-		switch k {
-		case kindURingPark:
-			ucfg.wait = waitPark
-		case kindURingHybrid:
-			ucfg.wait = waitHybrid
-		}
-		if k != kindEpoll {
+		if k == kindURing {
 			d, err = NewURing(q, ucfg)
 		} else {
 			d, err = NewEpoll(q)
@@ -76,7 +66,7 @@ func startQueueWith(t testing.TB, k driverKind, ucfg URingConfig, init func(q *Q
 }
 
 func TestPostDoWake(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
 		t.Run(k.String(), func(t *testing.T) {
 			q := startQueue(t, k, nil)
 			// Posts from many goroutines run in per-producer order, and sleeping queues wake up.
@@ -141,7 +131,7 @@ func TestPostDoWake(t *testing.T) {
 // A Post that returned nil always runs, even when it races Close: nothing is dropped.
 func TestPostRacingClose(t *testing.T) {
 	for round := 0; round < 50; round++ {
-		q := startQueue(t, driverKind(round%4), nil)
+		q := startQueue(t, driverKind(round%2), nil)
 		var accepted, ran atomic.Int64
 		var wg sync.WaitGroup
 		for g := 0; g < 4; g++ {
@@ -684,13 +674,13 @@ func TestNestedReap(t *testing.T) {
 // owner, busy polling included) and false everywhere else, whether the loop sleeps in the
 // kernel (no system call is made then) or runs.
 func TestOnLoop(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
 		for _, busy := range []time.Duration{0, 50 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%v/busy=%v", k, busy), func(t *testing.T) {
 				var ep *Epoll
 				q, err := Start(Config{NoPin: true, BusyPoll: busy}, func(q *Queue) (Driver, error) {
-					if k != kindEpoll {
-						return NewURing(q, URingConfig{wait: map[driverKind]waitMode{kindURingPark: waitPark, kindURingHybrid: waitHybrid}[k]})
+					if k == kindURing {
+						return NewURing(q, URingConfig{})
 					}
 					d, err := NewEpoll(q)
 					ep = d
@@ -758,7 +748,7 @@ func TestOnLoop(t *testing.T) {
 // loop's next round: it must not write the eventfd to wake the loop, which is not asleep
 // (a wasted system call, completion and io_uring_enter per wait under traffic).
 func TestPostFromHandlerNoWake(t *testing.T) {
-	for _, k := range []driverKind{kindURing, kindEpoll, kindURingPark, kindURingHybrid} {
+	for _, k := range []driverKind{kindURing, kindEpoll} {
 		t.Run(k.String(), func(t *testing.T) {
 			var d Driver
 			q := startQueue(t, k, func(_ *Queue, dd Driver) error { d = dd; return nil })

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -28,49 +27,6 @@ type URingConfig struct {
 	// CQE32 sets the ring up with 32-byte completions (IORING_SETUP_CQE32): the extra 16
 	// bytes reach owners in Event.Big. Zero-copy receive (internal/zcrx) needs it.
 	CQE32 bool
-
-	// wait chooses how the loop sleeps (tests; zero: ZCNET_LOOP_WAIT, else waitEnter).
-	wait waitMode
-}
-
-// waitMode is how a URing sleeps when the loop has nothing to do.
-type waitMode uint8
-
-const (
-	waitUnset waitMode = iota
-	// waitEnter blocks in io_uring_enter (min_complete 1) on the loop's locked thread; the
-	// queue's eventfd is read by an SQE of the ring, so a wake-up is a completion.
-	waitEnter
-	// waitPark parks the loop's goroutine in Go's netpoller on the queue's eventfd, which
-	// is also registered with the ring (IORING_REGISTER_EVENTFD): the ring signals it for
-	// each completion and for deferred task work, other goroutines write it to wake the
-	// loop. The goroutine sleeps in the scheduler, not in a system call, so its P is free
-	// and Go's monitor thread has no system call to retake it from (issue 29: that costs
-	// 0.5–1 µs per request of an echo at GOMAXPROCS 1).
-	waitPark
-	// waitHybrid is waitPark after a short blocking io_uring_enter (hybridEnter): shorter
-	// than one tick of Go's monitor thread, so the runtime never retakes the P from it, and
-	// the park's two-thread hand-off is paid only by waits that outlast it. A posted task
-	// does not end the short enter (no SQE reads the eventfd in this mode): it waits at
-	// most hybridEnter.
-	waitHybrid
-)
-
-// hybridEnter bounds waitHybrid's blocking enter: below sysmon's first tick (20 µs).
-const hybridEnter = 15 * time.Microsecond
-
-// loopWaitEnv selects the wait of rings whose config leaves it unset: "enter" or "park"
-// (an experiment's switch: doc/notes/issue-29-s14-loopwait.md).
-const loopWaitEnv = "ZCNET_LOOP_WAIT"
-
-func defaultWaitMode() waitMode {
-	switch os.Getenv(loopWaitEnv) {
-	case "park":
-		return waitPark
-	case "hybrid":
-		return waitHybrid
-	}
-	return waitEnter
 }
 
 // URing is the io_uring driver: a ring owned by the queue's thread.
@@ -86,18 +42,6 @@ type URing struct {
 	fixed   []bool               // fixed-buffer slots in use
 	regs    map[uintptr]fixedMem // the fixed-buffer table: registered memory by its base address
 	recv    *RecvRing
-
-	// The parking wait (waitPark): park is the queue's eventfd (a duplicate the driver
-	// owns) in Go's poller; parkFn is the check RawConn.Read runs before it parks and after
-	// each wake-up (allocated once); parkLook is true for its first call of a wait; parkDL
-	// says a read deadline is set.
-	park     *os.File
-	parkRC   syscall.RawConn
-	parkFn   func(uintptr) bool
-	parkLook bool
-	parkDL   bool
-	parked   atomic.Uint64 // waits that parked (tests)
-	hybrid   bool          // waitHybrid
 }
 
 // NewURing creates the io_uring driver on the loop thread (call it from Start's init).
@@ -162,117 +106,9 @@ func NewURing(q *Queue, cfg URingConfig) (*URing, error) {
 	if caps.Has(uring.FeatRegRegRing) {
 		u.ring.RegisterRingFd() // best effort: saves an fd lookup per enter
 	}
-	mode := cfg.wait
-	if mode == waitUnset {
-		mode = defaultWaitMode()
-	}
-	if mode == waitPark || mode == waitHybrid {
-		if err := u.setupPark(); err != nil {
-			return fail(err)
-		}
-		u.hybrid = mode == waitHybrid
-		return u, nil
-	}
 	u.armWake()
 	return u, nil
 }
-
-// setupPark prepares the parking wait: the queue's eventfd becomes non-blocking (Go's poller
-// needs it; no SQE reads it in this mode), is registered with the ring, and a duplicate of
-// it goes into Go's poller. The ring's signals stay off while the loop runs (they would
-// only wake the poller for completions the loop reaps anyway); parkWait turns them on
-// before it looks for work and parks.
-func (u *URing) setupPark() error {
-	efd := u.q.WakeFD()
-	if !u.ring.SetEventfdEnabled(false) {
-		return fmt.Errorf("loop: parking wait: the ring has no CQ flags word (IORING_CQ_EVENTFD_DISABLED, Linux 5.8): %w", unix.EOPNOTSUPP)
-	}
-	if err := unix.SetNonblock(efd, true); err != nil {
-		return os.NewSyscallError("fcntl(eventfd, O_NONBLOCK)", err)
-	}
-	if err := u.ring.RegisterEventfd(efd); err != nil {
-		return fmt.Errorf("loop: parking wait: %w", err)
-	}
-	dup, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return os.NewSyscallError("fcntl(F_DUPFD_CLOEXEC)", err)
-	}
-	f := os.NewFile(uintptr(dup), "zcnet-loop-wake")
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("loop: parking wait: %w", err)
-	}
-	u.park, u.parkRC = f, rc
-	u.parkFn = u.parkCheck
-	return nil
-}
-
-// parkCheck is what RawConn.Read runs: first, after Go's poller reset the descriptor's
-// readiness, it turns the ring's signals on and looks for work (completions, deferred task
-// work, posted tasks, a stop): any of it and the wait returns without parking; else it
-// parks. Any readiness after that reset (a waker's write, the ring's signal) ends the park,
-// so work that arrives after the look is not missed, and work that arrived before it is
-// seen by it. A later call (after a wake-up) ends the wait.
-func (u *URing) parkCheck(uintptr) bool {
-	if !u.parkLook {
-		return true
-	}
-	u.parkLook = false
-	u.ring.SetEventfdEnabled(true)
-	if u.ring.CQReady() != 0 || u.ring.TaskrunPending() || u.q.wakePending() {
-		return true
-	}
-	u.parked.Add(1)
-	return false
-}
-
-// parkWait is Wait with a timeout other than 0 in the parking mode.
-func (u *URing) parkWait(timeout time.Duration) error {
-	if u.hybrid && u.ring.CQReady() == 0 && !u.q.wakePending() {
-		short := hybridEnter
-		if timeout > 0 && timeout < short {
-			short = timeout
-		}
-		if _, err := u.ring.SubmitAndWaitTimeout(1, short); err != nil && !benignEnterErr(err) {
-			return err
-		}
-		if timeout > 0 {
-			timeout -= short
-			if timeout <= 0 {
-				u.reap()
-				return nil
-			}
-		}
-	} else if _, err := u.ring.Submit(); err != nil && !benignEnterErr(err) {
-		return err
-	}
-	if u.ring.CQReady() == 0 {
-		if timeout > 0 {
-			u.park.SetReadDeadline(time.Now().Add(timeout))
-			u.parkDL = true
-		} else if u.parkDL {
-			u.park.SetReadDeadline(time.Time{})
-			u.parkDL = false
-		}
-		u.parkLook = true
-		err := u.parkRC.Read(u.parkFn)
-		u.ring.SetEventfdEnabled(false)
-		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			return fmt.Errorf("loop: parking wait: %w", err)
-		}
-	}
-	u.reap()
-	return nil
-}
-
-func benignEnterErr(err error) bool {
-	return errors.Is(err, unix.ETIME) || errors.Is(err, unix.EBUSY) ||
-		errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR)
-}
-
-// Parks reports whether the driver waits by parking in Go's poller (the parking wait).
-func (u *URing) Parks() bool { return u.park != nil }
 
 // Ring returns the ring (loop only).
 func (u *URing) Ring() *uring.Ring { return u.ring }
@@ -318,9 +154,6 @@ func (u *URing) armWake() {
 
 // Wait implements Driver.
 func (u *URing) Wait(timeout time.Duration) error {
-	if u.park != nil && timeout != 0 {
-		return u.parkWait(timeout)
-	}
 	var err error
 	switch {
 	case timeout == 0:
@@ -330,7 +163,8 @@ func (u *URing) Wait(timeout time.Duration) error {
 	default:
 		_, err = u.ring.SubmitAndWaitTimeout(1, timeout)
 	}
-	if err != nil && !benignEnterErr(err) {
+	if err != nil && !errors.Is(err, unix.ETIME) && !errors.Is(err, unix.EBUSY) &&
+		!errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 		return err
 	}
 	u.reap()
@@ -538,10 +372,6 @@ func (u *URing) Close() {
 	if u.scratch != nil {
 		unix.Munmap(u.scratch)
 		u.scratch = nil
-	}
-	if u.park != nil {
-		u.park.Close()
-		u.park = nil
 	}
 }
 

@@ -48,7 +48,6 @@ type Ring struct {
 	sqeHead, sqeTail                   uint32 // local: prepared but not yet published
 
 	cqHead, cqTail, cqOverflow *uint32
-	cqFlags                    *uint32 // written by the application only (CQEventfdDisabled)
 	cqMask, cqEntries          uint32
 	cqes                       unsafe.Pointer
 	cqeShift                   uint
@@ -149,9 +148,6 @@ func (r *Ring) mmap(p *Params) error {
 	r.cqHead = u32(cq, p.CQOff.Head)
 	r.cqTail = u32(cq, p.CQOff.Tail)
 	r.cqOverflow = u32(cq, p.CQOff.Overflow)
-	if p.CQOff.Flags != 0 {
-		r.cqFlags = u32(cq, p.CQOff.Flags)
-	}
 	r.cqMask = *u32(cq, p.CQOff.RingMask)
 	r.cqEntries = *u32(cq, p.CQOff.RingEntries)
 	r.cqes = unsafe.Pointer(&cq[p.CQOff.CQEs])
@@ -315,29 +311,6 @@ func (r *Ring) submitAndWait(waitNr uint32, timeout *time.Duration) (int, error)
 	}
 	return n, nil
 }
-
-// SetEventfdEnabled turns the registered eventfd's signals on or off (IORING_CQ_EVENTFD_DISABLED
-// in the CQ ring's flags, Linux 5.8); it reports false when the ring has no such flag word.
-// The store is sequentially consistent, so a load that follows it (CQReady, TaskrunPending)
-// is not ordered before it: enable, then look, then sleep, and a completion or task work
-// queued after the look signals the eventfd.
-func (r *Ring) SetEventfdEnabled(on bool) bool {
-	if r.cqFlags == nil {
-		return false
-	}
-	v := atomic.LoadUint32(r.cqFlags)
-	if on {
-		v &^= CQEventfdDisabled
-	} else {
-		v |= CQEventfdDisabled
-	}
-	atomic.StoreUint32(r.cqFlags, v)
-	return true
-}
-
-// TaskrunPending reports whether the kernel holds deferred task work (or overflowed
-// completions) that only an io_uring_enter with GETEVENTS turns into CQEs (SetupTaskrunFlag).
-func (r *Ring) TaskrunPending() bool { return r.cqNeedsEnter() }
 
 // CQReady returns how many completions are waiting in the CQ.
 func (r *Ring) CQReady() uint32 { return atomic.LoadUint32(r.cqTail) - *r.cqHead }

@@ -42,12 +42,6 @@ func init() {
 		// kernel holds a P, and with none idle the runtime's sysmon takes it back from every
 		// wait.
 		ZC{name: "zc-extra-p", extraP: true, scens: []harness.Scenario{e, p}},
-		// EXPERIMENT (issue 29, loopwait): zc's default with the server's loop parking in
-		// Go's netpoller instead of blocking in io_uring_enter (ZCNET_LOOP_WAIT=park).
-		ZC{name: "zc-park", park: "park", scens: []harness.Scenario{e, p}},
-		// EXPERIMENT: the same after a blocking io_uring_enter of at most 15 µs
-		// (ZCNET_LOOP_WAIT=hybrid).
-		ZC{name: "zc-hybrid", park: "hybrid", scens: []harness.Scenario{e, p}},
 		ZC{name: "zc-sendzc", path: zc.SendZeroCopy, scens: []harness.Scenario{b}},
 		ZC{name: "zc-mmap", path: zc.SendZeroCopy, mmap: true, scens: []harness.Scenario{b}},
 		// Steering set explicitly (the default "zc" takes Config's default steering).
@@ -103,7 +97,6 @@ type ZC struct {
 	cpuPolicy bool
 	busy      time.Duration // Config.BusyPoll
 	extraP    bool          // Config.AddProcs
-	park      string        // server: ZCNET_LOOP_WAIT (experiment)
 	scens     []harness.Scenario
 }
 
@@ -311,9 +304,6 @@ func addZCStats(m *harness.Meter, e *zc.Engine) {
 
 // Server implements harness.Mode.
 func (z ZC) Server(_ context.Context, c harness.Case, m *harness.Meter, ready func(string)) error {
-	if z.park != "" {
-		os.Setenv("ZCNET_LOOP_WAIT", z.park)
-	}
 	e, err := zc.New(z.config(c, true))
 	if err != nil {
 		return err
