@@ -654,11 +654,17 @@ func TestSendBytesSlowCallback(t *testing.T) {
 		}
 		testutil.Eventually(t, "the slow callback counted", func() bool { return e.Stats().Debug.SlowHandlerCalls > 0 })
 		testutil.Eventually(t, "the slow callback reported", func() bool { return m.has("slow handler") })
+		// Another call may overrun the threshold on a loaded machine too: look for this one.
 		m.mu.Lock()
-		detail := m.errs[0].Detail
+		var details []string
+		named := false
+		for _, me := range m.errs {
+			details = append(details, me.Detail)
+			named = named || strings.Contains(me.Detail, "SendBytes callback")
+		}
 		m.mu.Unlock()
-		if !strings.Contains(detail, "SendBytes callback") {
-			t.Errorf("report %q does not name the SendBytes callback", detail)
+		if !named {
+			t.Errorf("no report names the SendBytes callback: %q", details)
 		}
 		c.Close()
 		<-c.Done()

@@ -271,7 +271,7 @@ boot_and_judge() {
 # FAIL line; without -v they follow it (the indented lines under "--- FAIL", at most 40).
 fail_summary() {
 	awk -v m="[$1] " '
-		/^=== (RUN|NAME|CONT) / { cur = $3; if ($2 == "RUN") c[cur] = 0; next }
+		/^=== (RUN|NAME|CONT) / { n = 0; cur = $3; if ($2 == "RUN") c[cur] = 0; next }
 		/^[ \t]*--- FAIL: / {
 			n = 40; print m $0
 			t = $3
