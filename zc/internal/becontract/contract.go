@@ -366,3 +366,41 @@ func AfterRecv(c Conn) {
 		c.Rearm()
 	}
 }
+
+// AfterSend is what a ring backend does with a SEND completion of res, once it freed the
+// operation and cleared its send state: the bytes sent advance the send queue; EAGAIN (a
+// non-blocking socket can make io_uring give up when the send buffer is full) sets
+// *pollFirst, so that the segment goes again after a wait for room; any other error but a
+// cancel fails the connection. *pollFirst is set before SendProgress, which may send again.
+// The uring backend and the interleaving test's fake kernel share it.
+func AfterSend(c Conn, res int32, pollFirst *bool) {
+	switch {
+	case res > 0:
+		c.Advance(int(res))
+	case res == -int32(unix.EAGAIN):
+		*pollFirst = true
+	case res < 0 && res != -int32(unix.ECANCELED):
+		c.Fail("write", unix.Errno(-res))
+	}
+	c.SendProgress()
+}
+
+// AfterSendZC is AfterSend for a SEND_ZC completion (not its notification) of operation ud:
+// more is the completion's F_MORE. A notification follows when the kernel says so, and also
+// for a send cancelled because an earlier linked request failed (it completes with
+// -ECANCELED without F_MORE, yet its notification comes: the pages were never queued, so it
+// is harmless, but the count must expect it). On EAGAIN the segment stays and goes again
+// after a wait for room (*pollFirst). SendProgress also returns a finished connection's
+// late send's buffers.
+func AfterSendZC(c Conn, ud uint64, res int32, more bool, pollFirst *bool) {
+	notif := more || res == -int32(unix.ECANCELED)
+	again := res == -int32(unix.EAGAIN)
+	if again {
+		*pollFirst = true
+	}
+	c.ZCCompleted(ud, int(res), notif, again)
+	if res < 0 && res != -int32(unix.ECANCELED) && !again {
+		c.Fail("write", unix.Errno(-res))
+	}
+	c.SendProgress()
+}

@@ -185,31 +185,14 @@ func (fc *Conn) OnEvent(lq *loop.Queue, ev loop.Event) {
 	case becontract.TagSend:
 		k.FreeOp(c, ev.UD)
 		fk(c).tx.ud, fk(c).tx.segs = 0, 0
-		switch {
-		case ev.Res > 0:
-			c.Advance(int(ev.Res))
-		case ev.Res == -int32(unix.EAGAIN):
-			fk(c).tx.pollFirst = true
-		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
-			c.Fail("write", unix.Errno(-ev.Res))
-		}
-		c.SendProgress()
+		becontract.AfterSend(c, ev.Res, &fk(c).tx.pollFirst)
 	case becontract.TagSendZC:
 		if ev.Flags&uring.CQEFNotif != 0 {
 			c.ZCNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
 		fk(c).tx.ud, fk(c).tx.segs, fk(c).tx.zcOp = 0, 0, false
-		notif := more || ev.Res == -int32(unix.ECANCELED)
-		again := ev.Res == -int32(unix.EAGAIN)
-		if again {
-			fk(c).tx.pollFirst = true
-		}
-		c.ZCCompleted(ev.UD, int(ev.Res), notif, again)
-		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
-			c.Fail("write", unix.Errno(-ev.Res))
-		}
-		c.SendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
+		becontract.AfterSendZC(c, ev.UD, ev.Res, more, &fk(c).tx.pollFirst)
 	case becontract.TagConnect:
 		k.FreeOp(c, ev.UD)
 		fc.Cud = 0

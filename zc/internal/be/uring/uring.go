@@ -364,37 +364,14 @@ func (st *uconn) OnEvent(lq *loop.Queue, ev loop.Event) {
 		b.FreeOp(c, ev.UD)
 		ut.ud, ut.segs = 0, 0
 		b.putIov(st)
-		switch {
-		case ev.Res > 0:
-			c.Advance(int(ev.Res))
-		case ev.Res == -int32(unix.EAGAIN):
-			// A non-blocking socket can make io_uring give up with EAGAIN (send buffer full):
-			// send again, waiting for room first.
-			ut.pollFirst = true
-		case ev.Res < 0 && ev.Res != -int32(unix.ECANCELED):
-			c.Fail("write", unix.Errno(-ev.Res))
-		}
-		c.SendProgress()
+		bc.AfterSend(c, ev.Res, &ut.pollFirst)
 	case bc.TagSendZC:
 		if ev.Flags&uring.CQEFNotif != 0 {
 			c.ZCNotified(ev.UD, uint32(ev.Res)&uring.NotifUsageZCCopied != 0)
 			return
 		}
 		ut.ud, ut.segs, ut.zcOp = 0, 0, false
-		// A notification follows when the kernel says so (F_MORE), and also for a send cancelled
-		// because an earlier linked request failed: that one completes with -ECANCELED without
-		// F_MORE, yet its notification comes (the pages were never queued, so it is harmless,
-		// but the count must expect it).
-		notif := more || ev.Res == -int32(unix.ECANCELED)
-		again := ev.Res == -int32(unix.EAGAIN)
-		if again {
-			ut.pollFirst = true // as for SEND: the segment stays, it goes again
-		}
-		c.ZCCompleted(ev.UD, int(ev.Res), notif, again)
-		if ev.Res < 0 && ev.Res != -int32(unix.ECANCELED) && !again {
-			c.Fail("write", unix.Errno(-ev.Res))
-		}
-		c.SendProgress() // a finished connection's late send: its buffers go back (lateSendDone)
+		bc.AfterSendZC(c, ev.UD, ev.Res, more, &ut.pollFirst)
 	case bc.TagConnect:
 		b.FreeOp(c, ev.UD)
 		c.DialDone(ev.Res)
