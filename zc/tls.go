@@ -363,9 +363,9 @@ type tlsConn struct {
 	suite    ktls.Suite
 	txSecret []byte     // TLS 1.3 TX traffic secret (the next TX keys derive from it)
 	kuWait   *rekeyWait // an owed KeyUpdate's wait for room (nil: none ever waited)
-	// KeyUpdates that found no room (each then waits for writability), and those waits
-	// armed: one per KeyUpdate that found no room, never a retry without an event.
-	kuNoRoom, kuWaits atomic.Uint64
+	// KeyUpdates that found no room (each then waits for writability, once: the tests'
+	// observable that no KeyUpdate is tried again without an event).
+	kuNoRoom atomic.Uint64
 
 	// TX rekey: set on the loop, read by Stats and by direct writes (under the conn's mu).
 	rekeyAt   uint64        // update the TX keys at this many records (0: never)
@@ -786,7 +786,6 @@ func (c *Conn) tlsRekey() bool {
 			c.fail(c.opErr("write", fmt.Errorf("TLS: waiting for room for a KeyUpdate: %w", err)))
 			return false
 		}
-		t.kuWaits.Add(1)
 		return false
 	case err != nil:
 		c.fail(c.opErr("write", err))
